@@ -1,0 +1,1 @@
+"""Value objects and rules of stock reservation; standard library only."""

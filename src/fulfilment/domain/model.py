@@ -1,0 +1,151 @@
+"""Orders, stock levels, and the outcome of reserving stock for an order.
+
+The rule (product contract, promise 2): an order is reserved all-or-nothing across its lines,
+and the same SKU on several lines is one demand. An order whose SKUs are not all stocked is
+rejected with ``unknown_sku``; otherwise one whose demand exceeds what is available
+(``on_hand - reserved``) for any SKU is rejected with ``insufficient_stock``. A rejection is a
+business outcome, not an error: it is recorded and acknowledged like a reservation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from uuid import UUID
+
+
+@dataclass(frozen=True, slots=True)
+class OrderLine:
+    """One line of an order: ``quantity`` units (> 0) of ``sku`` (case-sensitive stock code)."""
+
+    sku: str
+    quantity: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveStock:
+    """Command: reserve stock for every line of one placed order.
+
+    ``event_id`` is the producer's idempotency key; ``placed_at`` is timezone-aware.
+    """
+
+    event_id: UUID
+    order_id: UUID
+    placed_at: datetime
+    lines: tuple[OrderLine, ...]
+
+    def demand(self) -> dict[str, int]:
+        """Units wanted per SKU, lines of the same SKU summed, keys in ascending code-point order.
+
+        The order is the lock order of every warehouse, so that two reservations sharing SKUs
+        always lock them in the same sequence and cannot deadlock.
+        """
+        return aggregate_demand(self.lines)
+
+
+def aggregate_demand(lines: Iterable[OrderLine]) -> dict[str, int]:
+    """Sum quantities per SKU; keys sorted by code point (the ``COLLATE "C"`` order)."""
+    totals: Counter[str] = Counter()
+    for line in lines:
+        totals[line.sku] += line.quantity
+    return dict(sorted(totals.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class StockLevel:
+    """Units of one SKU: ``on_hand`` in the warehouse, ``reserved`` of them promised to orders.
+
+    Invariant (enforced by the database too): ``0 <= reserved <= on_hand``.
+    """
+
+    on_hand: int
+    reserved: int = 0
+
+    @property
+    def available(self) -> int:
+        """Units that can still be promised."""
+        return self.on_hand - self.reserved
+
+
+class OutcomeKind(StrEnum):
+    """How the processing of one event ended."""
+
+    RESERVED = "reserved"
+    REJECTED = "rejected"
+    DUPLICATE = "duplicate"
+
+
+class RejectionReason(StrEnum):
+    """Why an order was rejected; the ``reason`` column of ``reservations``."""
+
+    UNKNOWN_SKU = "unknown_sku"
+    INSUFFICIENT_STOCK = "insufficient_stock"
+
+
+class DuplicateOf(StrEnum):
+    """What made an event a duplicate.
+
+    ``event``: this ``event_id`` was processed before (a redelivery or a re-publish).
+    ``order``: another event already placed this ``order_id``; the order is reserved once and
+    the new event is recorded in the inbox without touching stock (README, "Duplicates").
+    """
+
+    EVENT = "event"
+    ORDER = "order"
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationOutcome:
+    """Result of :meth:`Warehouse.reserve`.
+
+    ``skus`` names the offending SKUs of a rejection (sorted), and is empty otherwise.
+    """
+
+    kind: OutcomeKind
+    order_id: UUID
+    event_id: UUID
+    reason: RejectionReason | None = None
+    duplicate_of: DuplicateOf | None = None
+    skus: tuple[str, ...] = field(default=())
+
+    @property
+    def label(self) -> str:
+        """Short fixed label for logs and metrics.
+
+        One of ``reserved``, ``rejected:<reason>`` or ``duplicate:<event|order>``.
+        """
+        if self.reason is not None:
+            return f"{self.kind}:{self.reason}"
+        if self.duplicate_of is not None:
+            return f"{self.kind}:{self.duplicate_of}"
+        return str(self.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What :func:`decide` concluded: ``reason`` is None when the order can be reserved."""
+
+    reason: RejectionReason | None
+    skus: tuple[str, ...] = ()
+
+
+def decide(demand: Mapping[str, int], stock: Mapping[str, StockLevel]) -> Decision:
+    """Apply the reservation rule to an aggregated demand and the current stock of its SKUs.
+
+    Args:
+        demand: units per SKU (see :meth:`ReserveStock.demand`).
+        stock: the current level of every stocked SKU of the demand; absent means unknown.
+
+    Returns:
+        A :class:`Decision`; ``unknown_sku`` wins over ``insufficient_stock``.
+    """
+    unknown = tuple(sku for sku in demand if sku not in stock)
+    if unknown:
+        return Decision(RejectionReason.UNKNOWN_SKU, unknown)
+    short = tuple(sku for sku, units in demand.items() if stock[sku].available < units)
+    if short:
+        return Decision(RejectionReason.INSUFFICIENT_STOCK, short)
+    return Decision(None)

@@ -1,0 +1,160 @@
+"""Typed settings, read once from ``FULFILMENT_*`` environment variables.
+
+Every number that bounds time is a named setting in seconds, and :class:`Settings` refuses to
+exist when they do not nest (product contract, "Configuration")::
+
+    retry budget < handler deadline < graceful timeout < orchestrator grace period
+    handler deadline < broker consumer timeout
+
+so that a transient error is retried by one layer inside the handler's deadline, an in-flight
+handler finishes before the broker drains it away, and Kubernetes never SIGKILLs a draining pod.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "FULFILMENT_"
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class SettingsError(Exception):
+    """The environment holds a value the service cannot start with.
+
+    ``str(error)`` is one line per problem, each naming the environment variable.
+    """
+
+
+class Settings(BaseSettings):
+    """All of the service's configuration; built only by the composition root and the CLI."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+    )
+
+    amqp_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
+    """RabbitMQ URL (``amqp://`` or ``amqps://``), credentials and virtual host included."""
+
+    database_url: SecretStr = SecretStr("postgresql+asyncpg://postgres@localhost:5432/fulfilment")
+    """PostgreSQL URL; ``postgresql://`` is accepted and run with the asyncpg driver."""
+
+    consumer_name: str = Field(default="fulfilment", min_length=1, max_length=100)
+    """Inbox namespace: the ``consumer`` column of ``inbox_messages``. Never change it on a live
+    database, or every past event would look new."""
+
+    prefetch_count: int = Field(default=32, ge=1, le=1000)
+    """Unacknowledged deliveries per worker process, hence handlers running at once: FastStream
+    starts one task per delivery and has no other concurrency limit on RabbitMQ."""
+
+    delivery_limit: int = Field(default=5, ge=1, le=1000)
+    """``x-delivery-limit`` of the main queue: deliveries after which the broker dead-letters a
+    message that keeps crashing workers. Set explicitly because RabbitMQ 4.0 changed the
+    default to 20."""
+
+    handler_deadline_seconds: Seconds = 10.0
+    """Longest time one delivery may take from receipt to the reservation's commit."""
+
+    retry_budget_seconds: Seconds = 5.0
+    """Total time the database retry policy may spend on one reservation, sleeps included."""
+
+    graceful_timeout_seconds: Seconds = 20.0
+    """How long SIGTERM waits for in-flight handlers before cancelling them (they are requeued)."""
+
+    orchestrator_grace_period_seconds: Seconds = 30.0
+    """The orchestrator's SIGTERM-to-SIGKILL window (``terminationGracePeriodSeconds``)."""
+
+    broker_consumer_timeout_seconds: Seconds = 1800.0
+    """RabbitMQ's ``consumer_timeout`` (30 minutes by default): an unacknowledged delivery older
+    than this closes the channel."""
+
+    database_pool_size: int = Field(default=10, ge=1, le=200)
+    """PostgreSQL connections held by one worker process."""
+
+    database_connect_timeout_seconds: Seconds = 2.0
+    """Time allowed to open one PostgreSQL connection."""
+
+    database_statement_timeout_seconds: Seconds = 3.0
+    """Server-side ``statement_timeout`` of the worker's sessions: the server, not the client,
+    cancels a slow statement, so a deadline never leaves a commit in doubt."""
+
+    database_lock_timeout_seconds: Seconds = 1.0
+    """Server-side ``lock_timeout``: a reservation waiting this long for a stock row lock fails
+    with a retryable error instead of queueing behind a stuck transaction."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Threshold of the service's logs."""
+
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """``auto`` writes JSON unless standard error is a terminal."""
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _amqp_scheme(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().startswith(("amqp://", "amqps://")):
+            msg = "must start with amqp:// or amqps://"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_scheme(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+            if url.startswith(prefix):
+                return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
+        msg = "must start with postgresql:// or postgresql+asyncpg://"
+        raise ValueError(msg)
+
+    @model_validator(mode="after")
+    def _deadlines_nest(self) -> Self:
+        chain = [
+            "retry_budget_seconds",
+            "handler_deadline_seconds",
+            "graceful_timeout_seconds",
+            "orchestrator_grace_period_seconds",
+        ]
+        problems = [
+            f"{env_name(inner)}={getattr(self, inner):g} must be less than "
+            f"{env_name(outer)}={getattr(self, outer):g}"
+            for inner, outer in [
+                *itertools.pairwise(chain),
+                ("handler_deadline_seconds", "broker_consumer_timeout_seconds"),
+                ("database_statement_timeout_seconds", "retry_budget_seconds"),
+                ("database_lock_timeout_seconds", "database_statement_timeout_seconds"),
+            ]
+            if getattr(self, inner) >= getattr(self, outer)
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets ``field``, e.g. ``FULFILMENT_PREFETCH_COUNT``."""
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def load_settings() -> Settings:
+    """Read and validate the settings from the environment (and ``.env``, if present).
+
+    Raises:
+        SettingsError: one line per invalid variable, each naming it and saying why.
+    """
+    try:
+        return Settings()
+    except ValidationError as error:
+        lines = []
+        for problem in error.errors():
+            field = ".".join(str(part) for part in problem["loc"])
+            where = env_name(field) if field else "settings"
+            lines.append(f"{where}: {problem['msg']}")
+        raise SettingsError("\n".join(lines)) from None

@@ -1,0 +1,112 @@
+"""Fixtures that reach the real services.
+
+Every test session gets its own PostgreSQL database (migrated to head, dropped at the end) and,
+where ``rabbitmqctl`` can make one, its own RabbitMQ virtual host, so that sessions running side
+by side cannot see each other's stock, inbox or queues. A test that needs a service that does
+not answer is skipped on a developer's machine and fails under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+ADMIN_DATABASE_URL = os.environ.get(
+    "FULFILMENT_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+AMQP_URL = os.environ.get("FULFILMENT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def service_unavailable(what: str, error: BaseException) -> None:
+    """Fail under CI (a missing service must never pass silently); skip elsewhere."""
+    message = f"{what} is not reachable: {type(error).__name__}: {error}"
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+async def _probe_postgres() -> None:
+    connection = await asyncpg.connect(ADMIN_DATABASE_URL, timeout=3)
+    await connection.close()
+
+
+async def _admin_execute(sql: str) -> None:
+    connection = await asyncpg.connect(ADMIN_DATABASE_URL, timeout=5)
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """URL (``postgresql+asyncpg://``) of a fresh database migrated to head, for this session."""
+    from fulfilment.adapters.postgres.schema import migrate  # noqa: PLC0415 - needs the DB up
+
+    try:
+        asyncio.run(_probe_postgres())
+    except (OSError, asyncpg.PostgresError, TimeoutError) as error:
+        service_unavailable("PostgreSQL", error)
+    name = f"fulfilment_test_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin_execute(f'CREATE DATABASE "{name}"'))
+    url = make_url(ADMIN_DATABASE_URL).set(drivername="postgresql+asyncpg", database=name)
+    rendered = url.render_as_string(hide_password=False)
+    try:
+        migrate(rendered)
+        yield rendered
+    finally:
+        asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    """URL of a RabbitMQ virtual host of this session's own (or ``/`` without rabbitmqctl)."""
+    import aio_pika  # noqa: PLC0415
+
+    async def probe() -> None:
+        connection = await aio_pika.connect(AMQP_URL, timeout=5)
+        await connection.close()
+
+    try:
+        asyncio.run(probe())
+    except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as error:
+        service_unavailable("RabbitMQ", error)
+    if shutil.which("rabbitmqctl") is None:
+        yield AMQP_URL
+        return
+    vhost = f"fulfilment-test-{uuid.uuid4().hex[:12]}"
+    user = urllib.parse.urlsplit(AMQP_URL).username or "guest"
+    _rabbitmqctl("add_vhost", vhost)
+    try:
+        _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        yield AMQP_URL.rstrip("/") + "/" + urllib.parse.quote(vhost, safe="")
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture
+async def clean_database(database_url: str) -> AsyncIterator[str]:
+    """The session database with every table emptied before the test."""
+    url = make_url(database_url).set(drivername="postgresql")
+    connection = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        await connection.execute(
+            "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels CASCADE"
+        )
+    finally:
+        await connection.close()
+    yield database_url
