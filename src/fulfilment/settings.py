@@ -90,6 +90,12 @@ class Settings(BaseSettings):
     """Server-side ``lock_timeout``: a reservation waiting this long for a stock row lock fails
     with a retryable error instead of queueing behind a stuck transaction."""
 
+    http_host: str = "0.0.0.0"  # noqa: S104 - probes and scrapes reach the pod on its own IP
+    """Address of the HTTP server for ``/health/live``, ``/health/ready`` and ``/metrics``."""
+
+    http_port: int = Field(default=8080, ge=1, le=65535)
+    """Port of that HTTP server."""
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Threshold of the service's logs."""
 

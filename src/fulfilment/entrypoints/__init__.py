@@ -1,0 +1,1 @@
+"""Ways into the service: the AMQP subscriber, HTTP endpoints and the command line."""

@@ -1,0 +1,184 @@
+"""The RabbitMQ topology of the product contract, and its safe declaration at start.
+
+| name                          | kind                    | notes                                  |
+|-------------------------------|-------------------------|----------------------------------------|
+| ``orders``                    | topic exchange, durable | owned upstream; declared identically   |
+| ``fulfilment.order-placed``   | quorum queue            | bound with ``order.placed``; delivery  |
+|                               |                         | limit, DLX, at-least-once dead-letters |
+| ``fulfilment.dlx``            | direct exchange         | the dead-letter exchange               |
+| ``fulfilment.order-placed.dlq`` | quorum queue          | never consumed automatically           |
+
+Declaring an existing queue with other arguments fails with ``PRECONDITION_FAILED``, which
+would crash-loop a pod with a stack trace; :func:`declare_topology` turns it into one line that
+names the queue, the argument, and both values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+import aiormq.exceptions
+from faststream.rabbit import ExchangeType, QueueType, RabbitExchange, RabbitQueue
+
+ORDERS_EXCHANGE = "orders"
+ORDER_PLACED_ROUTING_KEY = "order.placed"
+MAIN_QUEUE = "fulfilment.order-placed"
+DEAD_LETTER_EXCHANGE = "fulfilment.dlx"
+DEAD_LETTER_QUEUE = "fulfilment.order-placed.dlq"
+DEAD_LETTER_ROUTING_KEY = MAIN_QUEUE
+"""Dead letters are routed by the name of the queue they died in, so more queues can share
+the exchange later."""
+
+DEAD_LETTER_QUEUE_DELIVERY_LIMIT = 1_000_000
+"""Set explicitly on the DLQ because RabbitMQ 4.0+ gives every quorum queue a limit of 20, and
+inspecting the DLQ returns its messages: the DLQ has no dead-letter exchange of its own, so a
+message over the limit there would be dropped. A million inspections is out of reach."""
+
+
+class TopologyMismatchError(Exception):
+    """An exchange or queue exists on the broker with other arguments than the contract's.
+
+    ``str(error)`` is one line naming the object, the argument, and the expected and actual
+    values, with what to do about it.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The exchanges and queues of one deployment; ``delivery_limit`` is deliveries per message."""
+
+    delivery_limit: int
+
+    def orders_exchange(self) -> RabbitExchange:
+        """``orders``: where checkout publishes ``OrderPlaced``."""
+        return RabbitExchange(ORDERS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
+
+    def main_queue(self) -> RabbitQueue:
+        """``fulfilment.order-placed`` with its delivery limit and dead-lettering arguments.
+
+        At-least-once dead-lettering needs ``x-overflow: reject-publish``; without it RabbitMQ
+        silently falls back to at-most-once (RabbitMQ docs, "Dead Lettering", quorum queues).
+        """
+        return RabbitQueue(
+            MAIN_QUEUE,
+            queue_type=QueueType.QUORUM,
+            routing_key=ORDER_PLACED_ROUTING_KEY,
+            arguments={
+                "x-delivery-limit": self.delivery_limit,
+                "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE,
+                "x-dead-letter-routing-key": DEAD_LETTER_ROUTING_KEY,
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+            },
+        )
+
+    def dead_letter_exchange(self) -> RabbitExchange:
+        """``fulfilment.dlx``: the dead-letter exchange of the main queue."""
+        return RabbitExchange(DEAD_LETTER_EXCHANGE, type=ExchangeType.DIRECT, durable=True)
+
+    def dead_letter_queue(self) -> RabbitQueue:
+        """``fulfilment.order-placed.dlq``: held for operators; nothing consumes it by itself."""
+        return RabbitQueue(
+            DEAD_LETTER_QUEUE,
+            queue_type=QueueType.QUORUM,
+            routing_key=DEAD_LETTER_ROUTING_KEY,
+            arguments={"x-delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT},
+        )
+
+
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<arg>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']+)'"
+    r".*?received (?:the value )?'?(?P<expected>[^' ]+)'?.*?but current is (?P<actual>.+)$"
+)
+
+
+def explain_precondition_failure(error: BaseException) -> str:
+    """One line describing a ``PRECONDITION_FAILED`` declare error, for operators.
+
+    For example ``queue 'fulfilment.order-placed' exists with x-delivery-limit=none, the
+    service expects 5: ...`` from RabbitMQ's "inequivalent arg 'x-delivery-limit' for queue
+    ... received the value '5' ... but current is none".
+    """
+    text = str(error).replace("\n", " ")
+    match = _INEQUIVALENT.search(text)
+    if match is None:
+        return f"the broker refused the topology: {text}"
+    actual = match["actual"].strip().strip("'")
+    actual = re.sub(r"^the value '?([^' ]+)'?.*$", r"\1", actual)
+    return (
+        f"{match['kind']} '{match['name']}' exists with {match['arg']}={actual}, "
+        f"the service expects {match['expected']}: make the settings match the broker, or "
+        "drain and delete the queue (README, 'Topology and delivery limit')"
+    )
+
+
+async def declare_topology(amqp_url: str, topology: Topology) -> None:
+    """Declare every exchange and queue of ``topology`` and their bindings, idempotently.
+
+    Each object is declared on a channel of its own, so a refused declaration is reported for
+    what it is instead of as a closed channel.
+
+    Raises:
+        TopologyMismatchError: an object exists with other arguments (``PRECONDITION_FAILED``).
+        aio_pika.exceptions.AMQPConnectionError: the broker cannot be reached.
+    """
+    connection = await aio_pika.connect(amqp_url, timeout=10)
+    try:
+        dlx = await _declare_exchange(connection, topology.dead_letter_exchange())
+        dlq = await _declare_queue(connection, topology.dead_letter_queue())
+        await _bind(connection, dlq, dlx, DEAD_LETTER_ROUTING_KEY)
+        orders = await _declare_exchange(connection, topology.orders_exchange())
+        main = await _declare_queue(connection, topology.main_queue())
+        await _bind(connection, main, orders, ORDER_PLACED_ROUTING_KEY)
+    finally:
+        await connection.close()
+
+
+async def _declare_exchange(
+    connection: aio_pika.abc.AbstractConnection, spec: RabbitExchange
+) -> str:
+    channel = await connection.channel()
+    try:
+        await channel.declare_exchange(
+            spec.name,
+            type=spec.type.value,
+            durable=spec.durable,
+            auto_delete=spec.auto_delete,
+            arguments=spec.arguments,
+        )
+    except aiormq.exceptions.ChannelPreconditionFailed as error:
+        raise TopologyMismatchError(explain_precondition_failure(error)) from error
+    finally:
+        await _close_quietly(channel)
+    return spec.name
+
+
+async def _declare_queue(connection: aio_pika.abc.AbstractConnection, spec: RabbitQueue) -> str:
+    channel = await connection.channel()
+    arguments: dict[str, Any] = dict(spec.arguments or {})
+    try:
+        await channel.declare_queue(spec.name, durable=spec.durable, arguments=arguments)
+    except aiormq.exceptions.ChannelPreconditionFailed as error:
+        raise TopologyMismatchError(explain_precondition_failure(error)) from error
+    finally:
+        await _close_quietly(channel)
+    return spec.name
+
+
+async def _bind(
+    connection: aio_pika.abc.AbstractConnection, queue: str, exchange: str, routing_key: str
+) -> None:
+    channel = await connection.channel()
+    try:
+        bound = await channel.get_queue(queue, ensure=False)
+        await bound.bind(exchange, routing_key=routing_key)
+    finally:
+        await _close_quietly(channel)
+
+
+async def _close_quietly(channel: aio_pika.abc.AbstractChannel) -> None:
+    if not channel.is_closed:
+        await channel.close()

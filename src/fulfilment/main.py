@@ -1,0 +1,196 @@
+"""Composition root: the only module that reads settings and builds concrete adapters.
+
+``main()`` builds settings, logging, the PostgreSQL pool and warehouse, the broker and its
+subscriber, and serves them with uvicorn until SIGTERM or SIGINT; it closes them in reverse
+order. Nothing is built at import time. Tests call :func:`build_worker` with fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+import uvicorn
+from faststream.asgi import AsgiFastStream
+from faststream.rabbit import Channel, RabbitBroker
+from sqlalchemy import text
+
+from fulfilment import __version__
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.entrypoints.amqp import WorkerLimits, register_order_placed
+from fulfilment.entrypoints.http import health_routes
+from fulfilment.entrypoints.topology import Topology, TopologyMismatchError, declare_topology
+from fulfilment.observability.logging import configure_logging
+from fulfilment.observability.metrics import Metrics
+from fulfilment.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from faststream.rabbit.subscriber import RabbitSubscriber
+
+    from fulfilment.application.ports import Warehouse
+
+logger = structlog.get_logger("fulfilment.main")
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """The assembled worker: an ASGI app that runs the broker, and what tests look into."""
+
+    app: AsgiFastStream
+    broker: RabbitBroker
+    subscriber: RabbitSubscriber
+    metrics: Metrics
+
+
+def build_worker(
+    settings: Settings,
+    *,
+    warehouse: Warehouse,
+    database_ping: Callable[[], Awaitable[None]],
+    metrics: Metrics | None = None,
+    after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+) -> Worker:
+    """Assemble the broker, the ``on_order_placed`` subscriber, hooks and HTTP routes.
+
+    Start-up declares the topology (refusing to start on a mismatch); shutdown first cancels
+    the consumer so no new delivery arrives while in-flight handlers drain for up to
+    ``graceful_timeout_seconds``; ``after_shutdown`` callables run once the broker is closed.
+    """
+    metrics = metrics or Metrics()
+    topology = Topology(delivery_limit=settings.delivery_limit)
+    amqp_url = settings.amqp_url.get_secret_value()
+    broker = RabbitBroker(
+        amqp_url,
+        # on_return_raises: an unroutable dead letter must raise, not vanish (mandatory=True
+        # alone only hands back the Basic.Return frame).
+        default_channel=Channel(on_return_raises=True),
+        graceful_timeout=settings.graceful_timeout_seconds,
+        app_id=f"fulfilment-{__version__}",
+        logger=logging.getLogger("faststream"),
+    )
+    subscriber = register_order_placed(
+        broker,
+        topology=topology,
+        warehouse=warehouse,
+        metrics=metrics,
+        limits=WorkerLimits(
+            handler_deadline_seconds=settings.handler_deadline_seconds,
+            # What is left of the graceful timeout once the deadline has passed.
+            dead_letter_publish_seconds=settings.graceful_timeout_seconds
+            - settings.handler_deadline_seconds,
+        ),
+        prefetch_count=settings.prefetch_count,
+    )
+
+    async def declare() -> None:
+        try:
+            await declare_topology(amqp_url, topology)
+        except TopologyMismatchError as error:
+            logger.error("worker.topology_mismatch", reason=str(error))  # noqa: TRY400 - one line, no trace
+            raise
+
+    async def cancel_consumers_first() -> None:
+        # FastStream's drain waits for in-flight handlers *before* basic.cancel, and drops the
+        # deliveries that arrive meanwhile unacknowledged, spending one of their delivery
+        # attempts. Cancelling first stops new deliveries; in-flight ones can still be acked.
+        # Private attributes of RabbitSubscriber: faststream is pinned to 0.7.8 for this.
+        queue = subscriber._queue_obj  # noqa: SLF001
+        tag = subscriber._consumer_tag  # noqa: SLF001
+        if queue is not None and tag is not None and not queue.channel.is_closed:
+            await queue.cancel(tag)
+            subscriber._consumer_tag = None  # noqa: SLF001
+        logger.info("worker.consumer_cancelled", in_flight=metrics.in_flight._value.get())  # noqa: SLF001
+
+    def consumer_attached() -> bool:
+        return subscriber._consumer_tag is not None  # noqa: SLF001
+
+    app = AsgiFastStream(
+        broker,
+        asgi_routes=health_routes(
+            broker_connected=broker.ping,
+            consumer_attached=consumer_attached,
+            database_ping=database_ping,
+            registry=metrics.registry,
+        ),
+        logger=logging.getLogger("faststream"),
+        on_startup=[declare],
+        on_shutdown=[cancel_consumers_first],
+        after_shutdown=list(after_shutdown),
+    )
+    return Worker(app=app, broker=broker, subscriber=subscriber, metrics=metrics)
+
+
+async def run_worker(settings: Settings) -> int:
+    """Run the worker until SIGTERM or SIGINT; return the process exit code.
+
+    0 after a clean shutdown; 1 when start-up failed (unreachable broker, topology mismatch),
+    so the orchestrator restarts the pod with back-off.
+    """
+    metrics = Metrics()
+    engine = create_engine(settings)
+    warehouse = PostgresWarehouse(
+        engine,
+        consumer=settings.consumer_name,
+        retry_budget_seconds=settings.retry_budget_seconds,
+        on_retry=lambda error: metrics.database_retries.labels(type(error).__name__).inc(),
+    )
+
+    async def database_ping() -> None:
+        async with engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+
+    async def close_pool() -> None:
+        await engine.dispose()
+        logger.info("worker.stopped")
+
+    worker = build_worker(
+        settings,
+        warehouse=warehouse,
+        database_ping=database_ping,
+        metrics=metrics,
+        after_shutdown=[close_pool],
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            worker.app,
+            host=settings.http_host,
+            port=settings.http_port,
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            # HTTP requests are tiny; the broker drain is what needs the grace period.
+            timeout_graceful_shutdown=1,
+        )
+    )
+    logger.info(
+        "worker.starting",
+        version=__version__,
+        prefetch_count=settings.prefetch_count,
+        delivery_limit=settings.delivery_limit,
+        handler_deadline_seconds=settings.handler_deadline_seconds,
+        graceful_timeout_seconds=settings.graceful_timeout_seconds,
+        http_port=settings.http_port,
+    )
+    try:
+        await server.serve()
+    finally:
+        if not server.started:
+            await engine.dispose()
+    return 0 if server.started else 1
+
+
+def main() -> None:
+    """Console entry of ``fulfilment worker`` and ``python -m fulfilment``; exits with its code."""
+    try:
+        settings = load_settings()
+    except SettingsError as error:
+        sys.stderr.write(f"fulfilment: invalid settings: {error}\n")
+        sys.exit(2)
+    configure_logging(level=settings.log_level, log_format=settings.log_format)
+    sys.exit(asyncio.run(run_worker(settings)))
