@@ -1,0 +1,1 @@
+"""Adapters: the outside world (PostgreSQL, files) behind the application's ports."""
