@@ -1,0 +1,102 @@
+"""Migrating the database: ``alembic upgrade head``, callable from code.
+
+The migrations live in the repository's top-level ``migrations/`` folder (``alembic.ini`` points
+there for the ``alembic`` command line). :func:`migrate` finds that folder from the source tree
+or an editable install, from a ``fulfilment/_migrations`` folder packaged inside an installed
+wheel, or from ``./migrations`` in the working directory (a container image that copies the
+folder next to its working directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+import fulfilment
+
+
+class MigrationsNotFoundError(RuntimeError):
+    """No folder with the alembic migrations was found; ``searched`` lists where we looked."""
+
+    def __init__(self, searched: tuple[Path, ...]) -> None:
+        self.searched = searched
+        places = ", ".join(str(path) for path in searched)
+        super().__init__(
+            f"cannot find the alembic migrations (looked in {places}); run from a checkout of "
+            "the repository, or pass script_location= to migrate()"
+        )
+
+
+def migrations_location(explicit: Path | None = None) -> Path:
+    """The folder holding ``env.py`` and ``versions/``.
+
+    Args:
+        explicit: use this folder, if given (it must hold an ``env.py``).
+
+    Raises:
+        MigrationsNotFoundError: none of the candidate folders holds an ``env.py``.
+    """
+    package = Path(fulfilment.__file__).resolve().parent
+    candidates = (
+        (explicit,)
+        if explicit is not None
+        else (
+            # src/fulfilment -> src -> repository root
+            package.parent.parent / "migrations",
+            package / "_migrations",
+            Path.cwd() / "migrations",
+        )
+    )
+    for candidate in candidates:
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise MigrationsNotFoundError(candidates)
+
+
+def alembic_config(database_url: str, *, script_location: Path | None = None) -> Config:
+    """An alembic configuration for ``database_url`` built in code (no ``alembic.ini`` read).
+
+    Args:
+        database_url: SQLAlchemy URL; ``postgresql://`` is run with the asyncpg driver.
+        script_location: the migrations folder; found by :func:`migrations_location` if None.
+
+    Raises:
+        MigrationsNotFoundError: see :func:`migrations_location`.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(migrations_location(script_location)))
+    config.set_main_option("path_separator", "os")
+    # set_main_option applies ConfigParser interpolation: a URL-encoded password holds '%'.
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return config
+
+
+def migrate(database_url: str, *, script_location: Path | None = None) -> None:
+    """Upgrade the database at ``database_url`` to the newest revision (``alembic upgrade head``).
+
+    Blocking: it runs its own event loop (alembic's async environment calls ``asyncio.run``),
+    so call it from synchronous code, or as ``await asyncio.to_thread(migrate, url)``. Replicas
+    migrating at once take turns on an advisory lock, and the whole upgrade is one transaction.
+
+    Args:
+        database_url: SQLAlchemy URL of the database (``postgresql+asyncpg://`` or
+            ``postgresql://``).
+        script_location: the migrations folder; found by :func:`migrations_location` if None.
+
+    Raises:
+        MigrationsNotFoundError: the migrations folder cannot be found.
+        RuntimeError: called from a thread that is running an event loop.
+        sqlalchemy.exc.DBAPIError: the database refused the connection or a migration.
+        OSError: the database cannot be reached.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        msg = "migrate() blocks; from async code call it as asyncio.to_thread(migrate, url)"
+        raise RuntimeError(msg)
+    command.upgrade(alembic_config(database_url, script_location=script_location), "head")
