@@ -17,6 +17,9 @@ from sqlalchemy.dialects import postgresql
 metadata = sa.MetaData()
 """Every table of the service."""
 
+INTEGER_MAX = 2_147_483_647
+"""Largest value of an ``integer`` column (``on_hand``, ``reserved``, ``quantity``)."""
+
 stock_levels = sa.Table(
     "stock_levels",
     metadata,

@@ -1,0 +1,48 @@
+"""The SQLAlchemy async engine (asyncpg) of one worker process."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from fulfilment.settings import Settings
+
+APPLICATION_NAME = "fulfilment"
+"""``application_name`` of every session: ``pg_stat_activity`` shows whose connections they are."""
+
+
+def _milliseconds(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
+
+
+def create_engine(settings: Settings) -> AsyncEngine:
+    """Build (but do not connect) the engine for ``settings.database_url``.
+
+    - At most ``database_pool_size`` connections (no overflow), so the database's connection
+      budget is replicas x pool size. A task waits at most ``retry_budget_seconds`` for a free
+      connection; the wait then fails with ``sqlalchemy.exc.TimeoutError``, which the retry
+      policy treats as transient.
+    - ``database_connect_timeout_seconds`` bounds opening one connection (asyncpg ``timeout``).
+    - ``statement_timeout`` and ``lock_timeout`` are server settings of every session (from
+      ``database_statement_timeout_seconds`` and ``database_lock_timeout_seconds``, sent in
+      milliseconds): the server cancels a slow statement or lock wait, so a time-out never leaves
+      a commit in doubt, and the error (57014, 55P03) is one the retry policy retries.
+    - ``pool_pre_ping`` checks a pooled connection before use, so that connections dropped by a
+      database failover are replaced instead of failing a reservation.
+
+    The caller owns the engine and must ``await engine.dispose()`` at shutdown.
+    """
+    return create_async_engine(
+        settings.database_url.get_secret_value(),
+        pool_size=settings.database_pool_size,
+        max_overflow=0,
+        pool_timeout=settings.retry_budget_seconds,
+        pool_pre_ping=True,
+        connect_args={
+            "timeout": settings.database_connect_timeout_seconds,
+            "server_settings": {
+                "application_name": APPLICATION_NAME,
+                "statement_timeout": _milliseconds(settings.database_statement_timeout_seconds),
+                "lock_timeout": _milliseconds(settings.database_lock_timeout_seconds),
+            },
+        },
+    )

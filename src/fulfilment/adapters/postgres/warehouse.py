@@ -1,0 +1,209 @@
+"""``PostgresWarehouse``: the :class:`~fulfilment.application.ports.Warehouse` on PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from fulfilment.adapters.postgres.errors import StockBelowReservedError
+from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
+from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
+from fulfilment.application.ports import Warehouse
+from fulfilment.domain.model import (
+    DuplicateOf,
+    OutcomeKind,
+    RejectionReason,
+    ReservationOutcome,
+    ReserveStock,
+    StockLevel,
+)
+
+__all__ = ["MAX_ON_HAND", "PostgresWarehouse", "StockBelowReservedError"]
+
+MAX_ON_HAND = INTEGER_MAX
+"""Largest ``on_hand`` the column holds."""
+
+_TEXT_ARRAY = postgresql.ARRAY(sa.Text)
+_INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
+
+_RESERVE_ORDER = sa.text(
+    "SELECT outcome, reason, skus"
+    " FROM reserve_order(:consumer, :event_id, :order_id, :placed_at, :skus, :quantities)"
+).bindparams(
+    sa.bindparam("consumer", type_=sa.Text),
+    sa.bindparam("event_id", type_=sa.Uuid),
+    sa.bindparam("order_id", type_=sa.Uuid),
+    sa.bindparam("placed_at", type_=sa.DateTime(timezone=True)),
+    sa.bindparam("skus", type_=_TEXT_ARRAY),
+    sa.bindparam("quantities", type_=_INTEGER_ARRAY),
+)
+"""The hot path: one statement, one round trip (see migration 0002 for the function)."""
+
+# Rows are upserted in code-point order, the lock order of reserve_order, so that a stock load
+# and reservations running at once wait for each other instead of deadlocking. Existing rows
+# whose reserved units exceed the new on_hand are skipped by the WHERE (and so not returned).
+_PUT_STOCK = sa.text(
+    "INSERT INTO stock_levels AS s (sku, on_hand)"
+    " SELECT n.sku, n.on_hand FROM unnest(:skus, :on_hand) AS n(sku, on_hand)"
+    ' ORDER BY n.sku COLLATE "C"'
+    " ON CONFLICT (sku) DO UPDATE SET on_hand = excluded.on_hand, updated_at = now()"
+    " WHERE s.reserved <= excluded.on_hand"
+    " RETURNING s.sku"
+).bindparams(
+    sa.bindparam("skus", type_=_TEXT_ARRAY),
+    sa.bindparam("on_hand", type_=_INTEGER_ARRAY),
+)
+
+# One array parameter rather than IN (...): the same statement (and prepared statement) for
+# any number of SKUs.
+_STOCK = sa.select(stock_levels.c.sku, stock_levels.c.on_hand, stock_levels.c.reserved).where(
+    stock_levels.c.sku == sa.any_(sa.bindparam("skus", type_=_TEXT_ARRAY))
+)
+
+
+class PostgresWarehouse(Warehouse):
+    """Stock and reservations in PostgreSQL; see :class:`Warehouse` for the guarantees.
+
+    Args:
+        engine: an asyncpg engine (``adapters.postgres.engine.create_engine``); not owned.
+        consumer: the inbox namespace (``FULFILMENT_CONSUMER_NAME``).
+        retry_budget_seconds: total time each call may spend retrying transient errors
+            (``FULFILMENT_RETRY_BUDGET_SECONDS``); see ``adapters.postgres.retry``.
+        on_retry: called with the error before each retry, e.g. to count retries in a metric.
+
+    Every method retries transient errors under the same policy and then raises
+    :class:`~fulfilment.application.ports.TransientError`; other database errors propagate.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        consumer: str,
+        retry_budget_seconds: float,
+        on_retry: RetryHook | None = None,
+    ) -> None:
+        self._engine = engine
+        # A single autocommit statement: the reserve_order function body is the transaction,
+        # and no BEGIN/COMMIT round trips surround it.
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._consumer = consumer
+        self._retry_budget_seconds = retry_budget_seconds
+        self._on_retry = on_retry
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine this warehouse runs on (for the command line's reports and chores)."""
+        return self._engine
+
+    async def reserve(self, command: ReserveStock) -> ReservationOutcome:
+        """Reserve ``command``'s demand with one call of ``reserve_order``.
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+            ValueError: the command has no lines.
+        """
+        demand = command.demand()
+        if not demand:
+            msg = f"order {command.order_id} has no lines"
+            raise ValueError(msg)
+        parameters = {
+            "consumer": self._consumer,
+            "event_id": command.event_id,
+            "order_id": command.order_id,
+            "placed_at": command.placed_at,
+            "skus": list(demand),
+            "quantities": list(demand.values()),
+        }
+
+        async def attempt() -> Sequence[Any]:
+            async with self._autocommit.connect() as connection:
+                result = await connection.execute(_RESERVE_ORDER, parameters)
+                return result.one()
+
+        outcome, reason, skus = await call_with_retry(
+            attempt,
+            operation="reserve",
+            budget_seconds=self._retry_budget_seconds,
+            on_retry=self._on_retry,
+        )
+        return _to_outcome(command, outcome, reason, skus)
+
+    async def put_stock(self, on_hand: Mapping[str, int]) -> None:
+        """Upsert ``on_hand`` per SKU in one transaction; ``reserved`` is never changed.
+
+        Raises:
+            StockBelowReservedError: some new ``on_hand`` is below that SKU's ``reserved``;
+                nothing was changed.
+            ValueError: an ``on_hand`` is negative or larger than :data:`MAX_ON_HAND`.
+            TransientError: a transient database error outlasted the retry budget.
+        """
+        bad = sorted(sku for sku, units in on_hand.items() if not 0 <= units <= MAX_ON_HAND)
+        if bad:
+            msg = f"on_hand must be between 0 and {MAX_ON_HAND}; not so for {bad[:10]}"
+            raise ValueError(msg)
+        if not on_hand:
+            return
+        parameters = {"skus": list(on_hand), "on_hand": list(on_hand.values())}
+
+        async def attempt() -> set[str]:
+            async with self._engine.begin() as connection:
+                result = await connection.execute(_PUT_STOCK, parameters)
+                written = set(result.scalars())
+                if len(written) < len(on_hand):
+                    # Leaving the block with an exception rolls the whole load back.
+                    raise StockBelowReservedError(set(on_hand) - written)
+                return written
+
+        await call_with_retry(
+            attempt,
+            operation="put_stock",
+            budget_seconds=self._retry_budget_seconds,
+            on_retry=self._on_retry,
+        )
+
+    async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
+        """Current levels of the known SKUs among ``skus`` (unknown ones are absent).
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+        """
+        wanted = list(dict.fromkeys(skus))
+        if not wanted:
+            return {}
+
+        async def attempt() -> dict[str, StockLevel]:
+            async with self._autocommit.connect() as connection:
+                rows = await connection.execute(_STOCK, {"skus": wanted})
+                return {sku: StockLevel(on_hand, reserved) for sku, on_hand, reserved in rows}
+
+        return await call_with_retry(
+            attempt,
+            operation="stock",
+            budget_seconds=self._retry_budget_seconds,
+            on_retry=self._on_retry,
+        )
+
+
+def _to_outcome(
+    command: ReserveStock, outcome: str, reason: str | None, skus: Sequence[str] | None
+) -> ReservationOutcome:
+    kind = OutcomeKind(outcome)
+    if kind is OutcomeKind.DUPLICATE:
+        return ReservationOutcome(
+            kind=kind,
+            order_id=command.order_id,
+            event_id=command.event_id,
+            duplicate_of=DuplicateOf(str(reason)),
+        )
+    return ReservationOutcome(
+        kind=kind,
+        order_id=command.order_id,
+        event_id=command.event_id,
+        reason=None if reason is None else RejectionReason(reason),
+        skus=tuple(skus or ()),
+    )

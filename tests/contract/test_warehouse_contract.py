@@ -1,0 +1,291 @@
+"""One suite, two warehouses: the in-memory fake and PostgreSQL must keep the same promises."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from uuid import UUID, uuid4
+
+import pytest
+from pydantic import SecretStr
+
+from fakes import InMemoryWarehouse
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.errors import StockBelowReservedError
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.domain.model import (
+    DuplicateOf,
+    OrderLine,
+    OutcomeKind,
+    RejectionReason,
+    ReserveStock,
+    StockLevel,
+)
+from fulfilment.settings import Settings
+
+
+def order(
+    *lines: tuple[str, int], event_id: UUID | None = None, order_id: UUID | None = None
+) -> ReserveStock:
+    return ReserveStock(
+        event_id=event_id or uuid4(),
+        order_id=order_id or uuid4(),
+        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
+        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
+    )
+
+
+@pytest.fixture
+def memory_warehouse():
+    return InMemoryWarehouse()
+
+
+@pytest.fixture
+async def postgres_warehouse(clean_database):
+    engine = create_engine(Settings(database_url=SecretStr(clean_database)))
+    try:
+        yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(
+    params=[
+        "memory_warehouse",
+        pytest.param("postgres_warehouse", marks=pytest.mark.postgres),
+    ]
+)
+def warehouse(request):
+    return request.getfixturevalue(request.param)
+
+
+async def test_reserving_an_order_takes_its_units_from_what_is_available(warehouse):
+    await warehouse.put_stock({"85123A": 10, "71053": 6})
+
+    outcome = await warehouse.reserve(order(("85123A", 6), ("71053", 6)))
+
+    assert outcome.kind is OutcomeKind.RESERVED
+    assert outcome.label == "reserved"
+    assert (outcome.reason, outcome.duplicate_of, outcome.skus) == (None, None, ())
+    assert await warehouse.stock(["85123A", "71053"]) == {
+        "85123A": StockLevel(on_hand=10, reserved=6),
+        "71053": StockLevel(on_hand=6, reserved=6),
+    }
+
+
+async def test_the_outcome_names_the_order_and_the_event(warehouse):
+    await warehouse.put_stock({"A": 1})
+    command = order(("A", 1))
+
+    outcome = await warehouse.reserve(command)
+
+    assert (outcome.order_id, outcome.event_id) == (command.order_id, command.event_id)
+
+
+async def test_exactly_the_available_units_can_be_reserved(warehouse):
+    await warehouse.put_stock({"A": 5})
+    await warehouse.reserve(order(("A", 2)))
+
+    outcome = await warehouse.reserve(order(("A", 3)))
+
+    assert outcome.kind is OutcomeKind.RESERVED
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(5, 5)}
+
+
+async def test_an_order_is_rejected_whole_when_one_sku_is_short(warehouse):
+    await warehouse.put_stock({"A": 10, "B": 1, "C": 10})
+
+    outcome = await warehouse.reserve(order(("A", 1), ("B", 2), ("C", 1)))
+
+    assert outcome.kind is OutcomeKind.REJECTED
+    assert outcome.reason is RejectionReason.INSUFFICIENT_STOCK
+    assert outcome.skus == ("B",)
+    assert outcome.label == "rejected:insufficient_stock"
+    assert await warehouse.stock(["A", "B", "C"]) == {
+        "A": StockLevel(10),
+        "B": StockLevel(1),
+        "C": StockLevel(10),
+    }
+
+
+async def test_an_order_with_an_unknown_sku_is_rejected_naming_it(warehouse):
+    await warehouse.put_stock({"A": 10})
+
+    outcome = await warehouse.reserve(order(("A", 1), ("NOPE", 1)))
+
+    assert (outcome.kind, outcome.reason, outcome.skus) == (
+        OutcomeKind.REJECTED,
+        RejectionReason.UNKNOWN_SKU,
+        ("NOPE",),
+    )
+    assert await warehouse.stock(["A", "NOPE"]) == {"A": StockLevel(10)}
+
+
+async def test_an_unknown_sku_wins_over_a_short_one(warehouse):
+    await warehouse.put_stock({"A": 1})
+
+    outcome = await warehouse.reserve(order(("A", 5), ("Z", 1)))
+
+    assert (outcome.reason, outcome.skus) == (RejectionReason.UNKNOWN_SKU, ("Z",))
+
+
+async def test_offending_skus_are_named_in_code_point_order(warehouse):
+    await warehouse.put_stock({"b": 1, "a": 1, "B": 1, "BANK CHARGES": 1})
+
+    outcome = await warehouse.reserve(order(("b", 2), ("a", 2), ("BANK CHARGES", 2), ("B", 2)))
+
+    assert outcome.skus == ("B", "BANK CHARGES", "a", "b")
+
+
+async def test_the_same_event_twice_is_a_duplicate_and_changes_nothing(warehouse):
+    await warehouse.put_stock({"A": 10})
+    command = order(("A", 4))
+    await warehouse.reserve(command)
+
+    again = await warehouse.reserve(command)
+
+    assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.EVENT)
+    assert again.label == "duplicate:event"
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 4)}
+
+
+async def test_a_rejected_event_delivered_again_is_a_duplicate_too(warehouse):
+    await warehouse.put_stock({"A": 1})
+    command = order(("A", 4))
+    await warehouse.reserve(command)
+    await warehouse.put_stock({"A": 10})
+
+    again = await warehouse.reserve(command)
+
+    assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.EVENT)
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 0)}
+
+
+async def test_the_same_order_under_a_new_event_is_a_duplicate_of_the_order(warehouse):
+    await warehouse.put_stock({"A": 10})
+    first = order(("A", 4))
+    await warehouse.reserve(first)
+
+    again = await warehouse.reserve(order(("A", 4), order_id=first.order_id))
+
+    assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.ORDER)
+    assert again.label == "duplicate:order"
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 4)}
+
+
+async def test_a_rejected_order_under_a_new_event_is_a_duplicate_of_the_order(warehouse):
+    await warehouse.put_stock({"A": 1})
+    first = order(("A", 4))
+    await warehouse.reserve(first)
+    await warehouse.put_stock({"A": 10})
+
+    again = await warehouse.reserve(order(("A", 4), order_id=first.order_id))
+
+    assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.ORDER)
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 0)}
+
+
+async def test_a_duplicate_of_an_order_delivered_again_is_a_duplicate_of_its_event(warehouse):
+    await warehouse.put_stock({"A": 10})
+    first = order(("A", 4))
+    await warehouse.reserve(first)
+    second = order(("A", 4), order_id=first.order_id)
+    await warehouse.reserve(second)
+
+    again = await warehouse.reserve(second)
+
+    assert again.duplicate_of is DuplicateOf.EVENT
+
+
+async def test_repeated_sku_lines_are_one_demand(warehouse):
+    await warehouse.put_stock({"A": 6, "B": 5})
+
+    fits = await warehouse.reserve(order(("A", 3), ("A", 3)))
+    too_much = await warehouse.reserve(order(("B", 3), ("B", 3)))
+
+    assert fits.kind is OutcomeKind.RESERVED
+    assert (too_much.reason, too_much.skus) == (RejectionReason.INSUFFICIENT_STOCK, ("B",))
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(6, 6), "B": StockLevel(5, 0)}
+
+
+async def test_skus_that_differ_only_in_case_are_different_skus(warehouse):
+    await warehouse.put_stock({"15056bl": 2, "15056BL": 50})
+
+    lower = await warehouse.reserve(order(("15056bl", 3)))
+    upper = await warehouse.reserve(order(("15056BL", 3)))
+
+    assert (lower.reason, lower.skus) == (RejectionReason.INSUFFICIENT_STOCK, ("15056bl",))
+    assert upper.kind is OutcomeKind.RESERVED
+    assert await warehouse.stock(["15056bl", "15056BL", "15056Bl"]) == {
+        "15056bl": StockLevel(2, 0),
+        "15056BL": StockLevel(50, 3),
+    }
+
+
+async def test_skus_keep_their_inner_spaces_and_punctuation(warehouse):
+    await warehouse.put_stock({"BANK CHARGES": 1, "gift_0001_40": 1})
+
+    outcome = await warehouse.reserve(order(("BANK CHARGES", 1), ("gift_0001_40", 1)))
+
+    assert outcome.kind is OutcomeKind.RESERVED
+    assert await warehouse.stock(["BANK CHARGES", "BANKCHARGES"]) == {
+        "BANK CHARGES": StockLevel(1, 1)
+    }
+
+
+async def test_put_stock_creates_skus_and_keeps_what_is_reserved(warehouse):
+    await warehouse.put_stock({"A": 5})
+    await warehouse.reserve(order(("A", 2)))
+
+    await warehouse.put_stock({"A": 8, "B": 3})
+
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(8, 2), "B": StockLevel(3, 0)}
+
+
+async def test_put_stock_down_to_exactly_what_is_reserved_is_allowed(warehouse):
+    await warehouse.put_stock({"A": 5})
+    await warehouse.reserve(order(("A", 2)))
+
+    await warehouse.put_stock({"A": 2})
+
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(2, 2)}
+
+
+async def test_put_stock_below_reserved_raises_and_changes_nothing(warehouse):
+    await warehouse.put_stock({"A": 5, "B": 5})
+    await warehouse.reserve(order(("A", 4), ("B", 1)))
+
+    with pytest.raises(StockBelowReservedError) as raised:
+        await warehouse.put_stock({"B": 100, "A": 3, "C": 7})
+
+    assert raised.value.skus == ("A",)
+    assert isinstance(raised.value, ValueError)
+    assert await warehouse.stock(["A", "B", "C"]) == {"A": StockLevel(5, 4), "B": StockLevel(5, 1)}
+
+
+async def test_negative_stock_is_refused(warehouse):
+    with pytest.raises(ValueError, match="on_hand"):
+        await warehouse.put_stock({"A": -1})
+
+    assert await warehouse.stock(["A"]) == {}
+
+
+async def test_stock_leaves_out_unknown_skus(warehouse):
+    await warehouse.put_stock({"A": 1})
+
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(1)}
+    assert await warehouse.stock([]) == {}
+
+
+async def test_an_order_of_675_lines_is_reserved_in_one_piece(warehouse):
+    skus = [f"SKU{i:04d}" for i in range(600)]
+    await warehouse.put_stock(dict.fromkeys(skus, 10))
+    # 675 lines, 75 of them repeating a SKU, like the real data set's largest order.
+    lines = [(sku, 2) for sku in skus] + [(sku, 1) for sku in skus[:75]]
+
+    outcome = await warehouse.reserve(order(*lines))
+
+    assert outcome.kind is OutcomeKind.RESERVED
+    levels = await warehouse.stock(skus)
+    assert levels[skus[0]] == StockLevel(10, 3)
+    assert levels[skus[-1]] == StockLevel(10, 2)
+    assert sum(level.reserved for level in levels.values()) == 2 * 600 + 75
