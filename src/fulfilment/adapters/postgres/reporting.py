@@ -1,0 +1,165 @@
+"""Outcome counts and the stock invariants, read from one snapshot of the database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from fulfilment.adapters.postgres.tables import (
+    inbox_messages,
+    reservation_lines,
+    reservations,
+    stock_levels,
+)
+from fulfilment.domain.model import RejectionReason
+
+MISMATCH_EXAMPLES = 10
+"""How many disagreeing SKUs :class:`InvariantChecks` names (the count covers them all)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantChecks:
+    """What must always hold (product contract, promise 2), with counts of what does not.
+
+    Attributes:
+        stock_out_of_bounds: SKUs with ``reserved < 0`` or ``reserved > on_hand`` (the CHECK
+            constraint of ``stock_levels`` makes this 0 unless it was dropped).
+        reserved_mismatches: SKUs whose ``reserved`` differs from the units of the reserved
+            orders' ``reservation_lines`` (either side missing counts as 0).
+        reserved_mismatch_examples: up to :data:`MISMATCH_EXAMPLES` of those SKUs, in
+            code-point order.
+        inbox_unaccounted: inbox rows minus (reservations + ``duplicate_order`` inbox rows);
+            0 when every processed event left exactly one trace. Assumes one consumer name per
+            database, as deployed.
+    """
+
+    stock_out_of_bounds: int
+    reserved_mismatches: int
+    reserved_mismatch_examples: tuple[str, ...]
+    inbox_unaccounted: int
+
+    @property
+    def ok(self) -> bool:
+        """True when every invariant holds."""
+        return (
+            self.stock_out_of_bounds == 0
+            and self.reserved_mismatches == 0
+            and self.inbox_unaccounted == 0
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeReport:
+    """What happened to the events that reached the database.
+
+    Attributes:
+        reserved: orders reserved.
+        rejected: orders rejected, per reason (``insufficient_stock``, ``unknown_sku``; both
+            keys always present).
+        duplicate_orders: events for an order that an earlier event had already placed.
+        inbox_total: events processed (rows of ``inbox_messages``).
+        invariants: the stock and inbox checks.
+    """
+
+    reserved: int
+    rejected: dict[str, int]
+    duplicate_orders: int
+    inbox_total: int
+    invariants: InvariantChecks
+
+    @property
+    def ok(self) -> bool:
+        """True when every invariant holds."""
+        return self.invariants.ok
+
+
+async def outcome_report(bind: AsyncEngine | AsyncConnection) -> OutcomeReport:
+    """Count outcomes and check the invariants, all from one snapshot.
+
+    One snapshot matters while workers are running: counting the inbox and the reservations in
+    separate snapshots would report a mismatch that is only the work done in between.
+
+    Args:
+        bind: an engine, whose connection then reads in a REPEATABLE READ transaction; or a
+            connection, used as it is (its transaction, if any, decides what is seen).
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database failed (not retried: this is a report).
+        OSError: the database cannot be reached.
+    """
+    if isinstance(bind, AsyncConnection):
+        return await _report(bind)
+    snapshot = bind.execution_options(isolation_level="REPEATABLE READ")
+    async with snapshot.connect() as connection, connection.begin():
+        return await _report(connection)
+
+
+async def _report(connection: AsyncConnection) -> OutcomeReport:
+    by_status = await connection.execute(
+        sa.select(reservations.c.status, reservations.c.reason, sa.func.count()).group_by(
+            reservations.c.status, reservations.c.reason
+        )
+    )
+    reserved = 0
+    rejected = {str(reason): 0 for reason in RejectionReason}
+    reservations_total = 0
+    for status, reason, count in by_status:
+        reservations_total += count
+        if status == "reserved":
+            reserved += count
+        else:
+            rejected[reason] = rejected.get(reason, 0) + count
+
+    outcomes = await connection.execute(
+        sa.select(inbox_messages.c.outcome, sa.func.count()).group_by(inbox_messages.c.outcome)
+    )
+    by_outcome: dict[str, int] = dict(outcomes.all())
+    inbox_total = sum(by_outcome.values())
+    duplicate_orders = by_outcome.get("duplicate_order", 0)
+
+    out_of_bounds = await connection.scalar(
+        sa.select(sa.func.count()).where(
+            sa.or_(
+                stock_levels.c.reserved < 0,
+                stock_levels.c.reserved > stock_levels.c.on_hand,
+            )
+        )
+    )
+
+    demand = (
+        sa.select(
+            reservation_lines.c.sku,
+            sa.func.sum(reservation_lines.c.quantity).label("units"),
+        )
+        .join(reservations, reservations.c.order_id == reservation_lines.c.order_id)
+        .where(reservations.c.status == "reserved")
+        .group_by(reservation_lines.c.sku)
+        .cte("demand")
+    )
+    sku = sa.func.coalesce(stock_levels.c.sku, demand.c.sku).collate("C").label("sku")
+    mismatches = (
+        await connection.execute(
+            sa.select(sku, sa.func.count().over().label("total"))
+            .select_from(stock_levels.join(demand, demand.c.sku == stock_levels.c.sku, full=True))
+            .where(
+                sa.func.coalesce(stock_levels.c.reserved, 0) != sa.func.coalesce(demand.c.units, 0)
+            )
+            .order_by(sku)
+            .limit(MISMATCH_EXAMPLES)
+        )
+    ).all()
+
+    return OutcomeReport(
+        reserved=reserved,
+        rejected=rejected,
+        duplicate_orders=duplicate_orders,
+        inbox_total=inbox_total,
+        invariants=InvariantChecks(
+            stock_out_of_bounds=out_of_bounds or 0,
+            reserved_mismatches=mismatches[0].total if mismatches else 0,
+            reserved_mismatch_examples=tuple(row.sku for row in mismatches),
+            inbox_unaccounted=inbox_total - reservations_total - duplicate_orders,
+        ),
+    )
