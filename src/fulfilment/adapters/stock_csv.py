@@ -1,0 +1,102 @@
+"""Stock files: ``sku,on_hand`` CSVs read for ``fulfilment stock load``.
+
+The format: UTF-8 (a byte-order mark is tolerated), a header that is exactly ``sku,on_hand``,
+then one row per SKU. SKUs are the shop's stock codes and are kept as written (case and inner
+spaces matter, as in ``15056bl`` and ``BANK CHARGES``); ``on_hand`` is a whole number of units.
+Blank lines are skipped. Any other departure is an error naming the file and the line, so that
+a bad file is refused before any level is changed.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+from fulfilment.adapters.postgres.tables import INTEGER_MAX
+from fulfilment.contracts.order_placed import MAX_SKU_LENGTH
+
+HEADER = ("sku", "on_hand")
+"""The one accepted header row."""
+
+MAX_ON_HAND = INTEGER_MAX
+"""Largest ``on_hand`` the database column holds."""
+
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+
+
+class StockCsvError(ValueError):
+    """A stock file cannot be used; ``str(error)`` reads ``FILE:LINE: what is wrong``.
+
+    Attributes:
+        path: the file, as given.
+        line: the 1-based line number, or None when the whole file is at fault.
+        problem: what is wrong, without the location.
+    """
+
+    def __init__(self, path: Path | str, line: int | None, problem: str) -> None:
+        self.path = Path(path)
+        self.line = line
+        self.problem = problem
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {problem}")
+
+
+def read_stock_csv(path: Path | str) -> dict[str, int]:
+    """Read a stock file into ``{sku: on_hand}``, in file order.
+
+    Raises:
+        StockCsvError: the file is not UTF-8, its header is not exactly ``sku,on_hand``, or a
+            row is bad: not two fields, an empty SKU, a SKU with surrounding white space or
+            longer than the event contract allows, an ``on_hand`` that is not a whole number
+            from 0 to :data:`MAX_ON_HAND`, or a SKU already seen (both lines are named).
+        OSError: the file cannot be opened or read.
+    """
+    levels: dict[str, int] = {}
+    first_line: dict[str, int] = {}
+    with Path(path).open(encoding="utf-8-sig", newline="") as stream:
+        reader = csv.reader(stream, strict=True)
+        try:
+            header = next(reader, None)
+            if header is None or tuple(header) != HEADER:
+                shown = "an empty file" if header is None else repr(",".join(header))
+                raise StockCsvError(path, 1, f"header must be exactly 'sku,on_hand', got {shown}")
+            for row in reader:
+                if not row:
+                    continue
+                line = reader.line_num
+                sku, on_hand = _parse_row(path, line, row)
+                if sku in first_line:
+                    problem = f"duplicate SKU {sku!r} (first on line {first_line[sku]})"
+                    raise StockCsvError(path, line, problem)
+                first_line[sku] = line
+                levels[sku] = on_hand
+        except UnicodeDecodeError as error:
+            # The reader has not counted the line it could not decode yet.
+            raise StockCsvError(path, reader.line_num + 1, f"not UTF-8 ({error.reason})") from None
+        except csv.Error as error:
+            raise StockCsvError(path, reader.line_num, f"malformed CSV ({error})") from None
+    return levels
+
+
+def _parse_row(path: Path | str, line: int, row: list[str]) -> tuple[str, int]:
+    if len(row) != len(HEADER):
+        problem = f"expected 2 fields (sku,on_hand), got {len(row)}"
+        raise StockCsvError(path, line, problem)
+    sku, on_hand = row
+    if not sku:
+        raise StockCsvError(path, line, "sku is empty")
+    if sku != sku.strip():
+        problem = f"sku must not start or end with white space, got {sku!r}"
+        raise StockCsvError(path, line, problem)
+    if len(sku) > MAX_SKU_LENGTH:
+        problem = f"sku is longer than {MAX_SKU_LENGTH} characters, got {sku!r}"
+        raise StockCsvError(path, line, problem)
+    if not _WHOLE_NUMBER.fullmatch(on_hand):
+        problem = f"on_hand must be a whole number >= 0, got {on_hand!r}"
+        raise StockCsvError(path, line, problem)
+    # The length test first: int() refuses strings of thousands of digits with a ValueError.
+    if len(on_hand.lstrip("0")) > len(str(MAX_ON_HAND)) or int(on_hand) > MAX_ON_HAND:
+        problem = f"on_hand must be at most {MAX_ON_HAND}, got {on_hand!r}"
+        raise StockCsvError(path, line, problem)
+    return sku, int(on_hand)

@@ -1,0 +1,195 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.stock_csv import MAX_ON_HAND, StockCsvError, read_stock_csv
+from fulfilment.domain.model import StockLevel
+from fulfilment.settings import Settings
+
+SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "stock.csv"
+
+
+def write(tmp_path, text, name="stock.csv", encoding="utf-8"):
+    path = tmp_path / name
+    path.write_bytes(text.encode(encoding))
+    return path
+
+
+def error_of(path):
+    with pytest.raises(StockCsvError) as raised:
+        read_stock_csv(path)
+    return raised.value
+
+
+def test_a_stock_file_is_read_into_levels_per_sku(tmp_path):
+    path = write(tmp_path, "sku,on_hand\n85123A,12\n15056bl,0\n15056BL,3\nBANK CHARGES,1\n")
+
+    assert read_stock_csv(path) == {"85123A": 12, "15056bl": 0, "15056BL": 3, "BANK CHARGES": 1}
+
+
+def test_a_byte_order_mark_and_windows_line_ends_are_tolerated(tmp_path):
+    path = write(tmp_path, "\ufeffsku,on_hand\r\ngift_0001_40,7\r\n")
+
+    assert read_stock_csv(path) == {"gift_0001_40": 7}
+
+
+def test_a_quoted_sku_may_hold_a_comma(tmp_path):
+    path = write(tmp_path, 'sku,on_hand\n"A,B",1\n')
+
+    assert read_stock_csv(path) == {"A,B": 1}
+
+
+def test_blank_lines_are_skipped_and_lines_keep_their_numbers(tmp_path):
+    path = write(tmp_path, "sku,on_hand\n\nA,1\n\nB,-3\n")
+
+    assert str(error_of(path)) == f"{path}:5: on_hand must be a whole number >= 0, got '-3'"
+
+
+def test_an_error_names_the_file_and_the_line(tmp_path):
+    rows = "".join(f"SKU{i},{i}\n" for i in range(15))
+    path = write(tmp_path, "sku,on_hand\n" + rows + "BAD,-3\n")
+
+    error = error_of(path)
+
+    assert str(error) == f"{path}:17: on_hand must be a whole number >= 0, got '-3'"
+    assert (error.path, error.line) == (path, 17)
+
+
+@pytest.mark.parametrize("on_hand", ["1.5", "", "ten", " 3", "3 ", "+3", "1e3", "٣"])
+def test_on_hand_must_be_a_whole_number(tmp_path, on_hand):
+    path = write(tmp_path, f"sku,on_hand\nA,{on_hand}\n")
+
+    assert str(error_of(path)) == f"{path}:2: on_hand must be a whole number >= 0, got {on_hand!r}"
+
+
+def test_on_hand_must_fit_the_database(tmp_path):
+    ok = write(tmp_path, f"sku,on_hand\nA,{MAX_ON_HAND}\nB,000000000000000001\n", "ok.csv")
+    too_big = write(tmp_path, f"sku,on_hand\nA,{MAX_ON_HAND + 1}\n", "big.csv")
+    huge = write(tmp_path, "sku,on_hand\nA," + "9" * 5000 + "\n", "huge.csv")
+
+    assert read_stock_csv(ok) == {"A": MAX_ON_HAND, "B": 1}
+    assert "big.csv:2: on_hand must be at most 2147483647" in str(error_of(too_big))
+    assert "huge.csv:2: on_hand must be at most" in str(error_of(huge))
+
+
+def test_a_duplicate_sku_names_both_lines(tmp_path):
+    path = write(tmp_path, "sku,on_hand\nA,1\nB,2\nA,3\n")
+
+    assert str(error_of(path)) == f"{path}:4: duplicate SKU 'A' (first on line 2)"
+
+
+def test_skus_differing_only_in_case_are_not_duplicates(tmp_path):
+    path = write(tmp_path, "sku,on_hand\n15056bl,1\n15056BL,2\n")
+
+    assert read_stock_csv(path) == {"15056bl": 1, "15056BL": 2}
+
+
+@pytest.mark.parametrize("sku", [" A", "A ", "\tA", '" A"'])
+def test_spaces_around_a_sku_are_an_error(tmp_path, sku):
+    path = write(tmp_path, f"sku,on_hand\n{sku},1\n")
+
+    assert "stock.csv:2: sku must not start or end with white space" in str(error_of(path))
+
+
+def test_an_empty_sku_is_an_error(tmp_path):
+    path = write(tmp_path, "sku,on_hand\n,1\n")
+
+    assert str(error_of(path)) == f"{path}:2: sku is empty"
+
+
+def test_a_sku_longer_than_the_event_contract_allows_is_an_error(tmp_path):
+    path = write(tmp_path, "sku,on_hand\n" + "X" * 65 + ",1\n")
+
+    assert "stock.csv:2: sku is longer than 64 characters" in str(error_of(path))
+
+
+@pytest.mark.parametrize("row", ["A", "A,1,2", "A,1,"])
+def test_a_row_must_have_two_fields(tmp_path, row):
+    path = write(tmp_path, f"sku,on_hand\n{row}\n")
+
+    assert "stock.csv:2: expected 2 fields (sku,on_hand)" in str(error_of(path))
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("SKU,on_hand\nA,1\n", "'SKU,on_hand'"),
+        ("sku,on_hand,location\n", "'sku,on_hand,location'"),
+        ("on_hand,sku\n", "'on_hand,sku'"),
+        ("sku, on_hand\n", "'sku, on_hand'"),
+        ("A,1\n", "'A,1'"),
+        ("", "an empty file"),
+    ],
+)
+def test_the_header_must_be_exactly_sku_on_hand(tmp_path, text, shown):
+    path = write(tmp_path, text)
+
+    assert str(error_of(path)) == f"{path}:1: header must be exactly 'sku,on_hand', got {shown}"
+
+
+def test_a_file_that_is_not_utf8_is_an_error_naming_it(tmp_path):
+    path = write(tmp_path, "sku,on_hand\nA,1\nCAFÉ,2\n", encoding="latin-1")
+
+    error = error_of(path)
+
+    assert str(error).startswith(f"{path}:")
+    assert "not UTF-8" in str(error)
+
+
+def test_an_unterminated_quote_is_an_error_naming_the_file(tmp_path):
+    path = write(tmp_path, 'sku,on_hand\n"A,1\n')
+
+    assert "malformed CSV" in str(error_of(path))
+
+
+def test_a_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_stock_csv(tmp_path / "absent.csv")
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason="the shipped sample is not in this checkout")
+def test_the_shipped_sample_stock_file_is_valid():
+    levels = read_stock_csv(SAMPLE)
+
+    assert len(levels) > 1000
+    assert all(units >= 0 for units in levels.values())
+
+
+@pytest.fixture
+async def warehouse(clean_database):
+    engine = create_engine(Settings(database_url=SecretStr(clean_database)))
+    try:
+        yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_stock_file_loads_into_the_database(warehouse, tmp_path):
+    path = write(tmp_path, "sku,on_hand\n85123A,12\n15056bl,0\n15056BL,3\nBANK CHARGES,1\n")
+
+    await warehouse.put_stock(read_stock_csv(path))
+
+    assert await warehouse.stock(["85123A", "15056bl", "15056BL", "BANK CHARGES", "x"]) == {
+        "85123A": StockLevel(12),
+        "15056bl": StockLevel(0),
+        "15056BL": StockLevel(3),
+        "BANK CHARGES": StockLevel(1),
+    }
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not SAMPLE.is_file(), reason="the shipped sample is not in this checkout")
+async def test_the_shipped_sample_loads_twice_with_the_same_result(warehouse):
+    levels = read_stock_csv(SAMPLE)
+
+    await warehouse.put_stock(levels)
+    await warehouse.put_stock(levels)
+
+    stored = await warehouse.stock(levels)
+    assert {sku: level.on_hand for sku, level in stored.items()} == levels
