@@ -1,0 +1,275 @@
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+from uuid import uuid4
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from fulfilment.adapters.postgres import schema
+from fulfilment.adapters.postgres.retry import sqlstate_of
+from fulfilment.adapters.postgres.tables import metadata
+
+pytestmark = pytest.mark.postgres
+
+CHECK_VIOLATION = "23514"
+
+
+@pytest.fixture
+async def engine(clean_database):
+    engine = create_async_engine(clean_database)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def _schema_differences(connection, target):
+    context = MigrationContext.configure(
+        connection, opts={"compare_type": True, "compare_server_default": True}
+    )
+    return compare_metadata(context, target)
+
+
+async def test_the_migrated_schema_matches_the_tables_module(engine):
+    async with engine.connect() as connection:
+        differences = await connection.run_sync(_schema_differences, metadata)
+
+    assert differences == []
+
+
+async def test_the_schema_comparison_would_notice_a_difference(engine):
+    changed = sa.MetaData()
+    for table in metadata.tables.values():
+        table.to_metadata(changed)
+    changed.tables["stock_levels"].append_column(sa.Column("location", sa.Text))
+
+    async with engine.connect() as connection:
+        differences = await connection.run_sync(_schema_differences, changed)
+
+    assert [difference[0] for difference in differences] == ["add_column"]
+
+
+async def test_the_migrated_check_constraints_are_those_of_the_tables_module(engine):
+    # alembic's comparison does not look at CHECK constraints; compare their names here.
+    expected = {
+        (table.name, constraint.name)
+        for table in metadata.tables.values()
+        for constraint in table.constraints
+        if isinstance(constraint, sa.CheckConstraint)
+    }
+    async with engine.connect() as connection:
+        rows = await connection.execute(
+            sa.text(
+                "SELECT conrelid::regclass::text, conname FROM pg_constraint"
+                " WHERE contype = 'c' AND connamespace = 'public'::regnamespace"
+            )
+        )
+        actual = {(table, name) for table, name in rows}
+
+    assert actual == expected
+
+
+async def _violation(engine, sql, parameters=None):
+    with pytest.raises(IntegrityError) as raised:
+        async with engine.begin() as connection:
+            await connection.execute(sa.text(sql), parameters or {})
+    return raised.value
+
+
+async def test_the_database_refuses_more_reserved_than_on_hand(engine):
+    async with engine.begin() as connection:
+        await connection.execute(
+            sa.text("INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ('A', 5, 5)")
+        )
+
+    error = await _violation(engine, "UPDATE stock_levels SET reserved = 6 WHERE sku = 'A'")
+
+    assert sqlstate_of(error) == CHECK_VIOLATION
+    assert "stock_levels_reserved_within_on_hand" in str(error.orig)
+
+
+async def test_the_database_refuses_a_negative_reservation_or_stock(engine):
+    negative_reserved = await _violation(
+        engine, "INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ('A', 5, -1)"
+    )
+    negative_on_hand = await _violation(
+        engine, "INSERT INTO stock_levels (sku, on_hand) VALUES ('A', -1)"
+    )
+
+    assert sqlstate_of(negative_reserved) == CHECK_VIOLATION
+    assert sqlstate_of(negative_on_hand) == CHECK_VIOLATION
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [("reserved", "unknown_sku"), ("rejected", None), ("cancelled", None), ("rejected", "late")],
+)
+async def test_the_database_refuses_a_reason_that_does_not_fit_the_status(engine, status, reason):
+    error = await _violation(
+        engine,
+        "INSERT INTO reservations (order_id, event_id, status, reason, placed_at)"
+        " VALUES (gen_random_uuid(), gen_random_uuid(), :status, :reason, now())",
+        {"status": status, "reason": reason},
+    )
+
+    assert sqlstate_of(error) == CHECK_VIOLATION
+
+
+async def test_the_database_refuses_an_unknown_inbox_outcome(engine):
+    error = await _violation(
+        engine,
+        "INSERT INTO inbox_messages (consumer, event_id, order_id, outcome)"
+        " VALUES ('c', gen_random_uuid(), gen_random_uuid(), 'duplicate')",
+    )
+
+    assert sqlstate_of(error) == CHECK_VIOLATION
+
+
+async def _reserve(connection, event_id, order_id, skus, quantities):
+    result = await connection.execute(
+        sa.text(
+            "SELECT outcome, reason, skus FROM reserve_order("
+            "'fulfilment', :event_id, :order_id, :placed_at, :skus, :quantities)"
+        ),
+        {
+            "event_id": event_id,
+            "order_id": order_id,
+            "placed_at": datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
+            "skus": skus,
+            "quantities": quantities,
+        },
+    )
+    return tuple(result.one())
+
+
+async def test_reserve_order_records_the_reservation_its_summed_lines_and_the_inbox(engine):
+    reserved_order, rejected_order = uuid4(), uuid4()
+    first_event, second_event, third_event = uuid4(), uuid4(), uuid4()
+    async with engine.begin() as connection:
+        await connection.execute(
+            sa.text("INSERT INTO stock_levels (sku, on_hand) VALUES ('A', 10), ('B', 1)")
+        )
+        reserved = await _reserve(
+            connection, first_event, reserved_order, ["B", "A", "A"], [1, 2, 3]
+        )
+        rejected = await _reserve(connection, second_event, rejected_order, ["A", "B"], [1, 1])
+        duplicate = await _reserve(connection, third_event, reserved_order, ["A"], [1])
+        queries = {
+            "reservations": "SELECT order_id, event_id, status, reason, skus FROM reservations"
+            " ORDER BY status DESC",
+            "lines": "SELECT order_id, sku, quantity FROM reservation_lines"
+            " ORDER BY order_id = :first DESC, sku",
+            "inbox": "SELECT event_id, order_id, outcome FROM inbox_messages",
+            "stock": "SELECT sku, on_hand, reserved FROM stock_levels ORDER BY sku",
+        }
+        rows = {
+            name: (await connection.execute(sa.text(sql), {"first": reserved_order})).all()
+            for name, sql in queries.items()
+        }
+
+    assert reserved == ("reserved", None, [])
+    assert rejected == ("rejected", "insufficient_stock", ["B"])
+    assert duplicate == ("duplicate", "order", [])
+    assert [tuple(row) for row in rows["reservations"]] == [
+        (reserved_order, first_event, "reserved", None, []),
+        (rejected_order, second_event, "rejected", "insufficient_stock", ["B"]),
+    ]
+    assert rows["lines"] == [
+        (reserved_order, "A", 5),
+        (reserved_order, "B", 1),
+        (rejected_order, "A", 1),
+        (rejected_order, "B", 1),
+    ]
+    assert set(rows["inbox"]) == {
+        (first_event, reserved_order, "reserved"),
+        (second_event, rejected_order, "rejected"),
+        (third_event, reserved_order, "duplicate_order"),
+    }
+    assert rows["stock"] == [("A", 10, 5), ("B", 1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("skus", "quantities"),
+    [([], []), (["A"], []), (["A", "B"], [1]), (["A"], [0]), (["A"], [-1]), ([None], [1])],
+)
+async def test_reserve_order_refuses_malformed_lines_and_writes_nothing(engine, skus, quantities):
+    with pytest.raises(sa.exc.DBAPIError) as raised:
+        async with engine.begin() as connection:
+            await _reserve(connection, uuid4(), uuid4(), skus, quantities)
+
+    assert sqlstate_of(raised.value) == "22023"
+    async with engine.connect() as connection:
+        assert await connection.scalar(sa.text("SELECT count(*) FROM inbox_messages")) == 0
+
+
+def test_migrating_an_up_to_date_database_changes_nothing(database_url):
+    schema.migrate(database_url)
+    schema.migrate(database_url)
+
+
+async def test_migrate_refuses_to_block_a_running_event_loop(database_url):
+    with pytest.raises(RuntimeError, match="to_thread"):
+        schema.migrate(database_url)
+
+    await asyncio.to_thread(schema.migrate, database_url)
+
+
+def test_migrate_names_where_it_looked_when_the_migrations_are_missing(tmp_path):
+    with pytest.raises(schema.MigrationsNotFoundError, match=str(tmp_path)):
+        schema.migrate("postgresql://nowhere/none", script_location=tmp_path)
+
+
+def test_the_migrations_are_found_from_the_source_tree():
+    assert (schema.migrations_location() / "versions").is_dir()
+
+
+def test_downgrading_to_base_drops_everything_and_upgrading_restores_it(database_url):
+    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
+    name = f"fulfilment_test_{uuid.uuid4().hex[:12]}"
+    url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
+
+    async def admin_execute(sql):
+        connection = await asyncpg.connect(admin.render_as_string(hide_password=False))
+        try:
+            await connection.execute(sql)
+        finally:
+            await connection.close()
+
+    async def objects():
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            tables = await connection.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+            )
+            functions = await connection.fetch(
+                "SELECT proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
+            )
+            return {row[0] for row in tables}, {row[0] for row in functions}
+        finally:
+            await connection.close()
+
+    asyncio.run(admin_execute(f'CREATE DATABASE "{name}"'))
+    try:
+        schema.migrate(url)
+        assert asyncio.run(objects()) == (
+            {"alembic_version", *metadata.tables},
+            {"reserve_order"},
+        )
+        command.downgrade(schema.alembic_config(url), "base")
+        assert asyncio.run(objects()) == ({"alembic_version"}, set())
+        schema.migrate(url)
+        assert asyncio.run(objects())[1] == {"reserve_order"}
+    finally:
+        asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
