@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import asyncpg
 import pytest
@@ -99,7 +99,7 @@ def amqp_url() -> Iterator[str]:
 
 
 @pytest.fixture
-async def clean_database(database_url: str) -> AsyncIterator[str]:
+async def clean_database(database_url: str) -> str:
     """The session database with every table emptied before the test."""
     url = make_url(database_url).set(drivername="postgresql")
     connection = await asyncpg.connect(url.render_as_string(hide_password=False))
@@ -109,4 +109,4 @@ async def clean_database(database_url: str) -> AsyncIterator[str]:
         )
     finally:
         await connection.close()
-    yield database_url
+    return database_url

@@ -8,15 +8,16 @@ order. Nothing is built at import time. Tests call :func:`build_worker` with fak
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 import uvicorn
-from faststream.asgi import AsgiFastStream
+from faststream import FastStream
 from faststream.rabbit import Channel, RabbitBroker
 from sqlalchemy import text
 
@@ -24,7 +25,7 @@ from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.entrypoints.amqp import WorkerLimits, register_order_placed
-from fulfilment.entrypoints.http import health_routes
+from fulfilment.entrypoints.http import ASGIApp, health_app
 from fulfilment.entrypoints.topology import Topology, TopologyMismatchError, declare_topology
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.metrics import Metrics
@@ -40,9 +41,10 @@ logger = structlog.get_logger("fulfilment.main")
 
 @dataclass(frozen=True, slots=True)
 class Worker:
-    """The assembled worker: an ASGI app that runs the broker, and what tests look into."""
+    """The assembled worker: the FastStream app, its HTTP endpoints, and what tests look into."""
 
-    app: AsgiFastStream
+    app: FastStream
+    http: ASGIApp
     broker: RabbitBroker
     subscriber: RabbitSubscriber
     metrics: Metrics
@@ -110,27 +112,28 @@ def build_worker(
     def consumer_attached() -> bool:
         return subscriber._consumer_tag is not None  # noqa: SLF001
 
-    app = AsgiFastStream(
+    app = FastStream(
         broker,
-        asgi_routes=health_routes(
-            broker_connected=broker.ping,
-            consumer_attached=consumer_attached,
-            database_ping=database_ping,
-            registry=metrics.registry,
-        ),
         logger=logging.getLogger("faststream"),
         on_startup=[declare],
         on_shutdown=[cancel_consumers_first],
         after_shutdown=list(after_shutdown),
     )
-    return Worker(app=app, broker=broker, subscriber=subscriber, metrics=metrics)
+    http = health_app(
+        broker_connected=broker.ping,
+        consumer_attached=consumer_attached,
+        database_ping=database_ping,
+        registry=metrics.registry,
+    )
+    return Worker(app=app, http=http, broker=broker, subscriber=subscriber, metrics=metrics)
 
 
 async def run_worker(settings: Settings) -> int:
     """Run the worker until SIGTERM or SIGINT; return the process exit code.
 
-    0 after a clean shutdown; 1 when start-up failed (unreachable broker, topology mismatch),
-    so the orchestrator restarts the pod with back-off.
+    0 after a clean shutdown; 1 when start-up failed (unreachable broker, topology mismatch,
+    a broken subscriber), so the orchestrator restarts the pod with back-off. The HTTP server
+    runs beside the broker from the start, so liveness answers during start-up.
     """
     metrics = Metrics()
     engine = create_engine(settings)
@@ -156,16 +159,14 @@ async def run_worker(settings: Settings) -> int:
         metrics=metrics,
         after_shutdown=[close_pool],
     )
-    server = uvicorn.Server(
+    http = _HttpServer(
         uvicorn.Config(
-            worker.app,
+            worker.http,
             host=settings.http_host,
             port=settings.http_port,
-            lifespan="on",
+            lifespan="off",
             log_config=None,
             access_log=False,
-            # HTTP requests are tiny; the broker drain is what needs the grace period.
-            timeout_graceful_shutdown=1,
         )
     )
     logger.info(
@@ -177,12 +178,31 @@ async def run_worker(settings: Settings) -> int:
         graceful_timeout_seconds=settings.graceful_timeout_seconds,
         http_port=settings.http_port,
     )
+    serving = asyncio.create_task(http.serve())
     try:
-        await server.serve()
+        await worker.app.run(log_level=logging.INFO)
+    except TopologyMismatchError:
+        return 1  # already said in one line by the start-up hook
+    except Exception as error:
+        logger.exception("worker.start_failed", reason=f"{type(error).__name__}: {error}")
+        return 1
     finally:
-        if not server.started:
-            await engine.dispose()
-    return 0 if server.started else 1
+        http.should_exit = True
+        await serving
+        await engine.dispose()
+    return 0
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn without signal handlers of its own.
+
+    The FastStream app owns SIGTERM and SIGINT, so that a signal starts the broker's drain;
+    the HTTP server stops after it, answering probes while in-flight handlers finish.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def main() -> None:

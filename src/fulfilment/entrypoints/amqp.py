@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import structlog
 from faststream import AckPolicy
 from faststream.rabbit import Channel, RabbitBroker
-from faststream.rabbit.message import RabbitMessage
+from faststream.rabbit.annotations import RabbitMessage
 from pydantic import ValidationError
 
 from fulfilment.application.handlers import reserve_stock

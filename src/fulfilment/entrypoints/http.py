@@ -2,68 +2,76 @@
 
 Liveness says only that the process serves HTTP: restarting a pod because the broker or the
 database is down would not bring them back. Readiness says whether this replica is doing its
-job: the broker connection is up (checked by value: ``broker.ping`` returns a bool and never
-raises), the consumer is attached to the queue, and PostgreSQL answers.
+job: the broker connection is up (checked by value: FastStream's ``broker.ping`` returns a
+bool and never raises), the consumer is attached to the queue, and PostgreSQL answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
-from faststream.asgi import AsgiResponse, get
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-if TYPE_CHECKING:
-    from faststream.asgi.handlers import HttpHandler
-    from faststream.asgi.types import ASGIApp
+from prometheus_client import CollectorRegistry, make_asgi_app
 
 READINESS_CHECK_SECONDS = 2.0
 """Time each readiness check may take; the Kubernetes probe's own timeout must be larger."""
 
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-def health_routes(
+
+def health_app(
     *,
     broker_connected: Callable[[float], Awaitable[bool]],
     consumer_attached: Callable[[], bool],
     database_ping: Callable[[], Awaitable[None]],
     registry: CollectorRegistry,
-) -> list[tuple[str, ASGIApp]]:
-    """Routes ``/health/live``, ``/health/ready`` and ``/metrics``.
+) -> ASGIApp:
+    """An ASGI app serving ``GET /health/live``, ``GET /health/ready`` and ``GET /metrics``.
 
     ``/health/ready`` answers 200 with ``{"broker": true, "consumer": true, "database": true}``
-    when all hold and 503 with the same shape otherwise.
+    when all hold, and 503 with the same shape otherwise; other paths answer 404.
     """
+    metrics = make_asgi_app(registry)
 
-    @get(include_in_schema=False)
-    async def live(_scope: object) -> AsgiResponse:
-        return AsgiResponse(b'{"status": "ok"}', 200, headers={"content-type": "application/json"})
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/metrics":
+            await metrics(scope, receive, send)
+        elif path == "/health/live":
+            await _json(send, 200, {"status": "ok"})
+        elif path == "/health/ready":
+            checks = {
+                "broker": await broker_connected(READINESS_CHECK_SECONDS),
+                "consumer": consumer_attached(),
+                "database": await _answers(database_ping),
+            }
+            await _json(send, 200 if all(checks.values()) else 503, checks)
+        else:
+            await _json(send, 404, {"error": "not found"})
 
-    @get(include_in_schema=False)
-    async def ready(_scope: object) -> AsgiResponse:
-        checks = {
-            "broker": await broker_connected(READINESS_CHECK_SECONDS),
-            "consumer": consumer_attached(),
-            "database": await _answers(database_ping),
+    return app
+
+
+async def _json(send: Send, status: int, document: dict[str, Any]) -> None:
+    body = json.dumps(document).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ],
         }
-        status = 200 if all(checks.values()) else 503
-        body = json.dumps(checks).encode()
-        return AsgiResponse(body, status, headers={"content-type": "application/json"})
-
-    @get(include_in_schema=False)
-    async def metrics(_scope: object) -> AsgiResponse:
-        return AsgiResponse(
-            generate_latest(registry), 200, headers={"content-type": CONTENT_TYPE_LATEST}
-        )
-
-    routes: list[tuple[str, HttpHandler]] = [
-        ("/health/live", live),
-        ("/health/ready", ready),
-        ("/metrics", metrics),
-    ]
-    return list(routes)
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _answers(ping: Callable[[], Awaitable[None]]) -> bool:

@@ -58,6 +58,10 @@ def configure_logging(
     # One line per message is the service's own; FastStream's per-message "Received" and
     # "Processed" lines would triple the volume and say less.
     logging.getLogger("faststream.access").setLevel(logging.WARNING)
+    for name in ("faststream", "faststream.access", "uvicorn", "uvicorn.error"):
+        # FastStream and uvicorn attach handlers of their own at import; one format wins.
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
 
 

@@ -1,0 +1,47 @@
+# `make help` lists the targets. Everything runs through uv and the lock file (uv.lock).
+SHELL := bash
+.DEFAULT_GOAL := help
+
+UV_VERSION := 0.13.8
+UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
+DATA ?= data/sample/online-retail
+RESET ?=
+
+.PHONY: help demo test test-fast lint typecheck format services install clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.tools/bin/uv:
+	python3 -m venv .tools
+	.tools/bin/pip install --quiet uv==$(UV_VERSION)
+
+install: $(if $(filter .tools/bin/uv,$(UV)),.tools/bin/uv) ## Install the locked dependencies into .venv
+	$(UV) sync --frozen
+
+services: ## Start RabbitMQ and PostgreSQL if they are down (local install or docker compose)
+	@scripts/ensure-services
+
+demo: install services ## The main job on real data: DATA=folder of Online Retail CSVs (default: the shipped sample), RESET=1 to start empty
+	$(UV) run fulfilment demo $(DATA) $(if $(RESET),--reset)
+
+test: install services ## The whole test suite against the real RabbitMQ and PostgreSQL
+	$(UV) run pytest
+
+test-fast: install ## Unit and contract tests with the in-memory fake only
+	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
+
+lint: install ## ruff lint and format check, import layers
+	$(UV) run ruff check src tests bench
+	$(UV) run ruff format --check src tests bench
+	$(UV) run lint-imports
+
+typecheck: install ## mypy --strict
+	$(UV) run mypy
+
+format: install ## Format and fix what ruff can
+	$(UV) run ruff format src tests bench
+	$(UV) run ruff check --fix src tests bench
+
+clean: ## Remove the virtual environments and caches
+	rm -rf .venv .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,115 @@
+"""PostgreSQL chores of the command line: create the database, open a warehouse, reconcile."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Collection
+from uuid import UUID
+
+import asyncpg
+from sqlalchemy import bindparam, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.tables import inbox_messages
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.settings import Settings
+
+CONNECT_SECONDS = 5.0
+"""How long the command line waits for PostgreSQL before calling it unreachable."""
+
+
+class DatabaseUnavailableError(Exception):
+    """PostgreSQL cannot be reached or refused the login; the message says where."""
+
+
+def _unavailable(url: str, error: BaseException) -> DatabaseUnavailableError:
+    where = make_url(url).render_as_string(hide_password=True)
+    return DatabaseUnavailableError(
+        f"PostgreSQL at {where} is not reachable: {type(error).__name__}: {error}"
+    )
+
+
+async def ensure_database(database_url: str) -> bool:
+    """Create the database named in ``database_url`` if it does not exist; True if created.
+
+    Connects to the server's ``postgres`` maintenance database to do so, which needs the
+    ``CREATEDB`` privilege only when the database is missing.
+
+    Raises:
+        DatabaseUnavailableError: the server does not answer or refuses the login.
+    """
+    url = make_url(database_url).set(drivername="postgresql")
+    try:
+        connection = await asyncpg.connect(
+            url.render_as_string(hide_password=False), timeout=CONNECT_SECONDS
+        )
+    except asyncpg.InvalidCatalogNameError:
+        pass
+    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+        raise _unavailable(database_url, error) from error
+    else:
+        await connection.close()
+        return False
+    maintenance = url.set(database="postgres").render_as_string(hide_password=False)
+    try:
+        connection = await asyncpg.connect(maintenance, timeout=CONNECT_SECONDS)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+        raise _unavailable(database_url, error) from error
+    try:
+        name = url.database or ""
+        await connection.execute(f"CREATE DATABASE {_quote_identifier(name)}")
+    except asyncpg.DuplicateDatabaseError:
+        return False
+    finally:
+        await connection.close()
+    return True
+
+
+def _quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@contextlib.asynccontextmanager
+async def warehouse_session(settings: Settings) -> AsyncIterator[PostgresWarehouse]:
+    """A :class:`PostgresWarehouse` on a fresh pool, checked reachable, disposed on exit.
+
+    Raises:
+        DatabaseUnavailableError: the server does not answer or refuses the login.
+    """
+    engine = create_engine(settings)
+    try:
+        try:
+            async with engine.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+        except (OSError, OperationalError, DBAPIError) as error:
+            raise _unavailable(settings.database_url.get_secret_value(), error) from error
+        yield PostgresWarehouse(
+            engine,
+            consumer=settings.consumer_name,
+            retry_budget_seconds=settings.retry_budget_seconds,
+        )
+    finally:
+        await engine.dispose()
+
+
+async def processed_event_ids(
+    warehouse: PostgresWarehouse, consumer: str, event_ids: Collection[UUID]
+) -> set[UUID]:
+    """Those of ``event_ids`` that the inbox of ``consumer`` has recorded as processed."""
+    query = select(inbox_messages.c.event_id).where(
+        inbox_messages.c.consumer == consumer,
+        inbox_messages.c.event_id.in_(bindparam("ids", expanding=True)),
+    )
+    async with warehouse.engine.connect() as connection:
+        rows = await connection.execute(query, {"ids": list(event_ids)})
+        return {row[0] for row in rows}
+
+
+async def reset_tables(warehouse: PostgresWarehouse) -> None:
+    """Empty the inbox, reservations and stock levels (the demo's ``--reset``)."""
+    async with warehouse.engine.begin() as connection:
+        await connection.execute(
+            text("TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels")
+        )

@@ -1,0 +1,227 @@
+"""The ``fulfilment`` command.
+
+Every sub-command exits 0 on success and otherwise prints one line, ``fulfilment: <reason>``,
+on standard error and exits non-zero: 1 for a failed run or broken invariants, 2 for bad input
+or settings, 3 for an unreachable service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+
+from fulfilment.settings import Settings, SettingsError, load_settings
+
+app = typer.Typer(
+    name="fulfilment",
+    help="Order-fulfilment worker: reserves stock for OrderPlaced events, once per event.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+stock_app = typer.Typer(help="Stock levels: load them, or plan them from order data.")
+app.add_typer(stock_app, name="stock")
+
+T = TypeVar("T")
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 3
+
+
+def fail(reason: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print ``fulfilment: <reason>`` (one line) on standard error and exit with ``code``."""
+    sys.stderr.write(f"fulfilment: {' '.join(reason.split())}\n")
+    raise typer.Exit(code)
+
+
+def settings_or_exit() -> Settings:
+    """Validated settings, or exit 2 naming every bad variable on one line."""
+    try:
+        return load_settings()
+    except SettingsError as error:
+        fail(f"invalid settings: {'; '.join(str(error).splitlines())}", EXIT_BAD_INPUT)
+
+
+def run(coroutine_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine, turning an unreachable service into exit 3 with one line."""
+    from fulfilment.adapters.database import DatabaseUnavailableError  # noqa: PLC0415
+    from fulfilment.adapters.rabbitmq import BrokerUnavailableError  # noqa: PLC0415
+
+    try:
+        return asyncio.run(coroutine_factory())
+    except (BrokerUnavailableError, DatabaseUnavailableError) as error:
+        fail(str(error), EXIT_UNAVAILABLE)
+
+
+@app.command()
+def worker() -> None:
+    """Run the worker until SIGTERM or SIGINT (the same as ``python -m fulfilment``)."""
+    from fulfilment.main import main  # noqa: PLC0415 - keeps the other commands' start fast
+
+    main()
+
+
+@app.command()
+def migrate() -> None:
+    """Create the database if it is missing, then ``alembic upgrade head``."""
+    from fulfilment.adapters.database import ensure_database  # noqa: PLC0415
+    from fulfilment.adapters.postgres.schema import migrate as upgrade  # noqa: PLC0415
+
+    settings = settings_or_exit()
+    url = settings.database_url.get_secret_value()
+    run(lambda: ensure_database(url))
+    upgrade(url)
+    typer.echo("database migrated to head")
+
+
+@stock_app.command("load")
+def stock_load(
+    file: Annotated[Path, typer.Argument(help="CSV with header sku,on_hand.")],
+) -> None:
+    """Upsert on-hand stock levels from FILE; nothing changes if any row is bad."""
+    from fulfilment.adapters.postgres.errors import StockBelowReservedError  # noqa: PLC0415
+    from fulfilment.adapters.stock_csv import StockCsvError, read_stock_csv  # noqa: PLC0415
+
+    settings = settings_or_exit()
+    try:
+        levels = read_stock_csv(file)
+    except (StockCsvError, OSError) as error:
+        fail(str(error), EXIT_BAD_INPUT)
+
+    async def load() -> None:
+        async with _warehouse(settings) as warehouse:
+            await warehouse.put_stock(levels)
+
+    try:
+        run(load)
+    except StockBelowReservedError as error:
+        fail(f"{file}: {error}", EXIT_BAD_INPUT)
+    typer.echo(f"loaded {len(levels)} stock levels from {file}")
+
+
+@stock_app.command("plan")
+def stock_plan(
+    data: Annotated[list[Path], typer.Argument(help="Online Retail CSV files or folders.")],
+    out: Annotated[Path, typer.Option(help="Where to write the sku,on_hand CSV.")],
+) -> None:
+    """Write deterministic stock levels for the orders in DATA (some short, a few unknown)."""
+    from fulfilment.adapters.stock_plan import plan_stock, write_stock_csv  # noqa: PLC0415
+
+    orders = _read_orders(data).orders
+    levels = plan_stock(orders)
+    write_stock_csv(levels, out)
+    typer.echo(f"planned {len(levels)} stock levels for {len(orders)} orders into {out}")
+
+
+@app.command()
+def publish(
+    files: Annotated[list[Path], typer.Argument(help="Online Retail CSV files or folders.")],
+) -> None:
+    """Publish one OrderPlaced per invoice of FILES, persistent and confirmed.
+
+    Ids derive from the invoice number, so publishing a file twice re-sends the same events
+    (and the worker answers them as duplicates). Cancellations and non-positive lines are
+    skipped and counted.
+    """
+    settings = settings_or_exit()
+    result = _read_orders(files)
+    published = run(lambda: _publish(settings, result.orders))
+    skipped = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in asdict(result.skipped).items())
+    typer.echo(f"published {published} events ({skipped})")
+
+
+@app.command()
+def report(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,  # noqa: FBT002 - a typer flag
+) -> None:
+    """Outcome counts, dead letters by reason, pending messages, and the stock invariants.
+
+    Exits 1 when an invariant does not hold.
+    """
+    settings = settings_or_exit()
+    document = run(lambda: _report(settings))
+    _print_report(document, as_json=as_json)
+    if not document["invariants"]["ok"]:
+        fail("stock invariants do not hold (see the report above)")
+
+
+@app.command()
+def demo(
+    data: Annotated[Path, typer.Argument(help="Folder (or file) of Online Retail CSVs.")] = Path(
+        "data/sample/online-retail"
+    ),
+    reset: Annotated[  # noqa: FBT002 - a typer flag
+        bool,
+        typer.Option(help="Empty the service's tables and queues first (demo databases only)."),
+    ] = False,
+) -> None:
+    """The main job on real data: migrate, load stock, run the worker, publish, report.
+
+    Stock levels are planned from DATA deterministically, so some orders are rejected for
+    insufficient stock and a few for unknown SKUs. Runs the worker as a child process, waits
+    until the queue is drained, stops it with SIGTERM, and reconciles every published event.
+    """
+    from fulfilment.adapters.rabbitmq import UnroutableError  # noqa: PLC0415
+    from fulfilment.entrypoints.demo import DemoError, run_demo  # noqa: PLC0415
+
+    settings = settings_or_exit()
+    orders = _read_orders([data])
+    try:
+        code = run(lambda: run_demo(settings, orders, reset=reset, echo=typer.echo))
+    except (DemoError, UnroutableError) as error:
+        fail(str(error))
+    if code != 0:
+        raise typer.Exit(code)
+
+
+def _read_orders(paths: list[Path]) -> Any:  # noqa: ANN401 - ReadResult, imported lazily
+    from fulfilment.adapters.online_retail import OnlineRetailError, csv_files, read_orders  # noqa: PLC0415
+
+    try:
+        files = [file for path in paths for file in csv_files(path)]
+        return read_orders(files)
+    except (OnlineRetailError, OSError) as error:
+        fail(str(error), EXIT_BAD_INPUT)
+
+
+async def _publish(settings: Settings, orders: list[Any]) -> int:
+    from fulfilment.adapters.rabbitmq import OutgoingEvent, UnroutableError, connect, publish_events  # noqa: PLC0415
+    from fulfilment.entrypoints.topology import ORDER_PLACED_ROUTING_KEY, ORDERS_EXCHANGE  # noqa: PLC0415
+
+    events = [OutgoingEvent(order.body(), str(order.event_id)) for order in orders]
+    async with connect(settings.amqp_url.get_secret_value()) as connection:
+        try:
+            return await publish_events(
+                connection, events, exchange=ORDERS_EXCHANGE, routing_key=ORDER_PLACED_ROUTING_KEY
+            )
+        except UnroutableError as error:
+            fail(str(error))
+
+
+def _warehouse(settings: Settings) -> Any:  # noqa: ANN401 - an async context manager of PostgresWarehouse
+    from fulfilment.adapters.database import warehouse_session  # noqa: PLC0415
+
+    return warehouse_session(settings)
+
+
+async def _report(settings: Settings) -> dict[str, Any]:
+    from fulfilment.entrypoints.reporting import collect_report  # noqa: PLC0415
+
+    return await collect_report(settings)
+
+
+def _print_report(document: dict[str, Any], *, as_json: bool) -> None:
+    from fulfilment.entrypoints.reporting import render_report  # noqa: PLC0415
+
+    if as_json:
+        typer.echo(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        typer.echo(render_report(document))

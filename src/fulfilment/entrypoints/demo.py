@@ -1,0 +1,218 @@
+"""``fulfilment demo``: the main job on real data, from an empty database to a reconciled report.
+
+Steps: create and migrate the database; plan and load stock from the data; start the worker
+as a child process and wait until it is ready; publish one event per invoice; wait until the
+queue is drained; stop the worker with SIGTERM (it finishes in-flight work and exits 0); then
+reconcile every published event against the inbox and the dead-letter queue and print the
+report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from fulfilment.adapters.database import (
+    ensure_database,
+    processed_event_ids,
+    reset_tables,
+    warehouse_session,
+)
+from fulfilment.adapters.postgres.schema import migrate
+from fulfilment.adapters.rabbitmq import (
+    OutgoingEvent,
+    browse_dead_letters,
+    connect,
+    publish_events,
+    queue_state,
+)
+from fulfilment.adapters.stock_plan import plan_stock
+from fulfilment.entrypoints.reporting import collect_report, render_report
+from fulfilment.entrypoints.topology import (
+    DEAD_LETTER_QUEUE,
+    MAIN_QUEUE,
+    ORDER_PLACED_ROUTING_KEY,
+    ORDERS_EXCHANGE,
+)
+
+if TYPE_CHECKING:
+    from fulfilment.adapters.online_retail import ReadResult
+    from fulfilment.settings import Settings
+
+READY_WAIT_SECONDS = 60.0
+"""How long the worker may take to report ready before the demo gives up."""
+DRAIN_POLL_SECONDS = 0.5
+"""Interval between two looks at the queue while waiting for it to drain."""
+DRAIN_EMPTY_LOOKS = 2
+"""Looks in a row that must find the queue empty: nothing ready and nothing arriving."""
+DRAIN_STALL_SECONDS = 120.0
+"""The demo fails if the queue's depth does not fall for this long."""
+
+
+class DemoError(Exception):
+    """A step of the demo failed; the message says which and why."""
+
+
+async def run_demo(
+    settings: Settings,
+    read: ReadResult,
+    *,
+    reset: bool,
+    echo: Callable[[str], Any],
+) -> int:
+    """Run the demo over ``read.orders``; return 0 when every event is accounted for.
+
+    Raises:
+        DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
+    """
+    started = time.monotonic()
+    database_url = settings.database_url.get_secret_value()
+    amqp_url = settings.amqp_url.get_secret_value()
+    if await ensure_database(database_url):
+        echo("created the database")
+    await asyncio.to_thread(migrate, database_url)
+    echo("database migrated to head")
+
+    levels = plan_stock(read.orders)
+    async with warehouse_session(settings) as warehouse:
+        if reset:
+            await reset_tables(warehouse)
+            await _purge_queues(amqp_url)
+            echo("emptied the service's tables and queues")
+        await warehouse.put_stock(levels)
+    echo(f"loaded {len(levels)} planned stock levels")
+
+    log_path = Path(tempfile.gettempdir()) / "fulfilment-demo-worker.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fulfilment", stdout=log, stderr=log, env=dict(os.environ)
+        )
+        echo(f"worker started (pid {process.pid}, log {log_path})")
+        try:
+            await _wait_ready(settings.http_port, process, log_path)
+            events = [OutgoingEvent(order.body(), str(order.event_id)) for order in read.orders]
+            async with connect(amqp_url) as connection:
+                await publish_events(
+                    connection,
+                    events,
+                    exchange=ORDERS_EXCHANGE,
+                    routing_key=ORDER_PLACED_ROUTING_KEY,
+                )
+                skipped = ", ".join(
+                    f"{name.replace('_', ' ')} {count}"
+                    for name, count in asdict(read.skipped).items()
+                )
+                echo(f"published {len(events)} events (skipped: {skipped})")
+                await _wait_drained(connection, echo)
+        finally:
+            code = await _stop(process, settings.orchestrator_grace_period_seconds)
+    echo(f"worker stopped with exit code {code}")
+
+    accounted = await _reconcile(settings, read, echo)
+    document = await collect_report(settings)
+    echo(render_report(document))
+    echo(f"wall time {time.monotonic() - started:.1f} s")
+    return 0 if accounted and code == 0 and document["invariants"]["ok"] else 1
+
+
+async def _purge_queues(amqp_url: str) -> None:
+    async with connect(amqp_url) as connection:
+        channel = await connection.channel()
+        for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+            with contextlib.suppress(Exception):
+                queue = await channel.get_queue(name, ensure=True)
+                await queue.purge()
+        if not channel.is_closed:
+            await channel.close()
+
+
+async def _wait_ready(port: int, process: asyncio.subprocess.Process, log: Path) -> None:
+    url = f"http://127.0.0.1:{port}/health/ready"
+    deadline = time.monotonic() + READY_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        if process.returncode is not None:
+            text = await asyncio.to_thread(log.read_text, errors="replace")
+            tail = text.strip().splitlines()[-1:]
+            msg = f"the worker exited with code {process.returncode}: {' '.join(tail)}"
+            raise DemoError(msg)
+        if await asyncio.to_thread(_http_ok, url):
+            return
+        await asyncio.sleep(0.5)
+    msg = f"the worker was not ready at {url} within {READY_WAIT_SECONDS:g} s (log: {log})"
+    raise DemoError(msg)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - a fixed http URL on loopback
+            return 200 <= int(response.status) < 300  # noqa: PLR2004 - the 2xx range
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+async def _wait_drained(connection: Any, echo: Callable[[str], Any]) -> None:  # noqa: ANN401 - an aio-pika connection
+    last_depth, last_change, last_echo = -1, time.monotonic(), 0.0
+    quiet = 0
+    while quiet < DRAIN_EMPTY_LOOKS:
+        state = await queue_state(connection, MAIN_QUEUE)
+        depth = state.ready if state else 0
+        now = time.monotonic()
+        if depth != last_depth:
+            last_depth, last_change = depth, now
+        if now - last_change > DRAIN_STALL_SECONDS:
+            msg = f"the queue stayed at {depth} messages for {DRAIN_STALL_SECONDS:g} s"
+            raise DemoError(msg)
+        if now - last_echo > 5:  # noqa: PLR2004 - a progress line every 5 s
+            echo(f"waiting for the queue to drain: {depth} ready")
+            last_echo = now
+        quiet = quiet + 1 if depth == 0 else 0
+        await asyncio.sleep(DRAIN_POLL_SECONDS)
+
+
+async def _stop(process: asyncio.subprocess.Process, grace_seconds: float) -> int:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace_seconds):
+                await process.wait()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+    return process.returncode if process.returncode is not None else -1
+
+
+async def _reconcile(settings: Settings, read: ReadResult, echo: Callable[[str], Any]) -> bool:
+    published = {order.event_id for order in read.orders}
+    async with warehouse_session(settings) as warehouse:
+        processed = await processed_event_ids(warehouse, settings.consumer_name, published)
+    async with connect(settings.amqp_url.get_secret_value()) as connection:
+        dead = await browse_dead_letters(connection, DEAD_LETTER_QUEUE)
+    dead_ids = {UUID(value) for value in dead.event_ids if _is_uuid(value)} & published
+    missing = published - processed - dead_ids
+    both = processed & dead_ids
+    echo(
+        f"reconciled {len(published)} published events: {len(processed)} processed, "
+        f"{len(dead_ids - processed)} only in the dead-letter queue, {len(missing)} missing"
+        + (f", {len(both)} processed and also dead-lettered" if both else "")
+    )
+    return not missing
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        UUID(value)
+    except ValueError:
+        return False
+    return True

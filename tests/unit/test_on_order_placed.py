@@ -1,0 +1,179 @@
+"""Handler logic of ``on_order_placed`` with the in-memory broker and warehouse.
+
+FastStream's ``TestRabbitBroker`` has no acknowledgements, dead-letter exchange or delivery
+limit, so these tests only check what the handler decides; the real broker's behaviour is
+tested in ``tests/e2e``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from faststream.rabbit import RabbitMessage, TestRabbitBroker
+
+from fakes import InMemoryWarehouse
+from fulfilment.application.ports import TransientError
+from fulfilment.contracts.order_placed import MAX_BODY_BYTES, order_placed_body
+from fulfilment.domain.model import ReservationOutcome, ReserveStock
+from fulfilment.entrypoints.amqp import raw_body
+from fulfilment.entrypoints.topology import (
+    ORDER_PLACED_ROUTING_KEY,
+    Topology,
+)
+from fulfilment.main import Worker, build_worker
+from fulfilment.settings import Settings
+
+
+async def _no_database() -> None:
+    return None
+
+
+@dataclass
+class Harness:
+    worker: Worker
+    warehouse: InMemoryWarehouse
+    dead_letters: list[RabbitMessage]
+    broker: Any
+
+    async def publish(self, body: bytes, **options: Any) -> None:
+        await self.broker.publish(
+            body,
+            exchange=Topology(5).orders_exchange(),
+            routing_key=ORDER_PLACED_ROUTING_KEY,
+            **options,
+        )
+
+    def outcomes(self) -> list[str]:
+        return [
+            f"{labels['outcome']}:{labels['reason']}"
+            for metric in self.worker.metrics.registry.collect()
+            if metric.name == "fulfilment_events"
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+            for labels in [sample.labels]
+            for _ in range(int(sample.value))
+        ]
+
+
+async def _harness(warehouse: InMemoryWarehouse) -> AsyncIterator[Harness]:
+    settings = Settings()
+    worker = build_worker(settings, warehouse=warehouse, database_ping=_no_database)
+    topology = Topology(settings.delivery_limit)
+    dead_letters: list[RabbitMessage] = []
+
+    @worker.broker.subscriber(
+        topology.dead_letter_queue(), topology.dead_letter_exchange(), decoder=raw_body
+    )
+    async def capture(message: RabbitMessage) -> None:
+        dead_letters.append(message)
+
+    async with TestRabbitBroker(worker.broker) as broker:
+        yield Harness(worker, warehouse, dead_letters, broker)
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"85123A": 10, "BANK CHARGES": 1})
+    async for value in _harness(warehouse):
+        yield value
+
+
+def a_body(lines: list[tuple[str, int]], event_id: uuid.UUID | None = None) -> bytes:
+    return order_placed_body(
+        event_id=event_id or uuid.uuid4(),
+        order_id=uuid.uuid4(),
+        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
+        lines=lines,
+    )
+
+
+async def test_a_valid_order_is_reserved_and_nothing_is_dead_lettered(harness: Harness) -> None:
+    await harness.publish(a_body([("85123A", 6), ("BANK CHARGES", 1)]))
+
+    stock = await harness.warehouse.stock(["85123A", "BANK CHARGES"])
+    assert stock["85123A"].reserved == 6
+    assert stock["BANK CHARGES"].reserved == 1
+    assert harness.dead_letters == []
+    assert harness.outcomes() == ["reserved:"]
+
+
+async def test_insufficient_stock_is_an_outcome_not_a_failure(harness: Harness) -> None:
+    await harness.publish(a_body([("85123A", 11)]))
+
+    assert harness.dead_letters == []
+    assert harness.outcomes() == ["rejected:insufficient_stock"]
+    assert (await harness.warehouse.stock(["85123A"]))["85123A"].reserved == 0
+
+
+async def test_a_redelivered_event_is_counted_as_a_duplicate(harness: Harness) -> None:
+    body = a_body([("85123A", 1)])
+    await harness.publish(body)
+    await harness.publish(body)
+
+    assert sorted(harness.outcomes()) == ["duplicate:event", "reserved:"]
+    assert (await harness.warehouse.stock(["85123A"]))["85123A"].reserved == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "reason"),
+    [
+        (b"\xff\xfe not json", "application/json", "invalid OrderPlaced v1"),
+        (b"[1, 2, 3]", "application/json", "invalid OrderPlaced v1"),
+        (b'{"version": 2}', "application/json", "version"),
+        (
+            a_body([("85123A", 1)]).replace(b"+00:00", b"").replace(b"Z", b""),
+            "application/json",
+            "placed_at",
+        ),
+        (a_body([("85123A", 1)]), "application/xml", "content type"),
+        (b" " * (MAX_BODY_BYTES + 1), "application/json", "exceeds the limit"),
+    ],
+    ids=["not-utf8", "not-an-object", "unknown-version", "naive-time", "xml", "too-large"],
+)
+async def test_a_malformed_event_is_dead_lettered_as_permanent_with_its_reason(
+    harness: Harness, body: bytes, content_type: str, reason: str
+) -> None:
+    await harness.publish(body, content_type=content_type)
+
+    assert len(harness.dead_letters) == 1
+    headers = harness.dead_letters[0].headers
+    assert headers["x-fulfilment-failure-class"] == "permanent"
+    assert reason in headers["x-fulfilment-reason"]
+    assert harness.dead_letters[0].body == body
+    assert harness.outcomes() == ["dead_lettered:permanent"]
+
+
+class FailingWarehouse(InMemoryWarehouse):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def reserve(self, command: ReserveStock) -> ReservationOutcome:  # noqa: ARG002 - fails whatever the order
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "failure_class"),
+    [
+        (TransientError("connection refused"), "transient_exhausted"),
+        (KeyError("bug"), "unexpected"),
+    ],
+)
+async def test_a_failing_store_dead_letters_with_the_failure_class_and_exception(
+    error: Exception, failure_class: str
+) -> None:
+    async for harness in _harness(FailingWarehouse(error)):
+        await harness.publish(a_body([("85123A", 1)]), message_id="m-1")
+
+        assert len(harness.dead_letters) == 1
+        letter = harness.dead_letters[0]
+        assert letter.headers["x-fulfilment-failure-class"] == failure_class
+        assert letter.headers["x-fulfilment-exception-type"] == type(error).__name__
+        assert "test_on_order_placed.py" in letter.headers["x-fulfilment-stack"]
+        assert letter.message_id == "m-1"

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fulfilment.settings import SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def no_fulfilment_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("FULFILMENT_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no .env from the working tree
+
+
+def test_defaults_nest_and_point_at_the_local_services() -> None:
+    settings = load_settings()
+    assert settings.amqp_url.get_secret_value() == "amqp://guest:guest@localhost:5672/"
+    assert settings.database_url.get_secret_value().startswith("postgresql+asyncpg://")
+    assert (
+        settings.retry_budget_seconds
+        < settings.handler_deadline_seconds
+        < settings.graceful_timeout_seconds
+        < settings.orchestrator_grace_period_seconds
+    )
+
+
+def test_a_deadline_longer_than_the_graceful_timeout_stops_the_start_naming_both_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_HANDLER_DEADLINE_SECONDS", "25")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    message = str(raised.value)
+    assert "FULFILMENT_HANDLER_DEADLINE_SECONDS=25" in message
+    assert "FULFILMENT_GRACEFUL_TIMEOUT_SECONDS=20" in message
+
+
+def test_a_handler_deadline_beyond_the_broker_consumer_timeout_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_BROKER_CONSUMER_TIMEOUT_SECONDS", "5")
+    with pytest.raises(SettingsError, match="FULFILMENT_BROKER_CONSUMER_TIMEOUT_SECONDS=5"):
+        load_settings()
+
+
+def test_a_value_that_is_not_a_number_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "many")
+    with pytest.raises(SettingsError, match=r"^FULFILMENT_PREFETCH_COUNT: "):
+        load_settings()
+
+
+def test_a_database_url_with_the_plain_scheme_runs_on_asyncpg(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_DATABASE_URL", "postgresql://u:p@db:5432/shop")
+    settings = load_settings()
+    assert settings.database_url.get_secret_value() == "postgresql+asyncpg://u:p@db:5432/shop"
+
+
+def test_a_broker_url_of_another_scheme_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FULFILMENT_AMQP_URL", "http://localhost:15672/")
+    with pytest.raises(SettingsError, match=r"FULFILMENT_AMQP_URL: .*amqp://"):
+        load_settings()
+
+
+def test_secrets_do_not_show_in_the_settings_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FULFILMENT_AMQP_URL", "amqp://user:hunter2@broker:5672/")
+    assert "hunter2" not in repr(load_settings())
