@@ -58,10 +58,10 @@ class WorkerProcess:
 
     def start(self) -> None:
         self.env["FULFILMENT_HTTP_PORT"] = str(self.port)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "fulfilment"], env=self.env, stdout=log, stderr=log
-        )
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fulfilment"], env=self.env, stdout=log, stderr=log
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

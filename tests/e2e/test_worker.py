@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 import uuid
@@ -145,7 +146,11 @@ async def test_a_worker_killed_in_the_middle_of_a_handler_leads_to_one_reservati
     handled = [
         line for line in restarted.log_lines() if line.get("event") == "order_placed.handled"
     ]
-    assert [line["outcome"] for line in handled] == ["reserved"]
+    # PostgreSQL notices a dead client only when it next writes to it, so the killed worker's
+    # statement may still commit once the lock is released; the redelivery is then the
+    # duplicate. Either way the order is reserved exactly once.
+    assert len(handled) == 1
+    assert handled[0]["outcome"] in {"reserved", "duplicate:event"}
     assert handled[0]["redelivered"] is True
     assert await queue_depth(broker, MAIN_QUEUE) == 0
 
@@ -218,5 +223,8 @@ async def test_the_worker_refuses_to_start_when_the_queue_exists_with_other_argu
     assert time.monotonic() - started < 60
     mismatch = [line for line in stderr.decode().splitlines() if "topology_mismatch" in line]
     assert mismatch, stderr.decode()[-2000:]
-    assert "x-delivery-limit" in mismatch[0]
-    assert MAIN_QUEUE in mismatch[0]
+    # RabbitMQ names the first argument that differs; the queue above has none of ours.
+    assert re.search(
+        rf"queue '{re.escape(MAIN_QUEUE)}' exists with x-[a-z-]+=none, the service expects \S+",
+        mismatch[0],
+    ), mismatch[0]

@@ -186,6 +186,18 @@ class SkipCounts:
     non_positive_lines: int = 0
     empty_invoices: int = 0
 
+    def describe(self) -> str:
+        """One line for people, e.g. ``cancelled invoices 33, cancelled lines 62, ...``."""
+        return ", ".join(
+            f"{name.replace('_', ' ')} {getattr(self, name)}"
+            for name in (
+                "cancelled_invoices",
+                "cancelled_lines",
+                "non_positive_lines",
+                "empty_invoices",
+            )
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:

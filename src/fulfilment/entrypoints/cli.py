@@ -11,7 +11,6 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -134,8 +133,7 @@ def publish(
     settings = settings_or_exit()
     result = _read_orders(files)
     published = run(lambda: _publish(settings, result.orders))
-    skipped = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in asdict(result.skipped).items())
-    typer.echo(f"published {published} events ({skipped})")
+    typer.echo(f"published {published} events (skipped: {result.skipped.describe()})")
 
 
 @app.command()

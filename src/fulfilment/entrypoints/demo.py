@@ -19,7 +19,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -110,11 +109,7 @@ async def run_demo(
                     exchange=ORDERS_EXCHANGE,
                     routing_key=ORDER_PLACED_ROUTING_KEY,
                 )
-                skipped = ", ".join(
-                    f"{name.replace('_', ' ')} {count}"
-                    for name, count in asdict(read.skipped).items()
-                )
-                echo(f"published {len(events)} events (skipped: {skipped})")
+                echo(f"published {len(events)} events (skipped: {read.skipped.describe()})")
                 await _wait_drained(connection, echo)
         finally:
             code = await _stop(process, settings.orchestrator_grace_period_seconds)
