@@ -161,6 +161,7 @@ def load_settings() -> Settings:
         lines = []
         for problem in error.errors():
             field = ".".join(str(part) for part in problem["loc"])
-            where = env_name(field) if field else "settings"
-            lines.append(f"{where}: {problem['msg']}")
+            message = problem["msg"].removeprefix("Value error, ")
+            # A rule across fields (the nesting of deadlines) names its variables itself.
+            lines.append(f"{env_name(field)}: {message}" if field else message)
         raise SettingsError("\n".join(lines)) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -54,6 +55,10 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
     from fulfilment.adapters.database import DatabaseUnavailableError  # noqa: PLC0415
     from fulfilment.adapters.rabbitmq import BrokerUnavailableError  # noqa: PLC0415
 
+    # The client libraries log a failed connection attempt on their own; the one-line
+    # reason below says the same, once.
+    for name in ("aiormq", "aio_pika"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         return asyncio.run(coroutine_factory())
     except (BrokerUnavailableError, DatabaseUnavailableError) as error:
