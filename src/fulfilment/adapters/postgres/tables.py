@@ -108,3 +108,26 @@ reservation_lines = sa.Table(
     sa.CheckConstraint("quantity > 0", name="reservation_lines_quantity_positive"),
 )
 """The demand of each order per SKU (lines of the same SKU summed), reserved or rejected."""
+
+delivery_attempts = sa.Table(
+    "delivery_attempts",
+    metadata,
+    sa.Column("consumer", sa.Text, primary_key=True),
+    sa.Column("message_key", sa.Text, primary_key=True),
+    sa.Column("redeliveries", sa.Integer, nullable=False),
+    sa.Column(
+        "first_redelivered_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.Column(
+        "last_redelivered_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("consumer", "message_key", name="delivery_attempts_pkey"),
+    sa.CheckConstraint("redeliveries > 0", name="delivery_attempts_redeliveries_positive"),
+)
+"""Redeliveries the service counted per message (migration 0003), for its own delivery limit."""
