@@ -25,8 +25,8 @@ class MigrationsNotFoundError(RuntimeError):
         self.searched = searched
         places = ", ".join(str(path) for path in searched)
         super().__init__(
-            f"cannot find the alembic migrations (looked in {places}); run from a checkout of "
-            "the repository, or pass script_location= to migrate()"
+            f"cannot find the alembic migrations (looked in {places}); run from a directory "
+            "holding migrations/ (a checkout, or the image's /app), or pass script_location="
         )
 
 
