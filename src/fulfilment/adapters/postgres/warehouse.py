@@ -103,6 +103,10 @@ class PostgresWarehouse(Warehouse):
     async def reserve(self, command: ReserveStock) -> ReservationOutcome:
         """Reserve ``command``'s demand with one call of ``reserve_order``.
 
+        When a connection drops after the function committed but before its answer arrived, the
+        retry finds the inbox row and answers ``duplicate:event``: the order was still reserved
+        exactly once.
+
         Raises:
             TransientError: a transient database error outlasted the retry budget.
             ValueError: the command has no lines.
