@@ -11,21 +11,27 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import uvicorn
 from faststream import FastStream
 from faststream.rabbit import Channel, RabbitBroker
+from faststream.rabbit.prometheus import RabbitPrometheusMiddleware
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.entrypoints.amqp import WorkerLimits, register_order_placed
+from fulfilment.entrypoints.dead_letters import record_retry
 from fulfilment.entrypoints.http import ASGIApp, health_app
+from fulfilment.entrypoints.monitors import background, check_invariants, poll_queues
 from fulfilment.entrypoints.topology import Topology, TopologyMismatchError, declare_topology
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.metrics import Metrics
@@ -50,12 +56,13 @@ class Worker:
     metrics: Metrics
 
 
-def build_worker(
+def build_worker(  # noqa: PLR0913 - the composition root passes each dependency by name
     settings: Settings,
     *,
     warehouse: Warehouse,
     database_ping: Callable[[], Awaitable[None]],
     metrics: Metrics | None = None,
+    monitors: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
     after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Worker:
     """Assemble the broker, the ``on_order_placed`` subscriber, hooks and HTTP routes.
@@ -63,8 +70,11 @@ def build_worker(
     Start-up declares the topology (refusing to start on a mismatch); shutdown first cancels
     the consumer so no new delivery arrives while in-flight handlers drain for up to
     ``graceful_timeout_seconds``; ``after_shutdown`` callables run once the broker is closed.
+    ``monitors`` (endless background checks, see ``entrypoints.monitors``) run from the
+    broker's start until shutdown begins. FastStream's Prometheus middleware counts on
+    ``metrics.registry`` next to the service's own metrics.
     """
-    metrics = metrics or Metrics()
+    metrics = metrics or new_metrics()
     topology = Topology(delivery_limit=settings.delivery_limit)
     amqp_url = settings.amqp_url.get_secret_value()
     broker = RabbitBroker(
@@ -75,6 +85,7 @@ def build_worker(
         graceful_timeout=settings.graceful_timeout_seconds,
         app_id=f"fulfilment-{__version__}",
         logger=logging.getLogger("faststream"),
+        middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
     )
     subscriber = register_order_placed(
         broker,
@@ -110,13 +121,23 @@ def build_worker(
         logger.info("worker.consumer_cancelled", in_flight=metrics.in_flight._value.get())  # noqa: SLF001
 
     def consumer_attached() -> bool:
-        return subscriber._consumer_tag is not None  # noqa: SLF001
+        # A consumer tag on a closed channel is a consumer the broker no longer has (a
+        # reconnect that did not restore channels, aio-pika #563).
+        queue = subscriber._queue_obj  # noqa: SLF001
+        return (
+            subscriber._consumer_tag is not None  # noqa: SLF001
+            and queue is not None
+            and not queue.channel.is_closed
+        )
+
+    start_monitors, stop_monitors = background(*monitors)
 
     app = FastStream(
         broker,
         logger=logging.getLogger("faststream"),
         on_startup=[declare],
-        on_shutdown=[cancel_consumers_first],
+        after_startup=[start_monitors],
+        on_shutdown=[stop_monitors, cancel_consumers_first],
         after_shutdown=list(after_shutdown),
     )
     http = health_app(
@@ -135,13 +156,20 @@ async def run_worker(settings: Settings) -> int:
     a broken subscriber), so the orchestrator restarts the pod with back-off. The HTTP server
     runs beside the broker from the start, so liveness answers during start-up.
     """
-    metrics = Metrics()
+    metrics = new_metrics()
     engine = create_engine(settings)
+
+    def on_retry(error: BaseException) -> None:
+        metrics.count_database_retry(
+            sqlstate_of(error), pool_timeout=isinstance(error, sa_exc.TimeoutError)
+        )
+        record_retry()  # for the attempt count and first failure time of a dead letter
+
     warehouse = PostgresWarehouse(
         engine,
         consumer=settings.consumer_name,
         retry_budget_seconds=settings.retry_budget_seconds,
-        on_retry=lambda error: metrics.database_retries.labels(type(error).__name__).inc(),
+        on_retry=on_retry,
     )
 
     async def database_ping() -> None:
@@ -157,6 +185,16 @@ async def run_worker(settings: Settings) -> int:
         warehouse=warehouse,
         database_ping=database_ping,
         metrics=metrics,
+        monitors=[
+            lambda: poll_queues(
+                settings.amqp_url.get_secret_value(),
+                metrics,
+                interval_seconds=settings.queue_poll_interval_seconds,
+            ),
+            lambda: check_invariants(
+                engine, metrics, interval_seconds=settings.invariant_check_interval_seconds
+            ),
+        ],
         after_shutdown=[close_pool],
     )
     http = _HttpServer(
@@ -191,6 +229,11 @@ async def run_worker(settings: Settings) -> int:
         await serving
         await engine.dispose()
     return 0
+
+
+def new_metrics() -> Metrics:
+    """The worker's metrics: its version, and every outcome series bound at 0."""
+    return Metrics(version=__version__, dead_letter_classes=SERVICE_FAILURE_CLASSES)
 
 
 class _HttpServer(uvicorn.Server):

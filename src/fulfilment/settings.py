@@ -96,6 +96,14 @@ class Settings(BaseSettings):
     http_port: int = Field(default=8080, ge=1, le=65535)
     """Port of that HTTP server."""
 
+    queue_poll_interval_seconds: Seconds = 15.0
+    """How often each worker reads the depth and consumers of its queue and of the DLQ (a
+    passive declare) for the ``fulfilment_queue_*`` gauges; about the scrape interval."""
+
+    invariant_check_interval_seconds: Seconds = 60.0
+    """How often each worker checks the stock invariants for
+    ``fulfilment_stock_invariant_violations``: one read of the stock and reservation tables."""
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Threshold of the service's logs."""
 

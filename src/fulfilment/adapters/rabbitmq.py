@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +12,8 @@ from typing import TYPE_CHECKING
 import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractIncomingMessage
+
+from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, describe_dead_letter
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -54,8 +55,9 @@ class QueueState:
 class DeadLetterSummary:
     """What a look at the DLQ found: messages by ``(failure class, reason)`` and event ids.
 
-    The class is the service's ``x-fulfilment-failure-class``, or ``broker:<reason>`` (from
-    ``x-death``, e.g. ``broker:delivery_limit``) for messages the broker dead-lettered itself.
+    The class is the service's ``x-fulfilment-failure-class``, or for messages the broker
+    dead-lettered itself one read from ``x-death`` (``poison`` after the delivery limit; see
+    ``fulfilment.contracts.dead_letter.FailureClass``).
     """
 
     seen: int = 0
@@ -153,58 +155,151 @@ async def queue_state(connection: AbstractConnection, name: str) -> QueueState |
 
 
 async def browse_dead_letters(connection: AbstractConnection, queue: str) -> DeadLetterSummary:
-    """Read every message of the DLQ ``queue`` without removing any.
+    """Read every message of the DLQ ``queue`` without removing any, and count them.
 
-    Messages are received unacknowledged and returned when the channel closes, so they stay
-    in the queue in their order. Each look counts as a delivery on quorum queues, which is why
-    the DLQ is declared with a very large delivery limit (``fulfilment.entrypoints.topology``).
+    See :func:`peek_messages` for how the messages stay in the queue.
     """
     summary = DeadLetterSummary()
+    for message in await peek_messages(connection, queue):
+        _count(summary, message)
+    return summary
+
+
+async def peek_messages(
+    connection: AbstractConnection, queue: str
+) -> list[AbstractIncomingMessage]:
+    """Every message of ``queue``, read without removing any, in queue order.
+
+    Messages are received unacknowledged and returned when the channel closes, so they stay
+    in the queue in their order. Each look counts as a delivery on quorum queues (on RabbitMQ
+    3.10 to 4.2; 4.3 no longer counts returns), which is why the DLQ is declared with a very
+    large delivery limit (``fulfilment.entrypoints.topology``). Never use this on a queue that
+    workers consume: it would spend their delivery attempts.
+    """
     state = await queue_state(connection, queue)
     if state is None or state.ready == 0:
-        return summary
+        return []
+    seen: list[AbstractIncomingMessage] = []
     channel: AbstractChannel = await connection.channel()
     try:
         await channel.set_qos(prefetch_count=state.ready)
         source = await channel.get_queue(queue, ensure=False)
         async with source.iterator(no_ack=False) as messages:
-            while summary.seen < state.ready:
+            while len(seen) < state.ready:
                 try:
                     async with asyncio.timeout(BROWSE_IDLE_SECONDS):
                         message = await anext(aiter(messages))
                 except (TimeoutError, StopAsyncIteration):
                     break
-                _count(summary, message)
+                seen.append(message)
     finally:
         # Closing without acknowledging returns every browsed message to the queue.
         if not channel.is_closed:
             await channel.close()
-    return summary
+    return seen
+
+
+async def peek_head(connection: AbstractConnection, queue: str) -> AbstractIncomingMessage | None:
+    """The message at the head of ``queue`` (its oldest), left in place; None when empty.
+
+    One ``basic.get`` returned with ``basic.nack(requeue=True)``: on RabbitMQ 4.3+ that return
+    is not counted towards the delivery limit; on 3.10 to 4.2 it is, one count per look.
+    """
+    channel = await connection.channel()
+    try:
+        source = await channel.get_queue(queue, ensure=False)
+        message = await source.get(no_ack=False, fail=False)
+        if message is not None:
+            await message.nack(requeue=True)
+        return message
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+
+
+class ClaimedMessages:
+    """Messages taken from a queue one at a time and held unacknowledged until settled.
+
+    Used by ``fulfilment dlq replay`` and ``purge``: a message leaves the queue only when
+    :meth:`remove` acknowledges it; every message not removed goes back to the queue, in its
+    place, when the channel closes (also on a crash or a lost connection).
+    """
+
+    def __init__(self, channel: AbstractChannel, queue: str, limit: int) -> None:
+        self._channel = channel
+        self._queue = queue
+        self._left = limit
+
+    async def next(self) -> AbstractIncomingMessage | None:
+        """The next message, or None once the queue is empty or ``limit`` messages were taken.
+
+        The limit (the queue's depth when the claim began) keeps a message that comes back to
+        the queue meanwhile, e.g. a replay that failed again, from being taken twice.
+        """
+        if self._left <= 0:
+            return None
+        source = await self._channel.get_queue(self._queue, ensure=False)
+        message = await source.get(no_ack=False, fail=False)
+        if message is not None:
+            self._left -= 1
+        return message
+
+    @staticmethod
+    async def remove(message: AbstractIncomingMessage) -> None:
+        """Acknowledge ``message``: it leaves the queue for good."""
+        await message.ack()
+
+
+@contextlib.asynccontextmanager
+async def claim_messages(
+    connection: AbstractConnection, queue: str
+) -> AsyncIterator[ClaimedMessages]:
+    """Claim the messages of ``queue`` present now (see :class:`ClaimedMessages`).
+
+    Yields a claim limited to the queue's depth at the start (0 when the queue is missing).
+    """
+    state = await queue_state(connection, queue)
+    channel = await connection.channel()
+    try:
+        yield ClaimedMessages(channel, queue, state.ready if state else 0)
+    finally:
+        # Closing without acknowledging returns every message that was not removed.
+        if not channel.is_closed:
+            await channel.close()
+
+
+async def publish_confirmed(
+    channel: AbstractChannel,
+    message: aio_pika.Message,
+    *,
+    exchange: str,
+    routing_key: str,
+    timeout_seconds: float,
+) -> None:
+    """Publish ``message`` mandatorily on a confirming channel and wait for the broker's ack.
+
+    ``channel`` must be opened with ``publisher_confirms=True, on_return_raises=True``.
+
+    Raises:
+        UnroutableError: no queue is bound for ``routing_key`` on ``exchange``.
+        aiormq.exceptions.DeliveryError: the broker refused the message (e.g. a full queue).
+        TimeoutError: no confirm within ``timeout_seconds``.
+    """
+    target = await channel.get_exchange(exchange, ensure=False)
+    try:
+        await target.publish(
+            message, routing_key=routing_key, mandatory=True, timeout=timeout_seconds
+        )
+    except aiormq.exceptions.PublishError as error:
+        msg = f"exchange {exchange!r} has no queue bound for {routing_key!r}"
+        raise UnroutableError(msg) from error
 
 
 def _count(summary: DeadLetterSummary, message: AbstractIncomingMessage) -> None:
-    headers = message.headers or {}
-    failure_class = headers.get("x-fulfilment-failure-class")
-    if isinstance(failure_class, str):
-        reason = str(headers.get("x-fulfilment-reason", ""))
-        key = (failure_class, reason.split(":", 1)[0])
-    else:
-        deaths = headers.get("x-death")
-        death_reason = "unknown"
-        if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-            death_reason = str(deaths[0].get("reason", "unknown"))
-        key = (f"broker:{death_reason}", "")
+    described = describe_dead_letter(message.headers, message.body)
+    written = described.failure_class in SERVICE_FAILURE_CLASSES
+    reason = described.reason.split(":", 1)[0] if written else ""
     summary.seen += 1
-    summary.by_reason[key] += 1
-    event_id = _event_id(message.body)
-    if event_id is not None:
-        summary.event_ids.add(event_id)
-
-
-def _event_id(body: bytes) -> str | None:
-    try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    value = document.get("event_id") if isinstance(document, dict) else None
-    return value if isinstance(value, str) else None
+    summary.by_reason[str(described.failure_class), reason] += 1
+    if described.event_id is not None:
+        summary.event_ids.add(described.event_id)

@@ -33,6 +33,7 @@ from fulfilment.domain.model import OutcomeKind, ReservationOutcome
 from fulfilment.entrypoints.dead_letters import (
     Failure,
     FailureClass,
+    begin_delivery,
     delivery_count,
     publish_dead_letter,
 )
@@ -165,6 +166,7 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
     connection is neither acknowledged nor rejected and goes back to the queue.
     """
     raw = message.raw_message
+    begin_delivery()
     log = logger.bind(
         message_id=raw.message_id,
         delivery_count=delivery_count(raw.headers),
@@ -195,7 +197,7 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
     duration_ms = round((time.perf_counter() - started) * 1000, 1)
 
     if outcome is not None:
-        metrics.events.labels(str(outcome.kind), _reason_label(outcome)).inc()
+        metrics.event(outcome.kind, _reason_label(outcome)).inc()
         if outcome.kind is not OutcomeKind.DUPLICATE and event is not None:
             metrics.end_to_end_latency.observe(
                 max(0.0, (datetime.now(UTC) - event.placed_at).total_seconds())
@@ -209,8 +211,13 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
         return
 
     assert failure is not None  # noqa: S101 - the try above sets outcome or failure
-    await dead_letter(failure)
-    metrics.events.labels("dead_lettered", str(failure.failure_class)).inc()
+    try:
+        await dead_letter(failure)
+    except Exception:
+        # Raised on: REJECT_ON_ERROR rejects the delivery and the broker dead-letters it.
+        metrics.dead_letter_publish_failures.inc()
+        raise
+    metrics.event("dead_lettered", failure.failure_class).inc()
     log.warning(
         "order_placed.dead_lettered",
         outcome=f"dead_lettered:{failure.failure_class}",

@@ -10,40 +10,72 @@ queue (at least once), never none. If that publish fails, the handler raises and
 
 from __future__ import annotations
 
+import functools
 import socket
 import traceback
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from fulfilment import __version__
+from fulfilment.contracts import dead_letter as h
+from fulfilment.contracts.dead_letter import (
+    BROKER_HEADER_PREFIXES,
+    BROKER_HEADERS,
+    HEADER_PREFIX,
+    FailureClass,
+)
 from fulfilment.entrypoints.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTER_ROUTING_KEY
 
 if TYPE_CHECKING:
     from faststream.rabbit import RabbitBroker
     from faststream.rabbit.message import RabbitMessage
 
-HEADER_PREFIX = "x-fulfilment-"
+__all__ = [
+    "HEADER_PREFIX",
+    "Failure",
+    "FailureClass",
+    "begin_delivery",
+    "dead_letter_headers",
+    "delivery_count",
+    "publish_dead_letter",
+    "record_retry",
+]
+
 MAX_HEADER_TEXT = 1_000
 """Characters kept of an exception message or reason: headers travel with every copy."""
 MAX_STACK_FRAMES = 8
 """Innermost frames kept of a stack trace: where it failed, not the whole framework."""
 
 
-class FailureClass(StrEnum):
-    """Why the service gave up on a delivery; the ``x-fulfilment-failure-class`` header.
+@dataclass(slots=True)
+class _Retries:
+    """Database retries of the current delivery, fed by the retry policy's hook."""
 
-    ``permanent``: the payload can never succeed (malformed, unknown version); dead-lettered
-    on its first delivery. ``transient_exhausted``: the database kept failing in a retryable
-    way past the retry budget or the handler deadline; replaying it later is expected to
-    succeed. ``unexpected``: an error the service does not know (a bug); replay after the fix.
-    """
+    count: int = 0
+    first_failure_at: datetime | None = None
 
-    PERMANENT = "permanent"
-    TRANSIENT_EXHAUSTED = "transient_exhausted"
-    UNEXPECTED = "unexpected"
+
+_retries: ContextVar[_Retries | None] = ContextVar("fulfilment_delivery_retries", default=None)
+"""Per delivery: each delivery runs in a task of its own (aiormq starts one per delivery), and
+the retry hook runs in the handler's task, so a context variable attributes retries to the
+right delivery without passing anything through the use case or the warehouse port."""
+
+
+def begin_delivery() -> None:
+    """Forget the retries of any earlier delivery handled in this context (cheap: no object)."""
+    _retries.set(None)
+
+
+def record_retry() -> None:
+    """Count one failed database attempt of the current delivery (the retry policy's hook)."""
+    retries = _retries.get()
+    if retries is None:
+        retries = _Retries(first_failure_at=datetime.now(UTC))
+        _retries.set(retries)
+    retries.count += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,32 +92,47 @@ def dead_letter_headers(
 ) -> dict[str, Any]:
     """The original headers plus ``x-fulfilment-*`` headers describing ``failure``.
 
-    Headers: ``failure-class``, ``reason``, ``exception-type``, ``exception-message``,
-    ``stack`` (the innermost :data:`MAX_STACK_FRAMES` frames), ``delivery-count`` (the
-    broker's ``x-delivery-count``, 0 on a first delivery), ``dead-lettered-at`` (ISO 8601,
-    UTC), ``service-version``, ``host``, ``original-queue``, ``original-exchange`` and
-    ``original-routing-key``.
+    The producer's headers are kept; the broker's dead-letter and redelivery headers
+    (``x-death``, ``x-delivery-count``, ``x-first-death-*``, ``x-last-death-*``) are dropped,
+    their facts being in the headers below (names in ``fulfilment.contracts.dead_letter``):
+    ``failure-class``, ``reason``, ``exception-type``, ``exception-message``, ``stack`` (the
+    innermost :data:`MAX_STACK_FRAMES` frames), ``delivery-count`` (the broker's
+    ``x-delivery-count``: earlier deliveries, 0 on a first delivery), ``attempts`` (database
+    attempts in the last delivery: retries + 1), ``first-failure-at`` and ``last-failure-at``
+    (the first failed attempt of the last delivery, and the final failure), ``dead-lettered-at``
+    (ISO 8601, UTC), ``service-version``, ``host``, ``original-queue``, ``original-exchange``
+    and ``original-routing-key``.
     """
     raw = message.raw_message
     moment = (now or datetime.now(UTC)).isoformat()
+    retries = _retries.get()
     headers: dict[str, Any] = {
-        key: value for key, value in (raw.headers or {}).items() if not key.startswith("x-death")
+        key: value
+        for key, value in (raw.headers or {}).items()
+        if key not in BROKER_HEADERS and not key.startswith(BROKER_HEADER_PREFIXES)
     }
     error = failure.error
     headers.update(
         {
-            f"{HEADER_PREFIX}failure-class": str(failure.failure_class),
-            f"{HEADER_PREFIX}reason": _clip(failure.reason),
-            f"{HEADER_PREFIX}exception-type": type(error).__qualname__ if error else "",
-            f"{HEADER_PREFIX}exception-message": _clip(str(error)) if error else "",
-            f"{HEADER_PREFIX}stack": _stack(error),
-            f"{HEADER_PREFIX}delivery-count": delivery_count(raw.headers),
-            f"{HEADER_PREFIX}dead-lettered-at": moment,
-            f"{HEADER_PREFIX}service-version": __version__,
-            f"{HEADER_PREFIX}host": socket.gethostname(),
-            f"{HEADER_PREFIX}original-queue": queue,
-            f"{HEADER_PREFIX}original-exchange": raw.exchange or "",
-            f"{HEADER_PREFIX}original-routing-key": raw.routing_key or "",
+            h.FAILURE_CLASS: str(failure.failure_class),
+            h.REASON: _clip(failure.reason),
+            h.EXCEPTION_TYPE: type(error).__qualname__ if error else "",
+            h.EXCEPTION_MESSAGE: _clip(str(error)) if error else "",
+            h.STACK: _stack(error),
+            h.DELIVERY_COUNT: delivery_count(raw.headers),
+            h.ATTEMPTS: 1 + (retries.count if retries else 0),
+            h.FIRST_FAILURE_AT: (
+                retries.first_failure_at.isoformat()
+                if retries and retries.first_failure_at
+                else moment
+            ),
+            h.LAST_FAILURE_AT: moment,
+            h.DEAD_LETTERED_AT: moment,
+            h.SERVICE_VERSION: __version__,
+            h.HOST: _host(),
+            h.ORIGINAL_QUEUE: queue,
+            h.ORIGINAL_EXCHANGE: raw.exchange or "",
+            h.ORIGINAL_ROUTING_KEY: raw.routing_key or "",
         }
     )
     return headers
@@ -132,6 +179,12 @@ def delivery_count(headers: Mapping[str, object] | None) -> int:
     """
     value = (headers or {}).get("x-delivery-count", 0)
     return value if isinstance(value, int) else 0
+
+
+@functools.cache
+def _host() -> str:
+    # The pod's name in Kubernetes: read once, it does not change while the process runs.
+    return socket.gethostname()
 
 
 def _clip(text: str) -> str:

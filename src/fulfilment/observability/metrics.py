@@ -2,20 +2,69 @@
 
 Label sets are small and fixed: an outcome and a reason drawn from closed lists, never an
 order id, event id or SKU (each label value is a time series kept forever by Prometheus).
+Children of labelled metrics are bound once, here, so that the hot path increments a child
+found in a dict instead of building a label tuple under a lock per message, and so that every
+series exists at 0 from the start (``rate()`` and the alert ratios need the zero).
+
+FastStream's own middleware (``faststream_*`` metrics) registers on the same registry.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fulfilment.domain.model import DuplicateOf, OutcomeKind, RejectionReason
+
 LATENCY_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-"""Handler and end-to-end latency buckets, 5 ms to 30 s (the handler deadline is 10 s)."""
+"""Handler latency buckets, 5 ms to 30 s (the handler deadline is 10 s)."""
+
+ORDER_LATENCY_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+"""End-to-end buckets, 50 ms to an hour: they include the wait in the queue, which a backlog
+or a replay stretches far past the handler deadline."""
+
+DEAD_LETTERED = "dead_lettered"
+"""The ``outcome`` label of events the service published to the DLQ."""
+
+INVARIANTS = ("stock_out_of_bounds", "reserved_mismatches", "inbox_unaccounted")
+"""The ``invariant`` label values: the checks of ``fulfilment report``."""
+
+MONITOR_CHECKS = ("queues", "invariants")
+"""The ``check`` label values of :attr:`Metrics.monitor_errors`."""
+
+RETRY_ERRORS: dict[str, str] = {
+    "40001": "serialization_failure",
+    "40P01": "deadlock",
+    "55P03": "lock_timeout",
+    "57014": "statement_timeout",
+    "57P01": "server_shutdown",
+    "57P02": "server_shutdown",
+    "57P03": "server_starting",
+    "53300": "too_many_connections",
+}
+"""``error`` label of a retried database error by SQLSTATE; class 08 is ``connection``."""
+RETRY_ERROR_LABELS = (*sorted(set(RETRY_ERRORS.values())), "connection", "pool_timeout", "other")
 
 
 class Metrics:
-    """Collectors of one worker process, registered on :attr:`registry` (a new one by default)."""
+    """Collectors of one worker process, registered on :attr:`registry` (a new one by default).
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    Args:
+        registry: where to register; a fresh ``CollectorRegistry`` when None.
+        version: the service's version, exported as ``fulfilment_build_info{version}`` = 1.
+        dead_letter_classes: failure classes the worker writes, bound at 0 as ``reason`` of
+            ``outcome="dead_lettered"``.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        version: str = "",
+        dead_letter_classes: Iterable[str] = (),
+    ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.events = Counter(
             "fulfilment_events_total",
@@ -33,7 +82,7 @@ class Metrics:
         self.end_to_end_latency = Histogram(
             "fulfilment_order_latency_seconds",
             "Time from the order's placed_at to the commit of its reservation, in seconds.",
-            buckets=LATENCY_BUCKETS_SECONDS,
+            buckets=ORDER_LATENCY_BUCKETS_SECONDS,
             registry=self.registry,
         )
         self.in_flight = Gauge(
@@ -43,7 +92,101 @@ class Metrics:
         )
         self.database_retries = Counter(
             "fulfilment_database_retries_total",
-            "Database attempts that failed with a transient error and were retried.",
+            "Database attempts that failed with a transient error and were retried, by kind "
+            "of error (serialization_failure, deadlock, lock_timeout, connection, ...).",
             ["error"],
             registry=self.registry,
         )
+        self.dead_letter_publish_failures = Counter(
+            "fulfilment_dead_letter_publish_failures_total",
+            "Dead letters the broker refused or did not confirm; the delivery was rejected "
+            "and dead-lettered by the broker instead, without the service's reason headers.",
+            registry=self.registry,
+        )
+        self.queue_ready = Gauge(
+            "fulfilment_queue_messages_ready",
+            "Messages ready for delivery in a queue, polled from the broker by this process.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.queue_consumers = Gauge(
+            "fulfilment_queue_consumers",
+            "Consumers attached to a queue (all replicas), polled from the broker.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.dead_letter_oldest = Gauge(
+            "fulfilment_dead_letters_oldest_age_seconds",
+            "Age of the oldest message in the dead-letter queue, in seconds; 0 when empty.",
+            registry=self.registry,
+        )
+        self.stock_invariant_violations = Gauge(
+            "fulfilment_stock_invariant_violations",
+            "Rows breaking a stock invariant at the last check (must stay 0).",
+            ["invariant"],
+            registry=self.registry,
+        )
+        self.monitor_errors = Counter(
+            "fulfilment_monitor_errors_total",
+            "Failed background checks: polling the broker's queues, or the stock invariants.",
+            ["check"],
+            registry=self.registry,
+        )
+        self.build_info = Gauge(
+            "fulfilment_build_info",
+            "Always 1; the version label says which version runs.",
+            ["version"],
+            registry=self.registry,
+        )
+        self.build_info.labels(version or "unknown").set(1)
+
+        self._events: dict[tuple[str, str], Counter] = {}
+        for outcome, reason in [
+            (str(OutcomeKind.RESERVED), ""),
+            *((str(OutcomeKind.REJECTED), str(reason)) for reason in RejectionReason),
+            *((str(OutcomeKind.DUPLICATE), str(kind)) for kind in DuplicateOf),
+            *((DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes),
+        ]:
+            self.event(outcome, reason)
+        self._retries = {label: self.database_retries.labels(label) for label in RETRY_ERROR_LABELS}
+        for invariant in INVARIANTS:
+            self.stock_invariant_violations.labels(invariant)
+        for check in MONITOR_CHECKS:
+            self.monitor_errors.labels(check)
+        self._oldest_dead_letter_at: float | None = None
+        self.dead_letter_oldest.set_function(self._dead_letter_age)
+
+    def event(self, outcome: str, reason: str) -> Counter:
+        """The ``fulfilment_events_total`` child of ``(outcome, reason)``, bound once."""
+        child = self._events.get((outcome, reason))
+        if child is None:
+            child = self._events[outcome, reason] = self.events.labels(outcome, reason)
+        return child
+
+    def count_database_retry(self, sqlstate: str | None, *, pool_timeout: bool = False) -> None:
+        """Count one retried database attempt under a fixed ``error`` label.
+
+        Args:
+            sqlstate: PostgreSQL's SQLSTATE of the error, or None (a connection that failed
+                before the server answered).
+            pool_timeout: no pooled connection became free in time.
+        """
+        if pool_timeout:
+            label = "pool_timeout"
+        elif sqlstate is None or sqlstate.startswith("08"):
+            label = "connection"
+        else:
+            label = RETRY_ERRORS.get(sqlstate, "other")
+        self._retries[label].inc()
+
+    def set_oldest_dead_letter(self, dead_lettered_at: float | None) -> None:
+        """Remember when the DLQ's oldest message was dead-lettered (Unix seconds), or None.
+
+        The age is computed at each scrape, so it keeps growing between two polls.
+        """
+        self._oldest_dead_letter_at = dead_lettered_at
+
+    def _dead_letter_age(self) -> float:
+        if self._oldest_dead_letter_at is None:
+            return 0.0
+        return max(0.0, time.time() - self._oldest_dead_letter_at)
