@@ -131,3 +131,34 @@ delivery_attempts = sa.Table(
     sa.CheckConstraint("redeliveries > 0", name="delivery_attempts_redeliveries_positive"),
 )
 """Redeliveries the service counted per message (migration 0003), for its own delivery limit."""
+
+dead_letter_audit = sa.Table(
+    "dead_letter_audit",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("run_id", sa.Uuid, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("event_id", sa.Text, nullable=True),
+    sa.Column("message_id", sa.Text, nullable=True),
+    sa.Column("failure_class", sa.Text, nullable=False),
+    sa.Column("exception_type", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("dead_lettered_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("headers", postgresql.JSONB, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("operator", sa.Text, nullable=False),
+    sa.Column("comment", sa.Text, nullable=True),
+    sa.Column(
+        "performed_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("id", name="dead_letter_audit_pkey"),
+    sa.CheckConstraint("action IN ('replayed', 'purged')", name="dead_letter_audit_action_valid"),
+    sa.Index("dead_letter_audit_event_id_idx", "event_id"),
+    sa.Index("dead_letter_audit_run_id_idx", "run_id"),
+)
+"""One row per dead letter replayed or purged by ``fulfilment dlq`` (migration 0004), written
+before the message leaves the DLQ; ``run_id`` is the ``x-fulfilment-replay-id`` of a replay,
+and ``event_id`` is text because a malformed body may hold anything there."""
