@@ -7,7 +7,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 DATA ?= data/sample/online-retail
 RESET ?=
 
-.PHONY: help demo test test-fast lint typecheck format services install clean
+.PHONY: help demo test test-fast lint typecheck format services install clean bench
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,14 @@ typecheck: install ## mypy --strict
 format: install ## Format and fix what ruff can
 	$(UV) run ruff format src tests bench
 	$(UV) run ruff check --fix src tests bench
+
+N ?= 20000
+PREFETCH ?=
+WORKERS ?=
+BENCH_ARGS ?=
+
+bench: install services ## Worker vs a hand-written consumer: N=orders, DATA, PREFETCH, WORKERS, BENCH_ARGS
+	$(UV) run python bench/run.py --orders $(N) --data $(DATA) $(if $(PREFETCH),--prefetch $(PREFETCH)) $(if $(WORKERS),--workers $(WORKERS)) $(BENCH_ARGS)
 
 clean: ## Remove the virtual environments and caches
 	rm -rf .venv .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,825 @@
+"""Side-by-side benchmark: the worker against a hand-written aio-pika + asyncpg consumer.
+
+``make bench`` (or ``uv run python bench/run.py --help``) does, in one run, in a RabbitMQ
+virtual host and a PostgreSQL database of its own (created at the start, deleted at the end,
+so it never touches anybody's queues or stock):
+
+1. makes N orders of 1 to 3 lines over 1,000 real SKUs of the Online Retail files (default:
+   the shipped sample) and stock large enough that none is rejected (``workload.py``);
+2. for each of ``--rounds`` rounds, alternately: publishes the N orders as a backlog into
+   ``fulfilment.order-placed`` (through exchange ``orders``, as checkout does) and drains it
+   with the real worker process (``python -m fulfilment``), then publishes the same N orders
+   into a queue of the reference consumer (``reference.py``, bound to ``orders`` with another
+   routing key, the same quorum-queue arguments) and drains that; the database is emptied and
+   the stock reloaded before each drain;
+3. measures each drain from the database: the rate is the orders committed between the 1st
+   percentile and the last commit (``reservations.created_at``) divided by that time, so the
+   start-up of either process is left out; CPU seconds per 1,000 orders of the consumer, the
+   broker (``beam.smp``) and PostgreSQL (all its processes) over the same window
+   (``measure.py``); the consumer's peak RSS (``VmHWM``);
+4. publishes orders at a steady rate of half the worker's median drain rate for
+   ``--latency-seconds``, each stamped ``placed_at`` = now, to a running worker (and then to
+   the reference), and reports end-to-end latency percentiles;
+5. prints medians, the ratio worker/reference, and writes everything as JSON to ``--results``.
+
+``--profile`` instead drains one backlog with the worker under py-spy and prints where its
+CPU goes. The benchmark is not run by CI: it takes minutes and its figures depend on the
+machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+from measure import CpuSampler, peak_rss_bytes
+from workload import Order, Workload, load_workload, publish_backlog, publish_steadily
+
+from fulfilment.entrypoints.topology import (
+    DEAD_LETTER_QUEUE,
+    MAIN_QUEUE,
+    ORDER_PLACED_ROUTING_KEY,
+    ORDERS_EXCHANGE,
+    Topology,
+    declare_topology,
+)
+from fulfilment.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_QUEUE = "bench.reference.order-placed"
+REFERENCE_ROUTING_KEY = "bench.reference"
+WARM_UP_SHARE = 0.01
+"""Share of the first commits of a drain left out of its rate and CPU (start-up, warm-up)."""
+
+SETTING_DEFAULTS = {name: info.default for name, info in Settings.model_fields.items()}
+
+
+# --- services -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The benchmark's own virtual host and database, as URLs for the consumers."""
+
+    amqp_url: str
+    database_url: str
+    """``postgresql://`` (asyncpg); the worker gets the same with ``+asyncpg``."""
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@contextlib.contextmanager
+def dedicated_services(admin_database_url: str, amqp_url: str) -> Iterator[Services]:
+    """Create a virtual host and a migrated database for this run; delete both at the end.
+
+    Raises:
+        SystemExit: ``rabbitmqctl`` is not available (a virtual host is required so that the
+            benchmark never publishes into a user's queues).
+    """
+    from fulfilment.adapters.postgres.schema import migrate  # noqa: PLC0415 - needs the DB up
+
+    if shutil.which("rabbitmqctl") is None:
+        msg = "bench: rabbitmqctl is needed to create the benchmark's own virtual host"
+        raise SystemExit(msg)
+    suffix = uuid.uuid4().hex[:10]
+    vhost = f"fulfilment-bench-{suffix}"
+    database = f"fulfilment_bench_{suffix}"
+    user = urllib.parse.urlsplit(amqp_url).username or "guest"
+    admin = urllib.parse.urlsplit(admin_database_url)
+    database_url = urllib.parse.urlunsplit(admin._replace(path=f"/{database}"))
+    asyncio.run(_admin(admin_database_url, f'CREATE DATABASE "{database}"'))
+    _rabbitmqctl("add_vhost", vhost)
+    try:
+        _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        migrate(database_url.replace("postgresql://", "postgresql+asyncpg://", 1))
+        yield Services(
+            amqp_url=amqp_url.rstrip("/") + "/" + urllib.parse.quote(vhost, safe=""),
+            database_url=database_url,
+        )
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)
+        drop = f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'
+        asyncio.run(_admin(admin_database_url, drop))
+
+
+async def _admin(url: str, sql: str) -> None:
+    connection = await asyncpg.connect(url, timeout=5)
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
+    """The product's topology, and the reference consumer's queue with the same arguments."""
+    topology = Topology(delivery_limit=delivery_limit)
+    await declare_topology(amqp_url, topology)
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(
+            REFERENCE_QUEUE, durable=True, arguments=dict(topology.main_queue().arguments or {})
+        )
+        await queue.bind(ORDERS_EXCHANGE, routing_key=REFERENCE_ROUTING_KEY)
+    finally:
+        await connection.close()
+
+
+async def reset_database(database_url: str, workload: Workload) -> None:
+    """Empty the tables, load the workload's stock, checkpoint: every drain starts equal."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        tables = await connection.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+            " AND tablename <> 'alembic_version'"
+        )
+        names = ", ".join(f'"{row["tablename"]}"' for row in tables)
+        await connection.execute(f"TRUNCATE {names} CASCADE")
+        await connection.copy_records_to_table(
+            "stock_levels", records=workload.stock().items(), columns=["sku", "on_hand"]
+        )
+        await connection.execute("VACUUM ANALYZE")
+        await connection.execute("CHECKPOINT")
+    finally:
+        await connection.close()
+
+
+async def versions(services: Services) -> str:
+    """``RabbitMQ x.y.z, PostgreSQL a.b``: the servers' own answers."""
+    broker = await aio_pika.connect(services.amqp_url)
+    try:
+        properties = broker.transport.connection.server_properties
+        rabbitmq = properties.get("version", "?")
+    finally:
+        await broker.close()
+    database = await asyncpg.connect(services.database_url)
+    try:
+        postgres = await database.fetchval("SHOW server_version")
+    finally:
+        await database.close()
+    return f"RabbitMQ {rabbitmq!s}, PostgreSQL {postgres}"
+
+
+def cpu_model() -> str:
+    """The processor's model name from ``/proc/cpuinfo``, or ``?``."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "?"
+
+
+# --- consumers ------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class Consumer:
+    """One consumer process (the worker or the reference) with its log file."""
+
+    kind: str
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    http_port: int | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process; its standard error (and the worker's output) go to the log."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdout=subprocess.PIPE if self.kind == "reference" else log,
+                stderr=log,
+                cwd=ROOT,
+            )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until the worker answers ``/health/ready`` or the reference prints ``ready``."""
+        assert self.process is not None  # noqa: S101 - started first
+        deadline = time.monotonic() + timeout
+        if self.kind == "reference":
+            assert self.process.stdout is not None  # noqa: S101 - piped above
+            if self.process.stdout.readline().strip() == b"ready":
+                return
+        else:
+            while time.monotonic() < deadline and self.process.poll() is None:
+                if self._get("/health/ready") is not None:
+                    return
+                time.sleep(0.1)
+        msg = f"{self.kind} not ready (exit code {self.process.poll()}): {self.log_tail()}"
+        raise RuntimeError(msg)
+
+    def _get(self, path: str) -> str | None:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http_port}{path}", timeout=2
+            ) as response:
+                return response.read().decode() if response.status == 200 else None
+        except OSError:
+            return None
+
+    def metrics(self) -> str:
+        """The worker's Prometheus exposition text (empty for the reference)."""
+        return (self._get("/metrics") or "") if self.http_port else ""
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then wait; return the exit code."""
+        assert self.process is not None  # noqa: S101 - started first
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def log_tail(self, count: int = 5) -> str:
+        """The last ``count`` lines of the log, on one line."""
+        return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-count:])
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to run: the settings of one benchmark invocation."""
+
+    services: Services
+    logs: Path
+    prefetch: int
+    workers: int
+    worker_env: dict[str, str]
+
+    def consumers(self, kind: str, label: str) -> list[Consumer]:
+        """``workers`` processes of ``kind`` (``worker`` or ``reference``), not started."""
+        made = []
+        for index in range(self.workers):
+            log = self.logs / f"{label}-{kind}-{index}.log"
+            if kind == "worker":
+                port = _free_port()
+                env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
+                env |= {
+                    "FULFILMENT_AMQP_URL": self.services.amqp_url,
+                    "FULFILMENT_DATABASE_URL": self.services.database_url.replace(
+                        "postgresql://", "postgresql+asyncpg://", 1
+                    ),
+                    "FULFILMENT_PREFETCH_COUNT": str(self.prefetch),
+                    "FULFILMENT_HTTP_HOST": "127.0.0.1",
+                    "FULFILMENT_HTTP_PORT": str(port),
+                    "FULFILMENT_LOG_FORMAT": "json",
+                    **self.worker_env,
+                }
+                command = [sys.executable, "-m", "fulfilment"]
+                made.append(Consumer(kind, command, env, log, http_port=port))
+            else:
+                command = [
+                    sys.executable,
+                    str(ROOT / "bench" / "reference.py"),
+                    "--amqp-url",
+                    self.services.amqp_url,
+                    "--database-url",
+                    self.services.database_url,
+                    "--queue",
+                    REFERENCE_QUEUE,
+                    "--concurrency",
+                    str(self.prefetch),
+                ]
+                made.append(Consumer(kind, command, dict(os.environ), log))
+        return made
+
+
+def _route(kind: str) -> str:
+    return ORDER_PLACED_ROUTING_KEY if kind == "worker" else REFERENCE_ROUTING_KEY
+
+
+def _queue(kind: str) -> str:
+    return MAIN_QUEUE if kind == "worker" else REFERENCE_QUEUE
+
+
+# --- measurements ---------------------------------------------------------------------------
+
+
+@dataclass
+class Drain:
+    """One drain of a backlog: rate in orders per second, CPU in seconds per 1,000 orders."""
+
+    kind: str
+    orders: int
+    publish_seconds: float
+    rate: float
+    cpu_per_1000: dict[str, float]
+    peak_rss_mib: list[float]
+    outcomes: dict[str, int]
+
+
+async def wait_committed(database_url: str, expected: int, *, within: float) -> None:
+    """Until ``reservations`` holds ``expected`` rows.
+
+    Raises:
+        RuntimeError: not within ``within`` seconds.
+    """
+    connection = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if await connection.fetchval("SELECT count(*) FROM reservations") >= expected:
+                return
+            await asyncio.sleep(0.25)
+    finally:
+        await connection.close()
+    msg = f"fewer than {expected} reservations after {within:g} s"
+    raise RuntimeError(msg)
+
+
+async def commit_window(database_url: str, total: int) -> tuple[float, float, int]:
+    """(start, end, orders): the commit times of the 1st percentile and of the last order."""
+    skip = max(1, int(total * WARM_UP_SHARE))
+    connection = await asyncpg.connect(database_url)
+    try:
+        start = await connection.fetchval(
+            "SELECT created_at FROM reservations ORDER BY created_at OFFSET $1 LIMIT 1", skip
+        )
+        end = await connection.fetchval("SELECT max(created_at) FROM reservations")
+    finally:
+        await connection.close()
+    return start.timestamp(), end.timestamp(), total - skip - 1
+
+
+async def outcomes(services: Services, kind: str) -> dict[str, int]:
+    """Reservations by status, and what is left in the consumer's queue and in the DLQ."""
+    connection = await asyncpg.connect(services.database_url)
+    try:
+        rows = await connection.fetch("SELECT status, count(*) FROM reservations GROUP BY 1")
+    finally:
+        await connection.close()
+    counts = {row[0]: row[1] for row in rows}
+    broker = await aio_pika.connect(services.amqp_url)
+    try:
+        channel = await broker.channel()
+        for name, queue in (("left_in_queue", _queue(kind)), ("dead_letters", DEAD_LETTER_QUEUE)):
+            declared = await channel.declare_queue(queue, passive=True)
+            counts[name] = int(declared.declaration_result.message_count or 0)
+    finally:
+        await broker.close()
+    return counts
+
+
+async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> Drain:
+    """Publish ``orders`` as a backlog, start the consumers, measure until all are committed."""
+    services = plan.services
+    broker = await aio_pika.connect(services.amqp_url)
+    try:
+        publish_seconds = await publish_backlog(
+            broker,
+            exchange=ORDERS_EXCHANGE,
+            routing_key=_route(kind),
+            bodies=[order.body() for order in orders],
+        )
+    finally:
+        await broker.close()
+    consumers = plan.consumers(kind, label)
+    pids = [0] * len(consumers)
+    with CpuSampler(lambda: [pid for pid in pids if pid]) as sampler:
+        for index, consumer in enumerate(consumers):
+            consumer.start()
+            assert consumer.process is not None  # noqa: S101 - just started
+            pids[index] = consumer.process.pid
+        try:
+            await wait_committed(services.database_url, len(orders), within=120 + len(orders) / 50)
+            rss = [peak_rss_bytes(pid) / 2**20 for pid in pids]
+        finally:
+            for consumer in consumers:
+                consumer.stop()
+    start, end, counted = await commit_window(services.database_url, len(orders))
+    cpu = sampler.between(start, end)
+    return Drain(
+        kind=kind,
+        orders=len(orders),
+        publish_seconds=round(publish_seconds, 2),
+        rate=counted / (end - start),
+        cpu_per_1000={group: seconds / counted * 1000 for group, seconds in cpu.items()},
+        peak_rss_mib=[round(value, 1) for value in rss],
+        outcomes=await outcomes(services, kind),
+    )
+
+
+@dataclass
+class Latency:
+    """End-to-end latency at a steady publish rate, in milliseconds."""
+
+    kind: str
+    target_rate: float
+    achieved_rate: float
+    orders: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    metric_share_within_100ms: float | None = None
+    metric_p99_ms: float | None = None
+    handler_p50_ms: float | None = None
+    handler_p99_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -> Latency:
+    """Publish ``orders`` at ``rate`` per second to running consumers; measure placed_at->commit.
+
+    From the database: ``reservations.created_at`` (the start of the reserving transaction)
+    minus ``placed_at``. From the worker's metric ``fulfilment_order_latency_seconds``
+    (observed after the commit): the share within 100 ms and p99 interpolated in its buckets.
+    """
+    services = plan.services
+    consumers = plan.consumers(kind, f"latency-{kind}")
+    for consumer in consumers:
+        consumer.start()
+    try:
+        for consumer in consumers:
+            consumer.wait_ready()
+        broker = await aio_pika.connect(services.amqp_url)
+        try:
+            achieved = await publish_steadily(
+                broker,
+                exchange=ORDERS_EXCHANGE,
+                routing_key=_route(kind),
+                orders=orders,
+                rate=rate,
+            )
+        finally:
+            await broker.close()
+        await wait_committed(services.database_url, len(orders), within=120)
+        exposition = [consumer.metrics() for consumer in consumers]
+    finally:
+        for consumer in consumers:
+            consumer.stop()
+    connection = await asyncpg.connect(services.database_url)
+    try:
+        row = await connection.fetchrow(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,"
+            " percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99, max(ms) AS top"
+            " FROM (SELECT extract(epoch FROM created_at - placed_at) * 1000 AS ms"
+            " FROM reservations) AS l"
+        )
+    finally:
+        await connection.close()
+    result = Latency(
+        kind=kind,
+        target_rate=round(rate, 1),
+        achieved_rate=round(achieved, 1),
+        orders=len(orders),
+        p50_ms=round(float(row["p50"]), 1),
+        p99_ms=round(float(row["p99"]), 1),
+        max_ms=round(float(row["top"]), 1),
+    )
+    if kind == "worker":
+        buckets = _histogram(exposition, "fulfilment_order_latency_seconds")
+        if buckets:
+            result.metric_share_within_100ms = round(_share_within(buckets, 0.1), 5)
+            result.metric_p99_ms = round(_quantile(buckets, 0.99) * 1000, 1)
+        handled = _handler_durations(consumers)
+        if handled:
+            result.handler_p50_ms = round(_percentile(handled, 0.5), 1)
+            result.handler_p99_ms = round(_percentile(handled, 0.99), 1)
+    return result
+
+
+def _histogram(expositions: Sequence[str], name: str) -> list[tuple[float, float]]:
+    """Cumulative ``(le, count)`` buckets of histogram ``name``, summed over processes."""
+    totals: Counter[float] = Counter()
+    prefix = f"{name}_bucket{{"
+    for text in expositions:
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                labels, value = line[len(prefix) :].rsplit("} ", 1)
+                le = dict(part.split("=", 1) for part in labels.split(","))["le"].strip('"')
+                totals[float(le)] += float(value)
+    return sorted(totals.items())
+
+
+def _share_within(buckets: Sequence[tuple[float, float]], bound: float) -> float:
+    total = buckets[-1][1]
+    within = next(count for le, count in buckets if le >= bound)
+    return within / total if total else float("nan")
+
+
+def _quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """Prometheus' ``histogram_quantile``: linear within the bucket holding the rank."""
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return lower_bound
+            return lower_bound + (le - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = le, count
+    return float("nan")
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _handler_durations(consumers: Sequence[Consumer]) -> list[float]:
+    durations = []
+    for consumer in consumers:
+        for line in consumer.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                if entry["event"] == "order_placed.handled":
+                    durations.append(float(entry["duration_ms"]))
+    return durations
+
+
+# --- profile --------------------------------------------------------------------------------
+
+
+async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
+    """Drain ``orders`` with one worker under py-spy; print the hottest functions."""
+    broker = await aio_pika.connect(plan.services.amqp_url)
+    try:
+        await publish_backlog(
+            broker,
+            exchange=ORDERS_EXCHANGE,
+            routing_key=ORDER_PLACED_ROUTING_KEY,
+            bodies=[order.body() for order in orders],
+        )
+    finally:
+        await broker.close()
+    (worker,) = plan.consumers("worker", "profile")[:1]
+    worker.start()
+    assert worker.process is not None  # noqa: S101 - just started
+    command = ["py-spy", "record", "--pid", str(worker.process.pid), "--rate", "200"]
+    spy = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; its end is awaited below
+        [*command, "--format", "raw", "--output", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await wait_committed(plan.services.database_url, len(orders), within=600)
+    finally:
+        worker.stop()
+        spy.wait(timeout=60)
+    print(summarise_profile(out))
+
+
+IDLE_LEAVES = frozenset({"Condition.wait (threading.py)"})
+"""Leaf frames of threads parked on a lock (py-spy samples them as active)."""
+
+
+def summarise_profile(path: Path, top: int = 30) -> str:
+    """Where a py-spy ``raw`` (collapsed) profile spends its samples.
+
+    Three views of the samples that are not idle: the inclusive (and self) share of the top
+    functions, the top functions by self share, and self share per package (the standard
+    library's modules by module name), which says which library's code the CPU runs in.
+    """
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
+    total = idle = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        count = int(count_text)
+        frames = [_short(frame) for frame in stack.split(";")]
+        if frames[-1] in IDLE_LEAVES:
+            idle += count
+            continue
+        total += count
+        own[frames[-1]] += count
+        packages[_package(stack.split(";")[-1])] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    lines = [
+        f"{total} samples ({idle} idle left out); inclusive (self) share, top {top} functions:"
+    ]
+    lines += [
+        f"{count / total:6.1%} ({own[frame] / total:5.1%})  {frame}"
+        for frame, count in inclusive.most_common(top)
+    ]
+    lines += ["", f"top {top} by self share:"]
+    lines += [f"{count / total:6.1%}  {frame}" for frame, count in own.most_common(top)]
+    lines += ["", "self share per package:"]
+    lines += [f"{count / total:6.1%}  {name}" for name, count in packages.most_common(top)]
+    return "\n".join(lines)
+
+
+def _where(frame: str) -> list[str]:
+    return frame.partition(" (")[2].rsplit(":", 1)[0].removesuffix(")").split("/")
+
+
+def _package(frame: str) -> str:
+    parts = _where(frame)
+    if "site-packages" in parts:
+        return parts[parts.index("site-packages") + 1]
+    if "src" in parts:
+        return "/".join(parts[parts.index("src") + 1 :])
+    return parts[-1].removesuffix(".py")
+
+
+def _short(frame: str) -> str:
+    """``function (path/to/module.py:line)`` -> ``function (package/module.py)``."""
+    name = frame.partition(" (")[0]
+    parts = _where(frame)
+    package = parts[parts.index("site-packages") + 1] if "site-packages" in parts else ""
+    return f"{name} ({package + '/' if package else ''}{parts[-1]})"
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) -> str:
+    """The result table, as Markdown."""
+    rounds = sum(1 for d in drains if d.kind == "worker")
+    lines = [
+        (
+            f"orders per drain: {drains[0].orders:,}; prefetch (concurrency) {plan.prefetch}; "
+            f"{plan.workers} process(es) per consumer; medians of {rounds} drain(s)"
+        ),
+        "",
+        (
+            "| consumer | orders/s | CPU s per 1,000 orders: consumer | broker | PostgreSQL "
+            "| total | peak RSS MiB |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    medians = {}
+    for kind in ("worker", "reference"):
+        runs = [d for d in drains if d.kind == kind]
+        if not runs:
+            continue
+        rate = _median([d.rate for d in runs])
+        medians[kind] = rate
+        cpu = {g: _median([d.cpu_per_1000[g] for d in runs]) for g in runs[0].cpu_per_1000}
+        rss = max(value for d in runs for value in d.peak_rss_mib)
+        name = "worker" if kind == "worker" else "reference (aio-pika + asyncpg)"
+        lines.append(
+            f"| {name} | {rate:,.0f} | {cpu['consumer']:.3f} | {cpu['broker']:.3f} "
+            f"| {cpu['postgres']:.3f} | {sum(cpu.values()):.3f} | {rss:.0f} |"
+        )
+    if len(medians) == 2:
+        lines += ["", f"ratio worker/reference: {medians['worker'] / medians['reference']:.2f}x"]
+    for result in latencies:
+        text = (
+            f"latency, {result.kind}, {result.orders:,} orders at {result.achieved_rate:,.0f}/s: "
+            f"placed_at -> commit p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
+            f"max {result.max_ms:.1f} ms (database)"
+        )
+        if result.metric_share_within_100ms is not None:
+            text += (
+                f"; metric: {result.metric_share_within_100ms:.2%} within 100 ms, "
+                f"p99 {result.metric_p99_ms} ms"
+            )
+        if result.handler_p50_ms is not None:
+            text += f"; handler p50 {result.handler_p50_ms} ms, p99 {result.handler_p99_ms} ms"
+        lines += ["", text]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line; every option has a default that ``make bench`` uses."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--orders", "-n", type=int, default=20_000, help="orders per backlog")
+    parser.add_argument("--rounds", type=int, default=3, help="drains per consumer, alternating")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=SETTING_DEFAULTS["prefetch_count"],
+        help="the worker's FULFILMENT_PREFETCH_COUNT and the reference's concurrency",
+    )
+    parser.add_argument("--workers", type=int, default=1, help="processes per consumer")
+    parser.add_argument(
+        "--data", type=Path, default=ROOT / "data/sample/online-retail", help="Online Retail CSVs"
+    )
+    parser.add_argument("--latency-seconds", type=float, default=20, help="0 to skip")
+    parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument("--skip-reference", action="store_true", help="drain with the worker only")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the worker, e.g. FULFILMENT_DATABASE_POOL_SIZE=16",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="one worker drain under py-spy; no figures"
+    )
+    parser.add_argument("--results", type=Path, default=ROOT / "bench/results")
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep the consumers' logs in --results"
+    )
+    parser.add_argument(
+        "--admin-database-url",
+        default=os.environ.get(
+            "FULFILMENT_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="PostgreSQL URL allowed to create databases (env FULFILMENT_BENCH_DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--amqp-url",
+        default=os.environ.get("FULFILMENT_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+        help="RabbitMQ URL of the default virtual host (env FULFILMENT_BENCH_AMQP_URL)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print the table; return the exit code."""
+    args = parse_args(argv)
+    workload = load_workload(args.data)
+    backlog = workload.make_orders(args.orders, seed=args.seed, namespace="backlog")
+    args.results.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    with (
+        tempfile.TemporaryDirectory(prefix="fulfilment-bench-") as temporary,
+        dedicated_services(args.admin_database_url, args.amqp_url) as services,
+    ):
+        logs = args.results / f"logs-{stamp}" if args.keep_logs else Path(temporary)
+        logs.mkdir(exist_ok=True)
+        plan = Plan(services, Path(logs), args.prefetch, args.workers, worker_env)
+        asyncio.run(declare_queues(services.amqp_url, SETTING_DEFAULTS["delivery_limit"]))
+        servers = asyncio.run(versions(services))
+        if args.profile:
+            asyncio.run(reset_database(services.database_url, workload))
+            out = args.results / f"profile-{stamp}.txt"
+            asyncio.run(profile(plan, backlog, out))
+            print(f"\nraw profile: {out}")
+            return 0
+        kinds = ["worker"] if args.skip_reference else ["worker", "reference"]
+        drains: list[Drain] = []
+        for round_number in range(1, args.rounds + 1):
+            for kind in kinds:
+                asyncio.run(reset_database(services.database_url, workload))
+                result = asyncio.run(drain(plan, kind, backlog, f"round{round_number}"))
+                drains.append(result)
+                print(
+                    f"round {round_number} {kind}: {result.rate:,.0f} orders/s, CPU/1k "
+                    + ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_per_1000.items())
+                    + f", peak RSS {result.peak_rss_mib} MiB, {result.outcomes}",
+                    flush=True,
+                )
+        latencies = []
+        if args.latency_seconds > 0:
+            rate = _median([d.rate for d in drains if d.kind == "worker"]) / 2
+            steady = workload.make_orders(
+                int(rate * args.latency_seconds), seed=args.seed + 1, namespace="steady"
+            )
+            for kind in kinds:
+                asyncio.run(reset_database(services.database_url, workload))
+                latencies.append(asyncio.run(latency(plan, kind, steady, rate)))
+                print(f"latency {kind}: {asdict(latencies[-1])}", flush=True)
+    table = report(drains, latencies, plan)
+    machine = (
+        f"{os.cpu_count()} CPUs ({cpu_model()}), {servers}, Python "
+        f"{platform.python_version()}, {platform.system()} {platform.release()}"
+    )
+    print(f"\n{machine}\n{table}")
+    document = {
+        "when": stamp,
+        "machine": machine,
+        "arguments": {k: str(v) for k, v in vars(args).items()},
+        "drains": [asdict(d) for d in drains],
+        "latency": [asdict(result) for result in latencies],
+        "table": table,
+    }
+    out = args.results / f"bench-{stamp}.json"
+    out.write_text(json.dumps(document, indent=2))
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The benchmark's orders: real SKUs of the Online Retail data, 1 to 3 lines each, and publishing.
+
+Orders are made, not replayed: the data's invoices have up to 675 lines and the issue's
+reference figures are for orders of 1 to 3 lines over 1,000 SKUs. So the workload takes the
+1,000 SKUs that appear on most invoices of the given files and draws each order's lines (distinct
+SKUs, each with a quantity the shop really sold of it) with a seeded generator: the same
+arguments give the same orders, byte for byte, for the worker and the reference consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aio_pika
+
+from fulfilment.adapters.online_retail import csv_files, read_orders
+
+SKU_COUNT = 1_000
+"""SKUs the orders draw from (the issue's reference figures use 1,000)."""
+
+MAX_LINES_PER_ORDER = 3
+"""Each order has 1 to this many lines, uniformly (the reference figures use 1 to 3)."""
+
+ON_HAND = 1_000_000_000
+"""Units of every SKU: enough that no order of a run is rejected for insufficient stock."""
+
+PLACED_AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
+"""``placed_at`` of backlog orders (their latency is not measured)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """One ``OrderPlaced`` of the workload; ``lines`` are ``(sku, quantity)`` with distinct SKUs."""
+
+    event_id: uuid.UUID
+    order_id: uuid.UUID
+    lines: tuple[tuple[str, int], ...]
+
+    def body(self, placed_at: datetime = PLACED_AT) -> bytes:
+        """The UTF-8 JSON body of the product contract (``version`` 1)."""
+        return json.dumps(
+            {
+                "version": 1,
+                "event_id": str(self.event_id),
+                "order_id": str(self.order_id),
+                "placed_at": placed_at.isoformat(),
+                "lines": [{"sku": sku, "quantity": quantity} for sku, quantity in self.lines],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The SKUs with their stock, and ``make_orders`` to draw orders from them."""
+
+    skus: tuple[str, ...]
+    quantities: dict[str, tuple[int, ...]]
+
+    def stock(self) -> dict[str, int]:
+        """``on_hand`` per SKU: :data:`ON_HAND` each."""
+        return dict.fromkeys(self.skus, ON_HAND)
+
+    def make_orders(self, count: int, *, seed: int, namespace: str) -> list[Order]:
+        """``count`` orders drawn with ``seed``; ids are UUIDv5 of ``namespace`` and the index."""
+        rng = random.Random(seed)
+        space = uuid.uuid5(uuid.NAMESPACE_URL, f"fulfilment-bench:{namespace}")
+        orders = []
+        for index in range(count):
+            skus = rng.sample(self.skus, rng.randint(1, MAX_LINES_PER_ORDER))
+            orders.append(
+                Order(
+                    event_id=uuid.uuid5(space, f"event:{index}"),
+                    order_id=uuid.uuid5(space, f"order:{index}"),
+                    lines=tuple((sku, rng.choice(self.quantities[sku])) for sku in skus),
+                )
+            )
+        return orders
+
+
+def load_workload(data: Path) -> Workload:
+    """The :data:`SKU_COUNT` SKUs on most invoices of the Online Retail files in ``data``.
+
+    Quantities per SKU are the positive quantities the files hold for it, each capped at 100
+    so that a rare wholesale line does not dominate a SKU's demand.
+
+    Raises:
+        SystemExit: the files hold fewer than :data:`SKU_COUNT` distinct SKUs.
+        fulfilment.adapters.online_retail.OnlineRetailError: a file cannot be read.
+    """
+    result = read_orders(csv_files(data))
+    invoices: Counter[str] = Counter()
+    quantities: defaultdict[str, list[int]] = defaultdict(list)
+    for order in result.orders:
+        invoices.update({sku for sku, _ in order.lines})
+        for sku, quantity in order.lines:
+            quantities[sku].append(min(quantity, 100))
+    if len(invoices) < SKU_COUNT:
+        msg = f"{data}: {len(invoices)} distinct SKUs, the benchmark needs {SKU_COUNT}"
+        raise SystemExit(msg)
+    # Ties are broken by code point, so the choice does not depend on file order.
+    ranked = sorted(invoices, key=lambda sku: (-invoices[sku], sku))[:SKU_COUNT]
+    return Workload(
+        skus=tuple(sorted(ranked)),
+        quantities={sku: tuple(quantities[sku]) for sku in ranked},
+    )
+
+
+PUBLISH_WINDOW = 500
+"""Publishes awaiting their confirm at once while filling a backlog."""
+
+
+async def publish_backlog(
+    connection: aio_pika.abc.AbstractConnection,
+    *,
+    exchange: str,
+    routing_key: str,
+    bodies: Sequence[bytes],
+) -> float:
+    """Publish ``bodies`` persistently, confirmed, ``mandatory``; return the seconds it took.
+
+    Raises:
+        aio_pika.exceptions.DeliveryError: the broker refused or could not route a message.
+    """
+    started = time.perf_counter()
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    try:
+        target = await channel.get_exchange(exchange, ensure=False)
+        window = asyncio.Semaphore(PUBLISH_WINDOW)
+
+        async def one(body: bytes) -> None:
+            try:
+                await target.publish(_message(body), routing_key=routing_key, mandatory=True)
+            finally:
+                window.release()
+
+        async with asyncio.TaskGroup() as group:
+            for body in bodies:
+                await window.acquire()
+                group.create_task(one(body))
+    finally:
+        await channel.close()
+    return time.perf_counter() - started
+
+
+async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by name
+    connection: aio_pika.abc.AbstractConnection,
+    *,
+    exchange: str,
+    routing_key: str,
+    orders: Sequence[Order],
+    rate: float,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> float:
+    """Publish ``orders`` at ``rate`` messages per second, each stamped ``placed_at`` = now.
+
+    Messages are sent on schedule (the i-th at ``start + i / rate``), not after the previous
+    confirm, so a slow consumer or broker shows up as latency rather than as a slower rate.
+    Returns the achieved rate in messages per second.
+    """
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    try:
+        target = await channel.get_exchange(exchange, ensure=False)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with asyncio.TaskGroup() as group:
+            for index, order in enumerate(orders):
+                delay = started + index / rate - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                body = order.body(placed_at=clock())
+                group.create_task(
+                    target.publish(_message(body), routing_key=routing_key, mandatory=True)
+                )
+        elapsed = loop.time() - started
+    finally:
+        await channel.close()
+    return len(orders) / elapsed if elapsed > 0 else float("nan")
+
+
+def _message(body: bytes) -> aio_pika.Message:
+    return aio_pika.Message(
+        body,
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
