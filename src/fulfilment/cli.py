@@ -28,6 +28,11 @@ app = typer.Typer(
 )
 stock_app = typer.Typer(help="Stock levels: load them, or plan them from order data.")
 app.add_typer(stock_app, name="stock")
+dlq_app = typer.Typer(
+    help="The dead-letter queue: list, show, replay or purge its messages.",
+    no_args_is_help=True,
+)
+app.add_typer(dlq_app, name="dlq")
 
 T = TypeVar("T")
 
@@ -228,3 +233,215 @@ def _print_report(document: dict[str, Any], *, as_json: bool) -> None:
         typer.echo(json.dumps(document, indent=2, sort_keys=True))
     else:
         typer.echo(render_report(document))
+
+
+IdsOption = Annotated[
+    list[str] | None,
+    typer.Option("--id", help="An event_id or message_id; repeat for several."),
+]
+GroupOption = Annotated[
+    str | None,
+    typer.Option(help="A group as `dlq list` shows it, e.g. permanent/MalformedEventError."),
+]
+AllOption = Annotated[bool, typer.Option("--all", help="Every message in the DLQ.")]
+YesOption = Annotated[
+    bool, typer.Option("--yes", help="Do it; without this flag the command is a dry run.")
+]
+OperatorOption = Annotated[
+    str | None, typer.Option(help="Who runs this, for the audit table (default: $USER).")
+]
+CommentOption = Annotated[
+    str | None, typer.Option(help="Why, for the audit table (e.g. the fix's version).")
+]
+
+
+@dlq_app.command("list")
+def dlq_list(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,  # noqa: FBT002 - a typer flag
+) -> None:
+    """Dead letters grouped by failure class and exception, with counts and oldest age.
+
+    Reads the DLQ without removing anything.
+    """
+    from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
+    from fulfilment.entrypoints.dlq import list_groups, render_groups  # noqa: PLC0415
+
+    settings = settings_or_exit()
+
+    async def collect() -> Any:  # noqa: ANN401 - list[Group], imported lazily
+        async with connect(settings.amqp_url.get_secret_value()) as connection:
+            return await list_groups(connection)
+
+    groups = run(collect)
+    if as_json:
+        document = [
+            {
+                "group": group.key,
+                "failure_class": group.failure_class,
+                "exception_type": group.exception_type,
+                "count": group.count,
+                "oldest_dead_lettered_at": group.oldest.isoformat() if group.oldest else None,
+                "example_reason": group.example_reason,
+                "event_ids_sample": group.event_ids,
+            }
+            for group in groups
+        ]
+        typer.echo(json.dumps(document, indent=2))
+    else:
+        typer.echo(render_groups(groups))
+
+
+@dlq_app.command("show")
+def dlq_show(
+    *,
+    ids: IdsOption = None,
+    group: GroupOption = None,
+    everything: AllOption = False,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Every header and the body of the chosen dead letters (read, not removed)."""
+    from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
+    from fulfilment.entrypoints.dlq import find, render_letter  # noqa: PLC0415
+
+    settings = settings_or_exit()
+    selection = _selection(ids, group, everything=everything)
+
+    async def collect() -> Any:  # noqa: ANN401 - list[DeadLetter], imported lazily
+        async with connect(settings.amqp_url.get_secret_value()) as connection:
+            return await find(connection, selection)
+
+    letters = run(collect)[:limit]
+    if as_json:
+        typer.echo(json.dumps([letter.to_document() for letter in letters], indent=2))
+    elif not letters:
+        typer.echo("no dead letter matches")
+    else:
+        typer.echo("\n\n".join(render_letter(letter) for letter in letters))
+
+
+@dlq_app.command("replay")
+def dlq_replay(  # noqa: PLR0913 - one parameter per option
+    *,
+    ids: IdsOption = None,
+    group: GroupOption = None,
+    everything: AllOption = False,
+    rate: Annotated[float, typer.Option(min=0.1, help="Messages per second at most.")] = 10.0,
+    yes: YesOption = False,
+    operator: OperatorOption = None,
+    comment: CommentOption = None,
+) -> None:
+    """Publish the chosen dead letters to `orders` again, once their cause is fixed.
+
+    Body and ids are unchanged, so an event that was applied meanwhile is answered as a
+    duplicate; broker and x-fulfilment-* headers are stripped. Each message leaves the DLQ
+    only after the broker confirmed the republish and its audit row is written. A dry run
+    unless --yes.
+    """
+    from fulfilment.entrypoints.dlq import ReplayStoppedError, replay  # noqa: PLC0415
+
+    selection = _selection(ids, group, everything=everything)
+    try:
+        result = _dlq_run(
+            lambda connection, audit, on_each: replay(
+                connection,
+                selection,
+                audit=audit,
+                execute=yes,
+                rate_per_second=rate,
+                operator=_operator(operator),
+                comment=comment,
+                on_each=on_each,
+            ),
+            execute=yes,
+            verb="replay",
+        )
+    except ReplayStoppedError as error:
+        fail(f"{error}; the rest are still in the dead-letter queue")
+    _summarise(result, verb="replayed")
+
+
+@dlq_app.command("purge")
+def dlq_purge(  # noqa: PLR0913 - one parameter per option
+    *,
+    ids: IdsOption = None,
+    group: GroupOption = None,
+    everything: AllOption = False,
+    yes: YesOption = False,
+    operator: OperatorOption = None,
+    comment: CommentOption = None,
+) -> None:
+    """Remove the chosen dead letters for good, each after its audit row (with the body).
+
+    A dry run unless --yes.
+    """
+    from fulfilment.entrypoints.dlq import purge  # noqa: PLC0415
+
+    selection = _selection(ids, group, everything=everything)
+    result = _dlq_run(
+        lambda connection, audit, on_each: purge(
+            connection,
+            selection,
+            audit=audit,
+            execute=yes,
+            operator=_operator(operator),
+            comment=comment,
+            on_each=on_each,
+        ),
+        execute=yes,
+        verb="purge",
+    )
+    _summarise(result, verb="purged")
+
+
+def _selection(ids: list[str] | None, group: str | None, *, everything: bool) -> Any:  # noqa: ANN401 - Selection, imported lazily
+    from fulfilment.entrypoints.dlq import Selection  # noqa: PLC0415
+
+    try:
+        return Selection.build(ids or [], group, everything=everything)
+    except ValueError as error:
+        fail(str(error), EXIT_BAD_INPUT)
+
+
+def _operator(given: str | None) -> str:
+    import getpass  # noqa: PLC0415
+
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment or the password database
+        return "unknown"
+
+
+def _dlq_run(action: Callable[..., Coroutine[Any, Any, T]], *, execute: bool, verb: str) -> T:
+    """Run a replay or purge with a broker connection and, to execute, the audit database."""
+    from fulfilment.adapters.database import warehouse_session  # noqa: PLC0415
+    from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
+    from fulfilment.entrypoints.dlq import DeadLetter  # noqa: PLC0415
+
+    settings = settings_or_exit()
+
+    def each(letter: DeadLetter) -> None:
+        described = letter.description
+        done = verb + ("d" if execute else " (dry run)")
+        typer.echo(f"{done}: {described.event_id or letter.message.message_id}  {described.group}")
+
+    async def go() -> T:
+        async with connect(settings.amqp_url.get_secret_value()) as connection:
+            if not execute:
+                return await action(connection, None, each)
+            async with warehouse_session(settings) as warehouse:
+                return await action(connection, warehouse.engine, each)
+
+    return run(go)
+
+
+def _summarise(result: Any, *, verb: str) -> None:  # noqa: ANN401 - RunResult, imported lazily
+    if not result.executed:
+        typer.echo(
+            f"dry run: {result.matched} dead letter(s) would be {verb}; "
+            "nothing changed (add --yes to do it)"
+        )
+    else:
+        typer.echo(f"{verb} {result.done} of {result.matched} dead letter(s), run {result.run_id}")
