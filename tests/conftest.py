@@ -105,7 +105,8 @@ async def clean_database(database_url: str) -> str:
     connection = await asyncpg.connect(url.render_as_string(hide_password=False))
     try:
         await connection.execute(
-            "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels CASCADE"
+            "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
+            " delivery_attempts CASCADE"
         )
     finally:
         await connection.close()

@@ -45,7 +45,13 @@ class InMemoryWarehouse(Warehouse):
         self.levels: dict[str, StockLevel] = {}
         self.inbox: dict[tuple[str, UUID], str] = {}
         self.reservations: dict[UUID, Reservation] = {}
+        self.redeliveries: dict[tuple[str, str], int] = {}
         self._lock = asyncio.Lock()
+
+    async def count_redelivery(self, message_key: str) -> int:
+        key = (self.consumer, message_key)
+        self.redeliveries[key] = self.redeliveries.get(key, 0) + 1
+        return self.redeliveries[key]
 
     async def reserve(self, command: ReserveStock) -> ReservationOutcome:
         demand = aggregate_demand(command.lines)

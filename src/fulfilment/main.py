@@ -24,11 +24,13 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from fulfilment import __version__
+from fulfilment.adapters.faults import FaultPlan, parse_fault_plan
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.entrypoints.amqp import WorkerLimits, register_order_placed
+from fulfilment.entrypoints.consumer_control import ConsumerPause, cancel_consumer
 from fulfilment.entrypoints.dead_letters import record_retry
 from fulfilment.entrypoints.http import ASGIApp, health_app
 from fulfilment.entrypoints.monitors import background, check_invariants, poll_queues
@@ -51,6 +53,7 @@ class Worker:
 
     app: FastStream
     http: ASGIApp
+    consumer_pause: ConsumerPause
     broker: RabbitBroker
     subscriber: RabbitSubscriber
     metrics: Metrics
@@ -64,6 +67,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     metrics: Metrics | None = None,
     monitors: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
     after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    faults: FaultPlan | None = None,
 ) -> Worker:
     """Assemble the broker, the ``on_order_placed`` subscriber, hooks and HTTP routes.
 
@@ -72,7 +76,9 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     ``graceful_timeout_seconds``; ``after_shutdown`` callables run once the broker is closed.
     ``monitors`` (endless background checks, see ``entrypoints.monitors``) run from the
     broker's start until shutdown begins. FastStream's Prometheus middleware counts on
-    ``metrics.registry`` next to the service's own metrics.
+    ``metrics.registry`` next to the service's own metrics. While the database is down the
+    consumer is paused (``entrypoints.consumer_control.ConsumerPause``); ``faults`` is the
+    fault suite's crash injection, None in production.
     """
     metrics = metrics or new_metrics()
     topology = Topology(delivery_limit=settings.delivery_limit)
@@ -87,6 +93,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         logger=logging.getLogger("faststream"),
         middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
     )
+    consumer_pause = ConsumerPause(database_ping)
     subscriber = register_order_placed(
         broker,
         topology=topology,
@@ -97,9 +104,13 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
             # What is left of the graceful timeout once the deadline has passed.
             dead_letter_publish_seconds=settings.graceful_timeout_seconds
             - settings.handler_deadline_seconds,
+            delivery_limit=settings.delivery_limit,
         ),
         prefetch_count=settings.prefetch_count,
+        pause=consumer_pause.trip,
+        faults=faults,
     )
+    consumer_pause.attach(subscriber)
 
     async def declare() -> None:
         try:
@@ -109,15 +120,8 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
             raise
 
     async def cancel_consumers_first() -> None:
-        # FastStream's drain waits for in-flight handlers *before* basic.cancel, and drops the
-        # deliveries that arrive meanwhile unacknowledged, spending one of their delivery
-        # attempts. Cancelling first stops new deliveries; in-flight ones can still be acked.
-        # Private attributes of RabbitSubscriber: faststream is pinned to 0.7.8 for this.
-        queue = subscriber._queue_obj  # noqa: SLF001
-        tag = subscriber._consumer_tag  # noqa: SLF001
-        if queue is not None and tag is not None and not queue.channel.is_closed:
-            await queue.cancel(tag)
-            subscriber._consumer_tag = None  # noqa: SLF001
+        await consumer_pause.close()
+        await cancel_consumer(subscriber)
         logger.info("worker.consumer_cancelled", in_flight=metrics.in_flight._value.get())  # noqa: SLF001
 
     def consumer_attached() -> bool:
@@ -146,7 +150,14 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         database_ping=database_ping,
         registry=metrics.registry,
     )
-    return Worker(app=app, http=http, broker=broker, subscriber=subscriber, metrics=metrics)
+    return Worker(
+        app=app,
+        http=http,
+        consumer_pause=consumer_pause,
+        broker=broker,
+        subscriber=subscriber,
+        metrics=metrics,
+    )
 
 
 async def run_worker(settings: Settings) -> int:
@@ -165,11 +176,15 @@ async def run_worker(settings: Settings) -> int:
         )
         record_retry()  # for the attempt count and first failure time of a dead letter
 
+    faults = parse_fault_plan(settings.fault_injection)
+    if faults.armed:
+        logger.warning("worker.fault_injection_armed", plan=settings.fault_injection)
     warehouse = PostgresWarehouse(
         engine,
         consumer=settings.consumer_name,
         retry_budget_seconds=settings.retry_budget_seconds,
         on_retry=on_retry,
+        faults=faults,
     )
 
     async def database_ping() -> None:
@@ -196,6 +211,7 @@ async def run_worker(settings: Settings) -> int:
             ),
         ],
         after_shutdown=[close_pool],
+        faults=faults,
     )
     http = _HttpServer(
         uvicorn.Config(

@@ -18,6 +18,8 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fulfilment.adapters.faults import parse_fault_plan
+
 ENV_PREFIX = "FULFILMENT_"
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -104,6 +106,11 @@ class Settings(BaseSettings):
     """How often each worker checks the stock invariants for
     ``fulfilment_stock_invariant_violations``: one read of the stock and reservation tables."""
 
+    fault_injection: str = ""
+    """Crash injection of the fault suite (``adapters.faults``), e.g.
+    ``before_transaction:0.01,after_commit:0.01,poison_sku:POISON``. Empty, and so off, in
+    production."""
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Threshold of the service's logs."""
 
@@ -127,6 +134,12 @@ class Settings(BaseSettings):
                 return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
         msg = "must start with postgresql:// or postgresql+asyncpg://"
         raise ValueError(msg)
+
+    @field_validator("fault_injection")
+    @classmethod
+    def _fault_plan(cls, value: str) -> str:
+        parse_fault_plan(value)
+        return value
 
     @model_validator(mode="after")
     def _deadlines_nest(self) -> Self:

@@ -289,3 +289,10 @@ async def test_an_order_of_675_lines_is_reserved_in_one_piece(warehouse):
     assert levels[skus[0]] == StockLevel(10, 3)
     assert levels[skus[-1]] == StockLevel(10, 2)
     assert sum(level.reserved for level in levels.values()) == 2 * 600 + 75
+
+
+async def test_redeliveries_are_counted_per_message_and_survive_between_calls(warehouse):
+    assert await warehouse.count_redelivery("event-a") == 1
+    assert await warehouse.count_redelivery("event-a") == 2
+    assert await warehouse.count_redelivery("event-b") == 1
+    assert await warehouse.count_redelivery("event-a") == 3

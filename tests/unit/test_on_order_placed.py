@@ -18,9 +18,10 @@ from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
 from fakes import InMemoryWarehouse
 from fulfilment.application.ports import TransientError
-from fulfilment.contracts.order_placed import MAX_BODY_BYTES, order_placed_body
+from fulfilment.contracts.order_placed import MAX_BODY_BYTES, OrderPlacedV1, order_placed_body
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
-from fulfilment.entrypoints.amqp import raw_body
+from fulfilment.entrypoints.amqp import raw_body, reserve_unless_poison
+from fulfilment.entrypoints.dead_letters import Failure
 from fulfilment.entrypoints.topology import (
     ORDER_PLACED_ROUTING_KEY,
     Topology,
@@ -158,22 +159,67 @@ class FailingWarehouse(InMemoryWarehouse):
         raise self.error
 
 
-@pytest.mark.parametrize(
-    ("error", "failure_class"),
-    [
-        (TransientError("connection refused"), "transient_exhausted"),
-        (KeyError("bug"), "unexpected"),
-    ],
-)
-async def test_a_failing_store_dead_letters_with_the_failure_class_and_exception(
-    error: Exception, failure_class: str
-) -> None:
+async def test_an_unknown_error_dead_letters_as_unexpected_with_the_exception() -> None:
+    error = KeyError("bug")
     async for harness in _harness(FailingWarehouse(error)):
         await harness.publish(a_body([("85123A", 1)]), message_id="m-1")
 
         assert len(harness.dead_letters) == 1
         letter = harness.dead_letters[0]
-        assert letter.headers["x-fulfilment-failure-class"] == failure_class
-        assert letter.headers["x-fulfilment-exception-type"] == type(error).__name__
+        assert letter.headers["x-fulfilment-failure-class"] == "unexpected"
+        assert letter.headers["x-fulfilment-exception-type"] == "KeyError"
         assert "test_on_order_placed.py" in letter.headers["x-fulfilment-stack"]
         assert letter.message_id == "m-1"
+
+
+async def test_a_database_outage_requeues_the_delivery_and_pauses_the_consumer() -> None:
+    async for harness in _harness(FailingWarehouse(TransientError("connection refused"))):
+        await harness.publish(a_body([("85123A", 1)]))
+
+        assert harness.dead_letters == []
+        assert harness.outcomes() == ["requeued:transient"]
+        assert harness.worker.consumer_pause.paused
+
+
+async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved() -> None:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"85123A": 10})
+    command = OrderPlacedV1.model_validate_json(a_body([("85123A", 1)])).to_command()
+    limit = 3
+
+    async def attempt() -> object:
+        return await reserve_unless_poison(
+            command,
+            redelivered=True,
+            reserve=warehouse.reserve,
+            count_redelivery=warehouse.count_redelivery,
+            delivery_limit=limit,
+            faults=None,
+        )
+
+    # Redeliveries 1 and 2 (deliveries 2 and 3) go through; the 3rd redelivery is poison.
+    assert isinstance(await attempt(), ReservationOutcome)
+    assert isinstance(await attempt(), ReservationOutcome)
+    poison = await attempt()
+    assert isinstance(poison, Failure)
+    assert poison.failure_class == "poison"
+    assert "delivered 4 times" in poison.reason
+    assert (await warehouse.stock(["85123A"]))["85123A"].reserved == 1
+
+
+async def test_a_first_delivery_is_not_counted_as_a_redelivery() -> None:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"85123A": 10})
+    command = OrderPlacedV1.model_validate_json(a_body([("85123A", 1)])).to_command()
+
+    outcome = await reserve_unless_poison(
+        command,
+        redelivered=False,
+        reserve=warehouse.reserve,
+        count_redelivery=warehouse.count_redelivery,
+        delivery_limit=1,
+        faults=None,
+    )
+
+    assert isinstance(outcome, ReservationOutcome)
+    assert warehouse.redeliveries == {}

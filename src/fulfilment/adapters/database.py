@@ -108,8 +108,11 @@ async def processed_event_ids(
 
 
 async def reset_tables(warehouse: PostgresWarehouse) -> None:
-    """Empty the inbox, reservations and stock levels (the demo's ``--reset``)."""
+    """Empty the inbox, reservations, stock levels and redelivery counts (``demo --reset``)."""
     async with warehouse.engine.begin() as connection:
         await connection.execute(
-            text("TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels")
+            text(
+                "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
+                " delivery_attempts"
+            )
         )

@@ -37,6 +37,19 @@ class Warehouse(ABC):
         """
 
     @abstractmethod
+    async def count_redelivery(self, message_key: str) -> int:
+        """Record one more redelivery of a message; return how many it has had (>= 1).
+
+        The service's own count of deliveries that ended without a settlement (a crash), so
+        that a message that kills every worker is dead-lettered after a bounded number of them
+        on every RabbitMQ version (4.3 stopped counting such returns towards the queue's
+        delivery limit). Committed on its own, before the delivery is processed.
+
+        Raises:
+            TransientError: as for :meth:`reserve`.
+        """
+
+    @abstractmethod
     async def put_stock(self, on_hand: Mapping[str, int]) -> None:
         """Set ``on_hand`` of each SKU (creating unknown SKUs with nothing reserved).
 

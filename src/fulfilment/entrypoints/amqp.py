@@ -22,14 +22,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 from faststream import AckPolicy
+from faststream.exceptions import RejectMessage
 from faststream.rabbit import Channel, RabbitBroker
 from faststream.rabbit.annotations import RabbitMessage
 from pydantic import ValidationError
 
+from fulfilment.adapters.faults import CrashPoint, FaultPlan, crash
 from fulfilment.application.handlers import reserve_stock
 from fulfilment.application.ports import TransientError, Warehouse
 from fulfilment.contracts.order_placed import MAX_BODY_BYTES, OrderPlacedV1
-from fulfilment.domain.model import OutcomeKind, ReservationOutcome
+from fulfilment.domain.model import OutcomeKind, ReservationOutcome, ReserveStock
 from fulfilment.entrypoints.dead_letters import (
     Failure,
     FailureClass,
@@ -57,10 +59,12 @@ class MalformedEventError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class WorkerLimits:
-    """Time bounds of one delivery, in seconds (see ``fulfilment.settings``)."""
+    """Bounds of one delivery: times in seconds, and deliveries (see ``fulfilment.settings``)."""
 
     handler_deadline_seconds: float
     dead_letter_publish_seconds: float
+    delivery_limit: int
+    """Deliveries after which the service dead-letters an unsettled message as ``poison``."""
 
 
 def parse_order_placed(body: bytes, content_type: str | None) -> OrderPlacedV1:
@@ -107,6 +111,8 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
     metrics: Metrics,
     limits: WorkerLimits,
     prefetch_count: int,
+    pause: Callable[[str], None],
+    faults: FaultPlan | None = None,
 ) -> RabbitSubscriber:
     """Subscribe ``on_order_placed`` to the main queue and return the subscriber.
 
@@ -131,7 +137,8 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
         try:
             await handle_delivery(
                 message,
-                reserve=lambda event: reserve_stock(event, warehouse=warehouse),
+                reserve=lambda command: reserve_stock(command, warehouse=warehouse),
+                count_redelivery=warehouse.count_redelivery,
                 dead_letter=lambda failure: publish_dead_letter(
                     broker,
                     message,
@@ -139,8 +146,11 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
                     queue=MAIN_QUEUE,
                     timeout_seconds=limits.dead_letter_publish_seconds,
                 ),
+                pause=pause,
                 metrics=metrics,
                 handler_deadline_seconds=limits.handler_deadline_seconds,
+                delivery_limit=limits.delivery_limit,
+                faults=faults,
                 started=started,
             )
         finally:
@@ -154,16 +164,26 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
 async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each by name
     message: RabbitMessage,
     *,
-    reserve: Callable[..., Awaitable[ReservationOutcome]],
+    reserve: Callable[[ReserveStock], Awaitable[ReservationOutcome]],
+    count_redelivery: Callable[[str], Awaitable[int]],
     dead_letter: Callable[[Failure], Awaitable[None]],
+    pause: Callable[[str], None],
     metrics: Metrics,
     handler_deadline_seconds: float,
+    delivery_limit: int,
+    faults: FaultPlan | None,
     started: float,
 ) -> None:
     """Process one delivery; returning means "acknowledge", raising means "reject".
 
-    ``asyncio.CancelledError`` is never caught, so a delivery cancelled by shutdown or a lost
-    connection is neither acknowledged nor rejected and goes back to the queue.
+    * A redelivered event is counted first (``count_redelivery``); one delivered more than
+      ``delivery_limit`` times without being settled crashes or stalls workers, and is
+      dead-lettered as ``poison`` before it can do so again.
+    * A transient database failure past the retry budget, or the handler deadline, sends the
+      delivery back to the queue (``basic.reject`` with requeue) and ``pause`` stops the
+      consumer until the database answers: an outage costs each delivery one attempt.
+    * ``asyncio.CancelledError`` is never caught, so a delivery cancelled by shutdown or a
+      lost connection is neither acknowledged nor rejected and goes back to the queue.
     """
     raw = message.raw_message
     begin_delivery()
@@ -175,20 +195,28 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
     event: OrderPlacedV1 | None = None
     failure: Failure | None = None
     outcome: ReservationOutcome | None = None
+    requeue_reason: str | None = None
     try:
         async with asyncio.timeout(handler_deadline_seconds):
             event = parse_order_placed(raw.body, raw.content_type)
-            outcome = await reserve(event.to_command())
+            result = await reserve_unless_poison(
+                event.to_command(),
+                redelivered=bool(raw.redelivered),
+                reserve=reserve,
+                count_redelivery=count_redelivery,
+                delivery_limit=delivery_limit,
+                faults=faults,
+            )
+            if isinstance(result, Failure):
+                failure = result
+            else:
+                outcome = result
     except MalformedEventError as error:
         failure = Failure(FailureClass.PERMANENT, str(error), error)
     except TransientError as error:
-        failure = Failure(FailureClass.TRANSIENT_EXHAUSTED, f"database: {error}", error)
-    except TimeoutError as error:
-        failure = Failure(
-            FailureClass.TRANSIENT_EXHAUSTED,
-            f"handler deadline of {handler_deadline_seconds:g} s exceeded",
-            error,
-        )
+        requeue_reason = f"database: {error}"
+    except TimeoutError:
+        requeue_reason = f"handler deadline of {handler_deadline_seconds:g} s exceeded"
     except Exception as error:  # noqa: BLE001 - an unknown error is classified and dead-lettered, not lost
         failure = Failure(FailureClass.UNEXPECTED, f"{type(error).__name__}: {error}", error)
 
@@ -196,21 +224,17 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
         log = log.bind(event_id=str(event.event_id), order_id=str(event.order_id))
     duration_ms = round((time.perf_counter() - started) * 1000, 1)
 
-    if outcome is not None:
-        metrics.event(outcome.kind, _reason_label(outcome)).inc()
-        if outcome.kind is not OutcomeKind.DUPLICATE and event is not None:
-            metrics.end_to_end_latency.observe(
-                max(0.0, (datetime.now(UTC) - event.placed_at).total_seconds())
-            )
-        log.info(
-            "order_placed.handled",
-            outcome=outcome.label,
-            skus=list(outcome.skus) or None,
-            duration_ms=duration_ms,
-        )
+    if outcome is not None and event is not None:
+        _record_outcome(outcome, event, metrics=metrics, log=log, duration_ms=duration_ms)
         return
 
-    assert failure is not None  # noqa: S101 - the try above sets outcome or failure
+    if requeue_reason is not None:
+        pause(requeue_reason)
+        metrics.event("requeued", "transient").inc()
+        log.warning("order_placed.requeued", reason=requeue_reason, duration_ms=duration_ms)
+        raise RejectMessage(requeue=True)
+
+    assert failure is not None  # noqa: S101 - the try above sets outcome, failure or requeue
     try:
         await dead_letter(failure)
     except Exception:
@@ -225,6 +249,61 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
         duration_ms=duration_ms,
         exc_info=failure.error if failure.failure_class is FailureClass.UNEXPECTED else None,
     )
+
+
+def _record_outcome(
+    outcome: ReservationOutcome,
+    event: OrderPlacedV1,
+    *,
+    metrics: Metrics,
+    log: structlog.stdlib.BoundLogger,
+    duration_ms: float,
+) -> None:
+    metrics.event(outcome.kind, _reason_label(outcome)).inc()
+    if outcome.kind is not OutcomeKind.DUPLICATE:
+        metrics.end_to_end_latency.observe(
+            max(0.0, (datetime.now(UTC) - event.placed_at).total_seconds())
+        )
+    log.info(
+        "order_placed.handled",
+        outcome=outcome.label,
+        skus=list(outcome.skus) or None,
+        duration_ms=duration_ms,
+    )
+
+
+async def reserve_unless_poison(  # noqa: PLR0913 - the steps' collaborators, each by name
+    command: ReserveStock,
+    *,
+    redelivered: bool,
+    reserve: Callable[[ReserveStock], Awaitable[ReservationOutcome]],
+    count_redelivery: Callable[[str], Awaitable[int]],
+    delivery_limit: int,
+    faults: FaultPlan | None,
+) -> ReservationOutcome | Failure:
+    """Reserve ``command``, unless its event has been redelivered ``delivery_limit`` times.
+
+    Returns the outcome, or a ``poison`` :class:`Failure` to dead-letter (the delivery count
+    includes the first delivery, which is never recorded). ``faults`` may crash the process
+    before the transaction or after the commit (the fault suite only).
+
+    Raises:
+        TransientError: from the warehouse, after its retry budget.
+    """
+    # Only redeliveries are counted, so a first delivery costs no extra round trip.
+    redeliveries = await count_redelivery(str(command.event_id)) if redelivered else 0
+    if redeliveries >= delivery_limit:
+        return Failure(
+            FailureClass.POISON,
+            f"delivered {redeliveries + 1} times without being settled: it crashes or stalls "
+            "the worker",
+        )
+    if faults is not None and faults.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
+        crash(CrashPoint.BEFORE_TRANSACTION, command)
+    outcome = await reserve(command)
+    if faults is not None and faults.crashes_at(CrashPoint.AFTER_COMMIT, command):
+        crash(CrashPoint.AFTER_COMMIT, command)
+    return outcome
 
 
 def _reason_label(outcome: ReservationOutcome) -> str:

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fulfilment.adapters.faults import CrashPoint, FaultPlan, crash
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
@@ -43,6 +44,14 @@ _RESERVE_ORDER = sa.text(
 )
 """The hot path: one statement, one round trip (see migration 0002 for the function)."""
 
+_COUNT_REDELIVERY = sa.text(
+    "INSERT INTO delivery_attempts AS a (consumer, message_key, redeliveries)"
+    " VALUES (:consumer, :message_key, 1)"
+    " ON CONFLICT (consumer, message_key) DO UPDATE"
+    " SET redeliveries = a.redeliveries + 1, last_redelivered_at = now()"
+    " RETURNING a.redeliveries"
+)
+
 # Rows are upserted in code-point order, the lock order of reserve_order, so that a stock load
 # and reservations running at once wait for each other instead of deadlocking. Existing rows
 # whose reserved units exceed the new on_hand are skipped by the WHERE (and so not returned).
@@ -74,6 +83,8 @@ class PostgresWarehouse(Warehouse):
         retry_budget_seconds: total time each call may spend retrying transient errors
             (``FULFILMENT_RETRY_BUDGET_SECONDS``); see ``adapters.postgres.retry``.
         on_retry: called with the error before each retry, e.g. to count retries in a metric.
+        faults: crash injection of the fault suite (``FULFILMENT_FAULT_INJECTION``); None or
+            unarmed in production, where the armed path below is never taken.
 
     Every method retries transient errors under the same policy and then raises
     :class:`~fulfilment.application.ports.TransientError`; other database errors propagate.
@@ -86,14 +97,45 @@ class PostgresWarehouse(Warehouse):
         consumer: str,
         retry_budget_seconds: float,
         on_retry: RetryHook | None = None,
+        faults: FaultPlan | None = None,
     ) -> None:
         self._engine = engine
+        self._faults = faults if faults is not None and faults.armed else None
         # A single autocommit statement: the reserve_order function body is the transaction,
         # and no BEGIN/COMMIT round trips surround it.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._consumer = consumer
         self._retry_budget_seconds = retry_budget_seconds
         self._on_retry = on_retry
+
+    async def _reserve_and_crash_before_commit(
+        self, command: ReserveStock, parameters: Mapping[str, Any]
+    ) -> None:
+        # The fault suite's "in_transaction" point: every write of the reservation is done and
+        # the process dies before COMMIT, so PostgreSQL must roll it all back.
+        async with self._engine.connect() as connection, connection.begin():
+            await connection.execute(_RESERVE_ORDER, parameters)
+            crash(CrashPoint.IN_TRANSACTION, command)
+
+    async def count_redelivery(self, message_key: str) -> int:
+        """Record one more redelivery of ``message_key``; return the redeliveries so far (>= 1).
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+        """
+        parameters = {"consumer": self._consumer, "message_key": message_key}
+
+        async def attempt() -> int:
+            async with self._autocommit.connect() as connection:
+                result = await connection.execute(_COUNT_REDELIVERY, parameters)
+                return int(result.scalar_one())
+
+        return await call_with_retry(
+            attempt,
+            operation="count_redelivery",
+            budget_seconds=self._retry_budget_seconds,
+            on_retry=self._on_retry,
+        )
 
     @property
     def engine(self) -> AsyncEngine:
@@ -123,6 +165,9 @@ class PostgresWarehouse(Warehouse):
             "skus": list(demand),
             "quantities": list(demand.values()),
         }
+
+        if self._faults is not None and self._faults.crashes_at(CrashPoint.IN_TRANSACTION, command):
+            await self._reserve_and_crash_before_commit(command, parameters)
 
         async def attempt() -> Sequence[Any]:
             async with self._autocommit.connect() as connection:
