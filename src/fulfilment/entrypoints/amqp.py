@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import aiorwlock
 import structlog
 from faststream import AckPolicy
 from faststream.exceptions import RejectMessage
@@ -131,7 +132,16 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
         description="Reserves stock for each OrderPlaced event, once per event_id.",
     )
 
+    # A redelivered message may be the one that crashed the last worker. It runs alone, so
+    # that if it crashes this one too, no other delivery is in flight to lose an attempt with
+    # it; first deliveries share the gate and run concurrently up to the prefetch.
+    gate = aiorwlock.RWLock()
+
     async def on_order_placed(message: RabbitMessage) -> None:
+        async with gate.writer if message.raw_message.redelivered else gate.reader:
+            await _handle(message)
+
+    async def _handle(message: RabbitMessage) -> None:
         started = time.perf_counter()
         metrics.in_flight.inc()
         try:
@@ -281,22 +291,26 @@ async def reserve_unless_poison(  # noqa: PLR0913 - the steps' collaborators, ea
     delivery_limit: int,
     faults: FaultPlan | None,
 ) -> ReservationOutcome | Failure:
-    """Reserve ``command``, unless its event has been redelivered ``delivery_limit`` times.
+    """Reserve ``command``, unless this is its ``delivery_limit``-th delivery.
 
-    Returns the outcome, or a ``poison`` :class:`Failure` to dead-letter (the delivery count
-    includes the first delivery, which is never recorded). ``faults`` may crash the process
+    Returns the outcome, or a ``poison`` :class:`Failure` to dead-letter unprocessed (the
+    count includes the first delivery, which is never recorded). ``faults`` may crash the process
     before the transaction or after the commit (the fault suite only).
 
     Raises:
         TransientError: from the warehouse, after its retry budget.
     """
-    # Only redeliveries are counted, so a first delivery costs no extra round trip.
-    redeliveries = await count_redelivery(str(command.event_id)) if redelivered else 0
-    if redeliveries >= delivery_limit:
+    # Only redeliveries are counted, so a first delivery costs no extra round trip. The
+    # delivery_limit-th delivery is dead-lettered unprocessed: a message that crashes every
+    # worker crashes delivery_limit - 1 of them, and neither it nor the deliveries returned
+    # with it reach the broker's own limit (the same number), which would dead-letter those
+    # innocent ones too on brokers that count returns (before 4.3).
+    deliveries = 1 + (await count_redelivery(str(command.event_id)) if redelivered else 0)
+    if redelivered and deliveries >= delivery_limit:
         return Failure(
             FailureClass.POISON,
-            f"delivered {redeliveries + 1} times without being settled: it crashes or stalls "
-            "the worker",
+            f"delivered {deliveries} times without being settled: it crashes or stalls the "
+            "worker",
         )
     if faults is not None and faults.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
         crash(CrashPoint.BEFORE_TRANSACTION, command)
