@@ -162,6 +162,26 @@ def report(
 
 
 @app.command()
+def reconcile(
+    files: Annotated[
+        list[Path], typer.Argument(help="Online Retail CSVs that were published.")
+    ],
+) -> None:
+    """Check that every event published from FILES is processed or dead-lettered, exactly once.
+
+    Exits 1 when an event is missing or a stock invariant does not hold.
+    """
+    from fulfilment.entrypoints.reporting import reconcile as check  # noqa: PLC0415
+
+    settings = settings_or_exit()
+    event_ids = [order.event_id for order in _read_orders(files).orders]
+    result = run(lambda: check(settings, event_ids))
+    typer.echo(result.describe())
+    if not result.ok:
+        fail(f"{len(result.missing)} events missing or stock invariants broken")
+
+
+@app.command()
 def demo(
     data: Annotated[Path, typer.Argument(help="Folder (or file) of Online Retail CSVs.")] = Path(
         "data/sample/online-retail"

@@ -21,24 +21,21 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
 
 from fulfilment.adapters.database import (
     ensure_database,
-    processed_event_ids,
     reset_tables,
     warehouse_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.adapters.rabbitmq import (
     OutgoingEvent,
-    browse_dead_letters,
     connect,
     publish_events,
     queue_state,
 )
 from fulfilment.adapters.stock_plan import plan_stock
-from fulfilment.entrypoints.reporting import collect_report, render_report
+from fulfilment.entrypoints.reporting import collect_report, reconcile, render_report
 from fulfilment.entrypoints.topology import (
     DEAD_LETTER_QUEUE,
     MAIN_QUEUE,
@@ -115,11 +112,12 @@ async def run_demo(
             code = await _stop(process, settings.orchestrator_grace_period_seconds)
     echo(f"worker stopped with exit code {code}")
 
-    accounted = await _reconcile(settings, read, echo)
+    reconciliation = await reconcile(settings, [order.event_id for order in read.orders])
+    echo(reconciliation.describe())
     document = await collect_report(settings)
     echo(render_report(document))
     echo(f"wall time {time.monotonic() - started:.1f} s")
-    return 0 if accounted and code == 0 and document["invariants"]["ok"] else 1
+    return 0 if reconciliation.ok and code == 0 and document["invariants"]["ok"] else 1
 
 
 async def _purge_queues(amqp_url: str) -> None:
@@ -186,28 +184,3 @@ async def _stop(process: asyncio.subprocess.Process, grace_seconds: float) -> in
             process.kill()
             await process.wait()
     return process.returncode if process.returncode is not None else -1
-
-
-async def _reconcile(settings: Settings, read: ReadResult, echo: Callable[[str], Any]) -> bool:
-    published = {order.event_id for order in read.orders}
-    async with warehouse_session(settings) as warehouse:
-        processed = await processed_event_ids(warehouse, settings.consumer_name, published)
-    async with connect(settings.amqp_url.get_secret_value()) as connection:
-        dead = await browse_dead_letters(connection, DEAD_LETTER_QUEUE)
-    dead_ids = {UUID(value) for value in dead.event_ids if _is_uuid(value)} & published
-    missing = published - processed - dead_ids
-    both = processed & dead_ids
-    echo(
-        f"reconciled {len(published)} published events: {len(processed)} processed, "
-        f"{len(dead_ids - processed)} only in the dead-letter queue, {len(missing)} missing"
-        + (f", {len(both)} processed and also dead-lettered" if both else "")
-    )
-    return not missing
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        UUID(value)
-    except ValueError:
-        return False
-    return True
