@@ -1,0 +1,843 @@
+"""The deployment files, read into one object, and the rules that tie them to the code.
+
+Every rule is a function ``check_*(stack) -> list[str]`` returning one line per problem (an
+empty list when the files agree). The numbers they compare against are read from the code
+(``Settings`` and its defaults, the topology's constants and queue arguments, the HTTP app's
+behaviour, the CLI's commands), never copied into the tests. ``tests/deploy/test_agreement.py``
+runs every rule on the real files, and on copies with one number broken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import shlex
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer.main
+import yaml
+from dockerfile_parse import DockerfileParser
+from pydantic import ValidationError
+
+from fulfilment import cli
+from fulfilment.entrypoints.http import READINESS_CHECK_SECONDS, health_app
+from fulfilment.entrypoints.topology import (
+    DEAD_LETTER_QUEUE,
+    DEAD_LETTER_QUEUE_DELIVERY_LIMIT,
+    MAIN_QUEUE,
+    Topology,
+)
+from fulfilment.observability.metrics import Metrics
+from fulfilment.settings import ENV_PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+POSTGRES_DEFAULT_MAX_CONNECTIONS = 100
+"""PostgreSQL's default ``max_connections``: the scaling bound must fit the workers' pools in it
+(each replica holds ``database_pool_size`` connections, with no overflow)."""
+
+QUEUE_ARGUMENT_TO_POLICY_KEY = {
+    "x-delivery-limit": "delivery-limit",
+    "x-dead-letter-exchange": "dead-letter-exchange",
+    "x-dead-letter-routing-key": "dead-letter-routing-key",
+    "x-dead-letter-strategy": "dead-letter-strategy",
+    "x-overflow": "overflow",
+}
+"""Queue argument -> policy key of the same setting (RabbitMQ docs, "Policies")."""
+
+POLICY_SPEC_FIELDS = {"name", "vhost", "pattern", "applyTo", "priority", "definition"}
+POLICY_REQUIRED_FIELDS = {"name", "pattern", "definition", "rabbitmqClusterReference"}
+POLICY_APPLY_TO = {"queues", "classic_queues", "quorum_queues", "streams", "exchanges", "all"}
+"""The fields of the Messaging Topology Operator's ``Policy`` (rabbitmq.com/v1beta1) CRD."""
+
+
+@dataclass
+class Stack:
+    """Every deployment file of the repository, parsed; tests mutate deep copies of it."""
+
+    dockerfile: list[dict[str, Any]]
+    dockerignore: list[str]
+    compose: dict[str, Any]
+    k8s: dict[tuple[str, str], dict[str, Any]]
+    k8s_files: dict[str, list[dict[str, Any]]]
+    kustomization: dict[str, Any]
+    definitions: dict[str, Any]
+    rabbitmq_conf: dict[str, str]
+    prometheus: dict[str, Any]
+    alerts: dict[str, Any]
+    grafana_datasources: dict[str, Any]
+    grafana_dashboards: dict[str, Any]
+    makefile: str
+    pyproject: dict[str, Any]
+
+    def copy(self) -> Stack:
+        return copy.deepcopy(self)
+
+    def resource(self, kind: str, name: str) -> dict[str, Any]:
+        return self.k8s[(kind, name)]
+
+
+def load_stack(root: Path = ROOT) -> Stack:
+    """Read and parse the deployment files under ``root``."""
+    k8s: dict[tuple[str, str], dict[str, Any]] = {}
+    k8s_files: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted((root / "k8s").glob("*.yaml")):
+        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        k8s_files[path.name] = documents
+        for doc in documents:
+            if doc.get("kind") != "Kustomization":
+                k8s[(doc["kind"], doc["metadata"]["name"])] = doc
+    parser = DockerfileParser(path=str(root / "Dockerfile"))
+    conf = {}
+    for line in (root / "deploy/rabbitmq/rabbitmq.conf").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            conf[key.strip()] = value.strip()
+    return Stack(
+        dockerfile=[i for i in parser.structure if i["instruction"] != "COMMENT"],
+        dockerignore=(root / ".dockerignore").read_text().splitlines(),
+        compose=yaml.safe_load((root / "docker-compose.yml").read_text()),
+        k8s=k8s,
+        k8s_files=k8s_files,
+        kustomization=yaml.safe_load((root / "k8s/kustomization.yaml").read_text()),
+        definitions=json.loads((root / "deploy/rabbitmq/definitions.json").read_text()),
+        rabbitmq_conf=conf,
+        prometheus=yaml.safe_load((root / "deploy/prometheus/prometheus.yml").read_text()),
+        alerts=yaml.safe_load((root / "deploy/prometheus/alerts.yml").read_text()),
+        grafana_datasources=yaml.safe_load(
+            (root / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+        ),
+        grafana_dashboards=yaml.safe_load(
+            (root / "deploy/grafana/provisioning/dashboards/fulfilment.yml").read_text()
+        ),
+        makefile=(root / "Makefile").read_text(),
+        pyproject=tomllib.loads((root / "pyproject.toml").read_text()),
+    )
+
+
+# --- reading the parsed files -------------------------------------------------------------
+
+
+def field_of(variable: str) -> str | None:
+    """The ``Settings`` field an environment variable sets, or None if it sets none."""
+    if not variable.startswith(ENV_PREFIX):
+        return None
+    field = variable.removeprefix(ENV_PREFIX).lower()
+    return field if field in Settings.model_fields else None
+
+
+def effective_settings(environment: dict[str, Any]) -> Settings:
+    """The settings a process would run with given ``environment`` (defaults for the rest).
+
+    Raises:
+        pydantic.ValidationError: the values do not validate (e.g. deadlines do not nest).
+    """
+    values = {
+        field: str(value)
+        for name, value in environment.items()
+        if (field := field_of(name)) is not None
+    }
+    # model_validate skips the settings sources: only these values and the defaults count.
+    return Settings.model_validate(values)
+
+
+def dockerfile_stages(stack: Stack) -> list[list[dict[str, Any]]]:
+    stages: list[list[dict[str, Any]]] = []
+    for instruction in stack.dockerfile:
+        if instruction["instruction"] == "FROM":
+            stages.append([])
+        stages[-1].append(instruction)
+    return stages
+
+
+def instructions(stage: list[dict[str, Any]], name: str) -> list[str]:
+    return [i["value"] for i in stage if i["instruction"] == name]
+
+
+def dockerfile_env(stage: list[dict[str, Any]]) -> dict[str, str]:
+    env = {}
+    for value in instructions(stage, "ENV"):
+        for token in shlex.split(value):
+            key, _, val = token.partition("=")
+            env[key] = val
+    return env
+
+
+def exec_form(value: str) -> list[str]:
+    parsed = json.loads(value)
+    assert isinstance(parsed, list)
+    return [str(part) for part in parsed]
+
+
+def k8s_environment(stack: Stack, pod_spec: dict[str, Any]) -> dict[str, str]:
+    """The environment of a pod's first container: its envFrom ConfigMaps and Secrets, then env.
+
+    The Secret is the committed example (``secret.example.yaml``): the keys an operator must set.
+    """
+    container = pod_spec["containers"][0]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env.update(stack.resource("ConfigMap", source["configMapRef"]["name"])["data"])
+        if "secretRef" in source:
+            env.update(stack.resource("Secret", source["secretRef"]["name"])["stringData"])
+    env.update({item["name"]: item.get("value", "") for item in container.get("env", [])})
+    return env
+
+
+def worker_deployment(stack: Stack) -> dict[str, Any]:
+    return stack.resource("Deployment", "fulfilment-worker")
+
+
+def migration_job(stack: Stack) -> dict[str, Any]:
+    return stack.resource("Job", "fulfilment-migrate")
+
+
+def duration_seconds(value: str) -> float:
+    """A compose duration such as ``30s``, ``1m30s`` or ``1500ms``, in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        msg = f"not a compose duration: {value!r}"
+        raise ValueError(msg)
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+def compose_environment(stack: Stack, service: str) -> dict[str, str]:
+    return {k: str(v) for k, v in stack.compose["services"][service].get("environment", {}).items()}
+
+
+def fulfilment_services(stack: Stack) -> list[str]:
+    """Compose services that run the image built from the Dockerfile."""
+    return [name for name, service in stack.compose["services"].items() if "build" in service]
+
+
+# --- the HTTP app's behaviour, asked directly ---------------------------------------------
+
+
+async def _get(path: str, *, healthy: bool) -> tuple[int, bytes]:
+    async def broker_connected(_timeout: float) -> bool:
+        return healthy
+
+    async def database_ping() -> None:
+        if not healthy:
+            raise ConnectionRefusedError
+
+    app = health_app(
+        broker_connected=broker_connected,
+        consumer_attached=lambda: healthy,
+        database_ping=database_ping,
+        registry=Metrics().registry,
+    )
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8080),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(dict(message))
+
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return int(status), body
+
+
+def http_get(path: str, *, healthy: bool) -> tuple[int, bytes]:
+    """Status and body the worker's HTTP app answers for ``GET path``.
+
+    ``healthy`` says whether the broker, the consumer and the database are all up (True) or
+    all down (False).
+    """
+    return asyncio.run(_get(path, healthy=healthy))
+
+
+def liveness_problems(where: str, path: str) -> list[str]:
+    status, _ = http_get(path, healthy=False)
+    if status != 200:
+        return [
+            (
+                f"{where}: {path} answers {status} while the broker and database are down; "
+                "a liveness check must answer 200 as long as the process serves HTTP"
+            )
+        ]
+    return []
+
+
+def readiness_problems(where: str, path: str) -> list[str]:
+    up, _ = http_get(path, healthy=True)
+    down, _ = http_get(path, healthy=False)
+    if up != 200 or down < 500:
+        return [
+            (
+                f"{where}: {path} answers {up} when all is up and {down} when the broker and "
+                "database are down; a readiness check must answer 200, then 5xx"
+            )
+        ]
+    return []
+
+
+def metrics_problems(where: str, path: str) -> list[str]:
+    status, body = http_get(path, healthy=True)
+    if status != 200 or b"fulfilment_events_total" not in body:
+        return [f"{where}: {path} does not serve the worker's Prometheus metrics ({status})"]
+    return []
+
+
+# --- the rules ----------------------------------------------------------------------------
+
+
+def check_environment_variables_exist(stack: Stack) -> list[str]:
+    """Every FULFILMENT_* variable that a deployment file sets is a field of ``Settings``."""
+    sources: dict[str, dict[str, Any]] = {}
+    for number, stage in enumerate(dockerfile_stages(stack)):
+        sources[f"Dockerfile stage {number}"] = dockerfile_env(stage)
+    for service in stack.compose["services"]:
+        sources[f"docker-compose.yml {service}"] = compose_environment(stack, service)
+    for (kind, name), doc in stack.k8s.items():
+        if kind == "ConfigMap":
+            sources[f"k8s ConfigMap {name}"] = doc["data"]
+        if kind == "Secret":
+            sources[f"k8s Secret {name}"] = doc["stringData"]
+        if kind in {"Deployment", "Job"}:
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                env = {item["name"]: "" for item in container.get("env", [])}
+                sources[f"k8s {kind} {name}"] = env
+    for trigger in stack.resource("TriggerAuthentication", "fulfilment-rabbitmq")["spec"][
+        "secretTargetRef"
+    ]:
+        sources["k8s TriggerAuthentication"] = {trigger["key"]: ""}
+    return [
+        f"{where}: {variable} is not a setting (src/fulfilment/settings.py)"
+        for where, env in sources.items()
+        for variable in env
+        if variable.startswith(ENV_PREFIX) and field_of(variable) is None
+    ]
+
+
+def check_settings_validate(stack: Stack) -> list[str]:
+    """The environment of each deployed process gives settings the service accepts."""
+    environments = {
+        f"docker-compose.yml {service}": compose_environment(stack, service)
+        for service in fulfilment_services(stack)
+    }
+    environments["k8s Deployment"] = k8s_environment(
+        stack, worker_deployment(stack)["spec"]["template"]["spec"]
+    )
+    environments["k8s Job"] = k8s_environment(
+        stack, migration_job(stack)["spec"]["template"]["spec"]
+    )
+    problems = []
+    for where, env in environments.items():
+        try:
+            effective_settings(env)
+        except ValidationError as error:
+            problems.append(f"{where}: the worker would refuse to start: {error}")
+    return problems
+
+
+def _deadlines(where: str, settings: Settings, grace: float) -> list[str]:
+    if settings.handler_deadline_seconds < settings.graceful_timeout_seconds < grace:
+        return []
+    return [
+        (
+            f"{where}: need handler deadline ({settings.handler_deadline_seconds:g} s) < graceful "
+            f"timeout ({settings.graceful_timeout_seconds:g} s) < the orchestrator's grace period "
+            f"({grace:g} s)"
+        )
+    ]
+
+
+def check_kubernetes_grace_period(stack: Stack) -> list[str]:
+    """handler deadline < graceful timeout < terminationGracePeriodSeconds, and the worker
+    is told the real grace period (so its own start-up check means something)."""
+    pod = worker_deployment(stack)["spec"]["template"]["spec"]
+    grace = float(pod.get("terminationGracePeriodSeconds", 30))
+    try:
+        settings = effective_settings(k8s_environment(stack, pod))
+    except ValidationError as error:
+        return [f"k8s Deployment: invalid settings: {error}"]
+    problems = _deadlines("k8s Deployment", settings, grace)
+    if settings.orchestrator_grace_period_seconds != grace:
+        problems.append(
+            f"k8s: FULFILMENT_ORCHESTRATOR_GRACE_PERIOD_SECONDS="
+            f"{settings.orchestrator_grace_period_seconds:g} but terminationGracePeriodSeconds "
+            f"is {grace:g}"
+        )
+    return problems
+
+
+def check_compose_grace_period(stack: Stack) -> list[str]:
+    """The same nesting under docker compose, whose grace period is ``stop_grace_period``
+    (10 s when unset), and both the image and compose stop the worker with SIGTERM."""
+    worker = stack.compose["services"]["worker"]
+    grace = duration_seconds(str(worker.get("stop_grace_period", "10s")))
+    try:
+        settings = effective_settings(compose_environment(stack, "worker"))
+    except ValidationError as error:
+        return [f"docker-compose.yml worker: invalid settings: {error}"]
+    problems = _deadlines("docker-compose.yml worker", settings, grace)
+    if settings.orchestrator_grace_period_seconds != grace:
+        problems.append(
+            f"docker-compose.yml worker: FULFILMENT_ORCHESTRATOR_GRACE_PERIOD_SECONDS="
+            f"{settings.orchestrator_grace_period_seconds:g} but stop_grace_period is {grace:g} s"
+        )
+    if worker.get("stop_signal", "SIGTERM") != "SIGTERM":
+        problems.append("docker-compose.yml worker: stop_signal must be SIGTERM")
+    runtime = dockerfile_stages(stack)[-1]
+    if instructions(runtime, "STOPSIGNAL") != ["SIGTERM"]:
+        problems.append("Dockerfile: STOPSIGNAL must be SIGTERM (the worker drains on it)")
+    return problems
+
+
+def check_ports(stack: Stack) -> list[str]:
+    """Every port that reaches the HTTP server is the one the worker listens on."""
+    problems = []
+    default_port = Settings.model_fields["http_port"].default
+    runtime = dockerfile_stages(stack)[-1]
+    image_port = int(dockerfile_env(runtime).get("FULFILMENT_HTTP_PORT", default_port))
+    if instructions(runtime, "EXPOSE") != [str(image_port)]:
+        problems.append(f"Dockerfile: EXPOSE {instructions(runtime, 'EXPOSE')} is not {image_port}")
+    healthcheck = " ".join(instructions(runtime, "HEALTHCHECK"))
+    fallback = re.search(r"get\('(?P<var>\w+)', '(?P<port>\d+)'\)", healthcheck)
+    if (
+        fallback is None
+        or fallback["var"] != "FULFILMENT_HTTP_PORT"
+        or int(fallback["port"]) != image_port
+    ):
+        problems.append(f"Dockerfile: HEALTHCHECK does not ask FULFILMENT_HTTP_PORT ({image_port})")
+
+    compose_port = effective_settings(compose_environment(stack, "worker")).http_port
+    compose_health = " ".join(stack.compose["services"]["worker"]["healthcheck"]["test"])
+    found = re.search(r"http://127\.0\.0\.1:(\d+)/", compose_health)
+    if found is None or int(found[1]) != compose_port:
+        problems.append(f"docker-compose.yml worker: healthcheck port is not {compose_port}")
+    if [str(p) for p in stack.compose["services"]["worker"].get("expose", [])] != [
+        str(compose_port)
+    ]:
+        problems.append(f"docker-compose.yml worker: expose is not [{compose_port}]")
+    scraped = [
+        sd["port"]
+        for job in stack.prometheus["scrape_configs"]
+        if job["job_name"] == "fulfilment"
+        for sd in job["dns_sd_configs"]
+    ]
+    if scraped != [compose_port]:
+        problems.append(f"prometheus.yml: scrapes ports {scraped}, not [{compose_port}]")
+
+    pod = worker_deployment(stack)["spec"]["template"]["spec"]
+    k8s_port = effective_settings(k8s_environment(stack, pod)).http_port
+    ports = {p.get("name"): p["containerPort"] for p in pod["containers"][0].get("ports", [])}
+    if list(ports.values()) != [k8s_port]:
+        problems.append(f"k8s Deployment: containerPort {list(ports.values())} is not {k8s_port}")
+    for probe_name in ("livenessProbe", "readinessProbe"):
+        port = pod["containers"][0][probe_name]["httpGet"]["port"]
+        if ports.get(port, port) != k8s_port:
+            problems.append(f"k8s Deployment: {probe_name} port {port!r} is not {k8s_port}")
+    monitor = stack.resource("PodMonitor", "fulfilment-worker")["spec"]
+    problems.extend(
+        f"k8s PodMonitor: port {endpoint['port']!r} is not a container port of {k8s_port}"
+        for endpoint in monitor["podMetricsEndpoints"]
+        if ports.get(endpoint["port"]) != k8s_port
+    )
+    return problems
+
+
+def check_http_paths(stack: Stack) -> list[str]:
+    """Probes, health checks and scrapes ask paths that the worker serves, with the meaning
+    they need: liveness answers while dependencies are down, readiness does not."""
+    problems = []
+    container = worker_deployment(stack)["spec"]["template"]["spec"]["containers"][0]
+    problems += liveness_problems(
+        "k8s livenessProbe", container["livenessProbe"]["httpGet"]["path"]
+    )
+    problems += readiness_problems(
+        "k8s readinessProbe", container["readinessProbe"]["httpGet"]["path"]
+    )
+    runtime = dockerfile_stages(stack)[-1]
+    healthcheck = " ".join(instructions(runtime, "HEALTHCHECK"))
+    path = re.search(r"(/[\w/.-]*)'?, timeout", healthcheck)
+    problems += (
+        liveness_problems("Dockerfile HEALTHCHECK", path[1])
+        if path
+        else ["Dockerfile: HEALTHCHECK asks no path"]
+    )
+    compose_health = " ".join(stack.compose["services"]["worker"]["healthcheck"]["test"])
+    path = re.search(r"http://127\.0\.0\.1:\d+(/[\w/.-]*)", compose_health)
+    problems += (
+        readiness_problems("docker-compose.yml worker healthcheck", path[1])
+        if path
+        else ["docker-compose.yml worker: healthcheck asks no path"]
+    )
+    for endpoint in stack.resource("PodMonitor", "fulfilment-worker")["spec"][
+        "podMetricsEndpoints"
+    ]:
+        problems += metrics_problems("k8s PodMonitor", endpoint.get("path", "/metrics"))
+    for job in stack.prometheus["scrape_configs"]:
+        if job["job_name"] == "fulfilment":
+            problems += metrics_problems("prometheus.yml", job.get("metrics_path", "/metrics"))
+    return problems
+
+
+def check_probe_timeouts(stack: Stack) -> list[str]:
+    """The readiness probe waits longer than the readiness checks may take (broker, then
+    database, each up to READINESS_CHECK_SECONDS)."""
+    container = worker_deployment(stack)["spec"]["template"]["spec"]["containers"][0]
+    timeout = container["readinessProbe"].get("timeoutSeconds", 1)
+    if timeout <= 2 * READINESS_CHECK_SECONDS:
+        return [
+            (
+                f"k8s readinessProbe: timeoutSeconds={timeout} would cut the checks short "
+                f"(up to {2 * READINESS_CHECK_SECONDS:g} s)"
+            )
+        ]
+    return []
+
+
+def _policy_problems(where: str, policies: list[dict[str, Any]], delivery_limit: int) -> list[str]:
+    """``policies``: dicts with ``pattern`` and ``definition`` (either file's shape)."""
+    problems = []
+    wanted = {
+        QUEUE_ARGUMENT_TO_POLICY_KEY[argument]: value
+        for argument, value in (
+            Topology(delivery_limit=delivery_limit).main_queue().arguments or {}
+        ).items()
+        if argument in QUEUE_ARGUMENT_TO_POLICY_KEY
+    }
+    expected = {
+        MAIN_QUEUE: wanted,
+        DEAD_LETTER_QUEUE: {"delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT},
+    }
+    for queue, definition in expected.items():
+        matching = [p for p in policies if re.search(p["pattern"], queue)]
+        if len(matching) != 1:
+            problems.append(f"{where}: {len(matching)} policies match queue {queue!r}, want 1")
+        elif matching[0]["definition"] != definition:
+            problems.append(
+                f"{where}: the policy of {queue!r} is {matching[0]['definition']}, "
+                f"the service declares {definition}"
+            )
+    return problems
+
+
+def check_rabbitmq_policies(stack: Stack) -> list[str]:
+    """The broker policies (compose definitions and the k8s Policy objects) match the queues
+    the worker declares, with the delivery limit each deployment configures."""
+    compose_limit = effective_settings(compose_environment(stack, "worker")).delivery_limit
+    problems = _policy_problems(
+        "deploy/rabbitmq/definitions.json", stack.definitions["policies"], compose_limit
+    )
+    pod = worker_deployment(stack)["spec"]["template"]["spec"]
+    k8s_limit = effective_settings(k8s_environment(stack, pod)).delivery_limit
+    k8s_policies = [doc["spec"] for (kind, _), doc in stack.k8s.items() if kind == "Policy"]
+    problems += _policy_problems("k8s Policy", k8s_policies, k8s_limit)
+    for spec in k8s_policies:
+        unknown = set(spec) - POLICY_SPEC_FIELDS - {"rabbitmqClusterReference"}
+        missing = POLICY_REQUIRED_FIELDS - set(spec)
+        if unknown or missing or spec.get("applyTo", "all") not in POLICY_APPLY_TO:
+            problems.append(f"k8s Policy {spec.get('name')}: unknown {unknown}, missing {missing}")
+    return problems
+
+
+def check_broker_consumer_timeout(stack: Stack) -> list[str]:
+    """The compose broker's consumer_timeout is the one the worker is told about."""
+    settings = effective_settings(compose_environment(stack, "worker"))
+    configured = int(stack.rabbitmq_conf.get("consumer_timeout", "1800000")) / 1000
+    if configured != settings.broker_consumer_timeout_seconds:
+        return [
+            (
+                f"deploy/rabbitmq/rabbitmq.conf: consumer_timeout is {configured:g} s, the worker "
+                f"assumes {settings.broker_consumer_timeout_seconds:g} s"
+            )
+        ]
+    return []
+
+
+def check_scaling(stack: Stack) -> list[str]:
+    """KEDA scales the worker Deployment on its queue, within bounds that the disruption
+    budget and the database's connections allow."""
+    problems = []
+    deployment = worker_deployment(stack)
+    pod = deployment["spec"]["template"]["spec"]
+    settings = effective_settings(k8s_environment(stack, pod))
+    scaled = stack.resource("ScaledObject", "fulfilment-worker")["spec"]
+    pdb = stack.resource("PodDisruptionBudget", "fulfilment-worker")["spec"]
+    low, high = scaled["minReplicaCount"], scaled["maxReplicaCount"]
+    if scaled["scaleTargetRef"]["name"] != deployment["metadata"]["name"]:
+        problems.append("k8s ScaledObject: scaleTargetRef is not the worker Deployment")
+    if deployment["spec"]["replicas"] != low:
+        problems.append(
+            f"k8s: Deployment replicas {deployment['spec']['replicas']} != minReplicaCount {low}"
+        )
+    if not 1 <= pdb["minAvailable"] < low <= high:
+        problems.append(
+            f"k8s: need 1 <= PDB minAvailable ({pdb['minAvailable']}) < minReplicaCount "
+            f"({low}) <= maxReplicaCount ({high})"
+        )
+    if high * settings.database_pool_size > POSTGRES_DEFAULT_MAX_CONNECTIONS:
+        problems.append(
+            f"k8s: {high} replicas x {settings.database_pool_size} connections exceed "
+            f"PostgreSQL's {POSTGRES_DEFAULT_MAX_CONNECTIONS}"
+        )
+    labels = pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for where, selector in {
+        "Deployment": deployment["spec"]["selector"]["matchLabels"],
+        "PodDisruptionBudget": pdb["selector"]["matchLabels"],
+        "PodMonitor": stack.resource("PodMonitor", "fulfilment-worker")["spec"]["selector"][
+            "matchLabels"
+        ],
+    }.items():
+        if not selector.items() <= labels.items():
+            problems.append(
+                f"k8s {where}: selector {selector} does not match the pods {pod_labels}"
+            )
+    for trigger in scaled["triggers"]:
+        metadata = trigger["metadata"]
+        if trigger["type"] != "rabbitmq" or metadata.get("queueName") != MAIN_QUEUE:
+            problems.append(f"k8s ScaledObject: trigger is not on queue {MAIN_QUEUE!r}")
+        if (
+            metadata.get("mode") != "QueueLength"
+            or int(metadata.get("value", 0)) < settings.prefetch_count
+        ):
+            problems.append(
+                f"k8s ScaledObject: target {metadata.get('value')} ready messages per replica is "
+                f"below the prefetch ({settings.prefetch_count})"
+            )
+        auth = stack.resource("TriggerAuthentication", trigger["authenticationRef"]["name"])
+        secret_keys = {
+            name: set(doc["stringData"])
+            for (kind, name), doc in stack.k8s.items()
+            if kind == "Secret"
+        }
+        problems.extend(
+            f"k8s TriggerAuthentication: {ref} is not the worker's broker URL"
+            for ref in auth["spec"]["secretTargetRef"]
+            if ref["key"] != "FULFILMENT_AMQP_URL"
+            or ref["key"] not in secret_keys.get(ref["name"], set())
+        )
+    return problems
+
+
+def check_commands_and_image(stack: Stack) -> list[str]:
+    """Images run the console script with existing sub-commands, as the image's user."""
+    problems = []
+    commands = set(typer.main.get_command(cli.app).commands)
+    scripts = stack.pyproject["project"]["scripts"]
+    runtime = dockerfile_stages(stack)[-1]
+    entrypoint = exec_form(instructions(runtime, "ENTRYPOINT")[0])
+    if entrypoint[0] not in scripts or len(entrypoint) != 1:
+        problems.append(f"Dockerfile: ENTRYPOINT {entrypoint} is not the console script")
+    if exec_form(instructions(runtime, "CMD")[0]) != ["worker"]:
+        problems.append("Dockerfile: CMD must be the worker")
+    user = instructions(runtime, "USER")
+    uid = user[0].split(":")[0] if user else "0"
+    if not uid.isdigit() or int(uid) == 0:
+        problems.append(f"Dockerfile: USER {user} is not a numeric non-root user")
+    args = {
+        "docker-compose.yml migrate": (stack.compose["services"]["migrate"]["command"], "migrate"),
+        "docker-compose.yml worker": (stack.compose["services"]["worker"]["command"], "worker"),
+    }
+    version = stack.pyproject["project"]["version"]
+    for doc, wanted in ((worker_deployment(stack), "worker"), (migration_job(stack), "migrate")):
+        pod = doc["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        where = f"k8s {doc['kind']}"
+        args[where] = (container.get("args"), wanted)
+        if not container["image"].endswith(f":{version}"):
+            problems.append(f"{where}: image {container['image']} is not release {version}")
+        security = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+        if str(security.get("runAsUser")) != uid or not security.get("runAsNonRoot"):
+            problems.append(f"{where}: must run as the image's user {uid}, non-root")
+        if security.get("allowPrivilegeEscalation") is not False or not security.get(
+            "readOnlyRootFilesystem"
+        ):
+            problems.append(
+                f"{where}: needs allowPrivilegeEscalation false, readOnlyRootFilesystem"
+            )
+    for where, (given, wanted) in args.items():
+        if given != [wanted] or wanted not in commands:
+            problems.append(f"{where}: runs {given}, want [{wanted!r}] (a `fulfilment` command)")
+    problems.extend(
+        f"k8s/kustomization.yaml: newTag {image.get('newTag')} is not {version}"
+        for image in stack.kustomization.get("images", [])
+        if image.get("newTag") != version
+    )
+    return problems
+
+
+def check_image_build(stack: Stack) -> list[str]:
+    """The image installs from the lock file without dev tools, with the Makefile's uv, and
+    puts the migrations where ``fulfilment migrate`` looks for them."""
+    problems = []
+    stages = dockerfile_stages(stack)
+    bases = {stage[0]["value"].split()[0] for stage in stages}
+    if len(bases) != 1 or "@sha256:" not in next(iter(bases)):
+        problems.append(f"Dockerfile: stages must share one base pinned by digest, found {bases}")
+    runs = [run for stage in stages for run in instructions(stage, "RUN")]
+    syncs = [run for run in runs if "uv sync" in run]
+    if not syncs or any("--frozen" not in run or "--no-dev" not in run for run in syncs):
+        problems.append("Dockerfile: every `uv sync` needs --frozen and --no-dev")
+    uv_version = re.search(r"^UV_VERSION := (\S+)$", stack.makefile, re.MULTILINE)
+    pinned = [re.search(r"uv==(\S+)", run) for run in runs]
+    if uv_version is None or [m[1] for m in pinned if m] != [uv_version[1]]:
+        problems.append("Dockerfile: uv must be the Makefile's UV_VERSION")
+    runtime = stages[-1]
+    if any(
+        word in run for run in instructions(runtime, "RUN") for word in ("apt-get", "pip ", "uv ")
+    ):
+        problems.append("Dockerfile: the runtime stage installs nothing")
+    workdir = instructions(runtime, "WORKDIR")[-1]
+    copies = [shlex.split(value) for value in instructions(runtime, "COPY")]
+    targets = {
+        (parts[-2], str(Path(workdir) / parts[-1]).rstrip("/"))
+        for parts in copies
+        if not parts[0].startswith("--from")
+    }
+    if ("migrations", f"{workdir}/migrations") not in targets:
+        problems.append(
+            f"Dockerfile: migrations/ must be copied to {workdir}/migrations, the working "
+            "directory's migrations folder that migrations_location() searches"
+        )
+    if "**/.env" not in stack.dockerignore:
+        problems.append(".dockerignore: must keep .env files (local secrets) out of the image")
+    return problems
+
+
+def check_compose_stack(stack: Stack, root: Path = ROOT) -> list[str]:  # noqa: C901 - a checklist of independent rules, read in one place
+    """Compose mounts files that exist, starts in order, and wires Prometheus and Grafana."""
+    problems = []
+    services = stack.compose["services"]
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith(".") and not (root / source).exists():
+                problems.append(f"docker-compose.yml {name}: {source} does not exist")
+    conditions = {
+        "migrate": {"postgres": "service_healthy"},
+        "worker": {
+            "migrate": "service_completed_successfully",
+            "rabbitmq": "service_healthy",
+            "postgres": "service_healthy",
+        },
+    }
+    for name, wanted in conditions.items():
+        given = {
+            dep: spec.get("condition") for dep, spec in services[name].get("depends_on", {}).items()
+        }
+        if given != wanted:
+            problems.append(f"docker-compose.yml {name}: depends_on {given}, want {wanted}")
+        for dependency, condition in wanted.items():
+            if condition == "service_healthy" and "healthcheck" not in services[dependency]:
+                problems.append(f"docker-compose.yml {dependency}: needs a healthcheck")
+    if services["worker"].get("deploy", {}).get("replicas", 1) < 2:
+        problems.append("docker-compose.yml worker: run two replicas")
+    mounts = {
+        target: source
+        for name in ("prometheus", "grafana")
+        for source, target, *_ in (v.split(":") for v in services[name]["volumes"])
+    }
+    for rule_file in stack.prometheus.get("rule_files", []):
+        target = str(Path("/etc/prometheus") / rule_file)
+        if mounts.get(target) != "./deploy/prometheus/alerts.yml":
+            problems.append(f"prometheus.yml: rule file {rule_file} is not the mounted alerts.yml")
+    if not stack.prometheus.get("rule_files"):
+        problems.append("prometheus.yml: loads no rule_files")
+    problems.extend(
+        f"prometheus.yml: scrapes {host}, not a compose service"
+        for job in stack.prometheus["scrape_configs"]
+        for sd in job.get("dns_sd_configs", [])
+        for host in sd["names"]
+        if host not in services
+    )
+    problems.extend(
+        "grafana dashboards provider: its path is not the mounted dashboards"
+        for provider in stack.grafana_dashboards["providers"]
+        if mounts.get(provider["options"]["path"]) != "./deploy/grafana/dashboards"
+    )
+    problems.extend(
+        f"grafana datasource: {source['url']} is not the compose Prometheus"
+        for source in stack.grafana_datasources["datasources"]
+        if source["url"] != "http://prometheus:9090" or "prometheus" not in services
+    )
+    return problems
+
+
+def check_prometheus_rule_rendered(stack: Stack) -> list[str]:
+    """k8s/prometheusrule.yaml holds exactly the groups of deploy/prometheus/alerts.yml."""
+    rule = stack.resource("PrometheusRule", "fulfilment")
+    if rule["spec"] != stack.alerts:
+        return [
+            (
+                "k8s/prometheusrule.yaml differs from deploy/prometheus/alerts.yml: run "
+                "scripts/render-prometheus-rule"
+            )
+        ]
+    return []
+
+
+def check_kustomization(stack: Stack) -> list[str]:
+    """kustomization.yaml lists every manifest but the Secret example, in its namespace."""
+    listed = set(stack.kustomization["resources"])
+    present = set(stack.k8s_files) - {"kustomization.yaml", "secret.example.yaml"}
+    problems = []
+    if listed != present:
+        problems.append(
+            f"k8s/kustomization.yaml: lists {sorted(listed)}, files are {sorted(present)}"
+        )
+    namespace = stack.kustomization["namespace"]
+    for (kind, name), doc in stack.k8s.items():
+        if kind != "Namespace" and doc["metadata"].get("namespace") != namespace:
+            problems.append(f"k8s {kind} {name}: namespace is not {namespace}")
+    return problems
+
+
+CHECKS: list[Callable[[Stack], list[str]]] = [
+    check_environment_variables_exist,
+    check_settings_validate,
+    check_kubernetes_grace_period,
+    check_compose_grace_period,
+    check_ports,
+    check_http_paths,
+    check_probe_timeouts,
+    check_rabbitmq_policies,
+    check_broker_consumer_timeout,
+    check_scaling,
+    check_commands_and_image,
+    check_image_build,
+    check_compose_stack,
+    check_prometheus_rule_rendered,
+    check_kustomization,
+]
+
+
+def problems_of(check: Callable[[Stack], list[str]], stack: Stack) -> list[str]:
+    """``check``'s problems; a file too broken to read (a missing key, a bad value) is one."""
+    try:
+        return check(stack)
+    except (KeyError, IndexError, TypeError, ValueError, ValidationError) as error:
+        return [f"{check.__name__}: cannot read the files: {type(error).__name__}: {error}"]
+
+
+def all_problems(stack: Stack) -> list[str]:
+    """Every rule's problems on ``stack``."""
+    return [problem for check in CHECKS for problem in problems_of(check, stack)]

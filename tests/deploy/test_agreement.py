@@ -1,0 +1,207 @@
+"""The Dockerfile, compose stack and Kubernetes manifests agree with the code.
+
+Each rule of ``stack.py`` passes on the committed files; each deliberate break below (one
+cross-file number or name changed in a copy) makes at least one rule fail, so a real change of
+that kind fails CI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from stack import CHECKS, Stack, all_problems, load_stack, problems_of
+
+
+@pytest.fixture(scope="module")
+def stack() -> Stack:
+    return load_stack()
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
+def test_the_committed_files_pass(stack: Stack, check: Callable[[Stack], list[str]]) -> None:
+    assert problems_of(check, stack) == []
+
+
+def _container(stack: Stack, kind: str = "Deployment") -> dict[str, Any]:
+    name = "fulfilment-worker" if kind == "Deployment" else "fulfilment-migrate"
+    return stack.resource(kind, name)["spec"]["template"]["spec"]["containers"][0]
+
+
+def _configmap(stack: Stack) -> dict[str, str]:
+    return stack.resource("ConfigMap", "fulfilment")["data"]
+
+
+def _dockerfile(stack: Stack, instruction: str, old: str, new: str) -> None:
+    for item in stack.dockerfile:
+        if item["instruction"] == instruction and old in item["value"]:
+            item["value"] = item["value"].replace(old, new)
+            return
+    msg = f"no {instruction} with {old!r}"
+    raise AssertionError(msg)
+
+
+def _set(path: list[Any], value: Any) -> Callable[[Stack], None]:
+    def mutate(stack: Stack) -> None:
+        target: Any = stack
+        for key in path[:-1]:
+            target = (
+                getattr(target, key)
+                if isinstance(key, str) and hasattr(target, key)
+                else target[key]
+            )
+        target[path[-1]] = value
+
+    return mutate
+
+
+def _pod(stack: Stack) -> dict[str, Any]:
+    return stack.resource("Deployment", "fulfilment-worker")["spec"]["template"]["spec"]
+
+
+BREAKS: dict[str, Callable[[Stack], None]] = {
+    "grace period below the graceful timeout": lambda s: _pod(s).update(
+        terminationGracePeriodSeconds=15
+    ),
+    "grace period not told to the worker": lambda s: _pod(s).update(
+        terminationGracePeriodSeconds=45
+    ),
+    "graceful timeout above the grace period": lambda s: _configmap(s).update(
+        FULFILMENT_GRACEFUL_TIMEOUT_SECONDS="35"
+    ),
+    "handler deadline above the graceful timeout": lambda s: _configmap(s).update(
+        FULFILMENT_HANDLER_DEADLINE_SECONDS="25"
+    ),
+    "a variable the settings do not have": lambda s: _configmap(s).update(
+        FULFILMENT_GRACEFUL_TIMEOUT="20"
+    ),
+    "a misspelt variable in compose": lambda s: s.compose["services"]["worker"][
+        "environment"
+    ].update(FULFILMENT_AMQP_URI="amqp://x@rabbitmq/"),
+    "compose stops before the drain ends": _set(
+        ["compose", "services", "worker", "stop_grace_period"], "10s"
+    ),
+    "compose stop signal": _set(["compose", "services", "worker", "stop_signal"], "SIGKILL"),
+    "image stop signal": lambda s: _dockerfile(s, "STOPSIGNAL", "SIGTERM", "SIGQUIT"),
+    "liveness probe path that does not exist": lambda s: _container(s)["livenessProbe"][
+        "httpGet"
+    ].update(path="/healthz"),
+    "liveness probe on readiness": lambda s: _container(s)["livenessProbe"]["httpGet"].update(
+        path="/health/ready"
+    ),
+    "readiness probe on liveness": lambda s: _container(s)["readinessProbe"]["httpGet"].update(
+        path="/health/live"
+    ),
+    "probe port that is not the app's": lambda s: _container(s)["readinessProbe"]["httpGet"].update(
+        port=9090
+    ),
+    "container port other than the app's": lambda s: _container(s)["ports"][0].update(
+        containerPort=8081
+    ),
+    "app port moved without the container port": lambda s: _configmap(s).update(
+        FULFILMENT_HTTP_PORT="9000"
+    ),
+    "readiness probe timeout shorter than its checks": lambda s: _container(s)[
+        "readinessProbe"
+    ].update(timeoutSeconds=2),
+    "image exposes another port": lambda s: _dockerfile(s, "EXPOSE", "8080", "8000"),
+    "image health check on a missing path": lambda s: _dockerfile(
+        s, "HEALTHCHECK", "/health/live", "/health"
+    ),
+    "compose health check port": lambda s: s.compose["services"]["worker"]["healthcheck"][
+        "test"
+    ].__setitem__(
+        -1, s.compose["services"]["worker"]["healthcheck"]["test"][-1].replace("8080", "8081")
+    ),
+    "pod monitor port name": lambda s: s.resource("PodMonitor", "fulfilment-worker")["spec"][
+        "podMetricsEndpoints"
+    ][0].update(port="metrics"),
+    "pod monitor path": lambda s: s.resource("PodMonitor", "fulfilment-worker")["spec"][
+        "podMetricsEndpoints"
+    ][0].update(path="/prometheus"),
+    "prometheus scrapes another port": lambda s: s.prometheus["scrape_configs"][0][
+        "dns_sd_configs"
+    ][0].update(port=9000),
+    "delivery limit in the settings only": lambda s: _configmap(s).update(
+        FULFILMENT_DELIVERY_LIMIT="7"
+    ),
+    "delivery limit in the compose policy only": lambda s: s.definitions["policies"][0][
+        "definition"
+    ].update({"delivery-limit": 20}),
+    "delivery limit in the k8s policy only": lambda s: s.resource(
+        "Policy", "fulfilment-order-placed"
+    )["spec"]["definition"].update({"delivery-limit": 20}),
+    "policy pattern for another queue": lambda s: s.resource("Policy", "fulfilment-order-placed")[
+        "spec"
+    ].update(pattern="^orders\\.order-placed$"),
+    "policy pattern that also takes the DLQ": lambda s: s.definitions["policies"][0].update(
+        pattern="^fulfilment\\.order-placed"
+    ),
+    "policy with another dead-letter exchange": lambda s: s.definitions["policies"][0][
+        "definition"
+    ].update({"dead-letter-exchange": "dlx"}),
+    "policy field the operator does not know": lambda s: s.resource(
+        "Policy", "fulfilment-order-placed"
+    )["spec"].update(apply_to="queues"),
+    "broker consumer timeout below the assumed one": lambda s: s.rabbitmq_conf.update(
+        consumer_timeout="5000"
+    ),
+    "scaling on another queue": lambda s: s.resource("ScaledObject", "fulfilment-worker")["spec"][
+        "triggers"
+    ][0]["metadata"].update(queueName="fulfilment.order-placed.dlq"),
+    "scaling another deployment": lambda s: s.resource("ScaledObject", "fulfilment-worker")["spec"][
+        "scaleTargetRef"
+    ].update(name="fulfilment"),
+    "disruption budget as large as the minimum": lambda s: s.resource(
+        "PodDisruptionBudget", "fulfilment-worker"
+    )["spec"].update(minAvailable=2),
+    "more replicas than the database has connections": lambda s: s.resource(
+        "ScaledObject", "fulfilment-worker"
+    )["spec"].update(maxReplicaCount=20),
+    "scaling target below the prefetch": lambda s: s.resource("ScaledObject", "fulfilment-worker")[
+        "spec"
+    ]["triggers"][0]["metadata"].update(value="10"),
+    "a job that runs no command": lambda s: _container(s, "Job").update(args=["migrations"]),
+    "a worker that runs as root": lambda s: _pod(s)["securityContext"].update(runAsUser=0),
+    "a writable root filesystem": lambda s: _container(s)["securityContext"].update(
+        readOnlyRootFilesystem=False
+    ),
+    "image of another release": lambda s: _container(s).update(
+        image="registry.example.com/fulfilment:0.0.9"
+    ),
+    "install that may re-resolve": lambda s: _dockerfile(
+        s, "RUN", "uv sync --frozen --no-dev --no-editable", "uv sync --no-dev --no-editable"
+    ),
+    "install with the dev tools": lambda s: _dockerfile(
+        s,
+        "RUN",
+        "uv sync --frozen --no-dev --no-install-project",
+        "uv sync --frozen --no-install-project",
+    ),
+    "migrations where migrate does not look": lambda s: _dockerfile(
+        s, "COPY", "migrations ./migrations", "migrations ./alembic"
+    ),
+    "another uv than the Makefile's": lambda s: _dockerfile(s, "RUN", "uv==", "uv==0.0.1 #"),
+    "rules changed without rendering": lambda s: s.alerts["groups"][0]["rules"][0].update(
+        {"for": "1m"}
+    ),
+    "a manifest left out of the kustomization": lambda s: s.kustomization["resources"].remove(
+        "podmonitor.yaml"
+    ),
+    "worker started before the migration": lambda s: s.compose["services"]["worker"][
+        "depends_on"
+    ].pop("migrate"),
+    "grafana provider path not mounted": lambda s: s.grafana_dashboards["providers"][0][
+        "options"
+    ].update(path="/var/lib/grafana/dashboards"),
+}
+
+
+@pytest.mark.parametrize("mutate", BREAKS.values(), ids=BREAKS.keys())
+def test_a_broken_number_fails_a_rule(stack: Stack, mutate: Callable[[Stack], None]) -> None:
+    broken = stack.copy()
+    mutate(broken)
+    problems = all_problems(broken)
+    # Caught by a rule that names the disagreement, not only by a rule that could not read.
+    assert any("cannot read the files" not in problem for problem in problems), problems
