@@ -43,6 +43,10 @@ def create_engine(settings: Settings) -> AsyncEngine:
                 "application_name": APPLICATION_NAME,
                 "statement_timeout": _milliseconds(settings.database_statement_timeout_seconds),
                 "lock_timeout": _milliseconds(settings.database_lock_timeout_seconds),
+                # A worker killed mid-statement leaves its backend running until it next
+                # writes to the socket; checking the client every second rolls such orphaned
+                # work back and frees its stock row locks (PostgreSQL 14+).
+                "client_connection_check_interval": "1000",
             },
         },
     )
