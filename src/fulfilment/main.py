@@ -30,7 +30,12 @@ from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.entrypoints.amqp import WorkerLimits, register_order_placed
-from fulfilment.entrypoints.consumer_control import ConsumerPause, cancel_consumer
+from fulfilment.entrypoints.consumer_control import (
+    ConsumerPause,
+    ConsumerWatchdog,
+    cancel_consumer,
+    consumer_attached,
+)
 from fulfilment.entrypoints.dead_letters import record_retry
 from fulfilment.entrypoints.http import ASGIApp, health_app
 from fulfilment.entrypoints.monitors import background, check_invariants, poll_queues
@@ -54,6 +59,7 @@ class Worker:
     app: FastStream
     http: ASGIApp
     consumer_pause: ConsumerPause
+    watchdog: ConsumerWatchdog
     broker: RabbitBroker
     subscriber: RabbitSubscriber
     metrics: Metrics
@@ -124,17 +130,16 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         await cancel_consumer(subscriber)
         logger.info("worker.consumer_cancelled", in_flight=metrics.in_flight._value.get())  # noqa: SLF001
 
-    def consumer_attached() -> bool:
-        # A consumer tag on a closed channel is a consumer the broker no longer has (a
-        # reconnect that did not restore channels, aio-pika #563).
-        queue = subscriber._queue_obj  # noqa: SLF001
-        return (
-            subscriber._consumer_tag is not None  # noqa: SLF001
-            and queue is not None
-            and not queue.channel.is_closed
-        )
+    def stop_worker() -> None:
+        app.exit()
 
-    start_monitors, stop_monitors = background(*monitors)
+    watchdog = ConsumerWatchdog(
+        subscriber,
+        consumer_pause,
+        stop_worker,
+        give_up_seconds=settings.consumer_lost_exit_seconds,
+    )
+    start_monitors, stop_monitors = background(*monitors, watchdog.run)
 
     app = FastStream(
         broker,
@@ -146,7 +151,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     )
     http = health_app(
         broker_connected=broker.ping,
-        consumer_attached=consumer_attached,
+        consumer_attached=lambda: consumer_attached(subscriber),
         database_ping=database_ping,
         registry=metrics.registry,
     )
@@ -154,6 +159,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         app=app,
         http=http,
         consumer_pause=consumer_pause,
+        watchdog=watchdog,
         broker=broker,
         subscriber=subscriber,
         metrics=metrics,
@@ -164,7 +170,8 @@ async def run_worker(settings: Settings) -> int:
     """Run the worker until SIGTERM or SIGINT; return the process exit code.
 
     0 after a clean shutdown; 1 when start-up failed (unreachable broker, topology mismatch,
-    a broken subscriber), so the orchestrator restarts the pod with back-off. The HTTP server
+    a broken subscriber) or the consumer was lost for good (``ConsumerWatchdog``), so the
+    orchestrator restarts the pod with back-off. The HTTP server
     runs beside the broker from the start, so liveness answers during start-up.
     """
     metrics = new_metrics()
@@ -244,7 +251,7 @@ async def run_worker(settings: Settings) -> int:
         http.should_exit = True
         await serving
         await engine.dispose()
-    return 0
+    return 1 if worker.watchdog.gave_up else 0
 
 
 def new_metrics() -> Metrics:

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     """RabbitMQ's ``consumer_timeout`` (30 minutes by default): an unacknowledged delivery older
     than this closes the channel."""
 
+    consumer_lost_exit_seconds: Seconds = 30.0
+    """How long the worker may run without a consumer on its queue (cancelled by the broker,
+    not restored after a reconnect) before it exits with code 1 for the orchestrator to
+    restart it. Pauses during a database outage do not count."""
+
     database_pool_size: int = Field(default=10, ge=1, le=200)
     """PostgreSQL connections held by one worker process."""
 

@@ -27,8 +27,70 @@ MAX_CHECK_SECONDS = 15.0
 
 
 def consumer_attached(subscriber: RabbitSubscriber) -> bool:
-    """Whether ``subscriber`` holds a consumer on its queue (private state: FastStream 0.7.8)."""
-    return subscriber._consumer_tag is not None  # noqa: SLF001
+    """Whether the broker still delivers to ``subscriber``'s consumer.
+
+    A consumer tag alone is not enough: the broker cancels consumers by itself (the queue was
+    deleted, a node holding it left) and a reconnect may not restore channels (aio-pika #563),
+    while FastStream keeps the tag. aiormq drops a tag from its channel's consumers when the
+    broker cancels it, so that is what is checked. Private state of the pinned versions
+    (FastStream 0.7.8, aio-pika 10.2.1).
+    """
+    queue = subscriber._queue_obj  # noqa: SLF001
+    tag = subscriber._consumer_tag  # noqa: SLF001
+    if queue is None or tag is None or queue.channel.is_closed:
+        return False
+    underlay = getattr(queue.channel, "_channel", None)
+    return underlay is not None and tag in underlay.channel.consumers
+
+
+class ConsumerWatchdog:
+    """Ends the worker when its consumer is gone and does not come back.
+
+    Checks every ``check_seconds``; after ``give_up_seconds`` without a consumer (and not
+    paused on purpose) it logs one line and calls ``stop`` so the process exits non-zero and
+    the orchestrator starts a fresh one (FastStream issue #2758: consumers not re-created after
+    a cluster node left).
+    """
+
+    def __init__(
+        self,
+        subscriber: RabbitSubscriber,
+        pause: ConsumerPause,
+        stop: Callable[[], None],
+        *,
+        give_up_seconds: float,
+        check_seconds: float = 1.0,
+    ) -> None:
+        self._subscriber = subscriber
+        self._pause = pause
+        self._stop = stop
+        self._give_up_seconds = give_up_seconds
+        self._check_seconds = check_seconds
+        self.gave_up = False
+
+    async def run(self) -> None:
+        """Watch until cancelled, or until giving up (then ``stop`` is called once)."""
+        missing_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._check_seconds)
+            if self._pause.paused or consumer_attached(self._subscriber):
+                if missing_since is not None:
+                    logger.info("consumer.attached_again")
+                missing_since = None
+                continue
+            now = loop.time()
+            if missing_since is None:
+                missing_since = now
+                logger.warning("consumer.missing")
+            elif now - missing_since >= self._give_up_seconds:
+                logger.error(
+                    "consumer.lost",
+                    reason=f"no consumer on the queue for {self._give_up_seconds:g} s; exiting",
+                )
+                self.gave_up = True
+                self._stop()
+                return
 
 
 async def cancel_consumer(subscriber: RabbitSubscriber) -> None:
