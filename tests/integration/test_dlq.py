@@ -1,0 +1,355 @@
+"""``fulfilment dlq`` against the real RabbitMQ (and PostgreSQL for the audit table).
+
+No worker runs here: the main queue is left unconsumed, so a replayed message can be read
+back from it exactly as the worker would receive it. The broker-side dead-lettering of a
+poison message uses ``basic.reject(requeue=true)``, which every RabbitMQ version counts
+towards the delivery limit (4.3 stopped counting ``basic.nack`` requeues and plain returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import aio_pika
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from fulfilment.contracts import dead_letter as h
+from fulfilment.contracts.order_placed import order_placed_body
+from fulfilment.entrypoints import dlq
+from fulfilment.entrypoints.topology import (
+    DEAD_LETTER_EXCHANGE,
+    DEAD_LETTER_QUEUE,
+    DEAD_LETTER_ROUTING_KEY,
+    MAIN_QUEUE,
+    ORDER_PLACED_ROUTING_KEY,
+    ORDERS_EXCHANGE,
+    Topology,
+    declare_topology,
+)
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+DELIVERY_LIMIT = 5  # the e2e harness's limit: one topology per test vhost
+
+
+@pytest.fixture
+async def connection(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
+    await declare_topology(amqp_url, Topology(DELIVERY_LIMIT))
+    connection = await aio_pika.connect(amqp_url)
+    await _purge(connection)
+    try:
+        yield connection
+    finally:
+        await _purge(connection)
+        await connection.close()
+
+
+@pytest.fixture
+async def audit(clean_database: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(clean_database)
+    url = make_url(clean_database).set(drivername="postgresql")
+    db = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        await db.execute("TRUNCATE dead_letter_audit")
+    finally:
+        await db.close()
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+async def _purge(connection: aio_pika.abc.AbstractConnection) -> None:
+    channel = await connection.channel()
+    for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+        await (await channel.get_queue(name)).purge()
+    await channel.close()
+
+
+def an_event() -> tuple[bytes, str]:
+    event_id = uuid.uuid4()
+    body = order_placed_body(
+        event_id=event_id,
+        order_id=uuid.uuid4(),
+        placed_at=datetime.now(UTC),
+        lines=[("85123A", 1)],
+    )
+    return body, str(event_id)
+
+
+async def put_service_dead_letter(
+    connection: aio_pika.abc.AbstractConnection,
+    body: bytes,
+    *,
+    message_id: str,
+    failure_class: str = "permanent",
+    exception_type: str = "MalformedEventError",
+    dead_lettered_at: datetime | None = None,
+) -> None:
+    """A dead letter as the worker publishes it (see entrypoints/dead_letters.py)."""
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
+    moment = (dead_lettered_at or datetime.now(UTC)).isoformat()
+    await exchange.publish(
+        aio_pika.Message(
+            body,
+            message_id=message_id,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers={
+                "traceparent": "00-abc-def-01",
+                h.FAILURE_CLASS: failure_class,
+                h.REASON: f"{exception_type}: it failed",
+                h.EXCEPTION_TYPE: exception_type,
+                h.DELIVERY_COUNT: 0,
+                h.ATTEMPTS: 1,
+                h.DEAD_LETTERED_AT: moment,
+                h.ORIGINAL_QUEUE: MAIN_QUEUE,
+                "x-delivery-count": 3,
+                "x-first-death-reason": "rejected",
+            },
+        ),
+        routing_key=DEAD_LETTER_ROUTING_KEY,
+        mandatory=True,
+    )
+    await channel.close()
+
+
+async def poison(connection: aio_pika.abc.AbstractConnection, body: bytes, message_id: str) -> None:
+    """Let the broker dead-letter a message by its delivery limit, as crashing workers would."""
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    orders = await channel.get_exchange(ORDERS_EXCHANGE)
+    await orders.publish(
+        aio_pika.Message(body, message_id=message_id, content_type="application/json"),
+        routing_key=ORDER_PLACED_ROUTING_KEY,
+        mandatory=True,
+    )
+    queue = await channel.get_queue(MAIN_QUEUE)
+    for _ in range(DELIVERY_LIMIT * 4):
+        message = await queue.get(no_ack=False, fail=False)
+        if message is None:
+            if await depth(connection, DEAD_LETTER_QUEUE) >= 1:
+                break
+            await asyncio.sleep(0.1)
+            continue
+        await message.reject(requeue=True)
+    await channel.close()
+    assert await depth(connection, DEAD_LETTER_QUEUE) >= 1, "the broker did not dead-letter it"
+
+
+async def depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int:
+    channel = await connection.channel()
+    try:
+        queue = await channel.declare_queue(name, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+    finally:
+        await channel.close()
+
+
+async def eventually_depth(
+    connection: aio_pika.abc.AbstractConnection, name: str, expected: int, timeout: float = 5
+) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while await depth(connection, name) != expected:
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+async def audit_rows(engine: AsyncEngine) -> list[dict[str, object]]:
+    async with engine.connect() as db:
+        rows = await db.exec_driver_sql(
+            "SELECT action, event_id, message_id, failure_class, body, operator, comment, run_id"
+            " FROM dead_letter_audit ORDER BY id"
+        )
+        return [dict(row._mapping) for row in rows]
+
+
+async def test_list_groups_by_class_and_exception_recognises_poison_and_removes_nothing(
+    connection,
+) -> None:
+    old = datetime.now(UTC) - timedelta(hours=3)
+    for index in range(2):
+        body, _ = an_event()
+        await put_service_dead_letter(
+            connection, body, message_id=f"bad-{index}", dead_lettered_at=old
+        )
+    body, _ = an_event()
+    await put_service_dead_letter(
+        connection,
+        body,
+        message_id="slow",
+        failure_class="transient_exhausted",
+        exception_type="TransientError",
+    )
+    poisoned, poisoned_id = an_event()
+    await poison(connection, poisoned, poisoned_id)
+
+    groups = await dlq.list_groups(connection)
+
+    assert [(group.key, group.count) for group in groups] == [
+        ("permanent/MalformedEventError", 2),
+        ("poison/-", 1),
+        ("transient_exhausted/TransientError", 1),
+    ]
+    assert groups[0].oldest == old
+    poison_group = groups[1]
+    assert "delivery_limit" in poison_group.example_reason
+    assert poison_group.event_ids == [poisoned_id]
+    rendered = dlq.render_groups(groups)
+    assert "4 dead letter(s), oldest 3h" in rendered
+    # The browsed messages return when the browsing channel closes, a moment later.
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 4)
+
+
+async def test_a_dry_run_replay_changes_nothing(connection, audit) -> None:
+    body, event_id = an_event()
+    await put_service_dead_letter(connection, body, message_id=event_id)
+
+    result = await dlq.replay(
+        connection,
+        dlq.Selection(everything=True),
+        audit=None,
+        execute=False,
+        rate_per_second=100,
+        operator="ops",
+        comment=None,
+    )
+
+    assert (result.matched, result.done) == (1, 0)
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await depth(connection, MAIN_QUEUE) == 0
+    assert await audit_rows(audit) == []
+
+
+async def test_replaying_a_group_republishes_with_ids_kept_and_retry_headers_stripped(
+    connection, audit
+) -> None:
+    chosen, chosen_id = an_event()
+    other, _ = an_event()
+    await put_service_dead_letter(connection, chosen, message_id=chosen_id)
+    await put_service_dead_letter(
+        connection, other, message_id="other", failure_class="unexpected", exception_type="KeyError"
+    )
+
+    result = await dlq.replay(
+        connection,
+        dlq.Selection(group="permanent/MalformedEventError"),
+        audit=audit,
+        execute=True,
+        rate_per_second=100,
+        operator="ops",
+        comment="fixed in 0.1.1",
+    )
+
+    assert (result.matched, result.done) == (1, 1)
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)  # the other group stays
+    channel = await connection.channel()
+    replayed = await (await channel.get_queue(MAIN_QUEUE)).get(no_ack=True)
+    await channel.close()
+    assert replayed.body == chosen
+    assert replayed.message_id == chosen_id
+    assert replayed.content_type == "application/json"
+    assert replayed.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    headers = replayed.headers
+    assert headers["traceparent"] == "00-abc-def-01"  # the producer's own header stays
+    assert headers[h.REPLAY_ID] == str(result.run_id)
+    assert datetime.fromisoformat(str(headers[h.REPLAYED_AT])) <= datetime.now(UTC)
+    stripped = [
+        key
+        for key in headers
+        if key in {"x-death", "x-first-death-reason"}
+        or (key.startswith("x-fulfilment-") and key not in {h.REPLAY_ID, h.REPLAYED_AT})
+    ]
+    assert stripped == []
+    # A fresh delivery: 3.10 reports 0 on a basic.get, later versions leave the header out.
+    assert headers.get("x-delivery-count", 0) == 0
+    rows = await audit_rows(audit)
+    assert len(rows) == 1
+    assert rows[0]["action"] == "replayed"
+    assert rows[0]["event_id"] == chosen_id
+    assert rows[0]["failure_class"] == "permanent"
+    assert rows[0]["comment"] == "fixed in 0.1.1"
+    assert str(rows[0]["run_id"]) == str(result.run_id)
+
+
+async def test_a_replay_that_cannot_be_routed_leaves_the_message_in_the_dlq(
+    connection, audit
+) -> None:
+    body, event_id = an_event()
+    await put_service_dead_letter(connection, body, message_id=event_id)
+    channel = await connection.channel()
+    main = await channel.get_queue(MAIN_QUEUE)
+    await main.unbind(ORDERS_EXCHANGE, ORDER_PLACED_ROUTING_KEY)
+    try:
+        with pytest.raises(dlq.ReplayStoppedError, match="no queue bound"):
+            await dlq.replay(
+                connection,
+                dlq.Selection(ids=frozenset({event_id})),
+                audit=audit,
+                execute=True,
+                rate_per_second=100,
+                operator="ops",
+                comment=None,
+            )
+    finally:
+        await main.bind(ORDERS_EXCHANGE, ORDER_PLACED_ROUTING_KEY)
+        await channel.close()
+
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await audit_rows(audit) == []
+
+
+async def test_a_purge_writes_the_body_to_the_audit_table_before_removing_the_message(
+    connection, audit
+) -> None:
+    body, event_id = an_event()
+    kept, _ = an_event()
+    await put_service_dead_letter(connection, body, message_id=event_id)
+    await put_service_dead_letter(connection, kept, message_id="kept")
+
+    result = await dlq.purge(
+        connection,
+        dlq.Selection(ids=frozenset({event_id})),
+        audit=audit,
+        execute=True,
+        operator="ops",
+        comment="test order",
+    )
+
+    assert (result.matched, result.done) == (1, 1)
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await depth(connection, MAIN_QUEUE) == 0
+    rows = await audit_rows(audit)
+    assert [(row["action"], row["event_id"], bytes(row["body"])) for row in rows] == [
+        ("purged", event_id, body)
+    ]
+
+
+async def test_show_finds_a_message_by_event_id_and_leaves_it(connection) -> None:
+    body, event_id = an_event()
+    await put_service_dead_letter(connection, body, message_id="m-1")
+
+    letters = await dlq.find(connection, dlq.Selection(ids=frozenset({event_id})))
+
+    assert [letter.message.message_id for letter in letters] == ["m-1"]
+    document = letters[0].to_document()
+    assert document["headers"][h.FAILURE_CLASS] == "permanent"
+    assert event_id in document["body"]
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+
+
+async def test_the_cli_refuses_an_ambiguous_selection() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        dlq.Selection.build(["x"], "permanent/-", everything=False)
+    with contextlib.suppress(ValueError):
+        dlq.Selection.build([], None, everything=False)
+        pytest.fail("no selection must be refused")
