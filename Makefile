@@ -7,7 +7,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 DATA ?= data/sample/online-retail
 RESET ?=
 
-.PHONY: help demo test test-fast lint typecheck format services install clean bench
+.PHONY: help demo test test-fast lint typecheck format services install clean bench check-deploy
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -31,10 +31,27 @@ test: install services ## The whole test suite against the real RabbitMQ and Pos
 test-fast: install ## Unit and contract tests with the in-memory fake only
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
 
-lint: install ## ruff lint and format check, import layers
+lint: install check-deploy ## ruff lint and format check, import layers, deployment files
 	$(UV) run ruff check src tests bench
 	$(UV) run ruff format --check src tests bench
 	$(UV) run lint-imports
+
+# Kubernetes version whose schemas the manifests are validated against (tests/deploy adds the
+# oldest supported one). kubernetes-validate has no schemas for custom resources: it warns and
+# the tests validate those against their CRD models.
+K8S_VERSION := 1.33.0
+
+check-deploy: install ## Lint and validate the Dockerfile, compose stack, Kubernetes manifests and Prometheus config
+	$(UV) run hadolint Dockerfile
+	$(UV) run yamllint --strict docker-compose.yml k8s deploy/prometheus/prometheus.yml deploy/grafana/provisioning .yamllint
+	$(UV) run docker-compose --file docker-compose.yml config --quiet
+	$(UV) run kubernetes-validate --strict --quiet --no-warn -k $(K8S_VERSION) k8s/*.yaml
+	scripts/render-prometheus-rule --check
+	$(UV) run ruff check scripts/render-prometheus-rule
+	$(UV) run ruff format --check scripts/render-prometheus-rule
+	@if command -v promtool >/dev/null 2>&1; then promtool check config deploy/prometheus/prometheus.yml; \
+	elif [ "$${CI:-}" = true ]; then echo "promtool is missing (Debian package prometheus)" >&2; exit 1; \
+	else echo "skipped: promtool check config (apt-get install prometheus)"; fi
 
 typecheck: install ## mypy --strict
 	$(UV) run mypy
