@@ -1,0 +1,162 @@
+"""The worker's metrics: what the dashboard and the alert rules query is what it exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from fakes import InMemoryWarehouse
+from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
+from fulfilment.main import build_worker, new_metrics
+from fulfilment.observability.metrics import Metrics
+from fulfilment.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy/grafana/dashboards/fulfilment.json"
+RULES = ROOT / "deploy/prometheus/alerts.yml"
+METRIC_NAME = re.compile(r"\b(?:fulfilment|faststream)_[a-z_]+\b")
+
+
+async def _no_database() -> None:
+    return None
+
+
+def exported_names(registry: CollectorRegistry) -> set[str]:
+    """Every sample name the registry can export, children or not (histograms as 3 names)."""
+    names: set[str] = set()
+    for family in registry.collect():
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+        elif family.type == "histogram":
+            names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
+        else:
+            names.add(family.name)
+    return names
+
+
+def dashboard_expressions() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def rule_expressions() -> list[str]:
+    document = yaml.safe_load(RULES.read_text())
+    return [rule["expr"] for group in document["groups"] for rule in group["rules"]]
+
+
+@pytest.fixture
+def worker_registry() -> CollectorRegistry:
+    worker = build_worker(Settings(), warehouse=InMemoryWarehouse(), database_ping=_no_database)
+    return worker.metrics.registry
+
+
+def test_every_metric_of_the_dashboard_and_the_alerts_is_exported(worker_registry) -> None:
+    used = {
+        name
+        for expression in dashboard_expressions() + rule_expressions()
+        for name in METRIC_NAME.findall(expression)
+    }
+    assert used  # the pattern finds names at all
+    missing = used - exported_names(worker_registry)
+    assert missing == set()
+
+
+def test_the_name_check_would_notice_a_metric_the_worker_does_not_export(worker_registry) -> None:
+    assert "fulfilment_events_totl" not in exported_names(worker_registry)
+    assert "fulfilment_handler_duration_seconds_bucket" in exported_names(worker_registry)
+    assert "faststream_received_processed_messages_total" in exported_names(worker_registry)
+
+
+def test_the_dashboard_panels_have_unique_ids_and_use_the_datasource_variable() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert dashboard["uid"] == "fulfilment"
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
+    metrics = new_metrics()
+
+    samples = {
+        (sample.labels["outcome"], sample.labels["reason"]): sample.value
+        for family in metrics.registry.collect()
+        if family.name == "fulfilment_events"
+        for sample in family.samples
+        if sample.name == "fulfilment_events_total"
+    }
+
+    assert samples == {
+        ("reserved", ""): 0,
+        ("rejected", "insufficient_stock"): 0,
+        ("rejected", "unknown_sku"): 0,
+        ("duplicate", "event"): 0,
+        ("duplicate", "order"): 0,
+        **{("dead_lettered", str(failure)): 0 for failure in SERVICE_FAILURE_CLASSES},
+    }
+
+
+def test_the_bound_event_child_is_the_labelled_series() -> None:
+    metrics = Metrics()
+
+    metrics.event("rejected", "unknown_sku").inc()
+    metrics.event("rejected", "unknown_sku").inc()
+
+    assert (
+        metrics.registry.get_sample_value(
+            "fulfilment_events_total", {"outcome": "rejected", "reason": "unknown_sku"}
+        )
+        == 2
+    )
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "pool_timeout", "label"),
+    [
+        ("40P01", False, "deadlock"),
+        ("40001", False, "serialization_failure"),
+        ("55P03", False, "lock_timeout"),
+        ("57014", False, "statement_timeout"),
+        ("08006", False, "connection"),
+        (None, False, "connection"),
+        (None, True, "pool_timeout"),
+        ("XX000", False, "other"),
+    ],
+)
+def test_database_retries_are_counted_under_a_fixed_label(sqlstate, pool_timeout, label) -> None:
+    metrics = Metrics()
+
+    metrics.count_database_retry(sqlstate, pool_timeout=pool_timeout)
+
+    assert (
+        metrics.registry.get_sample_value("fulfilment_database_retries_total", {"error": label})
+        == 1
+    )
+
+
+def test_the_dead_letter_age_grows_between_polls_and_is_zero_when_empty() -> None:
+    metrics = Metrics()
+    age = "fulfilment_dead_letters_oldest_age_seconds"
+    assert metrics.registry.get_sample_value(age) == 0
+
+    metrics.set_oldest_dead_letter(time.time() - 90)
+    assert 90 <= (metrics.registry.get_sample_value(age) or 0) < 95
+
+    metrics.set_oldest_dead_letter(None)
+    assert metrics.registry.get_sample_value(age) == 0
+
+
+def test_the_build_info_names_the_version() -> None:
+    metrics = Metrics(version="1.2.3")
+
+    assert metrics.registry.get_sample_value("fulfilment_build_info", {"version": "1.2.3"}) == 1
