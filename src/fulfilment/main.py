@@ -97,6 +97,9 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         graceful_timeout=settings.graceful_timeout_seconds,
         app_id=f"fulfilment-{__version__}",
         logger=logging.getLogger("faststream"),
+        # FastStream's per-message "Received"/"Processed" lines go to DEBUG: the service
+        # writes its own single line per message.
+        log_level=logging.DEBUG,
         middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
     )
     consumer_pause = ConsumerPause(database_ping)

@@ -56,12 +56,15 @@ class WorkerProcess:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *, wait_ready: bool = True) -> None:
+        """Start the process; wait until it reports ready unless it may crash at once."""
         self.env["FULFILMENT_HTTP_PORT"] = str(self.port)
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "fulfilment"], env=self.env, stdout=log, stderr=log
             )
+        if not wait_ready:
+            return
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

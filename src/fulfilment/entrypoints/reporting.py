@@ -90,6 +90,9 @@ class Reconciliation:
     missing: frozenset[UUID]
     twice: frozenset[UUID]
     invariants_hold: bool
+    reserved_mismatches: int
+    """SKUs whose ``reserved`` is not the sum of their reserved orders' lines: an order applied
+    twice (or lost half-way) would show here."""
 
     @property
     def ok(self) -> bool:
@@ -126,6 +129,7 @@ async def reconcile(settings: Settings, event_ids: Collection[UUID]) -> Reconcil
         missing=published - processed - dead_ids,
         twice=frozenset(processed & dead_ids),
         invariants_hold=outcomes.ok,
+        reserved_mismatches=outcomes.invariants.reserved_mismatches,
     )
 
 

@@ -1,0 +1,72 @@
+"""The fault suite: real worker processes killed, brokers restarted, databases cut off.
+
+Each scenario publishes real events, injects its fault, lets the workers finish, and ends with
+the product's own reconciliation (``fulfilment.entrypoints.reporting.reconcile``): every
+published event processed or dead-lettered exactly once, and the stock invariants hold. Each
+scenario also appends one row to the figures file (``FULFILMENT_FAULT_FIGURES``, if set),
+which the README's "Guarantees" table is written from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import pytest
+from faultlib import Cluster
+from harness import FAST_SETTINGS
+from pydantic import SecretStr
+from sqlalchemy.engine import make_url
+
+from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.settings import Settings
+
+
+@pytest.fixture
+def cluster(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
+    env = dict(worker_env)
+    env["FULFILMENT_LOG_LEVEL"] = "INFO"
+    running = Cluster(env, tmp_path)
+    yield running
+    running.kill_all()
+
+
+@pytest.fixture
+def worker_env(clean_database: str, amqp_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
+    env.update(FAST_SETTINGS)
+    env["FULFILMENT_DATABASE_URL"] = clean_database
+    env["FULFILMENT_AMQP_URL"] = amqp_url
+    return env
+
+
+@pytest.fixture
+def settings(clean_database: str, amqp_url: str) -> Settings:
+    return Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(amqp_url))
+
+
+@pytest.fixture
+async def broker(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
+    """A connection to the session's vhost; the service's queues are deleted afterwards, as
+    scenarios declare them with delivery limits of their own."""
+    connection = await aio_pika.connect_robust(amqp_url)
+    try:
+        yield connection
+    finally:
+        channel = await connection.channel()
+        for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+            await channel.queue_delete(name)
+        await connection.close()
+
+
+@pytest.fixture
+async def db(clean_database: str) -> AsyncIterator[asyncpg.Connection]:
+    url = make_url(clean_database).set(drivername="postgresql")
+    connection = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        yield connection
+    finally:
+        await connection.close()

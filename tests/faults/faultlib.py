@@ -1,0 +1,194 @@
+"""Helpers of the fault suite: worker clusters, synthetic orders, reconciliation, figures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+from harness import WorkerProcess, queue_depth
+
+from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
+from fulfilment.contracts.order_placed import order_placed_body
+from fulfilment.entrypoints.reporting import Reconciliation, reconcile
+from fulfilment.entrypoints.topology import (
+    DEAD_LETTER_QUEUE,
+    MAIN_QUEUE,
+    ORDER_PLACED_ROUTING_KEY,
+    ORDERS_EXCHANGE,
+    Topology,
+    declare_topology,
+)
+from fulfilment.settings import Settings
+
+
+@dataclass(frozen=True)
+class Order:
+    event_id: uuid.UUID
+    lines: tuple[tuple[str, int], ...]
+
+    def event(self) -> OutgoingEvent:
+        body = order_placed_body(
+            event_id=self.event_id,
+            order_id=uuid.uuid5(uuid.NAMESPACE_OID, str(self.event_id)),
+            placed_at=datetime.now(UTC),
+            lines=list(self.lines),
+        )
+        return OutgoingEvent(body, str(self.event_id))
+
+
+def synthetic_orders(count: int, skus: int = 40, seed: int = 7) -> list[Order]:
+    """``count`` orders of 1-3 lines over ``skus`` SKUs, the same for the same seed."""
+    rng = random.Random(seed)
+    return [
+        Order(
+            uuid.UUID(int=rng.getrandbits(128), version=4),
+            tuple(
+                (f"SKU{rng.randrange(skus):03d}", rng.randint(1, 3))
+                for _ in range(rng.randint(1, 3))
+            ),
+        )
+        for _ in range(count)
+    ]
+
+
+@dataclass
+class Cluster:
+    """Worker processes over one database and vhost, restarted when they die."""
+
+    env: dict[str, str]
+    tmp_path: Path
+    workers: list[WorkerProcess] = field(default_factory=list)
+    starts: int = 0
+
+    def start(self, count: int = 1, *, wait_ready: bool = False, **env: str) -> list[WorkerProcess]:
+        started = []
+        for _ in range(count):
+            worker = WorkerProcess({**self.env, **env}, self.tmp_path / f"worker-{self.starts}.log")
+            self.starts += 1
+            worker.start(wait_ready=wait_ready)
+            self.workers.append(worker)
+            started.append(worker)
+        return started
+
+    def alive(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.process is not None and w.process.poll() is None]
+
+    def restart_dead(self) -> int:
+        """Start one worker for each that died since; return how many were restarted."""
+        dead = [w for w in self.workers if w.process is not None and w.process.poll() is not None]
+        for worker in dead:
+            self.workers.remove(worker)
+        for worker in dead:
+            self.start(1, **{k: v for k, v in worker.env.items() if k.startswith("FULFILMENT_")})
+        return len(dead)
+
+    def log_events(self, name: str) -> list[dict[str, Any]]:
+        lines = []
+        for path in sorted(self.tmp_path.glob("worker-*.log")):
+            lines += [
+                line for line in WorkerProcess({}, path).log_lines() if line.get("event") == name
+            ]
+        return lines
+
+    def stop_all(self) -> list[int]:
+        codes = []
+        for worker in self.alive():
+            code, _ = worker.terminate()
+            codes.append(code)
+        return codes
+
+    def kill_all(self) -> None:
+        for worker in self.workers:
+            worker.stop_quietly()
+
+
+async def declare(amqp_url: str, delivery_limit: int) -> None:
+    """Declare the topology as a worker with ``delivery_limit`` will, so a backlog can wait."""
+    await declare_topology(amqp_url, Topology(delivery_limit))
+
+
+async def put_stock(db: asyncpg.Connection, levels: dict[str, int]) -> None:
+    await db.executemany(
+        "INSERT INTO stock_levels (sku, on_hand) VALUES ($1, $2)", list(levels.items())
+    )
+
+
+async def publish(
+    connection: aio_pika.abc.AbstractConnection, orders: list[Order] | list[OutgoingEvent]
+) -> None:
+    events = [o.event() if isinstance(o, Order) else o for o in orders]
+    await publish_events(
+        connection, events, exchange=ORDERS_EXCHANGE, routing_key=ORDER_PLACED_ROUTING_KEY
+    )
+
+
+async def settled(db: asyncpg.Connection, broker: aio_pika.abc.AbstractConnection) -> int:
+    """Events processed (inbox rows) plus events dead-lettered (DLQ depth)."""
+    processed = int(await db.fetchval("SELECT count(*) FROM inbox_messages"))
+    return processed + await queue_depth(broker, DEAD_LETTER_QUEUE)
+
+
+async def run_until_settled(
+    cluster: Cluster,
+    db: asyncpg.Connection,
+    broker: aio_pika.abc.AbstractConnection,
+    expected: int,
+    *,
+    timeout: float = 240,
+    restart: bool = True,
+) -> int:
+    """Restart dead workers until ``expected`` events are settled; return the restarts."""
+    restarts = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if restart:
+            restarts += cluster.restart_dead()
+        if await settled(db, broker) >= expected and await queue_depth(broker, MAIN_QUEUE) == 0:
+            return restarts
+        await asyncio.sleep(0.3)
+    pytest.fail(
+        f"only {await settled(db, broker)} of {expected} events settled in {timeout:g} s "
+        f"({restarts} restarts)"
+    )
+
+
+async def assert_reconciled(
+    settings: Settings, orders: list[Order], *, dead_lettered: int = 0
+) -> Reconciliation:
+    result = await reconcile(settings, [order.event_id for order in orders])
+    assert result.missing == frozenset(), result.describe()
+    assert result.twice == frozenset(), result.describe()
+    assert result.invariants_hold, result.describe()
+    assert result.dead_lettered == dead_lettered, result.describe()
+    assert result.processed == len(orders) - dead_lettered, result.describe()
+    return result
+
+
+def record_figures(scenario: str, injected: str, result: Reconciliation, **extra: Any) -> None:
+    """Append one row of the Guarantees table to ``FULFILMENT_FAULT_FIGURES`` (JSON lines)."""
+    target = os.environ.get("FULFILMENT_FAULT_FIGURES")
+    if not target:
+        return
+    row = {
+        "scenario": scenario,
+        "injected": injected,
+        "orders": result.published,
+        "lost": len(result.missing),
+        "applied_twice": result.reserved_mismatches,
+        "processed_and_dead_lettered": len(result.twice),
+        "dead_lettered": result.dead_lettered,
+        **extra,
+    }
+    with Path(target).open("a", encoding="utf-8") as figures:
+        figures.write(json.dumps(row) + "\n")
