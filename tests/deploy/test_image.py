@@ -92,9 +92,13 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     env["UV_PROJECT_ENVIRONMENT"] = str(venv)
     # Here the uv cache makes the replay fast; the image build itself runs without one.
     env.pop("UV_NO_CACHE", None)
+    # `uv run` names its own executable in UV; a developer may have uv on the PATH only.
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv, "uv is not on the PATH"
     for run in instructions(build, "RUN"):
         if run.startswith("uv "):
-            subprocess.run(shlex.split(run), cwd=source, env=env, check=True, timeout=300)
+            command = [uv, *shlex.split(run)[1:]]
+            subprocess.run(command, cwd=source, env=env, check=True, timeout=300)
     _replay_copies(runtime, workdir)
     healthcheck = instructions(runtime, "HEALTHCHECK")[0]
     return Image(
