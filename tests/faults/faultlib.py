@@ -192,3 +192,11 @@ def record_figures(scenario: str, injected: str, result: Reconciliation, **extra
     }
     with Path(target).open("a", encoding="utf-8") as figures:
         figures.write(json.dumps(row) + "\n")
+
+
+async def connect_db(database_url: str) -> asyncpg.Connection:
+    """A plain asyncpg connection to the session's database (``postgresql+asyncpg`` URL)."""
+    from sqlalchemy.engine import make_url  # noqa: PLC0415
+
+    url = make_url(database_url).set(drivername="postgresql")
+    return await asyncpg.connect(url.render_as_string(hide_password=False))

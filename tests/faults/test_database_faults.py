@@ -1,0 +1,157 @@
+"""PostgreSQL restarts, kills the worker's sessions, or holds its stock rows under load.
+
+A transient database failure is retried inside the handler's deadline by the adapter's one
+retry policy; what outlasts it goes back to the queue while the consumer pauses until the
+database answers. So none of these scenarios dead-letters anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+from faultlib import (
+    Cluster,
+    assert_reconciled,
+    connect_db,
+    declare,
+    publish,
+    put_stock,
+    record_figures,
+    run_until_settled,
+    synthetic_orders,
+)
+from harness import FAST_SETTINGS
+
+from fulfilment.settings import Settings
+
+ORDERS = 1_500
+STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}
+LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
+RETRY_BUDGET = float(FAST_SETTINGS["FULFILMENT_RETRY_BUDGET_SECONDS"])
+
+
+async def inbox_count(db: asyncpg.Connection) -> int:
+    return int(await db.fetchval("SELECT count(*) FROM inbox_messages"))
+
+
+async def wait_until_processing(db: asyncpg.Connection, at_least: int = 100) -> None:
+    deadline = time.monotonic() + 60
+    while await inbox_count(db) < at_least:
+        assert time.monotonic() < deadline, "the worker did not start processing"
+        await asyncio.sleep(0.1)
+
+
+def restart_postgres() -> None:
+    version = min(p.name for p in Path("/etc/postgresql").iterdir())
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+async def test_a_database_restart_under_load_dead_letters_nothing(
+    cluster: Cluster,
+    clean_database: str,
+    broker: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings,
+    amqp_url: str,
+) -> None:
+    db = await connect_db(clean_database)
+    await put_stock(db, STOCK)
+    orders = synthetic_orders(ORDERS, seed=31)
+    await declare(amqp_url, LIMIT)
+    await publish(broker, orders)
+    cluster.start(1, wait_ready=True)
+    await wait_until_processing(db)
+    await db.close()
+
+    await asyncio.to_thread(restart_postgres)
+
+    db = await connect_db(clean_database)
+    try:
+        restarts = await run_until_settled(cluster, db, broker, ORDERS, timeout=120)
+    finally:
+        await db.close()
+    assert restarts == 0
+    retried = cluster.log_events("database_retry")
+    requeued = cluster.log_events("order_placed.requeued")
+    assert retried or requeued, "the restart went unnoticed: nothing was retried"
+    result = await assert_reconciled(settings, orders)
+    record_figures(
+        "database restart",
+        f"pg_ctlcluster restart under load ({len(retried)} retries, {len(requeued)} requeued)",
+        result,
+    )
+
+
+async def test_killed_database_sessions_are_retried_and_dead_letter_nothing(
+    cluster: Cluster,
+    db: asyncpg.Connection,
+    broker: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings,
+    amqp_url: str,
+) -> None:
+    await put_stock(db, STOCK)
+    orders = synthetic_orders(ORDERS, seed=32)
+    await declare(amqp_url, LIMIT)
+    await publish(broker, orders)
+    cluster.start(1, wait_ready=True)
+    await wait_until_processing(db)
+
+    terminated = 0
+    for _ in range(5):
+        terminated += int(
+            await db.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = 'fulfilment' AND datname = current_database()"
+            )
+        )
+        await asyncio.sleep(0.3)
+
+    await run_until_settled(cluster, db, broker, ORDERS, timeout=120, restart=False)
+    assert terminated >= 5
+    result = await assert_reconciled(settings, orders)
+    record_figures(
+        "database sessions killed",
+        f"pg_terminate_backend on {terminated} worker sessions under load",
+        result,
+    )
+
+
+async def test_a_stock_row_locked_longer_than_the_retry_budget_dead_letters_nothing(
+    cluster: Cluster,
+    db: asyncpg.Connection,
+    clean_database: str,
+    broker: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings,
+    amqp_url: str,
+) -> None:
+    await put_stock(db, STOCK)
+    orders = synthetic_orders(600, skus=4, seed=33)  # every order touches one of 4 hot rows
+    await declare(amqp_url, LIMIT)
+    cluster.start(1, wait_ready=True)
+
+    holder = await connect_db(clean_database)
+    held = RETRY_BUDGET + 3
+    async with holder.transaction():
+        await holder.execute("SELECT 1 FROM stock_levels WHERE sku = 'SKU000' FOR UPDATE")
+        await publish(broker, orders)
+        await asyncio.sleep(held)
+    await holder.close()
+
+    await run_until_settled(cluster, db, broker, len(orders), timeout=120, restart=False)
+    requeued = cluster.log_events("order_placed.requeued")
+    assert requeued, "the lock outlasted the retry budget, so deliveries should be requeued"
+    result = await assert_reconciled(settings, orders)
+    record_figures(
+        "stock row locked past the retry budget",
+        f"SELECT ... FOR UPDATE held {held:g} s on a hot SKU ({len(requeued)} requeued)",
+        result,
+    )
