@@ -52,11 +52,12 @@ class FailureClass(StrEnum):
     - ``transient_exhausted``: the database kept failing in a retryable way past the retry
       budget or the handler deadline; replaying once the database is healthy should succeed.
     - ``unexpected``: an error the service does not know (a bug); replay after the fix.
+    - ``poison``: it was delivered as often as the delivery limit allows and crashed or hung
+      workers every time. Written by the service when it counts the deliveries itself, or
+      recognised from the broker's ``x-death`` reason ``delivery_limit``.
 
     Recognised from the broker's ``x-death`` (no ``x-fulfilment-*`` headers):
 
-    - ``poison``: the broker dead-lettered it after ``x-delivery-limit`` deliveries, i.e. it
-      crashed or hung workers every time (``x-death`` reason ``delivery_limit``).
     - ``broker_rejected``: the worker rejected it without explaining itself, which happens
       only when its own dead-letter publish failed (``x-death`` reason ``rejected``).
     - ``broker_other``: any other ``x-death`` reason (``expired``, ``maxlen``), or no reason.
@@ -74,6 +75,7 @@ SERVICE_FAILURE_CLASSES = (
     FailureClass.PERMANENT,
     FailureClass.TRANSIENT_EXHAUSTED,
     FailureClass.UNEXPECTED,
+    FailureClass.POISON,
 )
 """The classes the worker itself writes (the ``reason`` label of dead-lettered events)."""
 
