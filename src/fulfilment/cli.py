@@ -444,7 +444,7 @@ def _dlq_run(action: Callable[..., Coroutine[Any, Any, T]], *, execute: bool, ve
 
     def each(letter: DeadLetter) -> None:
         described = letter.description
-        done = verb + ("d" if execute else " (dry run)")
+        done = {"replay": "replayed", "purge": "purged"}[verb] if execute else f"{verb} (dry run)"
         typer.echo(f"{done}: {described.event_id or letter.message.message_id}  {described.group}")
 
     async def go() -> T:
