@@ -7,7 +7,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 DATA ?= data/sample/online-retail
 RESET ?=
 
-.PHONY: help demo test test-fast lint typecheck format services install clean bench check-deploy
+.PHONY: help demo test test-faults test-fast lint typecheck format services install clean bench check-deploy
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -27,6 +27,13 @@ demo: install services ## The main job on real data: DATA=folder of Online Retai
 
 test: install services ## The whole test suite against the real RabbitMQ and PostgreSQL
 	$(UV) run pytest
+
+FIGURES ?= fault-figures.jsonl
+
+test-faults: install services ## The fault suite alone; writes FIGURES and prints the Guarantees table
+	rm -f $(FIGURES)
+	FULFILMENT_FAULT_FIGURES=$(abspath $(FIGURES)) $(UV) run pytest tests/faults -m faults
+	@scripts/guarantees-table $(FIGURES)
 
 test-fast: install ## Unit and contract tests with the in-memory fake only
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"

@@ -27,6 +27,7 @@ from fulfilment import __version__
 from fulfilment.adapters.faults import FaultPlan, parse_fault_plan
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.retry import sqlstate_of
+from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.entrypoints.amqp import WorkerLimits, register_order_placed
@@ -74,6 +75,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     monitors: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
     after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     faults: FaultPlan | None = None,
+    startup_checks: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Worker:
     """Assemble the broker, the ``on_order_placed`` subscriber, hooks and HTTP routes.
 
@@ -84,7 +86,8 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     broker's start until shutdown begins. FastStream's Prometheus middleware counts on
     ``metrics.registry`` next to the service's own metrics. While the database is down the
     consumer is paused (``entrypoints.consumer_control.ConsumerPause``); ``faults`` is the
-    fault suite's crash injection, None in production.
+    fault suite's crash injection, None in production. ``startup_checks`` run before the
+    topology is declared; one that raises stops the start.
     """
     metrics = metrics or new_metrics()
     topology = Topology(delivery_limit=settings.delivery_limit)
@@ -122,6 +125,8 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     consumer_pause.attach(subscriber)
 
     async def declare() -> None:
+        for check in startup_checks:
+            await check()
         try:
             await declare_topology(amqp_url, topology)
         except TopologyMismatchError as error:
@@ -201,6 +206,13 @@ async def run_worker(settings: Settings) -> int:
         async with engine.connect() as connection:
             await connection.execute(text("SELECT 1"))
 
+    async def schema_is_current() -> None:
+        try:
+            await check_schema_current(engine)
+        except SchemaNotCurrentError as error:
+            logger.error("worker.schema_not_current", reason=str(error))  # noqa: TRY400 - one line, no trace
+            raise
+
     async def close_pool() -> None:
         await engine.dispose()
         logger.info("worker.stopped")
@@ -222,6 +234,7 @@ async def run_worker(settings: Settings) -> int:
         ],
         after_shutdown=[close_pool],
         faults=faults,
+        startup_checks=[schema_is_current],
     )
     http = _HttpServer(
         uvicorn.Config(
@@ -245,7 +258,7 @@ async def run_worker(settings: Settings) -> int:
     serving = asyncio.create_task(http.serve())
     try:
         await worker.app.run(log_level=logging.INFO)
-    except TopologyMismatchError:
+    except (TopologyMismatchError, SchemaNotCurrentError):
         return 1  # already said in one line by the start-up hook
     except Exception as error:
         logger.exception("worker.start_failed", reason=f"{type(error).__name__}: {error}")

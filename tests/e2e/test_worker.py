@@ -16,6 +16,7 @@ from harness import (
     FAST_SETTINGS,
     WorkerProcess,
     drain_dead_letters,
+    free_port,
     order_event,
     publish,
     queue_depth,
@@ -228,3 +229,33 @@ async def test_the_worker_refuses_to_start_when_the_queue_exists_with_other_argu
         rf"queue '{re.escape(MAIN_QUEUE)}' exists with x-[a-z-]+=none, the service expects \S+",
         mismatch[0],
     ), mismatch[0]
+
+
+async def test_the_worker_refuses_to_start_on_a_database_that_is_not_migrated(
+    worker_env: dict[str, str], database_url: str
+) -> None:
+    from sqlalchemy.engine import make_url  # noqa: PLC0415
+
+    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
+    name = f"fulfilment_unmigrated_{uuid.uuid4().hex[:8]}"
+    connection = await asyncpg.connect(admin.render_as_string(hide_password=False))
+    await connection.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = dict(worker_env)
+        env["FULFILMENT_DATABASE_URL"] = (
+            make_url(database_url).set(database=name).render_as_string(hide_password=False)
+        )
+        env["FULFILMENT_HTTP_PORT"] = str(free_port())
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fulfilment", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    finally:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await connection.close()
+
+    assert process.returncode == 1
+    lines = [line for line in stderr.decode().splitlines() if "schema_not_current" in line]
+    assert len(lines) == 1, stderr.decode()[-2000:]
+    assert "the database is at revision none" in lines[0]
+    assert "fulfilment migrate" in lines[0]

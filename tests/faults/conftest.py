@@ -24,6 +24,15 @@ from sqlalchemy.engine import make_url
 from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.settings import Settings
 
+FOLDER = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of this folder ``faults`` (``make test-faults`` selects them)."""
+    for item in items:
+        if FOLDER in item.path.parents:
+            item.add_marker(pytest.mark.faults)
+
 
 @pytest.fixture
 def cluster(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:

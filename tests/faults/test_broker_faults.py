@@ -25,6 +25,8 @@ from harness import FAST_SETTINGS, WorkerProcess
 from fulfilment.entrypoints.topology import MAIN_QUEUE
 from fulfilment.settings import Settings
 
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
 ORDERS = 1_500
 STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}
 LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])

@@ -24,6 +24,8 @@ from faultlib import (
 
 from fulfilment.settings import Settings
 
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
 ORDERS = 2_000
 HOT_STOCK = {f"SKU{i:03d}": 150 for i in range(5)}  # hot SKUs run out: some orders rejected
 STOCK = {**{f"SKU{i:03d}": 1_000_000 for i in range(5, 40)}, **HOT_STOCK}

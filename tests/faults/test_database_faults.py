@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aio_pika
 import asyncpg
+import pytest
 from faultlib import (
     Cluster,
     assert_reconciled,
@@ -28,6 +29,8 @@ from faultlib import (
 from harness import FAST_SETTINGS
 
 from fulfilment.settings import Settings
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
 ORDERS = 1_500
 STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}

@@ -34,6 +34,8 @@ from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.entrypoints.topology import MAIN_QUEUE
 from fulfilment.settings import Settings
 
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
 STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}
 LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
 GRACEFUL = float(FAST_SETTINGS["FULFILMENT_GRACEFUL_TIMEOUT_SECONDS"])

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 import fulfilment
 
@@ -100,3 +103,37 @@ def migrate(database_url: str, *, script_location: Path | None = None) -> None:
         msg = "migrate() blocks; from async code call it as asyncio.to_thread(migrate, url)"
         raise RuntimeError(msg)
     command.upgrade(alembic_config(database_url, script_location=script_location), "head")
+
+
+class SchemaNotCurrentError(RuntimeError):
+    """The database is not migrated to the revision this build of the service needs."""
+
+
+async def check_schema_current(engine: AsyncEngine, *, script_location: Path | None = None) -> None:
+    """Refuse to run against a database that is not at this build's alembic head.
+
+    A worker that starts before its migration (a rolling deploy that outran the migration Job)
+    would otherwise fail every reservation on a missing table or function.
+
+    Raises:
+        SchemaNotCurrentError: the database's ``alembic_version`` is another revision, or
+            missing; the message says which and to run ``fulfilment migrate``.
+        MigrationsNotFoundError: the migrations folder is not where this build looks.
+    """
+    folder = migrations_location(script_location)
+    head = ScriptDirectory.from_config(
+        alembic_config("postgresql://", script_location=folder)
+    ).get_current_head()
+    async with engine.connect() as connection:
+        exists = await connection.scalar(text("SELECT to_regclass('alembic_version') IS NOT NULL"))
+        current = (
+            await connection.scalar(text("SELECT version_num FROM alembic_version"))
+            if exists
+            else None
+        )
+    if current != head:
+        msg = (
+            f"the database is at revision {current or 'none'}, this build needs {head}: "
+            "run `fulfilment migrate` first"
+        )
+        raise SchemaNotCurrentError(msg)
