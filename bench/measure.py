@@ -1,10 +1,16 @@
 """CPU seconds of the consumer, the broker and PostgreSQL, sampled from the kernel's counters.
 
-A thread reads user + system CPU time (``/proc/<pid>/stat`` through psutil) of three groups of
-processes every :data:`SAMPLE_SECONDS`: the consumer under test, the broker (``beam.smp``) and
-PostgreSQL (every ``postgres`` process, plus what the postmaster collected from backends that
-have exited, so a connection that comes and goes is still counted). The CPU spent between two
-moments is interpolated linearly between the samples around them.
+A thread reads user + system CPU time (``/proc/<pid>/stat`` through psutil) of these groups of
+processes every :data:`SAMPLE_SECONDS`:
+
+- ``consumer``: the processes under test;
+- ``broker``: ``beam.smp`` (the whole broker: other virtual hosts' traffic counts too);
+- ``postgres``: the backends of the benchmark's database (their process title names it) and
+  the server's shared processes (WAL writer, checkpointer, ...), not other databases' backends;
+- ``rest``: everything else the machine ran (busy time of all CPUs minus the groups above),
+  the benchmark's own publisher included. A large value means the figures are disturbed.
+
+The CPU spent between two moments is interpolated linearly between the samples around them.
 """
 
 from __future__ import annotations
@@ -24,14 +30,24 @@ SAMPLE_SECONDS = 0.2
 
 BROKER_PROCESS = "beam.smp"
 DATABASE_PROCESS = "postgres"
+DATABASE_SHARED_PROCESSES = (
+    "checkpointer",
+    "background writer",
+    "walwriter",
+    "autovacuum launcher",
+    "logical replication launcher",
+    "archiver",
+)
+"""Process titles (after ``postgres: <cluster>: ``) of the server's processes shared by all
+databases; a backend's title starts with its user and database instead."""
 
 
-def _cpu(process: psutil.Process, *, with_children: bool = False) -> float:
+GROUPS = ("consumer", "broker", "postgres", "rest")
+
+
+def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
-    total = times.user + times.system
-    if with_children:
-        total += times.children_user + times.children_system
-    return total
+    return times.user + times.system
 
 
 @dataclass
@@ -40,12 +56,10 @@ class _Group:
 
     last: dict[tuple[int, float], float] = field(default_factory=dict)
 
-    def update(self, processes: Sequence[psutil.Process], *, reaper: int | None = None) -> float:
+    def update(self, processes: Sequence[psutil.Process]) -> float:
         for process in processes:
             try:
-                key = (process.pid, process.create_time())
-                # The postmaster's children times are its exited backends: count them too.
-                self.last[key] = _cpu(process, with_children=process.pid == reaper)
+                self.last[process.pid, process.create_time()] = _cpu(process)
             except psutil.Error:
                 continue
         return sum(self.last.values())
@@ -58,8 +72,9 @@ class CpuSampler:
     two wall-clock moments (``time.time()``, the clock PostgreSQL's ``now()`` also follows).
     """
 
-    def __init__(self, consumers: Callable[[], Sequence[int]]) -> None:
+    def __init__(self, consumers: Callable[[], Sequence[int]], database: str) -> None:
         self._consumers = consumers
+        self._database = database
         self._groups = {"consumer": _Group(), "broker": _Group(), "postgres": _Group()}
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
@@ -82,34 +97,40 @@ class CpuSampler:
     def _sample(self) -> None:
         broker: list[psutil.Process] = []
         database: list[psutil.Process] = []
-        for process in psutil.process_iter(["name"]):
+        for process in psutil.process_iter(["name", "cmdline"]):
             name = process.info["name"]
             if name == BROKER_PROCESS:
                 broker.append(process)
-            elif name == DATABASE_PROCESS:
+            elif name == DATABASE_PROCESS and self._ours(process.info["cmdline"] or []):
                 database.append(process)
-        postmaster = _postmaster(database)
         consumers = []
         for pid in self._consumers():
             try:
                 consumers.append(psutil.Process(pid))
             except psutil.NoSuchProcess:
                 continue
+        machine = psutil.cpu_times()
         now = time.time()
-        self.samples.append(
-            (
-                now,
-                {
-                    "consumer": self._groups["consumer"].update(consumers),
-                    "broker": self._groups["broker"].update(broker),
-                    "postgres": self._groups["postgres"].update(database, reaper=postmaster),
-                },
-            )
-        )
+        values = {
+            "consumer": self._groups["consumer"].update(consumers),
+            "broker": self._groups["broker"].update(broker),
+            "postgres": self._groups["postgres"].update(database),
+        }
+        busy = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
+        values["rest"] = busy - sum(values.values())
+        self.samples.append((now, values))
+
+    def _ours(self, title: Sequence[str]) -> bool:
+        """Whether a ``postgres`` process is one of the benchmark database or a shared one."""
+        text = " ".join(title)
+        if not text.startswith("postgres: "):
+            return True  # the postmaster itself
+        role = text.split(": ", 2)[-1]
+        return role.startswith(DATABASE_SHARED_PROCESSES) or f" {self._database} " in f" {role} "
 
     def between(self, start: float, end: float) -> dict[str, float]:
-        """CPU seconds of ``consumer``, ``broker`` and ``postgres`` from ``start`` to ``end``."""
-        return {group: self._at(end, group) - self._at(start, group) for group in self._groups}
+        """CPU seconds per group (``consumer``, ``broker``, ``postgres``, ``rest``)."""
+        return {group: self._at(end, group) - self._at(start, group) for group in GROUPS}
 
     def _at(self, moment: float, group: str) -> float:
         times = [sample[0] for sample in self.samples]
@@ -120,17 +141,6 @@ class CpuSampler:
             return self.samples[-1][1][group]
         (t0, v0), (t1, v1) = self.samples[index - 1], self.samples[index]
         return v0[group] + (v1[group] - v0[group]) * (moment - t0) / (t1 - t0)
-
-
-def _postmaster(processes: Sequence[psutil.Process]) -> int | None:
-    pids = {process.pid for process in processes}
-    for process in processes:
-        try:
-            if process.ppid() not in pids:
-                return process.pid
-        except psutil.Error:
-            continue
-    return None
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -338,11 +338,13 @@ class Drain:
     outcomes: dict[str, int]
 
 
-async def wait_committed(database_url: str, expected: int, *, within: float) -> None:
+async def wait_committed(
+    database_url: str, expected: int, *, within: float, consumers: Sequence[Consumer] = ()
+) -> None:
     """Until ``reservations`` holds ``expected`` rows.
 
     Raises:
-        RuntimeError: not within ``within`` seconds.
+        RuntimeError: not within ``within`` seconds, or one of ``consumers`` exited.
     """
     connection = await asyncpg.connect(database_url)
     try:
@@ -350,6 +352,10 @@ async def wait_committed(database_url: str, expected: int, *, within: float) -> 
         while time.monotonic() < deadline:
             if await connection.fetchval("SELECT count(*) FROM reservations") >= expected:
                 return
+            for consumer in consumers:
+                if consumer.process is not None and consumer.process.poll() is not None:
+                    msg = f"{consumer.kind} exited with {consumer.process.returncode}: "
+                    raise RuntimeError(msg + consumer.log_tail())
             await asyncio.sleep(0.25)
     finally:
         await connection.close()
@@ -405,13 +411,19 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
         await broker.close()
     consumers = plan.consumers(kind, label)
     pids = [0] * len(consumers)
-    with CpuSampler(lambda: [pid for pid in pids if pid]) as sampler:
+    database = urllib.parse.urlsplit(services.database_url).path.lstrip("/")
+    with CpuSampler(lambda: [pid for pid in pids if pid], database) as sampler:
         for index, consumer in enumerate(consumers):
             consumer.start()
             assert consumer.process is not None  # noqa: S101 - just started
             pids[index] = consumer.process.pid
         try:
-            await wait_committed(services.database_url, len(orders), within=120 + len(orders) / 50)
+            await wait_committed(
+                services.database_url,
+                len(orders),
+                within=120 + len(orders) / 50,
+                consumers=consumers,
+            )
             rss = [peak_rss_bytes(pid) / 2**20 for pid in pids]
         finally:
             for consumer in consumers:
@@ -472,7 +484,7 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
             )
         finally:
             await broker.close()
-        await wait_committed(services.database_url, len(orders), within=120)
+        await wait_committed(services.database_url, len(orders), within=120, consumers=consumers)
         exposition = [consumer.metrics() for consumer in consumers]
     finally:
         for consumer in consumers:
@@ -581,7 +593,9 @@ async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        await wait_committed(plan.services.database_url, len(orders), within=600)
+        await wait_committed(
+            plan.services.database_url, len(orders), within=600, consumers=[worker]
+        )
     finally:
         worker.stop()
         spy.wait(timeout=60)
@@ -668,9 +682,9 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) ->
         "",
         (
             "| consumer | orders/s | CPU s per 1,000 orders: consumer | broker | PostgreSQL "
-            "| total | peak RSS MiB |"
+            "| total | peak RSS MiB | rest of the machine, CPU s per 1,000 |"
         ),
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     medians = {}
     for kind in ("worker", "reference"):
@@ -684,7 +698,9 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) ->
         name = "worker" if kind == "worker" else "reference (aio-pika + asyncpg)"
         lines.append(
             f"| {name} | {rate:,.0f} | {cpu['consumer']:.3f} | {cpu['broker']:.3f} "
-            f"| {cpu['postgres']:.3f} | {sum(cpu.values()):.3f} | {rss:.0f} |"
+            f"| {cpu['postgres']:.3f} "
+            f"| {cpu['consumer'] + cpu['broker'] + cpu['postgres']:.3f} | {rss:.0f} "
+            f"| {cpu['rest']:.3f} |"
         )
     if len(medians) == 2:
         lines += ["", f"ratio worker/reference: {medians['worker'] / medians['reference']:.2f}x"]
