@@ -119,9 +119,7 @@ async def test_pooled_connections_dropped_by_a_failover_cost_a_retry_not_a_reser
         await admin.close()
     assert killed == POOL_SIZE
 
-    outcomes = await asyncio.gather(
-        *(warehouse.reserve(order(("A", 1))) for _ in range(POOL_SIZE))
-    )
+    outcomes = await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(POOL_SIZE)))
 
     assert [outcome.kind for outcome in outcomes] == [OutcomeKind.RESERVED] * POOL_SIZE
     assert retries
