@@ -163,9 +163,7 @@ def report(
 
 @app.command()
 def reconcile(
-    files: Annotated[
-        list[Path], typer.Argument(help="Online Retail CSVs that were published.")
-    ],
+    files: Annotated[list[Path], typer.Argument(help="Online Retail CSVs that were published.")],
 ) -> None:
     """Check that every event published from FILES is processed or dead-lettered, exactly once.
 

@@ -65,10 +65,12 @@ async def broker(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractRobustConn
     try:
         yield connection
     finally:
-        channel = await connection.channel()
-        for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
-            await channel.queue_delete(name)
         await connection.close()
+        # A fresh connection: a scenario may have restarted the broker under the first one.
+        async with await aio_pika.connect(amqp_url) as cleanup:
+            channel = await cleanup.channel()
+            for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+                await channel.queue_delete(name)
 
 
 @pytest.fixture

@@ -73,7 +73,8 @@ async def test_a_broker_restart_under_load_loses_nothing_and_applies_nothing_twi
     await asyncio.to_thread(rabbitmqctl, "await_startup")
     resumed_at = time.monotonic()
 
-    restarts = await run_until_settled(cluster, db, broker, ORDERS, timeout=120)
+    async with await aio_pika.connect(amqp_url) as fresh:  # the fixture's is still reconnecting
+        restarts = await run_until_settled(cluster, db, fresh, ORDERS, timeout=120)
     assert time.monotonic() - resumed_at < 120
     result = await assert_reconciled(settings, orders)
     record_figures(

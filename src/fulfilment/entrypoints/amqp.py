@@ -309,8 +309,7 @@ async def reserve_unless_poison(  # noqa: PLR0913 - the steps' collaborators, ea
     if redelivered and deliveries >= delivery_limit:
         return Failure(
             FailureClass.POISON,
-            f"delivered {deliveries} times without being settled: it crashes or stalls the "
-            "worker",
+            f"delivered {deliveries} times without being settled: it crashes or stalls the worker",
         )
     if faults is not None and faults.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
         crash(CrashPoint.BEFORE_TRANSACTION, command)
