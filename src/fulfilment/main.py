@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 import uvicorn
+import uvloop
 from faststream import FastStream
 from faststream.rabbit import Channel, RabbitBroker
 from faststream.rabbit.prometheus import RabbitPrometheusMiddleware
@@ -103,6 +104,9 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         # FastStream's per-message "Received"/"Processed" lines go to DEBUG: the service
         # writes its own single line per message.
         log_level=logging.DEBUG,
+        # No FastDepends: its Context fields run in a thread pool, one hop per delivery; the
+        # handler takes its message from FastStream's context instead (entrypoints.amqp).
+        apply_types=False,
         middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
     )
     consumer_pause = ConsumerPause(database_ping)
@@ -295,4 +299,7 @@ def main() -> None:
         sys.stderr.write(f"fulfilment: invalid settings: {error}\n")
         sys.exit(2)
     configure_logging(level=settings.log_level, log_format=settings.log_format)
-    sys.exit(asyncio.run(run_worker(settings)))
+    loop_factory = uvloop.new_event_loop if settings.event_loop == "uvloop" else None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        code = runner.run(run_worker(settings))
+    sys.exit(code)

@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     """``auto`` writes JSON unless standard error is a terminal."""
 
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """The worker's event loop: ``uvloop`` (libuv; it spends less CPU per delivery, see the
+    README's "Performance") or the standard library's ``asyncio`` loop."""
+
     @field_validator("amqp_url")
     @classmethod
     def _amqp_scheme(cls, value: SecretStr) -> SecretStr:

@@ -70,8 +70,9 @@ async def _harness(warehouse: InMemoryWarehouse) -> AsyncIterator[Harness]:
     @worker.broker.subscriber(
         topology.dead_letter_queue(), topology.dead_letter_exchange(), decoder=raw_body
     )
-    async def capture(message: RabbitMessage) -> None:
-        dead_letters.append(message)
+    async def capture(_body: bytes) -> None:
+        # The worker's broker runs without FastDepends (apply_types=False).
+        dead_letters.append(worker.broker.context.get_local("message"))
 
     async with TestRabbitBroker(worker.broker) as broker:
         yield Harness(worker, warehouse, dead_letters, broker)

@@ -137,7 +137,10 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
     # it; first deliveries share the gate and run concurrently up to the prefetch.
     gate = aiorwlock.RWLock()
 
-    async def on_order_placed(message: RabbitMessage) -> None:
+    async def on_order_placed(_body: bytes) -> None:
+        # The broker runs without FastDepends (apply_types=False, see main), so the delivery
+        # is read from FastStream's context, where Context("message") would have found it.
+        message: RabbitMessage = broker.context.get_local("message")
         async with gate.writer if message.raw_message.redelivered else gate.reader:
             await _handle(message)
 
