@@ -343,6 +343,9 @@ async def wait_committed(
 ) -> None:
     """Until ``reservations`` holds ``expected`` rows.
 
+    A lost connection (the server restarted under the benchmark) is opened again, with a
+    warning: the figures of that drain are disturbed.
+
     Raises:
         RuntimeError: not within ``within`` seconds, or one of ``consumers`` exited.
     """
@@ -350,7 +353,15 @@ async def wait_committed(
     try:
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
-            if await connection.fetchval("SELECT count(*) FROM reservations") >= expected:
+            try:
+                committed = await connection.fetchval("SELECT count(*) FROM reservations")
+            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as error:
+                print(f"warning: the database connection was lost ({error!r}); reconnecting")
+                await asyncio.sleep(1)
+                with contextlib.suppress(OSError, asyncpg.PostgresError):
+                    connection = await asyncpg.connect(database_url)
+                continue
+            if committed >= expected:
                 return
             for consumer in consumers:
                 if consumer.process is not None and consumer.process.poll() is not None:
@@ -750,6 +761,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="extra environment of the worker, e.g. FULFILMENT_DATABASE_POOL_SIZE=16",
     )
     parser.add_argument(
+        "--worker-src",
+        type=Path,
+        help="run the worker from this source folder (e.g. an older version's src/, exported"
+        " with git archive) instead of the installed package, to compare versions",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="one worker drain under py-spy; no figures"
     )
     parser.add_argument("--results", type=Path, default=ROOT / "bench/results")
@@ -779,6 +796,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    if args.worker_src is not None:
+        worker_env["PYTHONPATH"] = str(args.worker_src.resolve())
     with (
         tempfile.TemporaryDirectory(prefix="fulfilment-bench-") as temporary,
         dedicated_services(args.admin_database_url, args.amqp_url) as services,
