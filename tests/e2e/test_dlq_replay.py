@@ -137,7 +137,7 @@ async def test_replaying_an_applied_event_is_a_counted_duplicate_and_a_fixed_one
     # was confirmed, then the worker died before acknowledging, and the redelivery reserved),
     # and a permanent failure of an earlier release that the running one accepts.
     refused, refused_id = order_event([("71053", 4)])
-    await put_dead_letter(broker, applied, applied_id, "transient_exhausted", "TransientError")
+    await put_dead_letter(broker, applied, applied_id, "unexpected", "KeyError")
     await put_dead_letter(broker, refused, refused_id, "permanent", "MalformedEventError")
 
     done = cli(worker_env, "dlq", "replay", "--all", "--yes", "--rate", "50")
@@ -155,7 +155,7 @@ async def test_replaying_an_applied_event_is_a_counted_duplicate_and_a_fixed_one
     assert await queue_depth(broker, MAIN_QUEUE) == 0
     audited = await db.fetch("SELECT event_id, failure_class FROM dead_letter_audit ORDER BY id")
     assert [tuple(row) for row in audited] == [
-        (applied_id, "transient_exhausted"),
+        (applied_id, "unexpected"),
         (refused_id, "permanent"),
     ]
 

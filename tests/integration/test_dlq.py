@@ -186,9 +186,9 @@ async def test_list_groups_by_class_and_exception_recognises_poison_and_removes_
     await put_service_dead_letter(
         connection,
         body,
-        message_id="slow",
-        failure_class="transient_exhausted",
-        exception_type="TransientError",
+        message_id="bug",
+        failure_class="unexpected",
+        exception_type="KeyError",
     )
     poisoned, poisoned_id = an_event()
     await poison(connection, poisoned, poisoned_id)
@@ -198,7 +198,7 @@ async def test_list_groups_by_class_and_exception_recognises_poison_and_removes_
     assert [(group.key, group.count) for group in groups] == [
         ("permanent/MalformedEventError", 2),
         ("poison/-", 1),
-        ("transient_exhausted/TransientError", 1),
+        ("unexpected/KeyError", 1),
     ]
     assert groups[0].oldest == old
     poison_group = groups[1]

@@ -103,6 +103,7 @@ def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
         ("duplicate", "event"): 0,
         ("duplicate", "order"): 0,
         **{("dead_lettered", str(failure)): 0 for failure in SERVICE_FAILURE_CLASSES},
+        ("requeued", "transient"): 0,
     }
 
 

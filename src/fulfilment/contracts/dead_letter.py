@@ -49,12 +49,12 @@ class FailureClass(StrEnum):
 
     - ``permanent``: the payload can never succeed (malformed, unknown version); dead-lettered
       on its first delivery. Replay only after the service learned to accept it.
-    - ``transient_exhausted``: the database kept failing in a retryable way past the retry
-      budget or the handler deadline; replaying once the database is healthy should succeed.
     - ``unexpected``: an error the service does not know (a bug); replay after the fix.
     - ``poison``: it was delivered as often as the delivery limit allows and crashed or hung
       workers every time. Written by the service when it counts the deliveries itself, or
-      recognised from the broker's ``x-death`` reason ``delivery_limit``.
+      recognised from the broker's ``x-death`` reason ``delivery_limit``. (A database outage
+      is not dead-lettered: the delivery is requeued and the consumer paused, see
+      ``entrypoints.consumer_control``.)
 
     Recognised from the broker's ``x-death`` (no ``x-fulfilment-*`` headers):
 
@@ -64,7 +64,6 @@ class FailureClass(StrEnum):
     """
 
     PERMANENT = "permanent"
-    TRANSIENT_EXHAUSTED = "transient_exhausted"
     UNEXPECTED = "unexpected"
     POISON = "poison"
     BROKER_REJECTED = "broker_rejected"
@@ -73,7 +72,6 @@ class FailureClass(StrEnum):
 
 SERVICE_FAILURE_CLASSES = (
     FailureClass.PERMANENT,
-    FailureClass.TRANSIENT_EXHAUSTED,
     FailureClass.UNEXPECTED,
     FailureClass.POISON,
 )

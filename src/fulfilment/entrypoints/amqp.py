@@ -41,6 +41,7 @@ from fulfilment.entrypoints.dead_letters import (
     publish_dead_letter,
 )
 from fulfilment.entrypoints.topology import MAIN_QUEUE, Topology
+from fulfilment.observability.metrics import REQUEUED, REQUEUED_TRANSIENT
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
@@ -243,7 +244,7 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
 
     if requeue_reason is not None:
         pause(requeue_reason)
-        metrics.event("requeued", "transient").inc()
+        metrics.event(REQUEUED, REQUEUED_TRANSIENT).inc()
         log.warning("order_placed.requeued", reason=requeue_reason, duration_ms=duration_ms)
         raise RejectMessage(requeue=True)
 

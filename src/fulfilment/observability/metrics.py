@@ -27,6 +27,10 @@ or a replay stretches far past the handler deadline."""
 
 DEAD_LETTERED = "dead_lettered"
 """The ``outcome`` label of events the service published to the DLQ."""
+REQUEUED = "requeued"
+"""The ``outcome`` label of deliveries sent back to the queue because the database is down
+(see ``entrypoints.consumer_control.ConsumerPause``); their ``reason`` is ``transient``."""
+REQUEUED_TRANSIENT = "transient"
 
 INVARIANTS = ("stock_out_of_bounds", "reserved_mismatches", "inbox_unaccounted")
 """The ``invariant`` label values: the checks of ``fulfilment report``."""
@@ -146,6 +150,7 @@ class Metrics:
             *((str(OutcomeKind.REJECTED), str(reason)) for reason in RejectionReason),
             *((str(OutcomeKind.DUPLICATE), str(kind)) for kind in DuplicateOf),
             *((DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes),
+            (REQUEUED, REQUEUED_TRANSIENT),
         ]:
             self.event(outcome, reason)
         self._retries = {label: self.database_retries.labels(label) for label in RETRY_ERROR_LABELS}
