@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
@@ -111,3 +111,27 @@ async def clean_database(database_url: str) -> str:
     finally:
         await connection.close()
     return database_url
+
+
+@pytest.fixture
+def worker_env(clean_database: str, amqp_url: str) -> dict[str, str]:
+    """Environment of a worker process on this session's database and vhost, with short
+    time bounds (``harness.FAST_SETTINGS``) so that tests of failures finish quickly."""
+    from harness import FAST_SETTINGS  # noqa: PLC0415 - tests/e2e is on the path for pytest
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
+    env.update(FAST_SETTINGS)
+    env["FULFILMENT_DATABASE_URL"] = clean_database
+    env["FULFILMENT_AMQP_URL"] = amqp_url
+    return env
+
+
+@pytest.fixture
+async def db(clean_database: str) -> AsyncIterator[asyncpg.Connection]:
+    """A plain asyncpg connection to the emptied session database."""
+    url = make_url(clean_database).set(drivername="postgresql")
+    connection = await asyncpg.connect(url.render_as_string(hide_password=False))
+    try:
+        yield connection
+    finally:
+        await connection.close()

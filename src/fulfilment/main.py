@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 logger = structlog.get_logger("fulfilment.main")
 
 
+class StartRefusedError(Exception):
+    """A start-up check failed; the hook that raised it has logged why, in one line."""
+
+
 @dataclass(frozen=True, slots=True)
 class Worker:
     """The assembled worker: the FastStream app, its HTTP endpoints, and what tests look into."""
@@ -215,7 +219,11 @@ async def run_worker(settings: Settings) -> int:
             await check_schema_current(engine)
         except SchemaNotCurrentError as error:
             logger.error("worker.schema_not_current", reason=str(error))  # noqa: TRY400 - one line, no trace
-            raise
+            raise StartRefusedError(str(error)) from error
+        except (OSError, TimeoutError, sa_exc.DBAPIError) as error:
+            reason = f"PostgreSQL does not answer: {type(error).__name__}: {error}".splitlines()[0]
+            logger.error("worker.database_unreachable", reason=reason)  # noqa: TRY400 - one line, no trace
+            raise StartRefusedError(reason) from error
 
     async def close_pool() -> None:
         await engine.dispose()
@@ -262,7 +270,7 @@ async def run_worker(settings: Settings) -> int:
     serving = asyncio.create_task(http.serve())
     try:
         await worker.app.run(log_level=logging.INFO)
-    except (TopologyMismatchError, SchemaNotCurrentError):
+    except (TopologyMismatchError, StartRefusedError):
         return 1  # already said in one line by the start-up hook
     except Exception as error:
         logger.exception("worker.start_failed", reason=f"{type(error).__name__}: {error}")

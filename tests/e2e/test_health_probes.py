@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from harness import WorkerProcess, free_port
+from sqlalchemy.engine import make_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -24,33 +25,73 @@ def get(port: int, path: str) -> tuple[int, dict[str, object]]:
         return error.code, json.loads(error.read())
 
 
-def test_a_worker_whose_database_does_not_answer_is_alive_but_not_ready(
-    worker_env: dict[str, str], tmp_path: Path, workers: list[WorkerProcess]
+def test_a_worker_whose_database_stops_answering_is_alive_but_not_ready(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[WorkerProcess], clean_database: str
+) -> None:
+    worker = WorkerProcess(dict(worker_env), tmp_path / "worker.log")
+    workers.append(worker)  # killed at the end by the fixture
+    worker.start()
+    assert get(worker.port, "/health/ready") == (
+        200,
+        {"broker": True, "consumer": True, "database": True},
+    )
+
+    name = make_url(clean_database).database
+    admin(clean_database, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    try:
+        admin(
+            clean_database,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            name,
+        )
+        deadline = time.monotonic() + 20
+        ready = get(worker.port, "/health/ready")
+        while ready[0] == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ready = get(worker.port, "/health/ready")
+        live = get(worker.port, "/health/live")
+    finally:
+        admin(clean_database, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+    assert ready == (503, {"broker": True, "consumer": True, "database": False}), worker.log_tail()
+    assert live == (200, {"status": "ok"})
+    assert worker.process is not None
+    assert worker.process.poll() is None
+
+
+def test_a_worker_that_cannot_reach_its_database_at_start_exits_1_with_one_line(
+    worker_env: dict[str, str],
 ) -> None:
     closed = free_port()  # nothing listens there
     env = {
         **worker_env,
         "FULFILMENT_DATABASE_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{closed}/none",
+        "FULFILMENT_HTTP_PORT": str(free_port()),
     }
-    worker = WorkerProcess(env, tmp_path / "worker.log")
-    workers.append(worker)  # killed at the end by the fixture
-    worker.env["FULFILMENT_HTTP_PORT"] = str(worker.port)
-    with worker.log_path.open("ab") as log:
-        worker.process = subprocess.Popen(
-            [sys.executable, "-m", "fulfilment"], env=worker.env, stdout=log, stderr=log
-        )
+    done = subprocess.run(
+        [sys.executable, "-m", "fulfilment"], env=env, capture_output=True, timeout=60, check=False
+    )
 
-    deadline = time.monotonic() + 30
-    ready: tuple[int, dict[str, object]] | None = None
-    while time.monotonic() < deadline:
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.decode().splitlines() if "database_unreachable" in line]
+    assert len(lines) == 1
+    assert "Traceback" not in done.stderr.decode()
+
+
+def admin(database_url: str, sql: str, *arguments: object) -> None:
+    """Run one statement on the test server's ``postgres`` database."""
+    import asyncio  # noqa: PLC0415
+
+    import asyncpg  # noqa: PLC0415
+
+    url = make_url(database_url).set(drivername="postgresql", database="postgres")
+
+    async def run() -> None:
+        connection = await asyncpg.connect(url.render_as_string(hide_password=False))
         try:
-            ready = get(worker.port, "/health/ready")
-        except OSError:
-            time.sleep(0.2)
-            continue
-        if ready[1].get("consumer"):
-            break
-        time.sleep(0.2)
+            await connection.execute(sql, *arguments)
+        finally:
+            await connection.close()
 
-    assert ready == (503, {"broker": True, "consumer": True, "database": False}), worker.log_tail()
-    assert get(worker.port, "/health/live") == (200, {"status": "ok"})
+    asyncio.run(run())

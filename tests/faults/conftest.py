@@ -9,17 +9,13 @@ which the README's "Guarantees" table is written from.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aio_pika
-import asyncpg
 import pytest
 from faultlib import Cluster
-from harness import FAST_SETTINGS
 from pydantic import SecretStr
-from sqlalchemy.engine import make_url
 
 from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.settings import Settings
@@ -44,15 +40,6 @@ def cluster(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def worker_env(clean_database: str, amqp_url: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
-    env.update(FAST_SETTINGS)
-    env["FULFILMENT_DATABASE_URL"] = clean_database
-    env["FULFILMENT_AMQP_URL"] = amqp_url
-    return env
-
-
-@pytest.fixture
 def settings(clean_database: str, amqp_url: str) -> Settings:
     return Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(amqp_url))
 
@@ -71,13 +58,3 @@ async def broker(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractRobustConn
             channel = await cleanup.channel()
             for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
                 await channel.queue_delete(name)
-
-
-@pytest.fixture
-async def db(clean_database: str) -> AsyncIterator[asyncpg.Connection]:
-    url = make_url(clean_database).set(drivername="postgresql")
-    connection = await asyncpg.connect(url.render_as_string(hide_password=False))
-    try:
-        yield connection
-    finally:
-        await connection.close()

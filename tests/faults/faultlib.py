@@ -200,3 +200,16 @@ async def connect_db(database_url: str) -> asyncpg.Connection:
 
     url = make_url(database_url).set(drivername="postgresql")
     return await asyncpg.connect(url.render_as_string(hide_password=False))
+
+
+async def inbox_count(db: asyncpg.Connection) -> int:
+    """Events the inbox has recorded as processed."""
+    return int(await db.fetchval("SELECT count(*) FROM inbox_messages"))
+
+
+async def wait_until_processing(db: asyncpg.Connection, at_least: int = 100) -> None:
+    """Wait (60 s at most) until the workers have processed ``at_least`` events."""
+    deadline = time.monotonic() + 60
+    while await inbox_count(db) < at_least:
+        assert time.monotonic() < deadline, "the worker did not start processing"
+        await asyncio.sleep(0.1)

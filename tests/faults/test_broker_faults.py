@@ -19,6 +19,7 @@ from faultlib import (
     record_figures,
     run_until_settled,
     synthetic_orders,
+    wait_until_processing,
 )
 from harness import FAST_SETTINGS, WorkerProcess
 
@@ -40,17 +41,6 @@ def rabbitmqctl(*args: str) -> str:
 
 def vhost_of(amqp_url: str) -> str:
     return urllib.parse.unquote(urllib.parse.urlsplit(amqp_url).path.lstrip("/")) or "/"
-
-
-async def inbox_count(db: asyncpg.Connection) -> int:
-    return int(await db.fetchval("SELECT count(*) FROM inbox_messages"))
-
-
-async def wait_until_processing(db: asyncpg.Connection, at_least: int = 100) -> None:
-    deadline = time.monotonic() + 60
-    while await inbox_count(db) < at_least:
-        assert time.monotonic() < deadline, "the worker did not start processing"
-        await asyncio.sleep(0.1)
 
 
 async def test_a_broker_restart_under_load_loses_nothing_and_applies_nothing_twice(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 from pathlib import Path
 
 import aio_pika
@@ -25,6 +24,7 @@ from faultlib import (
     record_figures,
     run_until_settled,
     synthetic_orders,
+    wait_until_processing,
 )
 from harness import FAST_SETTINGS
 
@@ -36,17 +36,6 @@ ORDERS = 1_500
 STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}
 LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
 RETRY_BUDGET = float(FAST_SETTINGS["FULFILMENT_RETRY_BUDGET_SECONDS"])
-
-
-async def inbox_count(db: asyncpg.Connection) -> int:
-    return int(await db.fetchval("SELECT count(*) FROM inbox_messages"))
-
-
-async def wait_until_processing(db: asyncpg.Connection, at_least: int = 100) -> None:
-    deadline = time.monotonic() + 60
-    while await inbox_count(db) < at_least:
-        assert time.monotonic() < deadline, "the worker did not start processing"
-        await asyncio.sleep(0.1)
 
 
 def restart_postgres() -> None:
