@@ -336,6 +336,26 @@ class Drain:
     cpu_per_1000: dict[str, float]
     peak_rss_mib: list[float]
     outcomes: dict[str, int]
+    database_per_order: dict[str, float]
+    """Transactions and rows written per order (``pg_stat_database``), all clients of the
+    benchmark's database included; once the consumers have exited, so their counts are in."""
+
+
+DATABASE_COUNTERS = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated")
+
+
+async def database_counters(database_url: str) -> dict[str, int]:
+    """``pg_stat_database`` counters of the benchmark's database (:data:`DATABASE_COUNTERS`)."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute("SELECT pg_stat_clear_snapshot()")
+        row = await connection.fetchrow(
+            f"SELECT {', '.join(DATABASE_COUNTERS)} FROM pg_stat_database"  # noqa: S608 - constants
+            " WHERE datname = current_database()"
+        )
+    finally:
+        await connection.close()
+    return dict(row)
 
 
 async def wait_committed(
@@ -421,6 +441,7 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
     finally:
         await broker.close()
     consumers = plan.consumers(kind, label)
+    before = await database_counters(services.database_url)
     pids = [0] * len(consumers)
     database = urllib.parse.urlsplit(services.database_url).path.lstrip("/")
     with CpuSampler(lambda: [pid for pid in pids if pid], database) as sampler:
@@ -441,6 +462,8 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
                 consumer.stop()
     start, end, counted = await commit_window(services.database_url, len(orders))
     cpu = sampler.between(start, end)
+    await asyncio.sleep(1)  # backends report their counters when they exit
+    after = await database_counters(services.database_url)
     return Drain(
         kind=kind,
         orders=len(orders),
@@ -449,6 +472,9 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
         cpu_per_1000={group: seconds / counted * 1000 for group, seconds in cpu.items()},
         peak_rss_mib=[round(value, 1) for value in rss],
         outcomes=await outcomes(services, kind),
+        database_per_order={
+            name: round((after[name] - before[name]) / len(orders), 2) for name in DATABASE_COUNTERS
+        },
     )
 
 
@@ -655,24 +681,21 @@ def summarise_profile(path: Path, top: int = 30) -> str:
 
 
 def _where(frame: str) -> list[str]:
+    """The module path of a py-spy frame, e.g. ``["sqlalchemy", "engine", "base.py"]``."""
     return frame.partition(" (")[2].rsplit(":", 1)[0].removesuffix(")").split("/")
 
 
 def _package(frame: str) -> str:
+    """The top-level package of a frame (``asyncio``, ``sqlalchemy``, ``fulfilment``...)."""
     parts = _where(frame)
-    if "site-packages" in parts:
-        return parts[parts.index("site-packages") + 1]
-    if "src" in parts:
-        return "/".join(parts[parts.index("src") + 1 :])
-    return parts[-1].removesuffix(".py")
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
 
 
 def _short(frame: str) -> str:
-    """``function (path/to/module.py:line)`` -> ``function (package/module.py)``."""
+    """``function (package/sub/module.py:line)`` -> ``function (package/module.py)``."""
     name = frame.partition(" (")[0]
     parts = _where(frame)
-    package = parts[parts.index("site-packages") + 1] if "site-packages" in parts else ""
-    return f"{name} ({package + '/' if package else ''}{parts[-1]})"
+    return f"{name} ({parts[0] + '/' if len(parts) > 2 else ''}{'/'.join(parts[-1:])})"
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -823,7 +846,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(
                     f"round {round_number} {kind}: {result.rate:,.0f} orders/s, CPU/1k "
                     + ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_per_1000.items())
-                    + f", peak RSS {result.peak_rss_mib} MiB, {result.outcomes}",
+                    + f", peak RSS {result.peak_rss_mib} MiB, {result.outcomes}, per order "
+                    + f"{result.database_per_order}",
                     flush=True,
                 )
         latencies = []
