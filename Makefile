@@ -32,7 +32,7 @@ FIGURES ?= fault-figures.jsonl
 
 test-faults: install services ## The fault suite alone; writes FIGURES and prints the Guarantees table
 	rm -f $(FIGURES)
-	FULFILMENT_FAULT_FIGURES=$(abspath $(FIGURES)) $(UV) run pytest tests/faults -m faults
+	FULFILMENT_TEST_FAULT_FIGURES=$(abspath $(FIGURES)) $(UV) run pytest tests/faults -m faults
 	@scripts/guarantees-table $(FIGURES)
 
 test-fast: install ## Unit and contract tests with the in-memory fake only

@@ -126,7 +126,10 @@ def stock_plan(
 
     orders = _read_orders(data).orders
     levels = plan_stock(orders)
-    write_stock_csv(levels, out)
+    try:
+        write_stock_csv(levels, out)
+    except OSError as error:
+        fail(f"{out}: cannot write: {error.strerror or error}", EXIT_BAD_INPUT)
     typer.echo(f"planned {len(levels)} stock levels for {len(orders)} orders into {out}")
 
 

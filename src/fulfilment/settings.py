@@ -12,7 +12,10 @@ handler finishes before the broker drains it away, and Kubernetes never SIGKILLs
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import os
+from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -179,12 +182,40 @@ def env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
 
 
+NOT_SETTINGS_PREFIXES = (f"{ENV_PREFIX}TEST_", f"{ENV_PREFIX}BENCH_")
+"""Variables of the test suite and the benchmark, which share the prefix but are not settings."""
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``FULFILMENT_*`` variable that is no setting, with the likely intended one.
+
+    A misspelt variable (``FULFILMENT_PREFTCH_COUNT``) would otherwise be ignored in silence
+    and the default used, which an operator finds out only in production.
+    """
+    known = {env_name(field) for field in Settings.model_fields}
+    problems = []
+    for name in sorted(key.upper() for key in environ):
+        if (
+            not name.startswith(ENV_PREFIX)
+            or name in known
+            or name.startswith(NOT_SETTINGS_PREFIXES)
+        ):
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        problems.append(f"{name}: not a setting of this service{hint}")
+    return problems
+
+
 def load_settings() -> Settings:
     """Read and validate the settings from the environment (and ``.env``, if present).
 
     Raises:
-        SettingsError: one line per invalid variable, each naming it and saying why.
+        SettingsError: one line per invalid or unknown variable, each naming it and saying why.
     """
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        raise SettingsError("\n".join(unknown))
     try:
         return Settings()
     except ValidationError as error:

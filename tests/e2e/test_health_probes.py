@@ -60,7 +60,7 @@ def test_a_worker_whose_database_stops_answering_is_alive_but_not_ready(
     assert worker.process.poll() is None
 
 
-def test_a_worker_that_cannot_reach_its_database_at_start_exits_1_with_one_line(
+def test_a_worker_that_cannot_reach_its_database_at_start_exits_3_with_one_line(
     worker_env: dict[str, str],
 ) -> None:
     closed = free_port()  # nothing listens there
@@ -73,7 +73,7 @@ def test_a_worker_that_cannot_reach_its_database_at_start_exits_1_with_one_line(
         [sys.executable, "-m", "fulfilment"], env=env, capture_output=True, timeout=60, check=False
     )
 
-    assert done.returncode == 1
+    assert done.returncode == 3
     lines = [line for line in done.stderr.decode().splitlines() if "database_unreachable" in line]
     assert len(lines) == 1
     assert "Traceback" not in done.stderr.decode()

@@ -205,7 +205,13 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
         row["metric"]["outcome"]: float(row["value"][1])
         for row in server.query("sum by (outcome) (fulfilment_events_total)")
     }
-    assert by_outcome == {"reserved": 6, "rejected": 2, "duplicate": 1, "dead_lettered": 2}
+    assert by_outcome == {
+        "reserved": 6,
+        "rejected": 2,
+        "duplicate": 1,
+        "dead_lettered": 2,
+        "requeued": 0,
+    }
     assert server.value('max(fulfilment_queue_consumers{queue="fulfilment.order-placed"})') == 1
     assert (server.value("max(fulfilment_dead_letters_oldest_age_seconds)") or 0) > 0
     assert server.value("max(fulfilment_stock_invariant_violations)") == 0

@@ -3,7 +3,7 @@
 Each scenario publishes real events, injects its fault, lets the workers finish, and ends with
 the product's own reconciliation (``fulfilment.entrypoints.reporting.reconcile``): every
 published event processed or dead-lettered exactly once, and the stock invariants hold. Each
-scenario also appends one row to the figures file (``FULFILMENT_FAULT_FIGURES``, if set),
+scenario also appends one row to the figures file (``FULFILMENT_TEST_FAULT_FIGURES``, if set),
 which the README's "Guarantees" table is written from.
 """
 

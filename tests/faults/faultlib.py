@@ -176,8 +176,8 @@ async def assert_reconciled(
 
 
 def record_figures(scenario: str, injected: str, result: Reconciliation, **extra: Any) -> None:
-    """Append one row of the Guarantees table to ``FULFILMENT_FAULT_FIGURES`` (JSON lines)."""
-    target = os.environ.get("FULFILMENT_FAULT_FIGURES")
+    """Append one row of the Guarantees table to ``FULFILMENT_TEST_FAULT_FIGURES`` (JSON lines)."""
+    target = os.environ.get("FULFILMENT_TEST_FAULT_FIGURES")
     if not target:
         return
     row = {

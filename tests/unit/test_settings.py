@@ -70,3 +70,22 @@ def test_a_broker_url_of_another_scheme_is_refused(monkeypatch: pytest.MonkeyPat
 def test_secrets_do_not_show_in_the_settings_repr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FULFILMENT_AMQP_URL", "amqp://user:hunter2@broker:5672/")
     assert "hunter2" not in repr(load_settings())
+
+
+def test_a_misspelt_variable_stops_the_start_and_names_the_likely_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_PREFTCH_COUNT", "3")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == (
+        "FULFILMENT_PREFTCH_COUNT: not a setting of this service "
+        "(did you mean FULFILMENT_PREFETCH_COUNT?)"
+    )
+
+
+def test_the_test_suite_s_own_variables_are_not_taken_for_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_TEST_AMQP_URL", "amqp://elsewhere/")
+    assert load_settings().prefetch_count == 32

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -22,11 +24,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from fulfilment.adapters.database import (
     ensure_database,
     reset_tables,
     warehouse_session,
 )
+from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.adapters.rabbitmq import (
     OutgoingEvent,
@@ -76,6 +81,8 @@ async def run_demo(
     started = time.monotonic()
     database_url = settings.database_url.get_secret_value()
     amqp_url = settings.amqp_url.get_secret_value()
+    async with connect(amqp_url):
+        pass  # both services answer before anything is changed
     if await ensure_database(database_url):
         echo("created the database")
     await asyncio.to_thread(migrate, database_url)
@@ -87,17 +94,32 @@ async def run_demo(
             await reset_tables(warehouse)
             await _purge_queues(amqp_url)
             echo("emptied the service's tables and queues")
-        await warehouse.put_stock(levels)
+        try:
+            await warehouse.put_stock(levels)
+        except StockBelowReservedError as error:
+            msg = (
+                f"the database already holds reservations that this data's stock plan would "
+                f"undercut ({error}); run the demo with --reset (make demo RESET=1) to start "
+                "empty, or point FULFILMENT_DATABASE_URL at another database"
+            )
+            raise DemoError(msg) from error
     echo(f"loaded {len(levels)} planned stock levels")
 
-    log_path = Path(tempfile.gettempdir()) / "fulfilment-demo-worker.log"
+    # A port of its own: whatever else answers on FULFILMENT_HTTP_PORT is not this worker.
+    port = _free_port()
+    log_path = Path(tempfile.gettempdir()) / f"fulfilment-demo-worker-{port}.log"
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fulfilment", stdout=log, stderr=log, env=dict(os.environ)
+            sys.executable,
+            "-m",
+            "fulfilment",
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "FULFILMENT_HTTP_PORT": str(port)},
         )
-        echo(f"worker started (pid {process.pid}, log {log_path})")
+        echo(f"worker started (pid {process.pid}, port {port}, log {log_path})")
         try:
-            await _wait_ready(settings.http_port, process, log_path)
+            await _wait_ready(port, process, log_path)
             events = [OutgoingEvent(order.body(), str(order.event_id)) for order in read.orders]
             async with connect(amqp_url) as connection:
                 await publish_events(
@@ -108,6 +130,7 @@ async def run_demo(
                 )
                 echo(f"published {len(events)} events (skipped: {read.skipped.describe()})")
                 await _wait_drained(connection, echo)
+            echo("this run's outcomes: " + await asyncio.to_thread(_run_outcomes, port))
         finally:
             code = await _stop(process, settings.orchestrator_grace_period_seconds)
     echo(f"worker stopped with exit code {code}")
@@ -137,8 +160,7 @@ async def _wait_ready(port: int, process: asyncio.subprocess.Process, log: Path)
     while time.monotonic() < deadline:
         if process.returncode is not None:
             text = await asyncio.to_thread(log.read_text, errors="replace")
-            tail = text.strip().splitlines()[-1:]
-            msg = f"the worker exited with code {process.returncode}: {' '.join(tail)}"
+            msg = f"the worker exited with code {process.returncode}: {_first_error(text)}"
             raise DemoError(msg)
         if await asyncio.to_thread(_http_ok, url):
             return
@@ -184,3 +206,39 @@ async def _stop(process: asyncio.subprocess.Process, grace_seconds: float) -> in
             process.kill()
             await process.wait()
     return process.returncode if process.returncode is not None else -1
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _first_error(log: str) -> str:
+    """The first error-level line's reason in a JSON log, else its last line."""
+    lines = log.strip().splitlines()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("level") == "error":
+            return str(entry.get("reason") or entry.get("event"))
+    return lines[-1] if lines else "(no output)"
+
+
+def _run_outcomes(port: int) -> str:
+    """``fulfilment_events_total`` of the demo's worker, read from its ``/metrics``."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "fulfilment_events":
+            continue
+        for sample in family.samples:
+            if sample.name == "fulfilment_events_total" and sample.value:
+                outcome, reason = sample.labels["outcome"], sample.labels["reason"]
+                label = f"{outcome}:{reason}" if reason else outcome
+                counts[label] = counts.get(label, 0) + int(sample.value)
+    return ", ".join(f"{label} {count}" for label, count in sorted(counts.items())) or "none"
