@@ -26,7 +26,7 @@ from sqlalchemy import text
 
 from fulfilment import __version__
 from fulfilment.adapters.faults import FaultPlan, parse_fault_plan
-from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
@@ -192,6 +192,7 @@ async def run_worker(settings: Settings) -> int:
     """
     metrics = new_metrics()
     engine = create_engine(settings)
+    pool = await create_pool(settings)  # the reservations' (hot path); the engine for the rest
 
     def on_retry(error: BaseException) -> None:
         metrics.count_database_retry(
@@ -208,6 +209,7 @@ async def run_worker(settings: Settings) -> int:
         retry_budget_seconds=settings.retry_budget_seconds,
         on_retry=on_retry,
         faults=faults,
+        pool=pool,
     )
 
     async def database_ping() -> None:
@@ -226,6 +228,7 @@ async def run_worker(settings: Settings) -> int:
             raise StartRefusedError(reason) from error
 
     async def close_pool() -> None:
+        await pool.close()
         await engine.dispose()
         logger.info("worker.stopped")
 
@@ -278,6 +281,7 @@ async def run_worker(settings: Settings) -> int:
     finally:
         http.should_exit = True
         await serving
+        pool.terminate()
         await engine.dispose()
     return 1 if worker.watchdog.gave_up else 0
 

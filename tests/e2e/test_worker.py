@@ -128,6 +128,9 @@ async def test_a_worker_killed_in_the_middle_of_a_handler_leads_to_one_reservati
         await publish(broker, body, message_id=event_id)
 
         async def waiting_on_the_lock() -> bool:
+            # Inside a transaction PostgreSQL keeps the first pg_stat_activity snapshot; take
+            # a fresh one on every poll, or a handler that starts waiting later is never seen.
+            await db.execute("SELECT pg_stat_clear_snapshot()")
             return bool(
                 await db.fetchval(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fulfilment'"

@@ -1,4 +1,7 @@
-"""The reservation's hot path: one statement per order, and no pre-ping to pay for it."""
+"""The reservation's hot path: one round trip per order, on the asyncpg pool or the engine.
+
+No pre-ping and no reset is paid for it; a connection that died in the pool costs a retry.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,10 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import is_transient
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
@@ -58,41 +62,58 @@ def order(*lines):
     )
 
 
-@pytest.fixture
-async def warehouse_with_queries(clean_database):
-    """A warehouse whose every request to PostgreSQL is recorded, and its retries."""
+def count_requests(connection, requests):
+    connection._protocol = CountingProtocol(connection._protocol, requests)
+
+
+@pytest.fixture(params=["pool", "engine"])
+async def warehouse_with_queries(request, clean_database):
+    """A warehouse reserving on the asyncpg pool (the worker's) or on the engine's connections,
+    with a ``watch()`` that records every request to PostgreSQL from its open connections."""
     settings = Settings(
         database_url=SecretStr(clean_database),
         database_pool_size=POOL_SIZE,
         retry_budget_seconds=5.0,
     )
     engine = create_engine(settings)
+    pool = await create_pool(settings) if request.param == "pool" else None
     requests: list[str] = []
     retries: list[BaseException] = []
 
     @event.listens_for(engine.sync_engine, "connect")
-    def count_requests(dbapi_connection, _record):
-        driver = dbapi_connection.driver_connection
-        driver._protocol = CountingProtocol(driver._protocol, requests)
+    def on_connect(dbapi_connection, _record):
+        count_requests(dbapi_connection.driver_connection, requests)
+
+    async def watch():
+        """Count the requests of the pool's open connections too (asyncpg has no hook)."""
+        if pool is not None:
+            held = [await pool.acquire() for _ in range(pool.get_size())]
+            for connection in held:
+                count_requests(connection._con, requests)  # under asyncpg's pool proxy
+                await pool.release(connection)
+        requests.clear()
 
     warehouse = PostgresWarehouse(
         engine,
         consumer="fulfilment",
         retry_budget_seconds=settings.retry_budget_seconds,
         on_retry=retries.append,
+        pool=pool,
     )
     try:
-        yield warehouse, requests, retries
+        yield warehouse, requests, retries, watch
     finally:
+        if pool is not None:
+            pool.terminate()
         await engine.dispose()
 
 
 @pytest.mark.postgres
 async def test_a_reservation_is_one_round_trip_on_a_pooled_connection(warehouse_with_queries):
-    warehouse, requests, _ = warehouse_with_queries
+    warehouse, requests, _, watch = warehouse_with_queries
     await warehouse.put_stock({"A": 10, "B": 10})
     await warehouse.reserve(order(("A", 1)))  # opens the connection, prepares the statement
-    requests.clear()
+    await watch()
 
     outcome = await warehouse.reserve(order(("A", 1), ("B", 2), ("A", 3)))
 
@@ -101,10 +122,10 @@ async def test_a_reservation_is_one_round_trip_on_a_pooled_connection(warehouse_
 
 
 @pytest.mark.postgres
-async def test_pooled_connections_dropped_by_a_failover_cost_a_retry_not_a_reservation(
+async def test_pooled_connections_dropped_by_a_failover_cost_no_reservation(
     warehouse_with_queries, clean_database
 ):
-    warehouse, _, retries = warehouse_with_queries
+    warehouse, _, retries, _ = warehouse_with_queries
     await warehouse.put_stock({"A": 100})
     # Fill the pool with idle connections, as a worker between two bursts has it.
     await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(POOL_SIZE)))
@@ -117,11 +138,86 @@ async def test_pooled_connections_dropped_by_a_failover_cost_a_retry_not_a_reser
         )
     finally:
         await admin.close()
-    assert killed == POOL_SIZE
+    assert killed >= POOL_SIZE  # and the engine's, which loaded the stock
 
     outcomes = await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(POOL_SIZE)))
 
     assert [outcome.kind for outcome in outcomes] == [OutcomeKind.RESERVED] * POOL_SIZE
-    assert retries
+    # The engine finds a dead connection by using it, and retries; asyncpg's pool replaces a
+    # connection it already saw closed when it hands it out, so needs no retry.
     assert all(is_transient(error) for error in retries)
     assert await warehouse.stock(["A"]) == {"A": StockLevel(100, 2 * POOL_SIZE)}
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (asyncpg.exceptions.DeadlockDetectedError("deadlock detected"), True),
+        (asyncpg.exceptions.LockNotAvailableError("lock timeout"), True),
+        (asyncpg.exceptions.ConnectionDoesNotExistError("closed mid-operation"), True),
+        (asyncpg.exceptions.AdminShutdownError("terminating connection"), True),
+        (asyncpg.InterfaceError("cannot call Connection.fetchrow(): connection is closed"), True),
+        (asyncpg.exceptions.CheckViolationError("reserved within on_hand"), False),
+        (asyncpg.InterfaceError("the server expects 6 arguments, 5 were passed"), False),
+    ],
+)
+def test_the_pool_s_errors_are_classified_like_the_engine_s(error, transient):
+    assert is_transient(error) is transient
+
+
+@pytest.mark.postgres
+async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(clean_database):
+    settings = Settings(
+        database_url=SecretStr(clean_database),
+        database_lock_timeout_seconds=2.0,
+        database_statement_timeout_seconds=2.5,
+        retry_budget_seconds=5.0,
+    )
+    engine = create_engine(settings)
+    pool = await create_pool(settings)
+    retries: list[BaseException] = []
+    warehouse = PostgresWarehouse(
+        engine, consumer="fulfilment", retry_budget_seconds=5.0, on_retry=retries.append, pool=pool
+    )
+    admin_url = make_url(clean_database).set(drivername="postgresql")
+    admin = await asyncpg.connect(admin_url.render_as_string(hide_password=False))
+    holder = await asyncpg.connect(admin_url.render_as_string(hide_password=False))
+    try:
+        await warehouse.put_stock({"A": 10})
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM stock_levels WHERE sku = 'A' FOR UPDATE")
+            reserving = asyncio.create_task(warehouse.reserve(order(("A", 1))))
+            killed = 0
+            for _ in range(100):
+                killed = await admin.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE application_name = 'fulfilment' AND wait_event_type = 'Lock'"
+                )
+                if killed:
+                    break
+                await asyncio.sleep(0.02)
+            assert killed == 1
+        outcome = await reserving
+        stock = await warehouse.stock(["A"])
+    finally:
+        await holder.close()
+        await admin.close()
+        pool.terminate()
+        await engine.dispose()
+
+    assert outcome.kind is OutcomeKind.RESERVED
+    assert retries
+    assert all(is_transient(error) for error in retries)
+    assert stock == {"A": StockLevel(10, 1)}
+
+
+def test_a_protocol_out_of_step_with_a_dying_connection_is_transient_bare_or_wrapped():
+    bare = asyncpg.InternalClientError(
+        "cannot switch to state 12; another operation (2) is in progress"
+    )
+    wrapper = RuntimeError("adapted by the dialect")
+    wrapper.__cause__ = bare
+    wrapped = sa_exc.DBAPIError("SELECT 1", {}, wrapper)
+
+    assert is_transient(bare)
+    assert is_transient(wrapped)

@@ -1,7 +1,15 @@
-"""The SQLAlchemy async engine (asyncpg) of one worker process."""
+"""The database connections of one worker process: a SQLAlchemy engine, and an asyncpg pool.
+
+The engine serves everything but the hot path (stock loads, reports, health, monitors). The
+reservations run on a plain asyncpg pool (:func:`create_pool`): one ``reserve_order()`` call per
+order, without SQLAlchemy's execution machinery, which cost the worker more CPU per delivery
+than asyncpg itself (README, "Performance").
+"""
 
 from __future__ import annotations
 
+import asyncpg
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.settings import Settings
@@ -41,14 +49,47 @@ def create_engine(settings: Settings) -> AsyncEngine:
         pool_timeout=settings.retry_budget_seconds,
         connect_args={
             "timeout": settings.database_connect_timeout_seconds,
-            "server_settings": {
-                "application_name": APPLICATION_NAME,
-                "statement_timeout": _milliseconds(settings.database_statement_timeout_seconds),
-                "lock_timeout": _milliseconds(settings.database_lock_timeout_seconds),
-                # A worker killed mid-statement leaves its backend running until it next
-                # writes to the socket; checking the client every second rolls such orphaned
-                # work back and frees its stock row locks (PostgreSQL 14+).
-                "client_connection_check_interval": "1000",
-            },
+            "server_settings": server_settings(settings),
         },
+    )
+
+
+def server_settings(settings: Settings) -> dict[str, str]:
+    """Session settings of every connection, engine and pool alike (see :func:`create_engine`)."""
+    return {
+        "application_name": APPLICATION_NAME,
+        "statement_timeout": _milliseconds(settings.database_statement_timeout_seconds),
+        "lock_timeout": _milliseconds(settings.database_lock_timeout_seconds),
+        # A worker killed mid-statement leaves its backend running until it next
+        # writes to the socket; checking the client every second rolls such orphaned
+        # work back and frees its stock row locks (PostgreSQL 14+).
+        "client_connection_check_interval": "1000",
+    }
+
+
+async def _keep_session(_connection: asyncpg.Connection) -> None:
+    """Pool ``reset`` hook that sends nothing.
+
+    By default asyncpg resets a released connection with ``RESET ALL`` and more, a round trip
+    per reservation; the hot path changes no session state, and asyncpg still rolls back a
+    transaction left open (``Connection._reset``) before calling this.
+    """
+
+
+async def create_pool(settings: Settings) -> asyncpg.Pool:
+    """Build (but do not connect) the asyncpg pool of the reservations.
+
+    At most ``database_pool_size`` connections, opened on demand, with the session settings
+    of :func:`server_settings`; a connection idle for 5 minutes is closed. Acquiring one waits
+    at most ``retry_budget_seconds`` and then raises ``TimeoutError``, which the retry policy
+    treats as transient. The caller owns the pool and must ``await pool.close()`` at shutdown.
+    """
+    url = make_url(settings.database_url.get_secret_value()).set(drivername="postgresql")
+    return await asyncpg.create_pool(
+        url.render_as_string(hide_password=False),
+        min_size=0,
+        max_size=settings.database_pool_size,
+        timeout=settings.database_connect_timeout_seconds,
+        server_settings=server_settings(settings),
+        reset=_keep_session,
     )

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import asyncpg
 import structlog
 from sqlalchemy import exc as sa_exc
 from tenacity import (
@@ -68,15 +69,30 @@ def is_transient(error: BaseException) -> bool:
 
     - a connection SQLAlchemy invalidated (``DBAPIError.connection_invalidated``);
     - SQLSTATE class 08 and the codes in :data:`TRANSIENT_SQLSTATES`, carried by SQLAlchemy's
-      ``DBAPIError`` (its dialect wraps every ``asyncpg.PostgresError``, connecting included);
+      ``DBAPIError`` (its dialect wraps every ``asyncpg.PostgresError``, connecting included)
+      or by an ``asyncpg.PostgresError`` itself (the reservations' asyncpg pool);
+    - asyncpg's ``InterfaceError`` "connection is closed" (the test SQLAlchemy's dialect makes
+      for a disconnect, too): a connection of the asyncpg pool died between two statements;
+    - asyncpg's ``InternalClientError``, bare or wrapped by SQLAlchemy: the client protocol
+      out of step with its connection, which a server that terminates the connection just as
+      a statement starts causes (a failover); nothing was sent, and a retry opens a new one;
     - ``OSError`` raised while connecting (refused, reset, unreachable host, DNS failure, and
       asyncpg's connect ``timeout``, a ``TimeoutError``), which asyncpg does not wrap;
-    - ``sqlalchemy.exc.TimeoutError``: no pooled connection became free in time.
+    - ``sqlalchemy.exc.TimeoutError``, or the asyncpg pool's ``TimeoutError``: no pooled
+      connection became free in time.
     """
-    if not isinstance(error, sa_exc.DBAPIError):
-        return isinstance(error, OSError | sa_exc.TimeoutError)
-    if error.connection_invalidated:
+    driver = error.orig if isinstance(error, sa_exc.DBAPIError) else error
+    if isinstance(driver, asyncpg.InternalClientError) or isinstance(
+        getattr(driver, "__cause__", None), asyncpg.InternalClientError
+    ):
         return True
+    if isinstance(error, asyncpg.InterfaceError):
+        return "connection is closed" in str(error)
+    if isinstance(error, sa_exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+    elif not isinstance(error, asyncpg.PostgresError):
+        return isinstance(error, OSError | sa_exc.TimeoutError)
     code = sqlstate_of(error)
     return code is not None and (
         code in TRANSIENT_SQLSTATES or code[:2] in TRANSIENT_SQLSTATE_CLASSES
