@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import aio_pika
+import sqlalchemy as sa
 import structlog
 import uvicorn
 import uvloop
@@ -54,8 +56,21 @@ if TYPE_CHECKING:
 logger = structlog.get_logger("fulfilment.main")
 
 
+EXIT_START_FAILED = 1
+EXIT_SERVICE_UNREACHABLE = 3
+"""The worker's exit codes besides 0, as for every ``fulfilment`` command."""
+
+
 class StartRefusedError(Exception):
-    """A start-up check failed; the hook that raised it has logged why, in one line."""
+    """A start-up check failed; the hook that raised it has logged why, in one line.
+
+    ``exit_code`` is :data:`EXIT_SERVICE_UNREACHABLE` when a service did not answer, else
+    :data:`EXIT_START_FAILED`.
+    """
+
+    def __init__(self, reason: str, exit_code: int = EXIT_START_FAILED) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +154,12 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
             await declare_topology(amqp_url, topology)
         except TopologyMismatchError as error:
             logger.error("worker.topology_mismatch", reason=str(error))  # noqa: TRY400 - one line, no trace
-            raise
+            raise StartRefusedError(str(error)) from error
+        except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as error:
+            where = aio_pika.connection.make_url(amqp_url).with_password("***")
+            reason = f"RabbitMQ at {where} does not answer: {type(error).__name__}: {error}"
+            logger.error("worker.broker_unreachable", reason=reason.splitlines()[0])  # noqa: TRY400 - one line, no trace
+            raise StartRefusedError(reason, EXIT_SERVICE_UNREACHABLE) from error
 
     async def cancel_consumers_first() -> None:
         await consumer_pause.close()
@@ -223,9 +243,13 @@ async def run_worker(settings: Settings) -> int:
             logger.error("worker.schema_not_current", reason=str(error))  # noqa: TRY400 - one line, no trace
             raise StartRefusedError(str(error)) from error
         except (OSError, TimeoutError, sa_exc.DBAPIError) as error:
-            reason = f"PostgreSQL does not answer: {type(error).__name__}: {error}".splitlines()[0]
+            where = sa.engine.make_url(settings.database_url.get_secret_value())
+            reason = (
+                f"PostgreSQL at {where.render_as_string(hide_password=True)} does not answer: "
+                f"{type(error).__name__}: {error}"
+            ).splitlines()[0]
             logger.error("worker.database_unreachable", reason=reason)  # noqa: TRY400 - one line, no trace
-            raise StartRefusedError(reason) from error
+            raise StartRefusedError(reason, EXIT_SERVICE_UNREACHABLE) from error
 
     async def close_pool() -> None:
         await pool.close()
@@ -273,8 +297,8 @@ async def run_worker(settings: Settings) -> int:
     serving = asyncio.create_task(http.serve())
     try:
         await worker.app.run(log_level=logging.INFO)
-    except (TopologyMismatchError, StartRefusedError):
-        return 1  # already said in one line by the start-up hook
+    except StartRefusedError as refused:
+        return refused.exit_code  # already said in one line by the start-up hook
     except Exception as error:
         logger.exception("worker.start_failed", reason=f"{type(error).__name__}: {error}")
         return 1
