@@ -20,19 +20,7 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-ADMIN_DATABASE_URL = os.environ.get(
-    "FULFILMENT_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-AMQP_URL = os.environ.get("FULFILMENT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def service_unavailable(what: str, error: BaseException) -> None:
-    """Fail under CI (a missing service must never pass silently); skip elsewhere."""
-    message = f"{what} is not reachable: {type(error).__name__}: {error}"
-    if IN_CI:
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+from services import ADMIN_DATABASE_URL, AMQP_URL, service_unavailable
 
 
 async def _probe_postgres() -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from stack import Stack, compose_environment, load_stack
 
-from conftest import service_unavailable
 from fulfilment.entrypoints.topology import (
     DEAD_LETTER_QUEUE,
     MAIN_QUEUE,
@@ -30,6 +29,7 @@ from fulfilment.entrypoints.topology import (
     declare_topology,
 )
 from fulfilment.settings import Settings
+from services import service_unavailable
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -32,7 +32,7 @@ from harness import free_port
 from sqlalchemy.engine import make_url
 from stack import ROOT, Stack, dockerfile_env, dockerfile_stages, instructions, load_stack
 
-from conftest import ADMIN_DATABASE_URL, service_unavailable
+from services import ADMIN_DATABASE_URL, service_unavailable
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.e2e]
 
