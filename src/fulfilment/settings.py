@@ -86,8 +86,10 @@ class Settings(BaseSettings):
     not restored after a reconnect) before it exits with code 1 for the orchestrator to
     restart it. Pauses during a database outage do not count."""
 
-    database_pool_size: int = Field(default=10, ge=1, le=200)
-    """PostgreSQL connections held by one worker process."""
+    database_pool_size: int = Field(default=32, ge=1, le=200)
+    """PostgreSQL connections held by one worker process, at most (opened on demand). Unset, it
+    follows ``prefetch_count``: every handler gets a connection without waiting, and more
+    transactions committing at once share PostgreSQL's WAL flushes (README, "Performance")."""
 
     database_connect_timeout_seconds: Seconds = 2.0
     """Time allowed to open one PostgreSQL connection."""
@@ -152,6 +154,17 @@ class Settings(BaseSettings):
     def _fault_plan(cls, value: str) -> str:
         parse_fault_plan(value)
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_follows_prefetch(cls, data: object) -> object:
+        if (
+            isinstance(data, Mapping)
+            and data.get("database_pool_size") is None
+            and data.get("prefetch_count") is not None
+        ):
+            return {**data, "database_pool_size": data["prefetch_count"]}
+        return data
 
     @model_validator(mode="after")
     def _deadlines_nest(self) -> Self:
