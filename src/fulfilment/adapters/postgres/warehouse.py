@@ -45,9 +45,7 @@ _RESERVE_ORDER = sa.text(
 )
 """One statement, one round trip (see migration 0002 for the function), through the engine."""
 
-_RESERVE_ORDER_ON_POOL = (
-    "SELECT outcome, reason, skus FROM reserve_order($1, $2, $3, $4, $5, $6)"
-)
+_RESERVE_ORDER_ON_POOL = "SELECT outcome, reason, skus FROM reserve_order($1, $2, $3, $4, $5, $6)"
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
 
 _COUNT_REDELIVERY = sa.text(
