@@ -140,6 +140,9 @@ async def test_a_worker_killed_in_the_middle_of_a_handler_leads_to_one_reservati
 
         await wait_for(waiting_on_the_lock, timeout=15, what="the handler blocked on the row lock")
         worker.kill()
+        # Hold the lock past client_connection_check_interval (1 s): PostgreSQL notices the
+        # dead client and cancels its statement instead of committing it once the lock goes.
+        await asyncio.sleep(2.5)
     assert await reservation_count(db) == 0
 
     restarted = spawn(workers, worker_env, tmp_path)

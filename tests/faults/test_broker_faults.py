@@ -98,7 +98,8 @@ async def test_a_force_closed_connection_is_recovered_and_loses_nothing(
             closed += 1
     assert closed >= 1
 
-    restarts = await run_until_settled(cluster, db, broker, ORDERS, timeout=120)
+    async with await aio_pika.connect(amqp_url) as fresh:  # the test's own was closed too
+        restarts = await run_until_settled(cluster, db, fresh, ORDERS, timeout=120)
     result = await assert_reconciled(settings, orders)
     record_figures(
         "connection force-closed",
