@@ -15,16 +15,18 @@ so it never touches anybody's queues or stock):
 3. measures each drain from the database: the rate is the orders committed between the 1st
    percentile and the last commit (``reservations.created_at``) divided by that time, so the
    start-up of either process is left out; CPU seconds per 1,000 orders of the consumer, the
-   broker (``beam.smp``) and PostgreSQL (all its processes) over the same window
-   (``measure.py``); the consumer's peak RSS (``VmHWM``);
+   broker (``beam.smp``), PostgreSQL (the benchmark database's backends and the server's
+   shared processes) and the rest of the machine over the same window (``measure.py``); the
+   consumer's peak RSS (``VmHWM``); transactions and rows per order (``pg_stat_database``);
 4. publishes orders at a steady rate of half the worker's median drain rate for
    ``--latency-seconds``, each stamped ``placed_at`` = now, to a running worker (and then to
    the reference), and reports end-to-end latency percentiles;
 5. prints medians, the ratio worker/reference, and writes everything as JSON to ``--results``.
 
 ``--profile`` instead drains one backlog with the worker under py-spy and prints where its
-CPU goes. The benchmark is not run by CI: it takes minutes and its figures depend on the
-machine.
+CPU goes; ``--worker-src`` runs another version's worker (its ``src/``, e.g. from
+``git archive``) to compare versions; ``--worker-env`` changes one of its settings. The
+benchmark is not run by CI: it takes minutes and its figures depend on the machine.
 """
 
 from __future__ import annotations
