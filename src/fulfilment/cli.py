@@ -96,6 +96,7 @@ def stock_load(
     file: Annotated[Path, typer.Argument(help="CSV with header sku,on_hand.")],
 ) -> None:
     """Upsert on-hand stock levels from FILE; nothing changes if any row is bad."""
+    from fulfilment.adapters.database import warehouse_session  # noqa: PLC0415
     from fulfilment.adapters.postgres.errors import StockBelowReservedError  # noqa: PLC0415
     from fulfilment.adapters.stock_csv import StockCsvError, read_stock_csv  # noqa: PLC0415
 
@@ -106,7 +107,7 @@ def stock_load(
         fail(str(error), EXIT_BAD_INPUT)
 
     async def load() -> None:
-        async with _warehouse(settings) as warehouse:
+        async with warehouse_session(settings) as warehouse:
             await warehouse.put_stock(levels)
 
     try:
@@ -157,9 +158,13 @@ def report(
 
     Exits 1 when an invariant does not hold.
     """
+    from fulfilment.entrypoints.reporting import collect_report, render_report  # noqa: PLC0415
+
     settings = settings_or_exit()
-    document = run(lambda: _report(settings))
-    _print_report(document, as_json=as_json)
+    document = run(lambda: collect_report(settings))
+    typer.echo(
+        json.dumps(document, indent=2, sort_keys=True) if as_json else render_report(document)
+    )
     if not document["invariants"]["ok"]:
         fail("stock invariants do not hold (see the report above)")
 
@@ -233,27 +238,6 @@ async def _publish(settings: Settings, orders: list[Any]) -> int:
             )
         except UnroutableError as error:
             fail(str(error))
-
-
-def _warehouse(settings: Settings) -> Any:  # noqa: ANN401 - an async context manager of PostgresWarehouse
-    from fulfilment.adapters.database import warehouse_session  # noqa: PLC0415
-
-    return warehouse_session(settings)
-
-
-async def _report(settings: Settings) -> dict[str, Any]:
-    from fulfilment.entrypoints.reporting import collect_report  # noqa: PLC0415
-
-    return await collect_report(settings)
-
-
-def _print_report(document: dict[str, Any], *, as_json: bool) -> None:
-    from fulfilment.entrypoints.reporting import render_report  # noqa: PLC0415
-
-    if as_json:
-        typer.echo(json.dumps(document, indent=2, sort_keys=True))
-    else:
-        typer.echo(render_report(document))
 
 
 IdsOption = Annotated[
@@ -347,6 +331,7 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     ids: IdsOption = None,
     group: GroupOption = None,
     everything: AllOption = False,
+    # 10 per second by default: slow enough that replaying a whole DLQ leaves room for live orders.
     rate: Annotated[float, typer.Option(min=0.1, help="Messages per second at most.")] = 10.0,
     yes: YesOption = False,
     operator: OperatorOption = None,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import asyncpg
 import pytest
 
 from fulfilment.contracts.order_placed import order_placed_body
@@ -133,6 +134,13 @@ def order_event(
         lines=lines,
     )
     return body, str(event_id)
+
+
+async def put_stock(db: asyncpg.Connection, levels: dict[str, int]) -> None:
+    """Create stock rows with these on-hand units and nothing reserved."""
+    await db.executemany(
+        "INSERT INTO stock_levels (sku, on_hand) VALUES ($1, $2)", list(levels.items())
+    )
 
 
 async def publish(

@@ -19,6 +19,7 @@ from harness import (
     free_port,
     order_event,
     publish,
+    put_stock,
     queue_depth,
     spawn,
     wait_for,
@@ -27,12 +28,6 @@ from harness import (
 from fulfilment.entrypoints.topology import MAIN_QUEUE, Topology, declare_topology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
-
-
-async def put_stock(db: asyncpg.Connection, levels: dict[str, int]) -> None:
-    await db.executemany(
-        "INSERT INTO stock_levels (sku, on_hand) VALUES ($1, $2)", list(levels.items())
-    )
 
 
 async def reservation_count(db: asyncpg.Connection) -> int:

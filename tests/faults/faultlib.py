@@ -118,12 +118,6 @@ async def declare(amqp_url: str, delivery_limit: int) -> None:
     await declare_topology(amqp_url, Topology(delivery_limit))
 
 
-async def put_stock(db: asyncpg.Connection, levels: dict[str, int]) -> None:
-    await db.executemany(
-        "INSERT INTO stock_levels (sku, on_hand) VALUES ($1, $2)", list(levels.items())
-    )
-
-
 async def publish(
     connection: aio_pika.abc.AbstractConnection, orders: list[Order] | list[OutgoingEvent]
 ) -> None:
@@ -135,8 +129,7 @@ async def publish(
 
 async def settled(db: asyncpg.Connection, broker: aio_pika.abc.AbstractConnection) -> int:
     """Events processed (inbox rows) plus events dead-lettered (DLQ depth)."""
-    processed = int(await db.fetchval("SELECT count(*) FROM inbox_messages"))
-    return processed + await queue_depth(broker, DEAD_LETTER_QUEUE)
+    return await inbox_count(db) + await queue_depth(broker, DEAD_LETTER_QUEUE)
 
 
 async def run_until_settled(

@@ -14,8 +14,8 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import Cluster, connect_db, declare, put_stock
-from harness import FAST_SETTINGS
+from faultlib import Cluster, connect_db, declare
+from harness import FAST_SETTINGS, publish, put_stock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,8 +23,6 @@ from fulfilment.contracts.order_placed import MAX_LINES, order_placed_body
 from fulfilment.entrypoints.amqp import MalformedEventError, parse_order_placed
 from fulfilment.entrypoints.topology import (
     DEAD_LETTER_QUEUE,
-    ORDER_PLACED_ROUTING_KEY,
-    ORDERS_EXCHANGE,
 )
 
 LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
@@ -150,7 +148,7 @@ async def test_a_body_of_several_megabytes_is_dead_lettered_and_the_worker_goes_
         placed_at=datetime.now(UTC),
         lines=[("85123A", 2)],
     )
-    await _publish(broker, body, "application/json", {})
+    await publish(broker, body)
     await _wait(lambda: _reserved(db, 2))
     assert worker.ready()
 
@@ -175,30 +173,11 @@ def running_worker(cluster: Cluster, amqp_url: str, clean_database: str) -> Any:
         placed_at=datetime.now(UTC),
         lines=[("85123A", 3)],
     )
-    loop.run_until_complete(_publish(connection, body, "application/json", {}))
+    loop.run_until_complete(publish(connection, body))
     loop.run_until_complete(_wait(lambda: _reserved(db, 3)))
     loop.run_until_complete(connection.close())
     loop.run_until_complete(db.close())
     loop.close()
-
-
-async def _publish(
-    broker: aio_pika.abc.AbstractConnection,
-    body: bytes,
-    content_type: str | None,
-    headers: dict[str, Any],
-    message_id: str | None = None,
-) -> None:
-    channel = await broker.channel(publisher_confirms=True, on_return_raises=True)
-    exchange = await channel.declare_exchange(
-        ORDERS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
-    )
-    await exchange.publish(
-        aio_pika.Message(body, content_type=content_type, headers=headers, message_id=message_id),
-        routing_key=ORDER_PLACED_ROUTING_KEY,
-        mandatory=True,
-    )
-    await channel.close()
 
 
 async def _publish_and_take_dead_letter(
@@ -208,7 +187,7 @@ async def _publish_and_take_dead_letter(
     headers: dict[str, Any],
 ) -> aio_pika.abc.AbstractIncomingMessage:
     message_id = str(uuid.uuid4())
-    await _publish(broker, body, content_type, headers, message_id)
+    await publish(broker, body, message_id=message_id, content_type=content_type, headers=headers)
     channel = await broker.channel()
     queue = await channel.get_queue(DEAD_LETTER_QUEUE, ensure=True)
     deadline = time.monotonic() + 20

@@ -15,13 +15,12 @@ from faultlib import (
     assert_reconciled,
     declare,
     publish,
-    put_stock,
     record_figures,
     run_until_settled,
     synthetic_orders,
     wait_until_processing,
 )
-from harness import FAST_SETTINGS, WorkerProcess
+from harness import FAST_SETTINGS, WorkerProcess, put_stock
 
 from fulfilment.entrypoints.topology import MAIN_QUEUE
 from fulfilment.settings import Settings

@@ -16,11 +16,11 @@ from faultlib import (
     assert_reconciled,
     declare,
     publish,
-    put_stock,
     record_figures,
     run_until_settled,
     synthetic_orders,
 )
+from harness import put_stock
 
 from fulfilment.settings import Settings
 

@@ -20,13 +20,12 @@ from faultlib import (
     connect_db,
     declare,
     publish,
-    put_stock,
     record_figures,
     run_until_settled,
     synthetic_orders,
     wait_until_processing,
 )
-from harness import FAST_SETTINGS
+from harness import FAST_SETTINGS, put_stock
 
 from fulfilment.settings import Settings
 

@@ -20,12 +20,11 @@ from faultlib import (
     assert_reconciled,
     declare,
     publish,
-    put_stock,
     record_figures,
     run_until_settled,
     synthetic_orders,
 )
-from harness import FAST_SETTINGS, free_port
+from harness import FAST_SETTINGS, free_port, put_stock
 
 from fulfilment.adapters.online_retail import csv_files, read_orders
 from fulfilment.adapters.rabbitmq import OutgoingEvent

@@ -20,9 +20,6 @@ if TYPE_CHECKING:
 
 logger = structlog.get_logger("fulfilment.consumer")
 
-DELIVERY_TASK_HOPS = 4
-"""Loop iterations a received delivery needs to reach FastStream's handler (2, with margin)."""
-
 FIRST_CHECK_SECONDS = 1.0
 """Wait before the first look at a database that failed; doubled after each failed look."""
 MAX_CHECK_SECONDS = 15.0
@@ -105,12 +102,6 @@ async def cancel_consumer(subscriber: RabbitSubscriber) -> None:
     tag = subscriber._consumer_tag  # noqa: SLF001
     if queue is not None and tag is not None and not queue.channel.is_closed:
         await queue.cancel(tag)
-        # Deliveries the broker sent before its CancelOk are already here, but each reaches
-        # FastStream two task hops later (aiormq starts a task that starts aio-pika's task).
-        # Letting those hops run before the caller stops the subscriber means they enter
-        # processing instead of meeting ``running = False`` and being dropped unacknowledged.
-        for _ in range(DELIVERY_TASK_HOPS):
-            await asyncio.sleep(0)
     subscriber._consumer_tag = None  # noqa: SLF001
 
 

@@ -57,9 +57,6 @@ if TYPE_CHECKING:
 CONFIRM_SECONDS = 10.0
 """How long a replay waits for the broker's confirm of one message before it stops."""
 
-DEFAULT_RATE_PER_SECOND = 10.0
-"""Replays per second unless ``--rate`` says otherwise: slow enough that a replay of the
-whole DLQ does not crowd out live orders."""
 
 REASON_WIDTH = 70
 """Characters of a reason shown in the ``list`` table."""
