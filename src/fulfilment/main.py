@@ -230,6 +230,8 @@ async def run_worker(settings: Settings) -> int:
         on_retry=on_retry,
         faults=faults,
         pool=pool,
+        transactions=settings.database_pool_size,
+        max_orders_per_transaction=settings.reservation_batch_max,
     )
 
     async def database_ping() -> None:

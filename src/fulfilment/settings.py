@@ -86,10 +86,16 @@ class Settings(BaseSettings):
     not restored after a reconnect) before it exits with code 1 for the orchestrator to
     restart it. Pauses during a database outage do not count."""
 
-    database_pool_size: int = Field(default=32, ge=1, le=200)
-    """PostgreSQL connections held by one worker process, at most (opened on demand). Unset, it
-    follows ``prefetch_count``: every handler gets a connection without waiting, and more
-    transactions committing at once share PostgreSQL's WAL flushes (README, "Performance")."""
+    database_pool_size: int = Field(default=4, ge=1, le=200)
+    """Reservation transactions one worker process runs at once, each on a connection of its
+    own (opened on demand). Deliveries that arrive while all of them are busy wait, and the
+    next free connection reserves them together in one transaction (group commit, at most
+    ``reservation_batch_max`` orders). The process holds at most this many connections plus
+    ``ENGINE_POOL_SIZE`` (2) for everything else (``adapters.postgres.engine``)."""
+
+    reservation_batch_max: int = Field(default=32, ge=1, le=1000)
+    """Most orders one reservation transaction carries. Unset, it follows ``prefetch_count``
+    (every delivery in flight); 1 commits every order in a transaction of its own."""
 
     database_connect_timeout_seconds: Seconds = 2.0
     """Time allowed to open one PostgreSQL connection."""
@@ -157,13 +163,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="before")
     @classmethod
-    def _pool_follows_prefetch(cls, data: object) -> object:
+    def _batch_follows_prefetch(cls, data: object) -> object:
         if (
             isinstance(data, Mapping)
-            and data.get("database_pool_size") is None
+            and data.get("reservation_batch_max") is None
             and data.get("prefetch_count") is not None
         ):
-            return {**data, "database_pool_size": data["prefetch_count"]}
+            return {**data, "reservation_batch_max": data["prefetch_count"]}
         return data
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from dockerfile_parse import DockerfileParser
 from pydantic import ValidationError
 
 from fulfilment import cli
+from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
 from fulfilment.entrypoints.http import READINESS_CHECK_SECONDS, health_app
 from fulfilment.entrypoints.topology import (
     DEAD_LETTER_QUEUE,
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 POSTGRES_DEFAULT_MAX_CONNECTIONS = 100
 """PostgreSQL's default ``max_connections``: the scaling bound must fit the workers' pools in it
-(each replica holds ``database_pool_size`` connections, with no overflow)."""
+(each replica holds ``database_pool_size`` + ``ENGINE_POOL_SIZE`` connections, no overflow)."""
 
 QUEUE_ARGUMENT_TO_POLICY_KEY = {
     "x-delivery-limit": "delivery-limit",
@@ -594,9 +595,10 @@ def check_scaling(stack: Stack) -> list[str]:
             f"k8s: need 1 <= PDB minAvailable ({pdb['minAvailable']}) < minReplicaCount "
             f"({low}) <= maxReplicaCount ({high})"
         )
-    if high * settings.database_pool_size > POSTGRES_DEFAULT_MAX_CONNECTIONS:
+    per_replica = settings.database_pool_size + ENGINE_POOL_SIZE
+    if high * per_replica > POSTGRES_DEFAULT_MAX_CONNECTIONS:
         problems.append(
-            f"k8s: {high} replicas x {settings.database_pool_size} connections exceed "
+            f"k8s: {high} replicas x {per_replica} connections exceed "
             f"PostgreSQL's {POSTGRES_DEFAULT_MAX_CONNECTIONS}"
         )
     labels = pod_labels = deployment["spec"]["template"]["metadata"]["labels"]

@@ -10,10 +10,9 @@ from datetime import UTC, datetime
 from uuid import uuid4
 
 import pytest
-import sqlalchemy as sa
 from pydantic import SecretStr
 
-from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.reporting import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
@@ -43,13 +42,22 @@ def order(*lines):
 
 @pytest.fixture
 async def engine(clean_database):
-    engine = create_engine(
-        Settings(database_url=SecretStr(clean_database), database_pool_size=CONNECTIONS)
-    )
+    engine = create_engine(Settings(database_url=SecretStr(clean_database)))
     try:
         yield engine
     finally:
         await engine.dispose()
+
+
+@pytest.fixture
+async def pool(clean_database):
+    pool = await create_pool(
+        Settings(database_url=SecretStr(clean_database), database_pool_size=CONNECTIONS)
+    )
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 @pytest.fixture
@@ -58,13 +66,22 @@ def retries():
 
 
 @pytest.fixture
-def warehouse(engine, retries):
+def warehouse(engine, pool, retries):
+    # Many transactions of a few orders each: orders contend within and across transactions.
     return PostgresWarehouse(
-        engine, consumer="fulfilment", retry_budget_seconds=5.0, on_retry=retries.append
+        engine,
+        consumer="fulfilment",
+        retry_budget_seconds=5.0,
+        on_retry=retries.append,
+        pool=pool,
+        transactions=CONNECTIONS,
+        max_orders_per_transaction=4,
     )
 
 
-async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(warehouse, engine, retries):
+async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(
+    warehouse, engine, pool, retries
+):
     hot = {"85123A": 120, "22423": 90, "47566": 60, "84879": 150, "BANK CHARGES": 40}
     await warehouse.put_stock(hot)
     rng = random.Random(20101201)
@@ -106,7 +123,7 @@ async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(warehouse, 
     assert kinds[OutcomeKind.REJECTED] > 0
     assert kinds[OutcomeKind.RESERVED] + kinds[OutcomeKind.REJECTED] == len(orders)
     assert DEADLOCK_DETECTED not in {sqlstate_of(error) for error in retries}
-    assert engine.pool.checkedin() >= 16, "the orders must have run on many connections"
+    assert pool.get_size() >= 16, "the orders must have run on many connections"
     report = await outcome_report(engine)
     assert report.ok, report
     assert report.reserved == kinds[OutcomeKind.RESERVED]
@@ -184,32 +201,38 @@ async def test_a_stock_load_running_with_reservations_neither_deadlocks_nor_lose
     assert {level.reserved for level in levels.values()} == {100}
 
 
-async def test_reserve_order_itself_locks_in_one_order_whatever_order_it_is_sent(engine):
-    # The warehouse already sends SKUs sorted; other callers of the function may not.
+@pytest.mark.parametrize("orders_per_call", [None, 3])
+async def test_the_functions_lock_in_one_order_whatever_order_they_are_sent(pool, orders_per_call):
+    # The warehouse already sends SKUs sorted; other callers of the functions may not. None is
+    # reserve_order() (kept for the previous release), a number is reserve_orders().
     skus = ["A", "B", "C", "a", "b"]
-    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-    async with autocommit.connect() as connection:
-        await connection.execute(
-            sa.text(
-                "INSERT INTO stock_levels (sku, on_hand)"
-                " SELECT unnest(CAST(:skus AS text[])), 10000"
-            ),
-            {"skus": skus},
-        )
+    await pool.execute(
+        "INSERT INTO stock_levels (sku, on_hand) SELECT unnest($1::text[]), 10000", skus
+    )
     rng = random.Random(11)
-    sequences = [rng.sample(skus, len(skus)) for _ in range(300)]
+    calls = [[rng.sample(skus, len(skus)) for _ in range(orders_per_call or 1)] for _ in range(300)]
 
-    async def reserve(sequence):
-        async with autocommit.connect() as connection:
-            result = await connection.execute(
-                sa.text(
+    async def reserve(call):
+        if orders_per_call is None:
+            return [
+                await pool.fetchval(
                     "SELECT outcome FROM reserve_order("
-                    "'fulfilment', gen_random_uuid(), gen_random_uuid(), now(), :skus, :quantities)"
-                ),
-                {"skus": sequence, "quantities": [1] * len(sequence)},
-            )
-            return result.scalar_one()
+                    "'fulfilment', gen_random_uuid(), gen_random_uuid(), now(), $1, $2)",
+                    call[0],
+                    [1] * len(skus),
+                )
+            ]
+        rows = await pool.fetch(
+            "SELECT outcome FROM reserve_orders('fulfilment', $1, $2, $3, $4, $5, $6)",
+            [uuid4() for _ in call],
+            [uuid4() for _ in call],
+            [datetime.now(UTC) for _ in call],
+            [ordinal for ordinal, sequence in enumerate(call, 1) for _ in sequence],
+            [sku for sequence in call for sku in sequence],
+            [1] * len(skus) * len(call),
+        )
+        return [row["outcome"] for row in rows]
 
-    outcomes = await asyncio.gather(*(reserve(sequence) for sequence in sequences))
+    outcomes = await asyncio.gather(*(reserve(call) for call in calls))
 
-    assert set(outcomes) == {"reserved"}
+    assert {outcome for call in outcomes for outcome in call} == {"reserved"}

@@ -41,7 +41,7 @@ async def test_an_empty_database_reports_nothing_and_holds_its_invariants(wareho
     assert report.reserved == 0
     assert report.rejected == {"insufficient_stock": 0, "unknown_sku": 0}
     assert (report.duplicate_orders, report.inbox_total) == (0, 0)
-    assert report.invariants == InvariantChecks(0, 0, (), 0)
+    assert report.invariants == InvariantChecks(0, 0, (), 0, 0)
     assert report.ok
 
 
@@ -79,6 +79,7 @@ async def test_the_report_is_plain_data_for_json(warehouse):
             "reserved_mismatches": 0,
             "reserved_mismatch_examples": (),
             "inbox_unaccounted": 0,
+            "orphan_lines": 0,
         },
     }
 
@@ -119,6 +120,24 @@ async def test_an_inbox_row_without_a_reservation_is_reported(warehouse):
     report = await outcome_report(warehouse.engine)
 
     assert report.invariants.inbox_unaccounted == 1
+    assert not report.ok
+
+
+async def test_lines_of_an_order_without_a_reservation_are_reported(warehouse):
+    await warehouse.put_stock({"A": 5})
+    await warehouse.reserve(order(("A", 2)))
+    async with warehouse.engine.begin() as connection:
+        await connection.execute(
+            sa.text(
+                "INSERT INTO reservation_lines (order_id, sku, quantity)"
+                " VALUES (gen_random_uuid(), 'A', 1), (gen_random_uuid(), 'B', 1)"
+            )
+        )
+
+    report = await outcome_report(warehouse.engine)
+
+    assert report.invariants.orphan_lines == 2
+    assert report.invariants.reserved_mismatches == 0
     assert not report.ok
 
 

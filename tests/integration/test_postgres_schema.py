@@ -212,6 +212,44 @@ async def test_reserve_order_refuses_malformed_lines_and_writes_nothing(engine, 
         assert await connection.scalar(sa.text("SELECT count(*) FROM inbox_messages")) == 0
 
 
+@pytest.mark.parametrize(
+    ("orders", "line_orders", "skus", "quantities", "sqlstate"),
+    [
+        (0, [], [], [], "22004"),  # no order
+        (2, [1], ["A"], [1], "22023"),  # an order without lines
+        (1, [1, 2], ["A", "B"], [1, 1], "22023"),  # a line of no order
+        (1, [1], ["A"], [0], "22023"),
+        (1, [1], [None], [1], "22023"),
+        (1, [1, 1], ["A", "B"], [1], "22023"),  # arrays of different lengths
+    ],
+)
+async def test_reserve_orders_refuses_malformed_batches_and_writes_nothing(
+    engine, orders, line_orders, skus, quantities, sqlstate
+):
+    with pytest.raises(sa.exc.DBAPIError) as raised:
+        async with engine.begin() as connection:
+            await connection.execute(
+                sa.text(
+                    "SELECT * FROM reserve_orders('fulfilment', CAST(:events AS uuid[]),"
+                    " CAST(:orders AS uuid[]), CAST(:placed AS timestamptz[]),"
+                    " CAST(:line_orders AS integer[]), CAST(:skus AS text[]),"
+                    " CAST(:quantities AS integer[]))"
+                ),
+                {
+                    "events": [uuid4() for _ in range(orders)],
+                    "orders": [uuid4() for _ in range(orders)],
+                    "placed": [datetime(2010, 12, 1, tzinfo=UTC)] * orders,
+                    "line_orders": line_orders,
+                    "skus": skus,
+                    "quantities": quantities,
+                },
+            )
+
+    assert sqlstate_of(raised.value) == sqlstate
+    async with engine.connect() as connection:
+        assert await connection.scalar(sa.text("SELECT count(*) FROM inbox_messages")) == 0
+
+
 def test_migrating_an_up_to_date_database_changes_nothing(database_url):
     schema.migrate(database_url)
     schema.migrate(database_url)
@@ -265,11 +303,11 @@ def test_downgrading_to_base_drops_everything_and_upgrading_restores_it(database
         schema.migrate(url)
         assert asyncio.run(objects()) == (
             {"alembic_version", *metadata.tables},
-            {"reserve_order"},
+            {"reserve_order", "reserve_orders"},
         )
         command.downgrade(schema.alembic_config(url), "base")
         assert asyncio.run(objects()) == ({"alembic_version"}, set())
         schema.migrate(url)
-        assert asyncio.run(objects())[1] == {"reserve_order"}
+        assert asyncio.run(objects())[1] == {"reserve_order", "reserve_orders"}
     finally:
         asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -1,4 +1,4 @@
-"""The database pool follows the prefetch unless it is set: one connection per handler."""
+"""Reservation transactions and their batches: a few connections, batches up to the prefetch."""
 
 from __future__ import annotations
 
@@ -9,26 +9,39 @@ from fulfilment.settings import Settings
 
 @pytest.fixture(autouse=True)
 def no_environment(monkeypatch):
-    for name in ("FULFILMENT_PREFETCH_COUNT", "FULFILMENT_DATABASE_POOL_SIZE"):
+    for name in (
+        "FULFILMENT_PREFETCH_COUNT",
+        "FULFILMENT_DATABASE_POOL_SIZE",
+        "FULFILMENT_RESERVATION_BATCH_MAX",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir("/")  # no .env file
 
 
-def test_by_default_the_pool_has_a_connection_for_every_prefetched_delivery():
+def test_by_default_four_transactions_each_carry_up_to_every_prefetched_delivery():
     settings = Settings()
 
-    assert settings.database_pool_size == settings.prefetch_count == 32
+    assert settings.database_pool_size == 4
+    assert settings.reservation_batch_max == settings.prefetch_count == 32
 
 
-def test_an_unset_pool_size_follows_the_prefetch_count_from_the_environment(monkeypatch):
+def test_an_unset_batch_max_follows_the_prefetch_count_from_the_environment(monkeypatch):
     monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "12")
 
-    assert Settings().database_pool_size == 12
+    assert Settings().reservation_batch_max == 12
 
 
-def test_a_pool_size_that_is_set_wins_over_the_prefetch_count(monkeypatch):
+def test_a_batch_max_that_is_set_wins_over_the_prefetch_count(monkeypatch):
     monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "64")
-    monkeypatch.setenv("FULFILMENT_DATABASE_POOL_SIZE", "16")
+    monkeypatch.setenv("FULFILMENT_RESERVATION_BATCH_MAX", "1")
 
-    assert Settings().database_pool_size == 16
-    assert Settings(prefetch_count=8, database_pool_size=4).database_pool_size == 4
+    assert Settings().reservation_batch_max == 1
+    assert Settings(prefetch_count=8, reservation_batch_max=4).reservation_batch_max == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("database_pool_size", 0), ("reservation_batch_max", 0)]
+)
+def test_zero_transactions_or_orders_per_transaction_is_refused(name, value):
+    with pytest.raises(ValueError, match=name):
+        Settings(**{name: value})

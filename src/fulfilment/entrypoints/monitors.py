@@ -158,6 +158,7 @@ async def check_invariants(
             violations.labels("stock_out_of_bounds").set(checks.stock_out_of_bounds)
             violations.labels("reserved_mismatches").set(checks.reserved_mismatches)
             violations.labels("inbox_unaccounted").set(abs(checks.inbox_unaccounted))
+            violations.labels("orphan_lines").set(checks.orphan_lines)
             if not checks.ok:
                 logger.error("monitor.invariants_broken", **dataclasses.asdict(checks))
         await asyncio.sleep(interval_seconds)

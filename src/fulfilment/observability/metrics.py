@@ -32,7 +32,7 @@ REQUEUED = "requeued"
 (see ``entrypoints.consumer_control.ConsumerPause``); their ``reason`` is ``transient``."""
 REQUEUED_TRANSIENT = "transient"
 
-INVARIANTS = ("stock_out_of_bounds", "reserved_mismatches", "inbox_unaccounted")
+INVARIANTS = ("stock_out_of_bounds", "reserved_mismatches", "inbox_unaccounted", "orphan_lines")
 """The ``invariant`` label values: the checks of ``fulfilment report``."""
 
 MONITOR_CHECKS = ("queues", "invariants")

@@ -1,9 +1,9 @@
 """The database connections of one worker process: a SQLAlchemy engine, and an asyncpg pool.
 
-The engine serves everything but the hot path (stock loads, reports, health, monitors). The
-reservations run on a plain asyncpg pool (:func:`create_pool`): one ``reserve_order()`` call per
-order, without SQLAlchemy's execution machinery, which cost the worker more CPU per delivery
-than asyncpg itself (README, "Performance").
+The engine serves everything but the hot path (stock loads, reports, health, monitors,
+redelivery counts). The reservations run on a plain asyncpg pool (:func:`create_pool`): one
+``reserve_orders()`` call per batch of orders, without SQLAlchemy's execution machinery, which
+cost the worker more CPU per delivery than asyncpg itself (README, "Performance").
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.settings import Settings
+
+ENGINE_POOL_SIZE = 2
+"""Connections of the engine, at most: a health check and a monitor or a redelivery count."""
 
 APPLICATION_NAME = "fulfilment"
 """``application_name`` of every session: ``pg_stat_activity`` shows whose connections they are."""
@@ -25,10 +28,10 @@ def _milliseconds(seconds: float) -> str:
 def create_engine(settings: Settings) -> AsyncEngine:
     """Build (but do not connect) the engine for ``settings.database_url``.
 
-    - At most ``database_pool_size`` connections (no overflow), so the database's connection
-      budget is replicas x pool size. A task waits at most ``retry_budget_seconds`` for a free
-      connection; the wait then fails with ``sqlalchemy.exc.TimeoutError``, which the retry
-      policy treats as transient.
+    - At most :data:`ENGINE_POOL_SIZE` connections (no overflow); with the reservations' pool,
+      a process holds at most ``database_pool_size`` + :data:`ENGINE_POOL_SIZE`. A task waits
+      at most ``retry_budget_seconds`` for a free connection; the wait then fails with
+      ``sqlalchemy.exc.TimeoutError``, which the retry policy treats as transient.
     - ``database_connect_timeout_seconds`` bounds opening one connection (asyncpg ``timeout``).
     - ``statement_timeout`` and ``lock_timeout`` are server settings of every session (from
       ``database_statement_timeout_seconds`` and ``database_lock_timeout_seconds``, sent in
@@ -44,7 +47,7 @@ def create_engine(settings: Settings) -> AsyncEngine:
     """
     return create_async_engine(
         settings.database_url.get_secret_value(),
-        pool_size=settings.database_pool_size,
+        pool_size=ENGINE_POOL_SIZE,
         max_overflow=0,
         pool_timeout=settings.retry_budget_seconds,
         connect_args={

@@ -33,12 +33,15 @@ class InvariantChecks:
         inbox_unaccounted: inbox rows minus (reservations + ``duplicate_order`` inbox rows);
             0 when every processed event left exactly one trace. Assumes one consumer name per
             database, as deployed.
+        orphan_lines: ``reservation_lines`` rows whose order has no reservation (the check
+            of the foreign key that migration 0005 dropped).
     """
 
     stock_out_of_bounds: int
     reserved_mismatches: int
     reserved_mismatch_examples: tuple[str, ...]
     inbox_unaccounted: int
+    orphan_lines: int
 
     @property
     def ok(self) -> bool:
@@ -47,6 +50,7 @@ class InvariantChecks:
             self.stock_out_of_bounds == 0
             and self.reserved_mismatches == 0
             and self.inbox_unaccounted == 0
+            and self.orphan_lines == 0
         )
 
 
@@ -128,6 +132,14 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
         )
     )
 
+    orphan_lines = await connection.scalar(
+        sa.select(sa.func.count())
+        .select_from(reservation_lines)
+        .where(
+            ~sa.exists().where(reservations.c.order_id == reservation_lines.c.order_id),
+        )
+    )
+
     demand = (
         sa.select(
             reservation_lines.c.sku,
@@ -161,5 +173,6 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
             reserved_mismatches=mismatches[0].total if mismatches else 0,
             reserved_mismatch_examples=tuple(row.sku for row in mismatches),
             inbox_unaccounted=inbox_total - reservations_total - duplicate_orders,
+            orphan_lines=orphan_lines or 0,
         ),
     )

@@ -99,15 +99,12 @@ reservation_lines = sa.Table(
     sa.Column("sku", sa.Text, primary_key=True),
     sa.Column("quantity", sa.Integer, nullable=False),
     sa.PrimaryKeyConstraint("order_id", "sku", name="reservation_lines_pkey"),
-    sa.ForeignKeyConstraint(
-        ["order_id"],
-        ["reservations.order_id"],
-        name="reservation_lines_order_id_fkey",
-        ondelete="CASCADE",
-    ),
     sa.CheckConstraint("quantity > 0", name="reservation_lines_quantity_positive"),
 )
-"""The demand of each order per SKU (lines of the same SKU summed), reserved or rejected."""
+"""The demand of each order per SKU (lines of the same SKU summed), reserved or rejected.
+
+No foreign key to ``reservations`` (dropped by migration 0005, which says why): the
+reservation functions write an order's reservation and its lines in one transaction."""
 
 delivery_attempts = sa.Table(
     "delivery_attempts",

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.faults import CrashPoint, FaultPlan, crash
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
+from fulfilment.adapters.postgres.group_commit import GroupCommit
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
 from fulfilment.application.ports import Warehouse
@@ -29,23 +30,32 @@ __all__ = ["MAX_ON_HAND", "PostgresWarehouse", "StockBelowReservedError"]
 MAX_ON_HAND = INTEGER_MAX
 """Largest ``on_hand`` the column holds."""
 
+DEFAULT_TRANSACTIONS = 4
+"""Default of ``transactions``: reservation transactions running at once."""
+
+DEFAULT_MAX_ORDERS_PER_TRANSACTION = 32
+"""Default of ``max_orders_per_transaction``: the default prefetch, every delivery in flight."""
+
 _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
 
-_RESERVE_ORDER = sa.text(
-    "SELECT outcome, reason, skus"
-    " FROM reserve_order(:consumer, :event_id, :order_id, :placed_at, :skus, :quantities)"
+_RESERVE_ORDERS = sa.text(
+    "SELECT outcome, reason, skus FROM reserve_orders("
+    ":consumer, :event_ids, :order_ids, :placed_at, :line_orders, :line_skus, :line_quantities)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
-    sa.bindparam("event_id", type_=sa.Uuid),
-    sa.bindparam("order_id", type_=sa.Uuid),
-    sa.bindparam("placed_at", type_=sa.DateTime(timezone=True)),
-    sa.bindparam("skus", type_=_TEXT_ARRAY),
-    sa.bindparam("quantities", type_=_INTEGER_ARRAY),
+    sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("order_ids", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("placed_at", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
+    sa.bindparam("line_orders", type_=_INTEGER_ARRAY),
+    sa.bindparam("line_skus", type_=_TEXT_ARRAY),
+    sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
 )
-"""One statement, one round trip (see migration 0002 for the function), through the engine."""
+"""One statement, one round trip (see migration 0005 for the function), through the engine."""
 
-_RESERVE_ORDER_ON_POOL = "SELECT outcome, reason, skus FROM reserve_order($1, $2, $3, $4, $5, $6)"
+_RESERVE_ORDERS_ON_POOL = (
+    "SELECT outcome, reason, skus FROM reserve_orders($1, $2, $3, $4, $5, $6, $7)"
+)
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
 
 _COUNT_REDELIVERY = sa.text(
@@ -56,7 +66,7 @@ _COUNT_REDELIVERY = sa.text(
     " RETURNING a.redeliveries"
 )
 
-# Rows are upserted in code-point order, the lock order of reserve_order, so that a stock load
+# Rows are upserted in code-point order, the lock order of reserve_orders, so that a stock load
 # and reservations running at once wait for each other instead of deadlocking. Existing rows
 # whose reserved units exceed the new on_hand are skipped by the WHERE (and so not returned).
 _PUT_STOCK = sa.text(
@@ -91,8 +101,13 @@ class PostgresWarehouse(Warehouse):
             unarmed in production, where the armed path below is never taken.
         pool: the asyncpg pool of :meth:`reserve` (``adapters.postgres.engine.create_pool``),
             not owned; without one, reservations take a connection of ``engine``. Either way a
-            reservation is one ``reserve_order()`` call in autocommit; the pool skips
-            SQLAlchemy's execution machinery, the larger part of the worker's CPU per order.
+            batch of reservations is one ``reserve_orders()`` call in autocommit; the pool
+            skips SQLAlchemy's execution machinery, the larger part of the worker's CPU per
+            order.
+        transactions: most reservation transactions running at once
+            (``FULFILMENT_RESERVATION_TRANSACTIONS``).
+        max_orders_per_transaction: most orders one transaction reserves
+            (``FULFILMENT_RESERVATION_BATCH_MAX``); 1 commits every order on its own.
 
     Every method retries transient errors under the same policy and then raises
     :class:`~fulfilment.application.ports.TransientError`; other database errors propagate.
@@ -107,6 +122,8 @@ class PostgresWarehouse(Warehouse):
         on_retry: RetryHook | None = None,
         faults: FaultPlan | None = None,
         pool: asyncpg.Pool | None = None,
+        transactions: int = DEFAULT_TRANSACTIONS,
+        max_orders_per_transaction: int = DEFAULT_MAX_ORDERS_PER_TRANSACTION,
     ) -> None:
         self._engine = engine
         self._pool = pool
@@ -117,15 +134,74 @@ class PostgresWarehouse(Warehouse):
         self._consumer = consumer
         self._retry_budget_seconds = retry_budget_seconds
         self._on_retry = on_retry
+        self._group_commit = GroupCommit(
+            self._commit_batch,
+            transactions=transactions,
+            max_orders=max_orders_per_transaction,
+        )
 
-    async def _reserve_and_crash_before_commit(
-        self, command: ReserveStock, parameters: Mapping[str, Any]
-    ) -> None:
+    async def _reserve_and_crash_before_commit(self, command: ReserveStock) -> None:
         # The fault suite's "in_transaction" point: every write of the reservation is done and
         # the process dies before COMMIT, so PostgreSQL must roll it all back.
         async with self._engine.connect() as connection, connection.begin():
-            await connection.execute(_RESERVE_ORDER, parameters)
+            await connection.execute(_RESERVE_ORDERS, self._parameters([command]))
             crash(CrashPoint.IN_TRANSACTION, command)
+
+    def _parameters(self, commands: Sequence[ReserveStock]) -> dict[str, Any]:
+        """The arguments of ``reserve_orders()``, by name and in its order."""
+        line_orders: list[int] = []
+        line_skus: list[str] = []
+        line_quantities: list[int] = []
+        for ordinal, command in enumerate(commands, start=1):
+            demand = command.demand()
+            if not demand:
+                msg = f"order {command.order_id} has no lines"
+                raise ValueError(msg)
+            line_orders.extend([ordinal] * len(demand))
+            line_skus.extend(demand)
+            line_quantities.extend(demand.values())
+        return {
+            "consumer": self._consumer,
+            "event_ids": [command.event_id for command in commands],
+            "order_ids": [command.order_id for command in commands],
+            "placed_at": [command.placed_at for command in commands],
+            "line_orders": line_orders,
+            "line_skus": line_skus,
+            "line_quantities": line_quantities,
+        }
+
+    async def _commit_batch(self, commands: Sequence[ReserveStock]) -> list[ReservationOutcome]:
+        """Reserve ``commands`` in one ``reserve_orders()`` call (see ``group_commit``)."""
+        parameters = self._parameters(commands)
+
+        async def attempt() -> Sequence[Sequence[Any]]:
+            if self._pool is not None:
+                async with self._pool.acquire(timeout=self._retry_budget_seconds) as connection:
+                    try:
+                        rows: list[Sequence[Any]] = await connection.fetch(
+                            _RESERVE_ORDERS_ON_POOL, *parameters.values()
+                        )
+                    except (asyncpg.InterfaceError, OSError):
+                        # The connection, not the server, failed (a failover kills connections
+                        # under running statements): never hand it out again; the retry
+                        # policy decides whether to try on a new one.
+                        connection.terminate()
+                        raise
+                    return rows
+            async with self._autocommit.connect() as connection:
+                result = await connection.execute(_RESERVE_ORDERS, parameters)
+                return result.all()
+
+        rows = await call_with_retry(
+            attempt,
+            operation="reserve",
+            budget_seconds=self._retry_budget_seconds,
+            on_retry=self._on_retry,
+        )
+        return [
+            _to_outcome(command, outcome, reason, skus)
+            for command, (outcome, reason, skus) in zip(commands, rows, strict=True)
+        ]
 
     async def count_redelivery(self, message_key: str) -> int:
         """Record one more redelivery of ``message_key``; return the redeliveries so far (>= 1).
@@ -153,7 +229,10 @@ class PostgresWarehouse(Warehouse):
         return self._engine
 
     async def reserve(self, command: ReserveStock) -> ReservationOutcome:
-        """Reserve ``command``'s demand with one call of ``reserve_order``.
+        """Reserve ``command``'s demand in a ``reserve_orders()`` transaction (group commit).
+
+        The orders reserved at the same moment share the transaction (``group_commit``); each
+        gets the outcome it would get alone, in the order the calls came.
 
         When a connection drops after the function committed but before its answer arrived, the
         retry finds the inbox row and answers ``duplicate:event``: the order was still reserved
@@ -163,48 +242,12 @@ class PostgresWarehouse(Warehouse):
             TransientError: a transient database error outlasted the retry budget.
             ValueError: the command has no lines.
         """
-        demand = command.demand()
-        if not demand:
+        if not command.lines:
             msg = f"order {command.order_id} has no lines"
             raise ValueError(msg)
-        parameters = {
-            "consumer": self._consumer,
-            "event_id": command.event_id,
-            "order_id": command.order_id,
-            "placed_at": command.placed_at,
-            "skus": list(demand),
-            "quantities": list(demand.values()),
-        }
-
         if self._faults is not None and self._faults.crashes_at(CrashPoint.IN_TRANSACTION, command):
-            await self._reserve_and_crash_before_commit(command, parameters)
-
-        async def attempt() -> Sequence[Any]:
-            if self._pool is not None:
-                async with self._pool.acquire(timeout=self._retry_budget_seconds) as connection:
-                    try:
-                        # The parameters are in the function's order.
-                        row: Sequence[Any] = await connection.fetchrow(
-                            _RESERVE_ORDER_ON_POOL, *parameters.values()
-                        )
-                    except (asyncpg.InterfaceError, OSError):
-                        # The connection, not the server, failed (a failover kills connections
-                        # under running statements): never hand it out again; the retry
-                        # policy decides whether to try on a new one.
-                        connection.terminate()
-                        raise
-                    return row
-            async with self._autocommit.connect() as connection:
-                result = await connection.execute(_RESERVE_ORDER, parameters)
-                return result.one()
-
-        outcome, reason, skus = await call_with_retry(
-            attempt,
-            operation="reserve",
-            budget_seconds=self._retry_budget_seconds,
-            on_retry=self._on_retry,
-        )
-        return _to_outcome(command, outcome, reason, skus)
+            await self._reserve_and_crash_before_commit(command)
+        return await self._group_commit.reserve(command)
 
     async def put_stock(self, on_hand: Mapping[str, int]) -> None:
         """Upsert ``on_hand`` per SKU in one transaction; ``reserved`` is never changed.

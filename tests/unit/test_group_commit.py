@@ -1,0 +1,159 @@
+"""GroupCommit: concurrent reservations share transactions, and each caller gets its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from uuid import uuid4
+
+import pytest
+
+from fulfilment.adapters.postgres.group_commit import GroupCommit
+from fulfilment.application.ports import TransientError
+from fulfilment.domain.model import (
+    OrderLine,
+    OutcomeKind,
+    ReservationOutcome,
+    ReserveStock,
+)
+
+
+def order(sku: str = "A") -> ReserveStock:
+    return ReserveStock(
+        event_id=uuid4(),
+        order_id=uuid4(),
+        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
+        lines=(OrderLine(sku, 1),),
+    )
+
+
+def reserved(command: ReserveStock) -> ReservationOutcome:
+    return ReservationOutcome(
+        kind=OutcomeKind.RESERVED, order_id=command.order_id, event_id=command.event_id
+    )
+
+
+class Database:
+    """A ``commit_batch`` that records its batches and how many ran at once."""
+
+    def __init__(self, *, seconds: float = 0.01, failing_sku: str | None = None) -> None:
+        self.batches: list[list[ReserveStock]] = []
+        self.running = 0
+        self.most_running = 0
+        self._seconds = seconds
+        self._failing_sku = failing_sku
+        self.error: Exception = ValueError("violates a check constraint")
+
+    async def commit_batch(self, commands):
+        self.batches.append(list(commands))
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(self._seconds)
+            if any(line.sku == self._failing_sku for c in commands for line in c.lines):
+                raise self.error
+            return [reserved(command) for command in commands]
+        finally:
+            self.running -= 1
+
+
+async def test_a_call_alone_commits_alone_without_waiting_for_company():
+    database = Database()
+    group = GroupCommit(database.commit_batch, transactions=4, max_orders=32)
+    command = order()
+
+    outcome = await asyncio.wait_for(group.reserve(command), timeout=1)
+
+    assert outcome == reserved(command)
+    assert database.batches == [[command]]
+
+
+async def test_calls_made_together_share_one_transaction_in_the_order_they_came():
+    database = Database()
+    group = GroupCommit(database.commit_batch, transactions=4, max_orders=32)
+    commands = [order() for _ in range(10)]
+
+    outcomes = await asyncio.gather(*(group.reserve(command) for command in commands))
+
+    assert outcomes == [reserved(command) for command in commands]
+    assert database.batches == [commands]
+
+
+async def test_batches_hold_at_most_max_orders_and_at_most_transactions_run_at_once():
+    database = Database()
+    group = GroupCommit(database.commit_batch, transactions=2, max_orders=4)
+    commands = [order() for _ in range(20)]
+
+    outcomes = await asyncio.gather(*(group.reserve(command) for command in commands))
+
+    assert outcomes == [reserved(command) for command in commands]
+    assert [len(batch) for batch in database.batches] == [4, 4, 4, 4, 4]
+    assert [c for batch in database.batches for c in batch] == commands
+    assert database.most_running == 2
+
+
+async def test_calls_arriving_while_all_transactions_run_wait_and_go_together():
+    database = Database(seconds=0.05)
+    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    first = asyncio.create_task(group.reserve(order()))
+    await asyncio.sleep(0.01)  # the first transaction is running
+    later = [order() for _ in range(5)]
+    tasks = [asyncio.create_task(group.reserve(command)) for command in later]
+    for _ in range(3):
+        await asyncio.sleep(0.005)
+        tasks.append(asyncio.create_task(group.reserve(command := order())))
+        later.append(command)
+
+    await asyncio.gather(first, *tasks)
+
+    assert [len(batch) for batch in database.batches] == [1, 8]
+    assert database.batches[1] == later
+
+
+async def test_a_transient_error_goes_to_every_order_of_the_batch():
+    database = Database(failing_sku="X")
+    database.error = TransientError("database unavailable for 5 s")
+    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+
+    results = await asyncio.gather(
+        group.reserve(order("A")), group.reserve(order("X")), return_exceptions=True
+    )
+
+    assert results == [database.error, database.error]
+    assert len(database.batches) == 1
+
+
+async def test_another_error_is_narrowed_to_its_order_by_committing_the_batch_one_by_one():
+    database = Database(failing_sku="X")
+    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    commands = [order("A"), order("X"), order("B")]
+
+    results = await asyncio.gather(
+        *(group.reserve(command) for command in commands), return_exceptions=True
+    )
+
+    assert results == [reserved(commands[0]), database.error, reserved(commands[2])]
+    assert database.batches == [commands, [commands[0]], [commands[1]], [commands[2]]]
+
+
+async def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_batch():
+    database = Database(seconds=0.05)
+    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    first = asyncio.create_task(group.reserve(order()))
+    await asyncio.sleep(0.01)
+    gone, kept = order(), order()
+    gone_task = asyncio.create_task(group.reserve(gone))
+    kept_task = asyncio.create_task(group.reserve(kept))
+    await asyncio.sleep(0)
+    gone_task.cancel()
+
+    await asyncio.gather(first, kept_task)
+
+    assert gone_task.cancelled()
+    assert database.batches[1] == [kept]
+
+
+@pytest.mark.parametrize(("transactions", "max_orders"), [(0, 1), (1, 0)])
+def test_no_transaction_or_no_order_per_transaction_is_refused(transactions, max_orders):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        GroupCommit(Database().commit_batch, transactions=transactions, max_orders=max_orders)
