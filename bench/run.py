@@ -710,18 +710,20 @@ def _median(values: Sequence[float]) -> float:
 def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) -> str:
     """The result table, as Markdown."""
     rounds = sum(1 for d in drains if d.kind == "worker")
-    lines = [
-        (
-            f"orders per drain: {drains[0].orders:,}; prefetch (concurrency) {plan.prefetch}; "
-            f"{plan.workers} process(es) per consumer; medians of {rounds} drain(s)"
-        ),
-        "",
-        (
-            "| consumer | orders/s | CPU s per 1,000 orders: consumer | broker | PostgreSQL "
-            "| total | peak RSS MiB | rest of the machine, CPU s per 1,000 |"
-        ),
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines: list[str] = []
+    if drains:
+        lines += [
+            (
+                f"orders per drain: {drains[0].orders:,}; prefetch (concurrency) {plan.prefetch}; "
+                f"{plan.workers} process(es) per consumer; medians of {rounds} drain(s)"
+            ),
+            "",
+            (
+                "| consumer | orders/s | CPU s per 1,000 orders: consumer | broker | PostgreSQL "
+                "| total | peak RSS MiB | rest of the machine, CPU s per 1,000 |"
+            ),
+            "|---|---|---|---|---|---|---|---|",
+        ]
     medians = {}
     for kind in ("worker", "reference"):
         runs = [d for d in drains if d.kind == kind]
@@ -776,6 +778,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--data", type=Path, default=ROOT / "data/sample/online-retail", help="Online Retail CSVs"
     )
     parser.add_argument("--latency-seconds", type=float, default=20, help="0 to skip")
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        help="orders per second of the latency phase (default: half the worker's median drain"
+        " rate); with --rounds 0, the latency phase runs alone",
+    )
     parser.add_argument("--seed", type=int, default=6)
     parser.add_argument("--skip-reference", action="store_true", help="drain with the worker only")
     parser.add_argument(
@@ -839,6 +847,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nraw profile: {out}")
             return 0
         kinds = ["worker"] if args.skip_reference else ["worker", "reference"]
+        if args.rounds < 1 and not (args.latency_rate and args.latency_seconds > 0):
+            print("--rounds 0 needs --latency-rate and --latency-seconds", file=sys.stderr)
+            return 2
         drains: list[Drain] = []
         for round_number in range(1, args.rounds + 1):
             for kind in kinds:
@@ -854,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         latencies = []
         if args.latency_seconds > 0:
-            rate = _median([d.rate for d in drains if d.kind == "worker"]) / 2
+            rate = args.latency_rate or _median([d.rate for d in drains if d.kind == "worker"]) / 2
             steady = workload.make_orders(
                 int(rate * args.latency_seconds), seed=args.seed + 1, namespace="steady"
             )
