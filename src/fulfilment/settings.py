@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     not restored after a reconnect) before it exits with code 1 for the orchestrator to
     restart it. Pauses during a database outage do not count."""
 
-    database_pool_size: int = Field(default=4, ge=1, le=200)
+    database_pool_size: int = Field(default=2, ge=1, le=200)
     """Reservation transactions one worker process runs at once, each on a connection of its
     own (opened on demand). Deliveries that arrive while all of them are busy wait, and the
     next free connection reserves them together in one transaction (group commit, at most

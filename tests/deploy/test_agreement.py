@@ -158,7 +158,7 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     )["spec"].update(minAvailable=2),
     "more replicas than the database has connections": lambda s: s.resource(
         "ScaledObject", "fulfilment-worker"
-    )["spec"].update(maxReplicaCount=20),
+    )["spec"].update(maxReplicaCount=30),
     "scaling target below the prefetch": lambda s: s.resource("ScaledObject", "fulfilment-worker")[
         "spec"
     ]["triggers"][0]["metadata"].update(value="10"),

@@ -39,8 +39,6 @@ FAST_SETTINGS = {
     "FULFILMENT_DATABASE_STATEMENT_TIMEOUT_SECONDS": "3",
     "FULFILMENT_DATABASE_LOCK_TIMEOUT_SECONDS": "1",
     "FULFILMENT_LOG_FORMAT": "json",
-    # A test may run several workers at prefetch 64; PostgreSQL allows 100 connections.
-    "FULFILMENT_DATABASE_POOL_SIZE": "8",
 }
 
 

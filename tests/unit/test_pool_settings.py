@@ -18,10 +18,10 @@ def no_environment(monkeypatch):
     monkeypatch.chdir("/")  # no .env file
 
 
-def test_by_default_four_transactions_each_carry_up_to_every_prefetched_delivery():
+def test_by_default_two_transactions_each_carry_up_to_every_prefetched_delivery():
     settings = Settings()
 
-    assert settings.database_pool_size == 4
+    assert settings.database_pool_size == 2
     assert settings.reservation_batch_max == settings.prefetch_count == 32
 
 

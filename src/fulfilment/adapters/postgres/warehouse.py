@@ -30,7 +30,7 @@ __all__ = ["MAX_ON_HAND", "PostgresWarehouse", "StockBelowReservedError"]
 MAX_ON_HAND = INTEGER_MAX
 """Largest ``on_hand`` the column holds."""
 
-DEFAULT_TRANSACTIONS = 4
+DEFAULT_TRANSACTIONS = 2
 """Default of ``transactions``: reservation transactions running at once."""
 
 DEFAULT_MAX_ORDERS_PER_TRANSACTION = 32
