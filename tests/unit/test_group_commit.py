@@ -153,6 +153,23 @@ async def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_batch():
     assert database.batches[1] == [kept]
 
 
+async def test_orders_a_batch_left_without_an_outcome_get_an_error_instead_of_waiting():
+    async def answers_one(commands):
+        return [reserved(commands[0])]
+
+    group = GroupCommit(answers_one, transactions=1, max_orders=32)
+    first, second = order(), order()
+
+    results = await asyncio.wait_for(
+        asyncio.gather(group.reserve(first), group.reserve(second), return_exceptions=True),
+        timeout=1,
+    )
+
+    assert results[0] == reserved(first)
+    assert isinstance(results[1], RuntimeError)
+    assert "1 outcomes for a batch of 2" in str(results[1])
+
+
 @pytest.mark.parametrize(("transactions", "max_orders"), [(0, 1), (1, 0)])
 def test_no_transaction_or_no_order_per_transaction_is_refused(transactions, max_orders):
     with pytest.raises(ValueError, match="must be >= 1"):

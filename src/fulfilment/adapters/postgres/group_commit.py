@@ -106,9 +106,13 @@ class GroupCommit:
             else:
                 await self._commit_one_by_one(batch)
         else:
-            for waiting, outcome in zip(batch, outcomes, strict=True):
+            for waiting, outcome in zip(batch, outcomes, strict=False):
                 if not waiting.answer.done():
                     waiting.answer.set_result(outcome)
+            # A commit_batch that answers for fewer orders than it was given is a bug; its
+            # callers must not wait for an answer that never comes.
+            missing = RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(batch)}")
+            _fail(batch[len(outcomes) :], missing)
 
     async def _commit_one_by_one(self, batch: list[_Waiting]) -> None:
         # One order's data (a constraint it breaks) fails the whole transaction; alone, each
