@@ -35,7 +35,7 @@ test-faults: install services ## The fault suite alone; writes FIGURES and print
 	FULFILMENT_TEST_FAULT_FIGURES=$(abspath $(FIGURES)) $(UV) run pytest tests/faults -m faults
 	@scripts/guarantees-table $(FIGURES)
 
-test-fast: install ## Unit and contract tests with the in-memory fake only
+test-fast: install ## Unit tests that need no service (in-memory fake, no database or broker)
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
 
 lint: install check-deploy ## ruff lint and format check, import layers, deployment files

@@ -300,6 +300,8 @@ async def run_worker(settings: Settings) -> int:
         "worker.starting",
         version=__version__,
         prefetch_count=settings.prefetch_count,
+        reservation_transactions=settings.database_pool_size,
+        reservation_batch_max=settings.reservation_batch_max,
         delivery_limit=settings.delivery_limit,
         handler_deadline_seconds=settings.handler_deadline_seconds,
         graceful_timeout_seconds=settings.graceful_timeout_seconds,

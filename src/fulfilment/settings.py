@@ -25,6 +25,9 @@ from fulfilment.adapters.faults import parse_fault_plan
 
 ENV_PREFIX = "FULFILMENT_"
 
+MAX_RESERVATION_BATCH = 1000
+"""Most orders one reservation transaction may carry (``reservation_batch_max``)."""
+
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
@@ -93,7 +96,7 @@ class Settings(BaseSettings):
     ``reservation_batch_max`` orders). The process holds at most this many connections plus
     ``ENGINE_POOL_SIZE`` (2) for everything else (``adapters.postgres.engine``)."""
 
-    reservation_batch_max: int = Field(default=32, ge=1, le=1000)
+    reservation_batch_max: int = Field(default=32, ge=1, le=MAX_RESERVATION_BATCH)
     """Most orders one reservation transaction carries. Unset, it follows ``prefetch_count``
     (every delivery in flight); 1 commits every order in a transaction of its own."""
 
@@ -164,12 +167,14 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _batch_follows_prefetch(cls, data: object) -> object:
-        if (
-            isinstance(data, Mapping)
-            and data.get("reservation_batch_max") is None
-            and data.get("prefetch_count") is not None
-        ):
-            return {**data, "reservation_batch_max": data["prefetch_count"]}
+        if not isinstance(data, Mapping) or data.get("reservation_batch_max") is not None:
+            return data
+        try:
+            prefetch = int(data["prefetch_count"])
+        except (KeyError, TypeError, ValueError):
+            return data  # the default follows the default; a bad prefetch is reported alone
+        if 1 <= prefetch <= MAX_RESERVATION_BATCH:
+            return {**data, "reservation_batch_max": prefetch}
         return data
 
     @model_validator(mode="after")

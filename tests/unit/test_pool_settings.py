@@ -45,3 +45,12 @@ def test_a_batch_max_that_is_set_wins_over_the_prefetch_count(monkeypatch):
 def test_zero_transactions_or_orders_per_transaction_is_refused(name, value):
     with pytest.raises(ValueError, match=name):
         Settings(**{name: value})
+
+
+def test_a_bad_prefetch_count_is_reported_alone_not_as_the_batch_it_would_set(monkeypatch):
+    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "2000")
+
+    with pytest.raises(ValueError, match="prefetch_count") as raised:
+        Settings()
+
+    assert "reservation_batch_max" not in str(raised.value)
