@@ -204,8 +204,13 @@ BEGIN
                    FOR UPDATE
                ) AS s;
         s_delta := array_fill(0, ARRAY[cardinality(s_sku)]);
-        l_stock := array_fill(NULL::integer, ARRAY[v_lines]);
         l_offending := array_fill(false, ARRAY[v_lines]);
+        -- Each line's stock row, found once with a hash join: looked up line by line in the
+        -- loop below, the lookup made a batch cost lines x SKUs.
+        SELECT array_agg(s.i::integer ORDER BY l.j)
+          INTO l_stock
+          FROM unnest(l_sku) WITH ORDINALITY AS l(sku, j)
+          LEFT JOIN unnest(s_sku) WITH ORDINALITY AS s(sku, i) ON s.sku = l.sku;
 
         -- (e) Each order in turn, like fulfilment.domain.model.decide: unknown SKUs win over
         -- insufficient stock; an accepted order takes its units from what the next one sees.
@@ -219,8 +224,7 @@ BEGIN
             v_unknown := false;
             v_short := false;
             FOR v_line IN v_first .. v_last LOOP
-                v_stock := array_position(s_sku, l_sku[v_line]);
-                l_stock[v_line] := v_stock;
+                v_stock := l_stock[v_line];
                 IF v_stock IS NULL THEN
                     v_unknown := true;
                 ELSIF s_available[v_stock] < l_quantity[v_line] THEN
@@ -263,7 +267,8 @@ BEGIN
                SET status = 'rejected', reason = x.reason, skus = x.skus
               FROM (
                     SELECT p_order_ids[l.o] AS order_id, v_reason[l.o] AS reason,
-                           array_agg(l.sku ORDER BY l.sku) FILTER (WHERE l.offending) AS skus
+                           array_agg(l.sku ORDER BY l.sku COLLATE "C")
+                               FILTER (WHERE l.offending) AS skus
                       FROM unnest(l_order, l_sku, l_offending) AS l(o, sku, offending)
                      WHERE v_outcome[l.o] = 'rejected'
                      GROUP BY l.o
@@ -286,7 +291,7 @@ BEGIN
         SELECT g.o, v_outcome[g.o], v_reason[g.o], coalesce(x.skus, '{}')
           FROM generate_series(1, v_orders) AS g(o)
           LEFT JOIN (
-                SELECT l.o, array_agg(l.sku ORDER BY l.sku) AS skus
+                SELECT l.o, array_agg(l.sku ORDER BY l.sku COLLATE "C") AS skus
                   FROM unnest(l_order, l_sku, l_offending) AS l(o, sku, offending)
                  WHERE l.offending
                  GROUP BY l.o
@@ -313,6 +318,9 @@ FOREIGN_KEY = "reservation_lines_order_id_fkey"
 def upgrade() -> None:
     op.execute(CREATE_FUNCTION)
     op.execute(COMMENT)
+    # Dropping the key locks both tables; behind a long transaction the wait would stall
+    # every running worker's reservations, so give up after 5 s and let the job retry.
+    op.execute("SET LOCAL lock_timeout = '5s'")
     op.drop_constraint(FOREIGN_KEY, "reservation_lines", type_="foreignkey")
 
 

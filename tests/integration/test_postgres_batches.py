@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from fakes import InMemoryWarehouse
+from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
@@ -149,3 +150,61 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
         await admin.close()
         await pool.close()
         await engine.dispose()
+
+
+def test_offending_skus_are_in_code_point_order_on_a_database_of_another_collation(database_url):
+    # In en-US order "a" sorts before "B"; the contract (and decide) say code-point order.
+    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
+    name = f"fulfilment_test_icu_{uuid.uuid4().hex[:12]}"
+    url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def admin_execute(sql):
+        connection = await asyncpg.connect(admin.render_as_string(hide_password=False))
+        try:
+            await connection.execute(sql)
+        finally:
+            await connection.close()
+
+    async def reserve_short_skus():
+        connection = await asyncpg.connect(plain)
+        try:
+            await connection.execute(
+                "INSERT INTO stock_levels (sku, on_hand) VALUES ('B', 1), ('a', 1), ('C', 5)"
+            )
+            one = await connection.fetchrow(
+                "SELECT outcome, reason, skus FROM reserve_order("
+                "'fulfilment', $1, $2, now(), ARRAY['a', 'C', 'B'], ARRAY[2, 1, 2])",
+                uuid.uuid4(),
+                uuid.uuid4(),
+            )
+            batch = await connection.fetch(
+                "SELECT outcome, reason, skus FROM reserve_orders('fulfilment', $1, $2, $3,"
+                " ARRAY[1, 1, 1, 2, 2], ARRAY['a', 'C', 'B', 'b', 'A'], ARRAY[2, 1, 2, 1, 1])",
+                [uuid.uuid4(), uuid.uuid4()],
+                [uuid.uuid4(), uuid.uuid4()],
+                [PLACED_AT, PLACED_AT],
+            )
+            stored = await connection.fetch("SELECT skus FROM reservations ORDER BY skus")
+            return one, batch, stored
+        finally:
+            await connection.close()
+
+    asyncio.run(
+        admin_execute(
+            f'CREATE DATABASE "{name}" TEMPLATE template0'
+            " LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        )
+    )
+    try:
+        schema.migrate(url)
+        one, batch, stored = asyncio.run(reserve_short_skus())
+    finally:
+        asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    assert tuple(one) == ("rejected", "insufficient_stock", ["B", "a"])
+    assert [tuple(row) for row in batch] == [
+        ("rejected", "insufficient_stock", ["B", "a"]),
+        ("rejected", "unknown_sku", ["A", "b"]),
+    ]
+    assert sorted(row["skus"] for row in stored) == [["A", "b"], ["B", "a"], ["B", "a"]]
