@@ -6,6 +6,7 @@ No pre-ping and no reset is paid for it; a connection that died in the pool cost
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime
 from uuid import uuid4
 
@@ -19,6 +20,7 @@ from sqlalchemy.engine import make_url
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine, create_pool
 from fulfilment.adapters.postgres.retry import is_transient
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
 from fulfilment.settings import Settings
 
@@ -214,6 +216,90 @@ async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(cl
     assert retries
     assert all(is_transient(error) for error in retries)
     assert stock == {"A": StockLevel(10, 1)}
+
+
+class SilencingProxy:
+    """A TCP proxy to PostgreSQL that can make its open connections stop answering, as a
+    network partition does, while new connections still get through."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._open: list[asyncio.StreamWriter] = []
+        self._silenced: set[asyncio.StreamWriter] = set()
+        self._server_sides: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def silence_open_connections(self) -> None:
+        self._silenced.update(self._open)
+
+    async def _handle(self, client_reader, client_writer) -> None:
+        server_reader, server_writer = await asyncio.open_connection(*self._target)
+        self._open.append(client_writer)
+        self._server_sides.append(server_writer)
+
+        async def pipe(reader, writer) -> None:
+            with contextlib.suppress(OSError):
+                while data := await reader.read(65536):
+                    if client_writer not in self._silenced:
+                        writer.write(data)
+                        await writer.drain()
+
+        await asyncio.gather(pipe(client_reader, server_writer), pipe(server_reader, client_writer))
+
+    async def close(self) -> None:
+        """Close every connection, so that clients still waiting on a silenced one see it end."""
+        for writer in [*self._open, *self._server_sides]:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_a_pool_connection_that_stops_answering_costs_a_retry_not_the_worker(
+    clean_database,
+):
+    target = make_url(clean_database)
+    proxy = SilencingProxy(target.host or "127.0.0.1", target.port or 5432)
+    port = await proxy.start()
+    settings = Settings(
+        database_url=SecretStr(target.set(port=port).render_as_string(hide_password=False)),
+        database_lock_timeout_seconds=0.5,
+        database_statement_timeout_seconds=1.0,
+        retry_budget_seconds=4.0,
+    )
+    engine = create_engine(settings)
+    pool = await create_pool(settings)
+    warehouse = PostgresWarehouse(
+        engine, consumer="fulfilment", retry_budget_seconds=4.0, pool=pool, transactions=2
+    )
+    try:
+        await warehouse.put_stock({"A": 100})
+        await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(4)))
+        proxy.silence_open_connections()
+
+        # Without a client-side bound the batch would wait on its silent connection for as long
+        # as the kernel keeps the socket, and hold its slot all that time.
+        async with asyncio.timeout(15):
+            during = await asyncio.gather(
+                *(warehouse.reserve(order(("A", 1))) for _ in range(4)), return_exceptions=True
+            )
+            after = await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(4)))
+    finally:
+        await proxy.close()
+        pool.terminate()
+        await engine.dispose()
+
+    assert all(
+        getattr(result, "kind", None) is OutcomeKind.RESERVED or isinstance(result, TransientError)
+        for result in during
+    ), during
+    assert [outcome.kind for outcome in after] == [OutcomeKind.RESERVED] * 4
 
 
 def test_a_protocol_out_of_step_with_a_dying_connection_is_transient_bare_or_wrapped():

@@ -14,6 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.settings import Settings
 
+CLIENT_TIMEOUT_MARGIN_SECONDS = 1.0
+"""How much longer than ``statement_timeout`` the pool waits for an answer before giving up
+on the connection: the server cancels a slow statement first, and this bound only ends a
+wait on a connection that stopped answering (a network partition, a failover)."""
+
 ENGINE_POOL_SIZE = 2
 """Connections of the engine, at most: a health check and a monitor or a redelivery count."""
 
@@ -85,7 +90,11 @@ async def create_pool(settings: Settings) -> asyncpg.Pool:
     At most ``database_pool_size`` connections, opened on demand, with the session settings
     of :func:`server_settings`; a connection idle for 5 minutes is closed. Acquiring one waits
     at most ``retry_budget_seconds`` and then raises ``TimeoutError``, which the retry policy
-    treats as transient. The caller owns the pool and must ``await pool.close()`` at shutdown.
+    treats as transient. A statement waits for its answer at most
+    ``database_statement_timeout_seconds`` + :data:`CLIENT_TIMEOUT_MARGIN_SECONDS`, then raises
+    ``TimeoutError`` too: a batch on a connection that stopped answering would otherwise hold
+    its reservation slot until the kernel gave up on the socket, many minutes later. The caller
+    owns the pool and must ``await pool.close()`` at shutdown.
     """
     url = make_url(settings.database_url.get_secret_value()).set(drivername="postgresql")
     return await asyncpg.create_pool(
@@ -93,6 +102,7 @@ async def create_pool(settings: Settings) -> asyncpg.Pool:
         min_size=0,
         max_size=settings.database_pool_size,
         timeout=settings.database_connect_timeout_seconds,
+        command_timeout=settings.database_statement_timeout_seconds + CLIENT_TIMEOUT_MARGIN_SECONDS,
         server_settings=server_settings(settings),
         reset=_keep_session,
     )
