@@ -8,7 +8,7 @@ from uuid import uuid4
 
 import pytest
 
-from fulfilment.adapters.postgres.group_commit import GroupCommit
+from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOutcomesError
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import (
     OrderLine,
@@ -43,9 +43,11 @@ class Database:
         self._seconds = seconds
         self._failing_sku = failing_sku
         self.error: Exception = ValueError("violates a check constraint")
+        self.batch_started = asyncio.Event()
 
     async def commit_batch(self, commands):
         self.batches.append(list(commands))
+        self.batch_started.set()
         self.running += 1
         self.most_running = max(self.most_running, self.running)
         try:
@@ -154,20 +156,38 @@ async def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_batch():
 
 
 async def test_orders_a_batch_left_without_an_outcome_get_an_error_instead_of_waiting():
+    batches = []
+
     async def answers_one(commands):
+        batches.append(list(commands))
         return [reserved(commands[0])]
 
     group = GroupCommit(answers_one, transactions=1, max_orders=32)
-    first, second = order(), order()
 
     results = await asyncio.wait_for(
-        asyncio.gather(group.reserve(first), group.reserve(second), return_exceptions=True),
+        asyncio.gather(group.reserve(order()), group.reserve(order()), return_exceptions=True),
         timeout=1,
     )
 
-    assert results[0] == reserved(first)
-    assert isinstance(results[1], RuntimeError)
-    assert "1 outcomes for a batch of 2" in str(results[1])
+    assert all(isinstance(result, UnreadableOutcomesError) for result in results), results
+    assert "1 outcomes for 2" in str(results[0])
+    assert len(batches) == 1, "a committed batch must not be committed again order by order"
+
+
+async def test_callers_of_a_batch_cancelled_while_it_retries_one_by_one_are_cancelled_too():
+    database = Database(seconds=0.05, failing_sku="X")
+    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    callers = [asyncio.create_task(group.reserve(order(sku))) for sku in ("X", "A", "B")]
+    while len(database.batches) < 3:  # the batch failed, X failed alone, A is committing
+        await database.batch_started.wait()
+        database.batch_started.clear()
+
+    for task in list(group._running):  # the loop's shutdown, in miniature
+        task.cancel()
+    results = await asyncio.wait_for(asyncio.gather(*callers, return_exceptions=True), timeout=1)
+
+    assert isinstance(results[0], ValueError)
+    assert all(isinstance(result, asyncio.CancelledError) for result in results[1:]), results
 
 
 @pytest.mark.parametrize(("transactions", "max_orders"), [(0, 1), (1, 0)])

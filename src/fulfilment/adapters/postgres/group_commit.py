@@ -18,10 +18,18 @@ from dataclasses import dataclass
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
 
-__all__ = ["CommitBatch", "GroupCommit"]
+__all__ = ["CommitBatch", "GroupCommit", "UnreadableOutcomesError"]
 
 CommitBatch = Callable[[Sequence[ReserveStock]], Awaitable[Sequence[ReservationOutcome]]]
 """Reserves the given orders in one transaction; one outcome per order, in their order."""
+
+
+class UnreadableOutcomesError(RuntimeError):
+    """A batch committed, but its outcomes could not be read (a bug, not a database failure).
+
+    Every order of the batch gets this error. It is not retried order by order: the orders
+    are already committed, and committing them again would only answer ``duplicate``.
+    """
 
 
 @dataclass(slots=True)
@@ -41,7 +49,8 @@ class GroupCommit:
 
     Each caller gets the outcome of its own order, or the error of its own order:
 
-    * ``TransientError`` (and any error of a batch of one) goes to every order of the batch;
+    * ``TransientError``, :class:`UnreadableOutcomesError`, and any error of a batch of one
+      go to every order of the batch;
     * any other error of a larger batch may come from one order's data, so its orders are
       committed again one by one and each gets its own outcome or error.
 
@@ -93,34 +102,36 @@ class GroupCommit:
 
     async def _commit(self, batch: list[_Waiting]) -> None:
         try:
-            outcomes = await self._commit_batch([waiting.command for waiting in batch])
+            await self._answer(batch)
         except asyncio.CancelledError:
+            # The loop is shutting down: whoever still waits must not wait forever.
             for waiting in batch:
                 waiting.answer.cancel()
             raise
-        except TransientError as error:
+
+    async def _answer(self, batch: list[_Waiting]) -> None:
+        try:
+            outcomes = await self._commit_batch([waiting.command for waiting in batch])
+        except (TransientError, UnreadableOutcomesError) as error:
             _fail(batch, error)
+            return
         except Exception as error:  # noqa: BLE001 - handed to the callers, who classify it
             if len(batch) == 1:
                 _fail(batch, error)
-            else:
-                await self._commit_one_by_one(batch)
-        else:
-            for waiting, outcome in zip(batch, outcomes, strict=False):
+                return
+            # One order's data (a constraint it breaks) fails the whole transaction; alone,
+            # each order gets its own outcome or error. This runs in the batch's slot, so it
+            # takes no more connections than the batch did.
+            for waiting in batch:
                 if not waiting.answer.done():
-                    waiting.answer.set_result(outcome)
-            # A commit_batch that answers for fewer orders than it was given is a bug; its
-            # callers must not wait for an answer that never comes.
-            missing = RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(batch)}")
-            _fail(batch[len(outcomes) :], missing)
-
-    async def _commit_one_by_one(self, batch: list[_Waiting]) -> None:
-        # One order's data (a constraint it breaks) fails the whole transaction; alone, each
-        # order gets its own outcome or error. This runs in the batch's slot, so it takes no
-        # more connections than the batch did.
-        for waiting in batch:
+                    await self._answer([waiting])
+            return
+        if len(outcomes) != len(batch):
+            _fail(batch, UnreadableOutcomesError(f"{len(outcomes)} outcomes for {len(batch)}"))
+            return
+        for waiting, outcome in zip(batch, outcomes, strict=True):
             if not waiting.answer.done():
-                await self._commit([waiting])
+                waiting.answer.set_result(outcome)
 
 
 def _fail(batch: Sequence[_Waiting], error: BaseException) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.faults import CrashPoint, FaultPlan, crash
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
-from fulfilment.adapters.postgres.group_commit import GroupCommit
+from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOutcomesError
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
 from fulfilment.application.ports import Warehouse
@@ -40,7 +40,7 @@ _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
 
 _RESERVE_ORDERS = sa.text(
-    "SELECT outcome, reason, skus FROM reserve_orders("
+    "SELECT ordinal, outcome, reason, skus FROM reserve_orders("
     ":consumer, :event_ids, :order_ids, :placed_at, :line_orders, :line_skus, :line_quantities)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
@@ -54,7 +54,7 @@ _RESERVE_ORDERS = sa.text(
 """One statement, one round trip (see migration 0005 for the function), through the engine."""
 
 _RESERVE_ORDERS_ON_POOL = (
-    "SELECT outcome, reason, skus FROM reserve_orders($1, $2, $3, $4, $5, $6, $7)"
+    "SELECT ordinal, outcome, reason, skus FROM reserve_orders($1, $2, $3, $4, $5, $6, $7)"
 )
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
 
@@ -198,10 +198,17 @@ class PostgresWarehouse(Warehouse):
             budget_seconds=self._retry_budget_seconds,
             on_retry=self._on_retry,
         )
-        return [
-            _to_outcome(command, outcome, reason, skus)
-            for command, (outcome, reason, skus) in zip(commands, rows, strict=True)
-        ]
+        ordinals = [row[0] for row in rows]
+        if ordinals != list(range(1, len(commands) + 1)):
+            msg = f"ordinals {ordinals[:10]} for {len(commands)} orders"
+            raise UnreadableOutcomesError(msg)
+        try:
+            return [
+                _to_outcome(command, outcome, reason, skus)
+                for command, (_, outcome, reason, skus) in zip(commands, rows, strict=True)
+            ]
+        except ValueError as error:  # an outcome, reason or SKU list this code does not know
+            raise UnreadableOutcomesError(str(error)) from error
 
     async def count_redelivery(self, message_key: str) -> int:
         """Record one more redelivery of ``message_key``; return the redeliveries so far (>= 1).
