@@ -189,8 +189,9 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     app = FastStream(
         broker,
         logger=logging.getLogger("faststream"),
-        on_startup=[declare],
-        after_startup=[start_monitors, freeze_startup_objects],
+        # Frozen before the broker starts consuming, so no delivery's objects are frozen.
+        on_startup=[declare, freeze_startup_objects],
+        after_startup=[start_monitors],
         on_shutdown=[stop_monitors, cancel_consumers_first],
         after_shutdown=list(after_shutdown),
     )

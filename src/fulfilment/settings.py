@@ -105,7 +105,8 @@ class Settings(BaseSettings):
 
     database_statement_timeout_seconds: Seconds = 3.0
     """Server-side ``statement_timeout`` of the worker's sessions: the server, not the client,
-    cancels a slow statement, so a deadline never leaves a commit in doubt."""
+    cancels a slow statement, so a statement time-out never leaves its commit in doubt. The
+    reservation pool waits 1 s longer, and only then gives up on the connection."""
 
     database_lock_timeout_seconds: Seconds = 1.0
     """Server-side ``lock_timeout``: a reservation waiting this long for a stock row lock fails
