@@ -42,7 +42,10 @@ async def test_crashes_at_each_point_of_the_handler_lose_nothing_and_apply_nothi
     orders = synthetic_orders(ORDERS)
     await declare(amqp_url, 20)
     await publish(broker, orders)
-    plan = "before_transaction:0.004,in_transaction:0.004,after_commit:0.004"
+    # The in_transaction point crashes only once its statement has run, several milliseconds
+    # after the draw, and a crash at another point of a concurrent delivery often comes first;
+    # drawn as often as the others, it was the one left out of a run (0 of 19 crashes).
+    plan = "before_transaction:0.003,in_transaction:0.008,after_commit:0.003"
     # Crashes return every in-flight delivery; a limit of 20 keeps an innocent delivery that is
     # unlucky several times from being taken for poison (that is the next scenario's subject).
     cluster.start(
