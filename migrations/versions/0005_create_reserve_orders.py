@@ -6,18 +6,20 @@ Revises: 0004
 Create Date: 2026-11-29
 
 The worker commits the orders that are waiting at the same moment together (group commit):
-one call, one transaction, the same seven statements however many orders it carries, where
-``reserve_order()`` ran about as many per order. The outcome of each order is the one
-``reserve_order()`` would give if the orders were sent one after the other in the order of
-the arrays, so ``fulfilment.domain.model.decide`` stays the rule:
+one call, one transaction, about ten statements however many orders it carries (three more
+when some are duplicates of an order or rejected), where ``reserve_order()`` ran about as
+many per order. The outcome of each order is the one ``reserve_order()`` would give if the
+orders were sent one after the other in the order of the arrays (their arrival order), so
+``fulfilment.domain.model.decide`` stays the rule. Rows are written and locked in key order,
+which is what keeps concurrent calls from deadlocking; the decisions follow arrival order:
 
-(b) insert the inbox rows, in ``event_id`` order; the same event twice in one call is a
+(a) insert the inbox rows, in ``event_id`` order; the same event twice in one call is a
     ``duplicate:event`` the second time;
-(c) insert one reservation per order, in ``order_id`` order; later events of a placed order are
+(b) insert one reservation per order, in ``order_id`` order; later events of a placed order are
     ``duplicate:order`` and their inbox rows say ``duplicate_order``;
-(a) aggregate the demand of each order per SKU;
+(c) aggregate the demand of each placed order per SKU;
 (d) lock the stock rows of every SKU of the call in ``COLLATE "C"`` order;
-(e) decide each order in turn against what the orders before it left available;
+(e) decide each order in turn, in arrival order, against what the orders before it left;
 (f) apply every decision, record the demand lines and the outcomes.
 
 Every writer takes its locks table by table in this order (inbox, reservations, stock) and
@@ -122,7 +124,7 @@ BEGIN
     v_outcome := array_fill('duplicate'::text, ARRAY[v_orders]);
     v_reason := array_fill('event'::text, ARRAY[v_orders]);
 
-    -- (b) The inbox first: a concurrent duplicate of an event blocks on the primary key until
+    -- (a) The inbox first: a concurrent duplicate of an event blocks on the primary key until
     -- the first commits, then sees the conflict and changes nothing.
     WITH src AS (
         SELECT DISTINCT ON (e.event_id) e.event_id, e.order_id, e.o::integer AS o
@@ -146,7 +148,7 @@ BEGIN
         RETURN;
     END IF;
 
-    -- (c) One reservation per order, whichever event placed it first; 'reserved' is a
+    -- (b) One reservation per order, whichever event placed it first; 'reserved' is a
     -- placeholder that (f) overwrites for a rejection.
     WITH src AS (
         SELECT DISTINCT ON (p_order_ids[f.o]) f.o, p_order_ids[f.o] AS order_id
@@ -178,7 +180,7 @@ BEGIN
     END IF;
 
     IF cardinality(v_placed) > 0 THEN
-        -- (a) One demand per order and SKU. COLLATE "C" compares bytes, so SKUs that differ
+        -- (c) One demand per order and SKU. COLLATE "C" compares bytes, so SKUs that differ
         -- only in case stay apart, and the order is the domain's code-point order.
         SELECT array_agg(d.o ORDER BY d.o, d.sku), array_agg(d.sku ORDER BY d.o, d.sku),
                array_agg(d.quantity ORDER BY d.o, d.sku)

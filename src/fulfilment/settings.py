@@ -3,11 +3,15 @@
 Every number that bounds time is a named setting in seconds, and :class:`Settings` refuses to
 exist when they do not nest (product contract, "Configuration")::
 
-    retry budget < handler deadline < graceful timeout < orchestrator grace period
+    lock timeout < statement timeout < retry budget < handler deadline < graceful timeout
+        < orchestrator grace period
     handler deadline < broker consumer timeout
 
-so that a transient error is retried by one layer inside the handler's deadline, an in-flight
+so that a transient error is retried by one layer within the handler's deadline, an in-flight
 handler finishes before the broker drains it away, and Kubernetes never SIGKILLs a draining pod.
+With group commit a delivery may also wait for the transaction running before its batch; in a
+long database slowdown its deadline can then pass while its batch commits, and the delivery is
+requeued and answered ``duplicate:event`` on redelivery (README, "Outcomes and failures").
 """
 
 from __future__ import annotations
@@ -64,9 +68,10 @@ class Settings(BaseSettings):
     starts one task per delivery and has no other concurrency limit on RabbitMQ."""
 
     delivery_limit: int = Field(default=5, ge=1, le=1000)
-    """``x-delivery-limit`` of the main queue: deliveries after which the broker dead-letters a
-    message that keeps crashing workers. Set explicitly because RabbitMQ 4.0 changed the
-    default to 20."""
+    """``x-delivery-limit`` of the main queue. The service dead-letters a message that keeps
+    crashing or stalling workers as ``poison`` on this delivery, counting redeliveries itself
+    (RabbitMQ 4.3 stopped counting crash returns); the broker's own limit is the backstop. Set
+    explicitly because RabbitMQ 4.0 changed the default to 20."""
 
     handler_deadline_seconds: Seconds = 10.0
     """Longest time one delivery may take from receipt to the reservation's commit."""
