@@ -17,26 +17,16 @@ import asyncio
 import os
 import random
 import time
-import urllib.parse
 import uuid
 from datetime import UTC, datetime
 
 import asyncpg
-
-from fulfilment.adapters.postgres.schema import migrate
+from run import dedicated_database
 
 SHAPES = ((1, 1_000), (32, 100), (32, 300), (32, 1_000), (100, 1_000))
 """(orders, lines per order) of each timed call."""
 
 STOCKED_SKUS = 100_000
-
-
-async def _admin(url: str, sql: str) -> None:
-    connection = await asyncpg.connect(url, timeout=5)
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
 
 
 async def _time_calls(database_url: str) -> None:
@@ -74,20 +64,12 @@ async def _time_calls(database_url: str) -> None:
 
 
 def main() -> None:
-    """Create, migrate, time, drop."""
+    """Create and migrate a database, time the calls, drop it."""
     admin_url = os.environ.get(
         "FULFILMENT_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
     )
-    name = f"fulfilment_bench_{uuid.uuid4().hex[:10]}"
-    database_url = urllib.parse.urlunsplit(
-        urllib.parse.urlsplit(admin_url)._replace(path=f"/{name}")
-    )
-    asyncio.run(_admin(admin_url, f'CREATE DATABASE "{name}"'))
-    try:
-        migrate(database_url.replace("postgresql://", "postgresql+asyncpg://", 1))
+    with dedicated_database(admin_url) as database_url:
         asyncio.run(_time_calls(database_url))
-    finally:
-        asyncio.run(_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 if __name__ == "__main__":

@@ -96,6 +96,26 @@ def _rabbitmqctl(*args: str) -> None:
 
 
 @contextlib.contextmanager
+def dedicated_database(admin_database_url: str) -> Iterator[str]:
+    """Create and migrate a database of this run's own; drop it at the end.
+
+    Yields its ``postgresql://`` URL; ``admin_database_url`` must be allowed to create databases.
+    """
+    from fulfilment.adapters.postgres.schema import migrate  # noqa: PLC0415 - needs the DB up
+
+    database = f"fulfilment_bench_{uuid.uuid4().hex[:10]}"
+    admin = urllib.parse.urlsplit(admin_database_url)
+    database_url = urllib.parse.urlunsplit(admin._replace(path=f"/{database}"))
+    asyncio.run(_admin(admin_database_url, f'CREATE DATABASE "{database}"'))
+    try:
+        migrate(database_url.replace("postgresql://", "postgresql+asyncpg://", 1))
+        yield database_url
+    finally:
+        drop = f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'
+        asyncio.run(_admin(admin_database_url, drop))
+
+
+@contextlib.contextmanager
 def dedicated_services(admin_database_url: str, amqp_url: str) -> Iterator[Services]:
     """Create a virtual host and a migrated database for this run; delete both at the end.
 
@@ -103,30 +123,21 @@ def dedicated_services(admin_database_url: str, amqp_url: str) -> Iterator[Servi
         SystemExit: ``rabbitmqctl`` is not available (a virtual host is required so that the
             benchmark never publishes into a user's queues).
     """
-    from fulfilment.adapters.postgres.schema import migrate  # noqa: PLC0415 - needs the DB up
-
     if shutil.which("rabbitmqctl") is None:
         msg = "bench: rabbitmqctl is needed to create the benchmark's own virtual host"
         raise SystemExit(msg)
-    suffix = uuid.uuid4().hex[:10]
-    vhost = f"fulfilment-bench-{suffix}"
-    database = f"fulfilment_bench_{suffix}"
+    vhost = f"fulfilment-bench-{uuid.uuid4().hex[:10]}"
     user = urllib.parse.urlsplit(amqp_url).username or "guest"
-    admin = urllib.parse.urlsplit(admin_database_url)
-    database_url = urllib.parse.urlunsplit(admin._replace(path=f"/{database}"))
-    asyncio.run(_admin(admin_database_url, f'CREATE DATABASE "{database}"'))
-    _rabbitmqctl("add_vhost", vhost)
-    try:
-        _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
-        migrate(database_url.replace("postgresql://", "postgresql+asyncpg://", 1))
-        yield Services(
-            amqp_url=amqp_url.rstrip("/") + "/" + urllib.parse.quote(vhost, safe=""),
-            database_url=database_url,
-        )
-    finally:
-        _rabbitmqctl("delete_vhost", vhost)
-        drop = f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'
-        asyncio.run(_admin(admin_database_url, drop))
+    with dedicated_database(admin_database_url) as database_url:
+        _rabbitmqctl("add_vhost", vhost)
+        try:
+            _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+            yield Services(
+                amqp_url=amqp_url.rstrip("/") + "/" + urllib.parse.quote(vhost, safe=""),
+                database_url=database_url,
+            )
+        finally:
+            _rabbitmqctl("delete_vhost", vhost)
 
 
 async def _admin(url: str, sql: str) -> None:
