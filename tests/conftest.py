@@ -20,20 +20,12 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from services import ADMIN_DATABASE_URL, AMQP_URL, service_unavailable
+from services import ADMIN_DATABASE_URL, AMQP_URL, service_unavailable, throwaway_database
 
 
 async def _probe_postgres() -> None:
     connection = await asyncpg.connect(ADMIN_DATABASE_URL, timeout=3)
     await connection.close()
-
-
-async def _admin_execute(sql: str) -> None:
-    connection = await asyncpg.connect(ADMIN_DATABASE_URL, timeout=5)
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
 
 
 @pytest.fixture(scope="session")
@@ -45,15 +37,9 @@ def database_url() -> Iterator[str]:
         asyncio.run(_probe_postgres())
     except (OSError, asyncpg.PostgresError, TimeoutError) as error:
         service_unavailable("PostgreSQL", error)
-    name = f"fulfilment_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin_execute(f'CREATE DATABASE "{name}"'))
-    url = make_url(ADMIN_DATABASE_URL).set(drivername="postgresql+asyncpg", database=name)
-    rendered = url.render_as_string(hide_password=False)
-    try:
-        migrate(rendered)
-        yield rendered
-    finally:
-        asyncio.run(_admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with throwaway_database("fulfilment_test") as url:
+        migrate(url)
+        yield url
 
 
 def _rabbitmqctl(*args: str) -> None:

@@ -19,6 +19,7 @@ from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
 from fulfilment.settings import Settings
+from services import throwaway_database
 
 pytestmark = pytest.mark.postgres
 
@@ -152,21 +153,12 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
         await engine.dispose()
 
 
-def test_offending_skus_are_in_code_point_order_on_a_database_of_another_collation(database_url):
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_offending_skus_are_in_code_point_order_on_a_database_of_another_collation():
     # In en-US order "a" sorts before "B"; the contract (and decide) say code-point order.
-    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
-    name = f"fulfilment_test_icu_{uuid.uuid4().hex[:12]}"
-    url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-    async def admin_execute(sql):
-        connection = await asyncpg.connect(admin.render_as_string(hide_password=False))
-        try:
-            await connection.execute(sql)
-        finally:
-            await connection.close()
-
-    async def reserve_short_skus():
+    async def reserve_short_skus(url):
+        plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         connection = await asyncpg.connect(plain)
         try:
             await connection.execute(
@@ -190,17 +182,10 @@ def test_offending_skus_are_in_code_point_order_on_a_database_of_another_collati
         finally:
             await connection.close()
 
-    asyncio.run(
-        admin_execute(
-            f'CREATE DATABASE "{name}" TEMPLATE template0'
-            " LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
-        )
-    )
-    try:
+    icu = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    with throwaway_database("fulfilment_test_icu", icu) as url:
         schema.migrate(url)
-        one, batch, stored = asyncio.run(reserve_short_skus())
-    finally:
-        asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        one, batch, stored = asyncio.run(reserve_short_skus(url))
 
     assert tuple(one) == ("rejected", "insufficient_stock", ["B", "a"])
     assert [tuple(row) for row in batch] == [

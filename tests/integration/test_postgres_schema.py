@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import UTC, datetime
 from uuid import uuid4
 
@@ -18,6 +17,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.tables import metadata
+from services import throwaway_database
 
 pytestmark = pytest.mark.postgres
 
@@ -271,18 +271,9 @@ def test_the_migrations_are_found_from_the_source_tree():
     assert (schema.migrations_location() / "versions").is_dir()
 
 
-def test_downgrading_to_base_drops_everything_and_upgrading_restores_it(database_url):
-    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
-    name = f"fulfilment_test_{uuid.uuid4().hex[:12]}"
-    url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
-
-    async def admin_execute(sql):
-        connection = await asyncpg.connect(admin.render_as_string(hide_password=False))
-        try:
-            await connection.execute(sql)
-        finally:
-            await connection.close()
-
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_to_base_drops_everything_and_upgrading_restores_it():
     async def objects():
         connection = await asyncpg.connect(
             make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -298,8 +289,7 @@ def test_downgrading_to_base_drops_everything_and_upgrading_restores_it(database
         finally:
             await connection.close()
 
-    asyncio.run(admin_execute(f'CREATE DATABASE "{name}"'))
-    try:
+    with throwaway_database("fulfilment_test") as url:
         schema.migrate(url)
         assert asyncio.run(objects()) == (
             {"alembic_version", *metadata.tables},
@@ -309,5 +299,3 @@ def test_downgrading_to_base_drops_everything_and_upgrading_restores_it(database
         assert asyncio.run(objects()) == ({"alembic_version"}, set())
         schema.migrate(url)
         assert asyncio.run(objects())[1] == {"reserve_order", "reserve_orders"}
-    finally:
-        asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
