@@ -16,7 +16,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, queue_depth
+from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
 from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
 from fulfilment.contracts.order_placed import order_placed_body
@@ -47,14 +47,30 @@ class Order:
         return OutgoingEvent(body, str(self.event_id))
 
 
-def synthetic_orders(count: int, skus: int = 40, seed: int = 7) -> list[Order]:
+SYNTHETIC_SKUS = 40
+"""SKUs ``synthetic_orders`` draws from by default: ``synthetic_sku(0)`` to ``(39)``."""
+
+LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
+"""The delivery limit the workers of the suite run with (``harness.FAST_SETTINGS``)."""
+
+
+def synthetic_sku(index: int) -> str:
+    """The code of the ``index``-th synthetic SKU, e.g. ``SKU007``."""
+    return f"SKU{index:03d}"
+
+
+AMPLE_STOCK = {synthetic_sku(i): 1_000_000 for i in range(SYNTHETIC_SKUS)}
+"""Far more of every synthetic SKU than any scenario orders: nothing is rejected."""
+
+
+def synthetic_orders(count: int, skus: int = SYNTHETIC_SKUS, seed: int = 7) -> list[Order]:
     """``count`` orders of 1-3 lines over ``skus`` SKUs, the same for the same seed."""
     rng = random.Random(seed)
     return [
         Order(
             uuid.UUID(int=rng.getrandbits(128), version=4),
             tuple(
-                (f"SKU{rng.randrange(skus):03d}", rng.randint(1, 3))
+                (synthetic_sku(rng.randrange(skus)), rng.randint(1, 3))
                 for _ in range(rng.randint(1, 3))
             ),
         )

@@ -14,8 +14,8 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import Cluster, connect_db, declare
-from harness import FAST_SETTINGS, publish, put_stock
+from faultlib import LIMIT, Cluster, connect_db, declare
+from harness import publish, put_stock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,8 +24,6 @@ from fulfilment.entrypoints.amqp import MalformedEventError, parse_order_placed
 from fulfilment.entrypoints.topology import (
     DEAD_LETTER_QUEUE,
 )
-
-LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
 
 
 def valid_event(**changes: Any) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import aio_pika
 import asyncpg
 import pytest
 from faultlib import (
+    AMPLE_STOCK,
+    LIMIT,
     Cluster,
     assert_reconciled,
     declare,
@@ -20,7 +22,7 @@ from faultlib import (
     synthetic_orders,
     wait_until_processing,
 )
-from harness import FAST_SETTINGS, WorkerProcess, put_stock
+from harness import WorkerProcess, put_stock
 
 from fulfilment.entrypoints.topology import MAIN_QUEUE
 from fulfilment.settings import Settings
@@ -28,8 +30,6 @@ from fulfilment.settings import Settings
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
 ORDERS = 1_500
-STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}
-LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
 
 
 def rabbitmqctl(*args: str) -> str:
@@ -49,7 +49,7 @@ async def test_a_broker_restart_under_load_loses_nothing_and_applies_nothing_twi
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     orders = synthetic_orders(ORDERS, seed=21)
     await declare(amqp_url, LIMIT)
     await publish(broker, orders)
@@ -80,7 +80,7 @@ async def test_a_force_closed_connection_is_recovered_and_loses_nothing(
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     orders = synthetic_orders(ORDERS, seed=22)
     await declare(amqp_url, LIMIT)
     await publish(broker, orders)
@@ -114,7 +114,7 @@ async def test_a_consumer_cancelled_by_the_broker_comes_back_within_30_seconds(
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     await declare(amqp_url, LIMIT)
     (worker,) = cluster.start(1, wait_ready=True)
 

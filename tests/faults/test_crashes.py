@@ -11,6 +11,7 @@ import aio_pika
 import asyncpg
 import pytest
 from faultlib import (
+    AMPLE_STOCK,
     Cluster,
     Order,
     assert_reconciled,
@@ -19,6 +20,7 @@ from faultlib import (
     record_figures,
     run_until_settled,
     synthetic_orders,
+    synthetic_sku,
 )
 from harness import put_stock
 
@@ -27,8 +29,8 @@ from fulfilment.settings import Settings
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
 ORDERS = 2_000
-HOT_STOCK = {f"SKU{i:03d}": 150 for i in range(5)}  # hot SKUs run out: some orders rejected
-STOCK = {**{f"SKU{i:03d}": 1_000_000 for i in range(5, 40)}, **HOT_STOCK}
+HOT_STOCK = {synthetic_sku(i): 150 for i in range(5)}  # hot SKUs run out: some orders rejected
+STOCK = {**AMPLE_STOCK, **HOT_STOCK}
 
 
 async def test_crashes_at_each_point_of_the_handler_lose_nothing_and_apply_nothing_twice(

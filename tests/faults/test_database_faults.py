@@ -15,6 +15,8 @@ import aio_pika
 import asyncpg
 import pytest
 from faultlib import (
+    AMPLE_STOCK,
+    LIMIT,
     Cluster,
     assert_reconciled,
     connect_db,
@@ -32,8 +34,6 @@ from fulfilment.settings import Settings
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
 ORDERS = 1_500
-STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}
-LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
 RETRY_BUDGET = float(FAST_SETTINGS["FULFILMENT_RETRY_BUDGET_SECONDS"])
 
 
@@ -55,7 +55,7 @@ async def test_a_database_restart_under_load_dead_letters_nothing(
     amqp_url: str,
 ) -> None:
     db = await connect_db(clean_database)
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     orders = synthetic_orders(ORDERS, seed=31)
     await declare(amqp_url, LIMIT)
     await publish(broker, orders)
@@ -89,7 +89,7 @@ async def test_killed_database_sessions_are_retried_and_dead_letter_nothing(
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     orders = synthetic_orders(ORDERS, seed=32)
     await declare(amqp_url, LIMIT)
     await publish(broker, orders)
@@ -124,7 +124,7 @@ async def test_a_stock_row_locked_longer_than_the_retry_budget_dead_letters_noth
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     orders = synthetic_orders(600, skus=4, seed=33)  # every order touches one of 4 hot rows
     await declare(amqp_url, LIMIT)
     cluster.start(1, wait_ready=True)

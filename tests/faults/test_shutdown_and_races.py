@@ -15,6 +15,8 @@ import aio_pika
 import asyncpg
 import pytest
 from faultlib import (
+    AMPLE_STOCK,
+    LIMIT,
     Cluster,
     Order,
     assert_reconciled,
@@ -35,8 +37,6 @@ from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
-STOCK = {f"SKU{i:03d}": 1_000_000 for i in range(40)}
-LIMIT = int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"])
 GRACEFUL = float(FAST_SETTINGS["FULFILMENT_GRACEFUL_TIMEOUT_SECONDS"])
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "online-retail"
 
@@ -49,7 +49,7 @@ async def test_repeated_sigterm_under_load_finishes_in_flight_work_and_spends_no
     amqp_url: str,
 ) -> None:
     orders = synthetic_orders(3_000, seed=41)
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     await declare(amqp_url, LIMIT)
     await publish(broker, orders)
     stops: list[tuple[int, float]] = []
@@ -93,7 +93,7 @@ async def test_the_same_events_published_many_times_to_several_workers_reserve_o
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    await put_stock(db, STOCK)
+    await put_stock(db, AMPLE_STOCK)
     orders = synthetic_orders(100, seed=42)
     await declare(amqp_url, LIMIT)
     cluster.start(3, wait_ready=True, FULFILMENT_PREFETCH_COUNT="64")
