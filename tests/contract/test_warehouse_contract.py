@@ -2,36 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from uuid import UUID, uuid4
-
 import pytest
 from pydantic import SecretStr
 
+from builders import order
 from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.model import (
     DuplicateOf,
-    OrderLine,
     OutcomeKind,
     RejectionReason,
-    ReserveStock,
     StockLevel,
 )
 from fulfilment.settings import Settings
-
-
-def order(
-    *lines: tuple[str, int], event_id: UUID | None = None, order_id: UUID | None = None
-) -> ReserveStock:
-    return ReserveStock(
-        event_id=event_id or uuid4(),
-        order_id=order_id or uuid4(),
-        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
-        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
-    )
 
 
 @pytest.fixture

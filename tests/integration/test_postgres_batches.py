@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
+from builders import PLACED_AT
 from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
@@ -24,7 +24,6 @@ from services import throwaway_database
 pytestmark = pytest.mark.postgres
 
 SKUS = ("A", "B", "a", "85123A")
-PLACED_AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
 
 
 @st.composite

@@ -12,13 +12,13 @@ from uuid import uuid4
 import pytest
 from pydantic import SecretStr
 
+from builders import order
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.reporting import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.model import (
     DuplicateOf,
-    OrderLine,
     OutcomeKind,
     RejectionReason,
     ReserveStock,
@@ -29,15 +29,6 @@ pytestmark = pytest.mark.postgres
 
 CONNECTIONS = 20
 DEADLOCK_DETECTED = "40P01"
-
-
-def order(*lines):
-    return ReserveStock(
-        event_id=uuid4(),
-        order_id=uuid4(),
-        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
-        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
-    )
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import UTC, datetime
-from uuid import uuid4
 
 import asyncpg
 import pytest
@@ -17,11 +15,12 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
+from builders import order
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine, create_pool
 from fulfilment.adapters.postgres.retry import is_transient
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
-from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
+from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.settings import Settings
 
 POOL_SIZE = 4
@@ -53,15 +52,6 @@ class CountingProtocol:
             return attribute(*args, **kwargs)
 
         return request
-
-
-def order(*lines):
-    return ReserveStock(
-        event_id=uuid4(),
-        order_id=uuid4(),
-        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
-        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
-    )
 
 
 def count_requests(connection, requests):

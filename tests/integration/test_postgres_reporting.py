@@ -1,29 +1,18 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from datetime import UTC, datetime
-from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
 
+from builders import order
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.reporting import InvariantChecks, outcome_report
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.domain.model import OrderLine, ReserveStock
 from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres
-
-
-def order(*lines, order_id=None):
-    return ReserveStock(
-        event_id=uuid4(),
-        order_id=order_id or uuid4(),
-        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
-        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
-    )
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import UTC, datetime
-from uuid import uuid4
 
 import asyncpg
 import pytest
@@ -14,24 +12,16 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from structlog.testing import capture_logs
 
+from builders import order
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.retry import call_with_retry, is_transient, sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
-from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
+from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.settings import Settings
 
 LOCK_NOT_AVAILABLE = "55P03"
 CHECK_VIOLATION = "23514"
-
-
-def order(*lines):
-    return ReserveStock(
-        event_id=uuid4(),
-        order_id=uuid4(),
-        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
-        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
-    )
 
 
 def settings(database_url, **overrides):

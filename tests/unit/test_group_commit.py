@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
-from uuid import uuid4
 
 import pytest
 
+import builders
 from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOutcomesError
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import (
-    OrderLine,
     OutcomeKind,
     ReservationOutcome,
     ReserveStock,
@@ -19,12 +17,7 @@ from fulfilment.domain.model import (
 
 
 def order(sku: str = "A") -> ReserveStock:
-    return ReserveStock(
-        event_id=uuid4(),
-        order_id=uuid4(),
-        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
-        lines=(OrderLine(sku, 1),),
-    )
+    return builders.order((sku, 1))
 
 
 def reserved(command: ReserveStock) -> ReservationOutcome:
