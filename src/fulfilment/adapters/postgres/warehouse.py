@@ -24,17 +24,18 @@ from fulfilment.domain.model import (
     ReserveStock,
     StockLevel,
 )
+from fulfilment.settings import Settings
 
 __all__ = ["MAX_ON_HAND", "PostgresWarehouse", "StockBelowReservedError"]
 
 MAX_ON_HAND = INTEGER_MAX
 """Largest ``on_hand`` the column holds."""
 
-DEFAULT_TRANSACTIONS = 2
-"""Default of ``transactions``: reservation transactions running at once."""
+DEFAULT_TRANSACTIONS: int = Settings.model_fields["database_pool_size"].default
+"""Default of ``transactions``: the setting's default."""
 
-DEFAULT_MAX_ORDERS_PER_TRANSACTION = 32
-"""Default of ``max_orders_per_transaction``: the default prefetch, every delivery in flight."""
+DEFAULT_MAX_ORDERS_PER_TRANSACTION: int = Settings.model_fields["reservation_batch_max"].default
+"""Default of ``max_orders_per_transaction``: the setting's default (the default prefetch)."""
 
 _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
@@ -180,8 +181,9 @@ class PostgresWarehouse(Warehouse):
                         )
                     except (asyncpg.InterfaceError, OSError):
                         # The connection, not the server, failed (a failover kills connections
-                        # under running statements): never hand it out again; the retry
-                        # policy decides whether to try on a new one.
+                        # under running statements), or stopped answering (the pool's
+                        # command_timeout raised TimeoutError, an OSError): never hand it out
+                        # again; the retry policy decides whether to try on a new one.
                         connection.terminate()
                         raise
                     return rows
