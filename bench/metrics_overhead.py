@@ -30,11 +30,12 @@ from faststream.rabbit.prometheus import RabbitPrometheusMiddleware
 
 from fakes import InMemoryWarehouse
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.entrypoints.dead_letters import begin_delivery
-from fulfilment.entrypoints.topology import ORDER_PLACED_ROUTING_KEY, Topology
+from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY
 from fulfilment.main import build_worker, new_metrics
 from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import Settings
+from fulfilment.worker.dead_lettering import begin_delivery
+from fulfilment.worker.topology import Topology
 
 
 def metric_updates(rounds: int) -> tuple[float, float]:

@@ -60,15 +60,14 @@ import asyncpg
 from measure import CpuSampler, peak_rss_bytes
 from workload import Order, Workload, load_workload, publish_backlog, publish_steadily
 
-from fulfilment.entrypoints.topology import (
+from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
     MAIN_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
-    Topology,
-    declare_topology,
 )
 from fulfilment.settings import Settings
+from fulfilment.worker.topology import Topology, declare_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_QUEUE = "bench.reference.order-placed"

@@ -57,7 +57,7 @@ def settings_or_exit() -> Settings:
 
 def run(coroutine_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine, turning an unreachable service into exit 3 with one line."""
-    from fulfilment.adapters.database import DatabaseUnavailableError  # noqa: PLC0415
+    from fulfilment.adapters.postgres.admin import DatabaseUnavailableError  # noqa: PLC0415
     from fulfilment.adapters.rabbitmq import BrokerUnavailableError  # noqa: PLC0415
 
     # The client libraries log a failed connection attempt on their own; the one-line
@@ -81,7 +81,7 @@ def worker() -> None:
 @app.command()
 def migrate() -> None:
     """Create the database if it is missing, then ``alembic upgrade head``."""
-    from fulfilment.adapters.database import ensure_database  # noqa: PLC0415
+    from fulfilment.adapters.postgres.admin import ensure_database  # noqa: PLC0415
     from fulfilment.adapters.postgres.schema import migrate as upgrade  # noqa: PLC0415
 
     settings = settings_or_exit()
@@ -96,9 +96,9 @@ def stock_load(
     file: Annotated[Path, typer.Argument(help="CSV with header sku,on_hand.")],
 ) -> None:
     """Upsert on-hand stock levels from FILE; nothing changes if any row is bad."""
-    from fulfilment.adapters.database import warehouse_session  # noqa: PLC0415
+    from fulfilment.adapters.postgres.admin import warehouse_session  # noqa: PLC0415
     from fulfilment.adapters.postgres.errors import StockBelowReservedError  # noqa: PLC0415
-    from fulfilment.adapters.stock_csv import StockCsvError, read_stock_csv  # noqa: PLC0415
+    from fulfilment.tools.stock_csv import StockCsvError, read_stock_csv  # noqa: PLC0415
 
     settings = settings_or_exit()
     try:
@@ -123,7 +123,7 @@ def stock_plan(
     out: Annotated[Path, typer.Option(help="Where to write the sku,on_hand CSV.")],
 ) -> None:
     """Write deterministic stock levels for the orders in DATA (some short, a few unknown)."""
-    from fulfilment.adapters.stock_plan import plan_stock, write_stock_csv  # noqa: PLC0415
+    from fulfilment.tools.stock_plan import plan_stock, write_stock_csv  # noqa: PLC0415
 
     orders = _read_orders(data).orders
     levels = plan_stock(orders)
@@ -158,7 +158,7 @@ def report(
 
     Exits 1 when an invariant does not hold.
     """
-    from fulfilment.entrypoints.reporting import collect_report, render_report  # noqa: PLC0415
+    from fulfilment.tools.report import collect_report, render_report  # noqa: PLC0415
 
     settings = settings_or_exit()
     document = run(lambda: collect_report(settings))
@@ -177,7 +177,7 @@ def reconcile(
 
     Exits 1 when an event is missing or a stock invariant does not hold.
     """
-    from fulfilment.entrypoints.reporting import reconcile as check  # noqa: PLC0415
+    from fulfilment.tools.report import reconcile as check  # noqa: PLC0415
 
     settings = settings_or_exit()
     event_ids = [order.event_id for order in _read_orders(files).orders]
@@ -204,7 +204,7 @@ def demo(
     until the queue is drained, stops it with SIGTERM, and reconciles every published event.
     """
     from fulfilment.adapters.rabbitmq import UnroutableError  # noqa: PLC0415
-    from fulfilment.entrypoints.demo import DemoError, run_demo  # noqa: PLC0415
+    from fulfilment.tools.demo import DemoError, run_demo  # noqa: PLC0415
 
     settings = settings_or_exit()
     orders = _read_orders([data])
@@ -217,7 +217,7 @@ def demo(
 
 
 def _read_orders(paths: list[Path]) -> Any:  # noqa: ANN401 - ReadResult, imported lazily
-    from fulfilment.adapters.online_retail import OnlineRetailError, csv_files, read_orders  # noqa: PLC0415
+    from fulfilment.tools.online_retail import OnlineRetailError, csv_files, read_orders  # noqa: PLC0415
 
     try:
         files = [file for path in paths for file in csv_files(path)]
@@ -228,7 +228,7 @@ def _read_orders(paths: list[Path]) -> Any:  # noqa: ANN401 - ReadResult, import
 
 async def _publish(settings: Settings, orders: list[Any]) -> int:
     from fulfilment.adapters.rabbitmq import OutgoingEvent, UnroutableError, connect, publish_events  # noqa: PLC0415
-    from fulfilment.entrypoints.topology import ORDER_PLACED_ROUTING_KEY, ORDERS_EXCHANGE  # noqa: PLC0415
+    from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY, ORDERS_EXCHANGE  # noqa: PLC0415
 
     events = [OutgoingEvent(order.body(), str(order.event_id)) for order in orders]
     async with connect(settings.amqp_url.get_secret_value()) as connection:
@@ -269,7 +269,7 @@ def dlq_list(
     Reads the DLQ without removing anything.
     """
     from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
-    from fulfilment.entrypoints.dlq import list_groups, render_groups  # noqa: PLC0415
+    from fulfilment.tools.dlq import list_groups, render_groups  # noqa: PLC0415
 
     settings = settings_or_exit()
 
@@ -307,7 +307,7 @@ def dlq_show(
 ) -> None:
     """Every header and the body of the chosen dead letters (read, not removed)."""
     from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
-    from fulfilment.entrypoints.dlq import find, render_letter  # noqa: PLC0415
+    from fulfilment.tools.dlq import find, render_letter  # noqa: PLC0415
 
     settings = settings_or_exit()
     selection = _selection(ids, group, everything=everything)
@@ -344,7 +344,7 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     only after the broker confirmed the republish and its audit row is written. A dry run
     unless --yes.
     """
-    from fulfilment.entrypoints.dlq import ReplayStoppedError, replay  # noqa: PLC0415
+    from fulfilment.tools.dlq import ReplayStoppedError, replay  # noqa: PLC0415
 
     selection = _selection(ids, group, everything=everything)
     try:
@@ -381,7 +381,7 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
 
     A dry run unless --yes.
     """
-    from fulfilment.entrypoints.dlq import purge  # noqa: PLC0415
+    from fulfilment.tools.dlq import purge  # noqa: PLC0415
 
     selection = _selection(ids, group, everything=everything)
     result = _dlq_run(
@@ -401,7 +401,7 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
 
 
 def _selection(ids: list[str] | None, group: str | None, *, everything: bool) -> Any:  # noqa: ANN401 - Selection, imported lazily
-    from fulfilment.entrypoints.dlq import Selection  # noqa: PLC0415
+    from fulfilment.tools.dlq import Selection  # noqa: PLC0415
 
     try:
         return Selection.build(ids or [], group, everything=everything)
@@ -422,9 +422,9 @@ def _operator(given: str | None) -> str:
 
 def _dlq_run(action: Callable[..., Coroutine[Any, Any, T]], *, execute: bool, verb: str) -> T:
     """Run a replay or purge with a broker connection and, to execute, the audit database."""
-    from fulfilment.adapters.database import warehouse_session  # noqa: PLC0415
+    from fulfilment.adapters.postgres.admin import warehouse_session  # noqa: PLC0415
     from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
-    from fulfilment.entrypoints.dlq import DeadLetter  # noqa: PLC0415
+    from fulfilment.tools.dlq import DeadLetter  # noqa: PLC0415
 
     settings = settings_or_exit()
 

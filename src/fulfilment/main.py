@@ -28,26 +28,26 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from fulfilment import __version__
-from fulfilment.adapters.faults import FaultPlan, parse_fault_plan
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
-from fulfilment.entrypoints.amqp import WorkerLimits, register_order_placed
-from fulfilment.entrypoints.consumer_control import (
+from fulfilment.observability.logging import configure_logging
+from fulfilment.observability.metrics import Metrics
+from fulfilment.settings import Settings, SettingsError, load_settings
+from fulfilment.worker.consumer_control import (
     ConsumerPause,
     ConsumerWatchdog,
     cancel_consumer,
     consumer_attached,
 )
-from fulfilment.entrypoints.dead_letters import record_retry
-from fulfilment.entrypoints.http import ASGIApp, health_app
-from fulfilment.entrypoints.monitors import background, check_invariants, poll_queues
-from fulfilment.entrypoints.topology import Topology, TopologyMismatchError, declare_topology
-from fulfilment.observability.logging import configure_logging
-from fulfilment.observability.metrics import Metrics
-from fulfilment.settings import Settings, SettingsError, load_settings
+from fulfilment.worker.dead_lettering import record_retry
+from fulfilment.worker.fault_injection import FaultPlan, parse_fault_plan
+from fulfilment.worker.health import ASGIApp, health_app
+from fulfilment.worker.monitors import background, check_invariants, poll_queues
+from fulfilment.worker.subscribers import WorkerLimits, register_order_placed
+from fulfilment.worker.topology import Topology, TopologyMismatchError, declare_topology
 
 if TYPE_CHECKING:
     from faststream.rabbit.subscriber import RabbitSubscriber
@@ -103,10 +103,10 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     Start-up declares the topology (refusing to start on a mismatch); shutdown first cancels
     the consumer so no new delivery arrives while in-flight handlers drain for up to
     ``graceful_timeout_seconds``; ``after_shutdown`` callables run once the broker is closed.
-    ``monitors`` (endless background checks, see ``entrypoints.monitors``) run from the
+    ``monitors`` (endless background checks, see ``worker.monitors``) run from the
     broker's start until shutdown begins. FastStream's Prometheus middleware counts on
     ``metrics.registry`` next to the service's own metrics. While the database is down the
-    consumer is paused (``entrypoints.consumer_control.ConsumerPause``); ``faults`` is the
+    consumer is paused (``worker.consumer_control.ConsumerPause``); ``faults`` is the
     fault suite's crash injection, None in production. ``startup_checks`` run before the
     topology is declared; one that raises stops the start.
     """
@@ -125,7 +125,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         # writes its own single line per message.
         log_level=logging.DEBUG,
         # No FastDepends: its Context fields run in a thread pool, one hop per delivery; the
-        # handler takes its message from FastStream's context instead (entrypoints.amqp).
+        # handler takes its message from FastStream's context instead (worker.subscribers).
         apply_types=False,
         middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
     )

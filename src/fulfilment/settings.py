@@ -25,7 +25,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fulfilment.adapters.faults import parse_fault_plan
+from fulfilment.worker.fault_injection import parse_fault_plan
 
 ENV_PREFIX = "FULFILMENT_"
 

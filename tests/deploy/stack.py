@@ -27,15 +27,11 @@ from pydantic import ValidationError
 
 from fulfilment import cli
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
-from fulfilment.entrypoints.http import READINESS_CHECK_SECONDS, health_app
-from fulfilment.entrypoints.topology import (
-    DEAD_LETTER_QUEUE,
-    DEAD_LETTER_QUEUE_DELIVERY_LIMIT,
-    MAIN_QUEUE,
-    Topology,
-)
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.observability.metrics import Metrics
 from fulfilment.settings import ENV_PREFIX, Settings
+from fulfilment.worker.health import READINESS_CHECK_SECONDS, health_app
+from fulfilment.worker.topology import DEAD_LETTER_QUEUE_DELIVERY_LIMIT, Topology
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,13 +22,9 @@ from pathlib import Path
 import pytest
 from stack import Stack, compose_environment, load_stack
 
-from fulfilment.entrypoints.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
-    Topology,
-    declare_topology,
-)
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.settings import Settings
+from fulfilment.worker.topology import Topology, declare_topology
 from services import service_unavailable
 
 pytestmark = pytest.mark.rabbitmq

@@ -9,7 +9,7 @@ import aio_pika
 import pytest
 from harness import WorkerProcess
 
-from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.entrypoints.topology import (
+from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment import __version__
 from fulfilment.contracts import dead_letter as h
-from fulfilment.entrypoints.topology import (
+from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
     DEAD_LETTER_QUEUE,
     DEAD_LETTER_ROUTING_KEY,

@@ -25,7 +25,8 @@ from harness import (
     wait_for,
 )
 
-from fulfilment.entrypoints.topology import MAIN_QUEUE, Topology, declare_topology
+from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.worker.topology import Topology, declare_topology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

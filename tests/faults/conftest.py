@@ -1,7 +1,7 @@
 """The fault suite: real worker processes killed, brokers restarted, databases cut off.
 
 Each scenario publishes real events, injects its fault, lets the workers finish, and ends with
-the product's own reconciliation (``fulfilment.entrypoints.reporting.reconcile``): every
+the product's own reconciliation (``fulfilment.tools.report.reconcile``): every
 published event processed or dead-lettered exactly once, and the stock invariants hold. Each
 scenario also appends one row to the figures file (``FULFILMENT_TEST_FAULT_FIGURES``, if set),
 which the README's "Guarantees" table is written from.
@@ -17,7 +17,7 @@ import pytest
 from faultlib import Cluster
 from pydantic import SecretStr
 
-from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.settings import Settings
 
 FOLDER = Path(__file__).parent

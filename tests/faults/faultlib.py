@@ -20,16 +20,15 @@ from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
 from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.entrypoints.reporting import Reconciliation, reconcile
-from fulfilment.entrypoints.topology import (
+from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
     MAIN_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
-    Topology,
-    declare_topology,
 )
 from fulfilment.settings import Settings
+from fulfilment.tools.report import Reconciliation, reconcile
+from fulfilment.worker.topology import Topology, declare_topology
 
 
 @dataclass(frozen=True)

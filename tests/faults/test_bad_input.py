@@ -20,10 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fulfilment.contracts.order_placed import MAX_LINES, order_placed_body
-from fulfilment.entrypoints.amqp import MalformedEventError, parse_order_placed
-from fulfilment.entrypoints.topology import (
-    DEAD_LETTER_QUEUE,
-)
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE
+from fulfilment.worker.subscribers import MalformedEventError, parse_order_placed
 
 
 def valid_event(**changes: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from faultlib import (
 )
 from harness import WorkerProcess, put_stock
 
-from fulfilment.entrypoints.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import MAIN_QUEUE
 from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]

@@ -142,7 +142,7 @@ async def test_a_message_that_crashes_every_worker_is_dead_lettered_and_its_neig
 async def _dead_letter_classes(broker: aio_pika.abc.AbstractConnection) -> dict[str, str]:
     import json  # noqa: PLC0415
 
-    from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE  # noqa: PLC0415
+    from fulfilment.contracts.topology import DEAD_LETTER_QUEUE  # noqa: PLC0415
 
     channel = await broker.channel()
     queue = await channel.get_queue(DEAD_LETTER_QUEUE, ensure=True)

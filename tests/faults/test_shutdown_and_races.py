@@ -28,12 +28,12 @@ from faultlib import (
 )
 from harness import FAST_SETTINGS, free_port, put_stock
 
-from fulfilment.adapters.online_retail import csv_files, read_orders
 from fulfilment.adapters.rabbitmq import OutgoingEvent
-from fulfilment.adapters.stock_plan import total_demand
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.entrypoints.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import MAIN_QUEUE
 from fulfilment.settings import Settings
+from fulfilment.tools.online_retail import csv_files, read_orders
+from fulfilment.tools.stock_plan import total_demand
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

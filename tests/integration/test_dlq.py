@@ -22,17 +22,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.entrypoints import dlq
-from fulfilment.entrypoints.topology import (
+from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
     DEAD_LETTER_QUEUE,
     DEAD_LETTER_ROUTING_KEY,
     MAIN_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
-    Topology,
-    declare_topology,
 )
+from fulfilment.tools import dlq
+from fulfilment.worker.topology import Topology, declare_topology
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -93,7 +92,7 @@ async def put_service_dead_letter(
     exception_type: str = "MalformedEventError",
     dead_lettered_at: datetime | None = None,
 ) -> None:
-    """A dead letter as the worker publishes it (see entrypoints/dead_letters.py)."""
+    """A dead letter as the worker publishes it (see worker/dead_lettering.py)."""
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
     moment = (dead_lettered_at or datetime.now(UTC)).isoformat()

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from builders import order
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
-from fulfilment.adapters.postgres.reporting import outcome_report
+from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.model import (

@@ -8,7 +8,7 @@ from pydantic import SecretStr
 
 from builders import order
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.reporting import InvariantChecks, outcome_report
+from fulfilment.adapters.postgres.outcomes import InvariantChecks, outcome_report
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.settings import Settings
 

@@ -7,9 +7,9 @@ from pydantic import SecretStr
 
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.adapters.stock_csv import MAX_ON_HAND, StockCsvError, read_stock_csv
 from fulfilment.domain.model import StockLevel
 from fulfilment.settings import Settings
+from fulfilment.tools.stock_csv import MAX_ON_HAND, StockCsvError, read_stock_csv
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "stock.csv"
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from fulfilment.entrypoints import http
-from fulfilment.entrypoints.http import health_app
+from fulfilment.worker import health as http
+from fulfilment.worker.health import health_app
 
 
 async def call(app: Any, path: str) -> tuple[int, bytes]:

@@ -19,15 +19,13 @@ from faststream.rabbit import RabbitMessage, TestRabbitBroker
 from fakes import InMemoryWarehouse
 from fulfilment.application.ports import TransientError
 from fulfilment.contracts.order_placed import MAX_BODY_BYTES, OrderPlacedV1, order_placed_body
+from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
-from fulfilment.entrypoints.amqp import raw_body, reserve_unless_poison
-from fulfilment.entrypoints.dead_letters import Failure
-from fulfilment.entrypoints.topology import (
-    ORDER_PLACED_ROUTING_KEY,
-    Topology,
-)
 from fulfilment.main import Worker, build_worker
 from fulfilment.settings import Settings
+from fulfilment.worker.dead_lettering import Failure
+from fulfilment.worker.subscribers import raw_body, reserve_unless_poison
+from fulfilment.worker.topology import Topology
 
 
 async def _no_database() -> None:

@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from fulfilment.adapters.online_retail import (
+from fulfilment.contracts.order_placed import MAX_LINES, OrderPlacedV1
+from fulfilment.tools.online_retail import (
     NAMESPACE,
     OnlineRetailError,
     SkipCounts,
@@ -19,7 +20,6 @@ from fulfilment.adapters.online_retail import (
     order_id_for,
     read_orders,
 )
-from fulfilment.contracts.order_placed import MAX_LINES, OrderPlacedV1
 
 HEADER = "InvoiceNo,StockCode,Description,Quantity,InvoiceDate,UnitPrice,CustomerID,Country\n"
 

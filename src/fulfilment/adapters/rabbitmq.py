@@ -173,7 +173,7 @@ async def peek_messages(
     Messages are received unacknowledged and returned when the channel closes, so they stay
     in the queue in their order. Each look counts as a delivery on quorum queues (on RabbitMQ
     3.10 to 4.2; 4.3 no longer counts returns), which is why the DLQ is declared with a very
-    large delivery limit (``fulfilment.entrypoints.topology``). Never use this on a queue that
+    large delivery limit (``fulfilment.worker.topology``). Never use this on a queue that
     workers consume: it would spend their delivery attempts.
     """
     state = await queue_state(connection, queue)

@@ -1,7 +1,7 @@
 """The dead-letter header contract: what a message in the DLQ says about why it is there.
 
 The worker writes these headers when it gives up on a delivery
-(``fulfilment.entrypoints.dead_letters``); ``fulfilment dlq`` and ``fulfilment report`` read
+(``fulfilment.worker.dead_lettering``); ``fulfilment dlq`` and ``fulfilment report`` read
 them back with :func:`describe_dead_letter`. A message the broker dead-lettered by itself has
 none of them, only RabbitMQ's ``x-death``; it is described from that, and one that exhausted the
 delivery limit (it kept crashing workers) is classed ``poison``.
@@ -54,7 +54,7 @@ class FailureClass(StrEnum):
       workers every time. Written by the service when it counts the deliveries itself, or
       recognised from the broker's ``x-death`` reason ``delivery_limit``. (A database outage
       is not dead-lettered: the delivery is requeued and the consumer paused, see
-      ``entrypoints.consumer_control``.)
+      ``worker.consumer_control``.)
 
     Recognised from the broker's ``x-death`` (no ``x-fulfilment-*`` headers):
 

@@ -29,7 +29,7 @@ DEAD_LETTERED = "dead_lettered"
 """The ``outcome`` label of events the service published to the DLQ."""
 REQUEUED = "requeued"
 """The ``outcome`` label of deliveries sent back to the queue because the database is down
-(see ``entrypoints.consumer_control.ConsumerPause``); their ``reason`` is ``transient``."""
+(see ``worker.consumer_control.ConsumerPause``); their ``reason`` is ``transient``."""
 REQUEUED_TRANSIENT = "transient"
 
 INVARIANTS = ("stock_out_of_bounds", "reserved_mismatches", "inbox_unaccounted", "orphan_lines")

@@ -1,7 +1,7 @@
 """PostgreSQL: schema, engine, ``PostgresWarehouse``, its retry policy and the outcome report.
 
 Modules: ``tables`` and ``schema.migrate``, ``engine.create_engine``,
-``warehouse.PostgresWarehouse``, ``retry`` and ``reporting.outcome_report``. Nothing is
-re-exported here, so that importing the tables (as ``migrations/env.py`` does) does not import
-the warehouse and its dependencies.
+``warehouse.PostgresWarehouse``, ``retry``, ``outcomes.outcome_report``, and ``admin`` (the
+operator tools' chores). Nothing is re-exported here, so that importing the tables (as
+``migrations/env.py`` does) does not import the warehouse and its dependencies.
 """

@@ -10,7 +10,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fulfilment.adapters.faults import CrashPoint, FaultPlan, crash
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOutcomesError
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
@@ -25,6 +24,7 @@ from fulfilment.domain.model import (
     StockLevel,
 )
 from fulfilment.settings import Settings
+from fulfilment.worker.fault_injection import CrashPoint, FaultPlan, crash
 
 __all__ = ["MAX_ON_HAND", "PostgresWarehouse", "StockBelowReservedError"]
 

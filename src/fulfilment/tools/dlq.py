@@ -44,7 +44,7 @@ from fulfilment.contracts.dead_letter import (
     describe_dead_letter,
     replay_headers,
 )
-from fulfilment.entrypoints.topology import (
+from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,

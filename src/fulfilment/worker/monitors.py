@@ -24,10 +24,10 @@ import structlog
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from fulfilment.adapters.postgres.reporting import outcome_report
+from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq import QueueState, peek_head, queue_state
 from fulfilment.contracts.dead_letter import describe_dead_letter
-from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -137,7 +137,7 @@ async def check_invariants(
     """Check the stock invariants every ``interval_seconds`` until cancelled.
 
     Sets ``fulfilment_stock_invariant_violations{invariant}`` from one REPEATABLE READ
-    snapshot (``fulfilment.adapters.postgres.reporting``); a failed check keeps the last
+    snapshot (``fulfilment.adapters.postgres.outcomes``); a failed check keeps the last
     values and counts a monitor error.
     """
     while True:

@@ -28,20 +28,21 @@ from faststream.rabbit import Channel, RabbitBroker
 from faststream.rabbit.annotations import RabbitMessage
 from pydantic import ValidationError
 
-from fulfilment.adapters.faults import CrashPoint, FaultPlan, crash
 from fulfilment.application.handlers import reserve_stock
 from fulfilment.application.ports import TransientError, Warehouse
 from fulfilment.contracts.order_placed import MAX_BODY_BYTES, OrderPlacedV1
+from fulfilment.contracts.topology import MAIN_QUEUE
 from fulfilment.domain.model import OutcomeKind, ReservationOutcome, ReserveStock
-from fulfilment.entrypoints.dead_letters import (
+from fulfilment.observability.metrics import REQUEUED, REQUEUED_TRANSIENT
+from fulfilment.worker.dead_lettering import (
     Failure,
     FailureClass,
     begin_delivery,
     delivery_count,
     publish_dead_letter,
 )
-from fulfilment.entrypoints.topology import MAIN_QUEUE, Topology
-from fulfilment.observability.metrics import REQUEUED, REQUEUED_TRANSIENT
+from fulfilment.worker.fault_injection import CrashPoint, FaultPlan, crash
+from fulfilment.worker.topology import Topology
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage

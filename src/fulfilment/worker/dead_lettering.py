@@ -27,7 +27,7 @@ from fulfilment.contracts.dead_letter import (
     HEADER_PREFIX,
     FailureClass,
 )
-from fulfilment.entrypoints.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTER_ROUTING_KEY
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTER_ROUTING_KEY
 
 if TYPE_CHECKING:
     from faststream.rabbit import RabbitBroker

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fulfilment.adapters.database import (
+from fulfilment.adapters.postgres.admin import (
     ensure_database,
     reset_tables,
     warehouse_session,
@@ -39,18 +39,18 @@ from fulfilment.adapters.rabbitmq import (
     publish_events,
     queue_state,
 )
-from fulfilment.adapters.stock_plan import plan_stock
-from fulfilment.entrypoints.reporting import collect_report, reconcile, render_report
-from fulfilment.entrypoints.topology import (
+from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
     MAIN_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
+from fulfilment.tools.report import collect_report, reconcile, render_report
+from fulfilment.tools.stock_plan import plan_stock
 
 if TYPE_CHECKING:
-    from fulfilment.adapters.online_retail import ReadResult
     from fulfilment.settings import Settings
+    from fulfilment.tools.online_retail import ReadResult
 
 READY_WAIT_SECONDS = 60.0
 """How long the worker may take to report ready before the demo gives up."""

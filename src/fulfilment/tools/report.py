@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from uuid import UUID
 
-from fulfilment.adapters.database import processed_event_ids, warehouse_session
-from fulfilment.adapters.postgres.reporting import outcome_report
+from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_session
+from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq import browse_dead_letters, connect, queue_state
-from fulfilment.entrypoints.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.settings import Settings
 
 

@@ -23,14 +23,14 @@ import aio_pika
 import aiormq.exceptions
 from faststream.rabbit import ExchangeType, QueueType, RabbitExchange, RabbitQueue
 
-ORDERS_EXCHANGE = "orders"
-ORDER_PLACED_ROUTING_KEY = "order.placed"
-MAIN_QUEUE = "fulfilment.order-placed"
-DEAD_LETTER_EXCHANGE = "fulfilment.dlx"
-DEAD_LETTER_QUEUE = "fulfilment.order-placed.dlq"
-DEAD_LETTER_ROUTING_KEY = MAIN_QUEUE
-"""Dead letters are routed by the name of the queue they died in, so more queues can share
-the exchange later."""
+from fulfilment.contracts.topology import (
+    DEAD_LETTER_EXCHANGE,
+    DEAD_LETTER_QUEUE,
+    DEAD_LETTER_ROUTING_KEY,
+    MAIN_QUEUE,
+    ORDER_PLACED_ROUTING_KEY,
+    ORDERS_EXCHANGE,
+)
 
 DEAD_LETTER_QUEUE_DELIVERY_LIMIT = 1_000_000
 """Set explicitly on the DLQ because RabbitMQ 4.0+ gives every quorum queue a limit of 20, and

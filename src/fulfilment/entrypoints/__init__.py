@@ -1,1 +1,0 @@
-"""Ways into the service: the AMQP subscriber, HTTP endpoints and the command line."""

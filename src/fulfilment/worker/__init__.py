@@ -1,0 +1,5 @@
+"""The worker, built by ``fulfilment.main``.
+
+Its edge towards the broker (subscribers, the delivery policy, topology, consumer control),
+its health endpoints and its background monitors. It never imports the operator tools.
+"""
