@@ -38,7 +38,8 @@ RUN groupadd --system --gid 10001 fulfilment \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin fulfilment
 
-# `fulfilment migrate` finds the alembic migrations in ./migrations of the working directory
+# `fulfilment migrate` finds the alembic migrations (the revisions and migrations/sql, the SQL
+# files they load) in ./migrations of the working directory
 # (fulfilment.adapters.postgres.schema.migrations_location), so they sit in /app beside it.
 WORKDIR /app
 COPY --from=build /app/.venv /app/.venv

@@ -10,21 +10,8 @@ one call, one transaction, about ten statements however many orders it carries (
 when some are duplicates of an order or rejected), where ``reserve_order()`` ran about as
 many per order. The outcome of each order is the one ``reserve_order()`` would give if the
 orders were sent one after the other in the order of the arrays (their arrival order), so
-``fulfilment.domain.model.decide`` stays the rule. Rows are written and locked in key order,
-which is what keeps concurrent calls from deadlocking; the decisions follow arrival order:
-
-(a) insert the inbox rows, in ``event_id`` order; the same event twice in one call is a
-    ``duplicate:event`` the second time;
-(b) insert one reservation per order, in ``order_id`` order; later events of a placed order are
-    ``duplicate:order`` and their inbox rows say ``duplicate_order``;
-(c) aggregate the demand of each placed order per SKU;
-(d) lock the stock rows of every SKU of the call in ``COLLATE "C"`` order;
-(e) decide each order in turn, in arrival order, against what the orders before it left;
-(f) apply every decision, record the demand lines and the outcomes.
-
-Every writer takes its locks table by table in this order (inbox, reservations, stock) and
-within a table in key order, so concurrent calls, ``reserve_order()`` and stock loads wait
-for each other instead of deadlocking.
+``fulfilment.domain.model.decide`` stays the rule. The function and its comment are
+``migrations/sql/reserve_orders/v1.sql``, whose header lists its steps and its lock order.
 
 The foreign key from ``reservation_lines.order_id`` to ``reservations`` goes. Its check is a
 query and a row lock (a WAL record) per line inserted, and each connection plans that query
@@ -36,7 +23,7 @@ and write an order's reservation and its lines in one transaction, and the stock
 unit has its lines.
 
 ``reserve_order()`` stays, unused by this release, so that workers of the previous release
-keep running during a rolling update; a later revision drops it.
+keep running during a rolling update; revision 0006 drops it.
 """
 
 from __future__ import annotations
@@ -45,6 +32,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from fulfilment.adapters.postgres.schema import load_sql
+
 revision: str = "0005"
 down_revision: str | Sequence[str] | None = "0004"
 branch_labels: str | Sequence[str] | None = None
@@ -52,274 +41,11 @@ depends_on: str | Sequence[str] | None = None
 
 SIGNATURE = "reserve_orders(text, uuid[], uuid[], timestamptz[], integer[], text[], integer[])"
 
-CREATE_FUNCTION = r"""
-CREATE FUNCTION reserve_orders(
-    p_consumer text,
-    p_event_ids uuid[],
-    p_order_ids uuid[],
-    p_placed_at timestamptz[],
-    p_line_orders integer[],
-    p_line_skus text[],
-    p_line_quantities integer[]
-) RETURNS TABLE (ordinal integer, outcome text, reason text, skus text[])
-LANGUAGE plpgsql
-AS $function$
-#variable_conflict use_column
-DECLARE
-    v_orders integer := coalesce(cardinality(p_event_ids), 0);
-    -- Per order (index = ordinal): the answer. Every order starts as a duplicate event and
-    -- is overwritten once its inbox row turns out to be new.
-    v_outcome text[];
-    v_reason text[];
-    v_fresh integer[];   -- ordinals whose event is new, ascending
-    v_placed integer[];  -- ordinals that placed their order, ascending
-    -- Per demand line of the placed orders, sorted by (ordinal, SKU by code point).
-    l_order integer[];
-    l_sku text[];
-    l_quantity integer[];
-    l_stock integer[];   -- index into s_sku, NULL for an unknown SKU
-    l_offending boolean[];
-    -- Per locked stock row, sorted by code point.
-    s_sku text[];
-    s_available integer[];
-    s_delta integer[];
-    v_lines integer;
-    v_first integer;
-    v_last integer;
-    v_order integer;
-    v_unknown boolean;
-    v_short boolean;
-    v_rejected boolean := false;
-    v_stock integer;
-    v_line integer;
-    v_fresh_ordinal integer;
-BEGIN
-    IF p_consumer IS NULL OR v_orders = 0
-        OR cardinality(p_order_ids) IS DISTINCT FROM v_orders
-        OR cardinality(p_placed_at) IS DISTINCT FROM v_orders
-        OR array_position(p_event_ids, NULL) IS NOT NULL
-        OR array_position(p_order_ids, NULL) IS NOT NULL
-        OR array_position(p_placed_at, NULL) IS NOT NULL
-    THEN
-        RAISE EXCEPTION 'reserve_orders: consumer, and per order event id, order id, placed_at'
-            USING DETAIL = 'A consumer and equally long, NULL-free order arrays are required.',
-                  ERRCODE = 'null_value_not_allowed';
-    END IF;
-    v_lines := coalesce(cardinality(p_line_orders), 0);
-    IF cardinality(p_line_skus) IS DISTINCT FROM v_lines
-        OR cardinality(p_line_quantities) IS DISTINCT FROM v_lines
-        OR EXISTS (
-            SELECT 1
-              FROM unnest(p_line_orders, p_line_skus, p_line_quantities) AS l(o, sku, quantity)
-             WHERE l.o IS NULL OR l.o NOT BETWEEN 1 AND v_orders
-                OR l.sku IS NULL OR l.quantity IS NULL OR l.quantity <= 0
-        )
-        OR (SELECT count(DISTINCT l.o) FROM unnest(p_line_orders) AS l(o)) <> v_orders
-    THEN
-        RAISE EXCEPTION 'reserve_orders: malformed lines'
-            USING DETAIL = 'Each order needs a line; each line an ordinal, a SKU, a quantity > 0.',
-                  ERRCODE = 'invalid_parameter_value';
-    END IF;
-
-    v_outcome := array_fill('duplicate'::text, ARRAY[v_orders]);
-    v_reason := array_fill('event'::text, ARRAY[v_orders]);
-
-    -- (a) The inbox first: a concurrent duplicate of an event blocks on the primary key until
-    -- the first commits, then sees the conflict and changes nothing.
-    WITH src AS (
-        SELECT DISTINCT ON (e.event_id) e.event_id, e.order_id, e.o::integer AS o
-          FROM unnest(p_event_ids, p_order_ids) WITH ORDINALITY AS e(event_id, order_id, o)
-         ORDER BY e.event_id, e.o
-    ), inserted AS (
-        INSERT INTO inbox_messages (consumer, event_id, order_id, outcome)
-        SELECT p_consumer, src.event_id, src.order_id, 'reserved'
-          FROM src
-         ORDER BY src.event_id
-        ON CONFLICT DO NOTHING
-        RETURNING inbox_messages.event_id
-    )
-    SELECT coalesce(array_agg(src.o ORDER BY src.o), '{}')
-      INTO v_fresh
-      FROM src JOIN inserted ON inserted.event_id = src.event_id;
-    IF cardinality(v_fresh) = 0 THEN
-        RETURN QUERY
-            SELECT g.o, v_outcome[g.o], v_reason[g.o], '{}'::text[]
-              FROM generate_series(1, v_orders) AS g(o);
-        RETURN;
-    END IF;
-
-    -- (b) One reservation per order, whichever event placed it first; 'reserved' is a
-    -- placeholder that (f) overwrites for a rejection.
-    WITH src AS (
-        SELECT DISTINCT ON (p_order_ids[f.o]) f.o, p_order_ids[f.o] AS order_id
-          FROM unnest(v_fresh) AS f(o)
-         ORDER BY p_order_ids[f.o], f.o
-    ), inserted AS (
-        INSERT INTO reservations (order_id, event_id, status, placed_at)
-        SELECT src.order_id, p_event_ids[src.o], 'reserved', p_placed_at[src.o]
-          FROM src
-         ORDER BY src.order_id
-        ON CONFLICT (order_id) DO NOTHING
-        RETURNING reservations.order_id
-    )
-    SELECT coalesce(array_agg(src.o ORDER BY src.o), '{}')
-      INTO v_placed
-      FROM src JOIN inserted ON inserted.order_id = src.order_id;
-    IF cardinality(v_placed) < cardinality(v_fresh) THEN
-        UPDATE inbox_messages AS i
-           SET outcome = 'duplicate_order'
-         WHERE i.consumer = p_consumer
-           AND i.event_id IN (
-                SELECT p_event_ids[f.o] FROM unnest(v_fresh) AS f(o) WHERE f.o <> ALL (v_placed)
-           );
-        FOREACH v_fresh_ordinal IN ARRAY v_fresh LOOP
-            IF v_fresh_ordinal <> ALL (v_placed) THEN
-                v_reason[v_fresh_ordinal] := 'order';
-            END IF;
-        END LOOP;
-    END IF;
-
-    IF cardinality(v_placed) > 0 THEN
-        -- (c) One demand per order and SKU. COLLATE "C" compares bytes, so SKUs that differ
-        -- only in case stay apart, and the order is the domain's code-point order.
-        SELECT array_agg(d.o ORDER BY d.o, d.sku), array_agg(d.sku ORDER BY d.o, d.sku),
-               array_agg(d.quantity ORDER BY d.o, d.sku)
-          INTO l_order, l_sku, l_quantity
-          FROM (
-                SELECT l.o, l.sku COLLATE "C" AS sku, sum(l.quantity)::integer AS quantity
-                  FROM unnest(p_line_orders, p_line_skus, p_line_quantities) AS l(o, sku, quantity)
-                 WHERE l.o = ANY (v_placed)
-                 GROUP BY 1, 2
-               ) AS d;
-        v_lines := cardinality(l_order);
-
-        -- (d) Every writer locks stock rows in this one order. The rows stay locked until
-        -- commit, so what is read here stays true.
-        SELECT coalesce(array_agg(s.sku ORDER BY s.sku), '{}'),
-               coalesce(array_agg(s.on_hand - s.reserved ORDER BY s.sku), '{}')
-          INTO s_sku, s_available
-          FROM (
-                SELECT t.sku COLLATE "C" AS sku, t.on_hand, t.reserved
-                  FROM stock_levels AS t
-                 WHERE t.sku = ANY (l_sku)
-                 ORDER BY t.sku COLLATE "C"
-                   FOR UPDATE
-               ) AS s;
-        s_delta := array_fill(0, ARRAY[cardinality(s_sku)]);
-        l_offending := array_fill(false, ARRAY[v_lines]);
-        -- Each line's stock row, found once with a hash join: looked up line by line in the
-        -- loop below, the lookup made a batch cost lines x SKUs.
-        SELECT array_agg(s.i::integer ORDER BY l.j)
-          INTO l_stock
-          FROM unnest(l_sku) WITH ORDINALITY AS l(sku, j)
-          LEFT JOIN unnest(s_sku) WITH ORDINALITY AS s(sku, i) ON s.sku = l.sku;
-
-        -- (e) Each order in turn, like fulfilment.domain.model.decide: unknown SKUs win over
-        -- insufficient stock; an accepted order takes its units from what the next one sees.
-        v_first := 1;
-        WHILE v_first <= v_lines LOOP
-            v_order := l_order[v_first];
-            v_last := v_first;
-            WHILE v_last < v_lines AND l_order[v_last + 1] = v_order LOOP
-                v_last := v_last + 1;
-            END LOOP;
-            v_unknown := false;
-            v_short := false;
-            FOR v_line IN v_first .. v_last LOOP
-                v_stock := l_stock[v_line];
-                IF v_stock IS NULL THEN
-                    v_unknown := true;
-                ELSIF s_available[v_stock] < l_quantity[v_line] THEN
-                    v_short := true;
-                END IF;
-            END LOOP;
-            IF v_unknown THEN
-                v_outcome[v_order] := 'rejected';
-                v_reason[v_order] := 'unknown_sku';
-                FOR v_line IN v_first .. v_last LOOP
-                    l_offending[v_line] := l_stock[v_line] IS NULL;
-                END LOOP;
-            ELSIF v_short THEN
-                v_outcome[v_order] := 'rejected';
-                v_reason[v_order] := 'insufficient_stock';
-                FOR v_line IN v_first .. v_last LOOP
-                    l_offending[v_line] := s_available[l_stock[v_line]] < l_quantity[v_line];
-                END LOOP;
-            ELSE
-                v_outcome[v_order] := 'reserved';
-                v_reason[v_order] := NULL;
-                FOR v_line IN v_first .. v_last LOOP
-                    v_stock := l_stock[v_line];
-                    s_available[v_stock] := s_available[v_stock] - l_quantity[v_line];
-                    s_delta[v_stock] := s_delta[v_stock] + l_quantity[v_line];
-                END LOOP;
-            END IF;
-            v_rejected := v_rejected OR v_unknown OR v_short;
-            v_first := v_last + 1;
-        END LOOP;
-
-        -- (f) Apply: every line of an accepted order, none of a rejected one.
-        UPDATE stock_levels AS t
-           SET reserved = t.reserved + d.delta,
-               updated_at = now()
-          FROM unnest(s_sku, s_delta) AS d(sku, delta)
-         WHERE t.sku = d.sku AND d.delta > 0;
-        IF v_rejected THEN
-            UPDATE reservations AS r
-               SET status = 'rejected', reason = x.reason, skus = x.skus
-              FROM (
-                    SELECT p_order_ids[l.o] AS order_id, v_reason[l.o] AS reason,
-                           array_agg(l.sku ORDER BY l.sku COLLATE "C")
-                               FILTER (WHERE l.offending) AS skus
-                      FROM unnest(l_order, l_sku, l_offending) AS l(o, sku, offending)
-                     WHERE v_outcome[l.o] = 'rejected'
-                     GROUP BY l.o
-                   ) AS x
-             WHERE r.order_id = x.order_id;
-            UPDATE inbox_messages AS i
-               SET outcome = 'rejected'
-             WHERE i.consumer = p_consumer
-               AND i.event_id IN (
-                    SELECT p_event_ids[f.o] FROM unnest(v_placed) AS f(o)
-                     WHERE v_outcome[f.o] = 'rejected'
-               );
-        END IF;
-        INSERT INTO reservation_lines (order_id, sku, quantity)
-        SELECT p_order_ids[l.o], l.sku, l.quantity
-          FROM unnest(l_order, l_sku, l_quantity) AS l(o, sku, quantity);
-    END IF;
-
-    RETURN QUERY
-        SELECT g.o, v_outcome[g.o], v_reason[g.o], coalesce(x.skus, '{}')
-          FROM generate_series(1, v_orders) AS g(o)
-          LEFT JOIN (
-                SELECT l.o, array_agg(l.sku ORDER BY l.sku COLLATE "C") AS skus
-                  FROM unnest(l_order, l_sku, l_offending) AS l(o, sku, offending)
-                 WHERE l.offending
-                 GROUP BY l.o
-               ) AS x ON x.o = g.o
-         ORDER BY g.o;
-END;
-$function$
-"""
-
-COMMENT = f"""
-COMMENT ON FUNCTION {SIGNATURE} IS
-'Reserves stock for many OrderPlaced events in one transaction, each all lines or none, once
-per (consumer, event_id), as if they came one after the other in array order. Orders are
-given by position in p_event_ids, p_order_ids and p_placed_at; line i belongs to the order at
-position p_line_orders[i] (1-based). Returns one row per order, by ordinal: (reserved, NULL,
-{{}}), (rejected, unknown_sku|insufficient_stock, offending SKUs sorted by code point) or
-(duplicate, event|order, {{}}). Run it as a single autocommit statement.'
-"""
-
-
 FOREIGN_KEY = "reservation_lines_order_id_fkey"
 
 
 def upgrade() -> None:
-    op.execute(CREATE_FUNCTION)
-    op.execute(COMMENT)
+    load_sql("reserve_orders/v1.sql")
     # Dropping the key locks both tables; behind a long transaction the wait would stall
     # every running worker's reservations, so give up after 5 s and let the job retry.
     op.execute("SET LOCAL lock_timeout = '5s'")

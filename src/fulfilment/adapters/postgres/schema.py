@@ -5,14 +5,19 @@ there for the ``alembic`` command line). :func:`migrate` finds that folder from 
 or an editable install, from a ``fulfilment/_migrations`` folder packaged inside an installed
 wheel, or from ``./migrations`` in the working directory (a container image that copies the
 folder next to its working directory).
+
+The bodies of the SQL functions live in ``migrations/sql/<function>/v<N>.sql``, one file per
+version, which the revisions run with :func:`load_sql` (``migrations/sql/README.md`` says how to
+change a function).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
-from alembic import command
+from alembic import command, op
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
@@ -57,6 +62,74 @@ def migrations_location(explicit: Path | None = None) -> Path:
         if (candidate / "env.py").is_file():
             return candidate
     raise MigrationsNotFoundError(candidates)
+
+
+SQL_FOLDER = "sql"
+"""The folder of versioned SQL files inside the migrations folder."""
+
+_SQL_TOKEN = re.compile(
+    r"""
+      --[^\n]*                                       # line comment
+    | /\*.*?\*/                                      # block comment
+    | '(?:[^']|'')*'                                 # string
+    | "(?:[^"]|"")*"                                 # quoted identifier
+    | (?P<tag>\$(?:[A-Za-z_]\w*)?\$).*?(?P=tag)       # dollar-quoted string, e.g. a body
+    | (?P<end>;)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_SQL_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def _blank(sql: str) -> bool:
+    return not _SQL_COMMENT.sub("", sql).strip()
+
+
+def sql_statements(script: str) -> list[str]:
+    """The statements of ``script``, split at each ``;`` outside comments, quotes and dollar quotes.
+
+    Each statement is returned without its ``;``, with the comments before it; statements of
+    nothing but comments are left out. A function body is one dollar-quoted string, so the
+    semicolons inside it do not split it.
+
+    Raises:
+        ValueError: ``script`` ends with a statement that has no ``;``.
+    """
+    statements = []
+    start = 0
+    for token in _SQL_TOKEN.finditer(script):
+        if token.group("end") is not None:
+            statement = script[start : token.start()].strip()
+            if not _blank(statement):
+                statements.append(statement)
+            start = token.end()
+    if not _blank(script[start:]):
+        msg = f"the last statement has no closing ';': {script[start:].strip()[:80]!r}"
+        raise ValueError(msg)
+    return statements
+
+
+def load_sql(name: str) -> None:
+    """Run the statements of ``migrations/sql/<name>`` (e.g. ``reserve_orders/v1.sql``).
+
+    For a revision's ``upgrade`` and ``downgrade``, which alembic runs from ``env.py``: each
+    statement goes through ``op.execute``, so it runs in the migration's transaction (or is
+    written to an offline ``--sql`` script). ``op.execute`` reads a colon before a word as a
+    bind parameter, so a file casts with ``::type`` and writes no ``:word``.
+
+    Raises:
+        NameError: called outside a migration (alembic's ``op`` is not set up).
+        RuntimeError: the migration context has no script directory to find the file in.
+        OSError: the file cannot be read.
+        ValueError: see :func:`sql_statements`.
+    """
+    script_directory = op.get_context().script
+    if script_directory is None:
+        msg = "load_sql() needs a migration run by alembic from env.py, with its script folder"
+        raise RuntimeError(msg)
+    path = Path(script_directory.dir) / SQL_FOLDER / name
+    for statement in sql_statements(path.read_text(encoding="utf-8")):
+        op.execute(statement)
 
 
 def alembic_config(database_url: str, *, script_location: Path | None = None) -> Config:
