@@ -164,10 +164,11 @@ def test_offending_skus_are_in_code_point_order_on_a_database_of_another_collati
                 "INSERT INTO stock_levels (sku, on_hand) VALUES ('B', 1), ('a', 1), ('C', 5)"
             )
             one = await connection.fetchrow(
-                "SELECT outcome, reason, skus FROM reserve_order("
-                "'fulfilment', $1, $2, now(), ARRAY['a', 'C', 'B'], ARRAY[2, 1, 2])",
-                uuid.uuid4(),
-                uuid.uuid4(),
+                "SELECT outcome, reason, skus FROM reserve_orders('fulfilment', $1, $2, $3,"
+                " ARRAY[1, 1, 1], ARRAY['a', 'C', 'B'], ARRAY[2, 1, 2])",
+                [uuid.uuid4()],
+                [uuid.uuid4()],
+                [PLACED_AT],
             )
             batch = await connection.fetch(
                 "SELECT outcome, reason, skus FROM reserve_orders('fulfilment', $1, $2, $3,"

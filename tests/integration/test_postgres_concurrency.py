@@ -192,27 +192,17 @@ async def test_a_stock_load_running_with_reservations_neither_deadlocks_nor_lose
     assert {level.reserved for level in levels.values()} == {100}
 
 
-@pytest.mark.parametrize("orders_per_call", [None, 3])
-async def test_the_functions_lock_in_one_order_whatever_order_they_are_sent(pool, orders_per_call):
-    # The warehouse already sends SKUs sorted; other callers of the functions may not. None is
-    # reserve_order() (kept for the previous release), a number is reserve_orders().
+@pytest.mark.parametrize("orders_per_call", [1, 3])
+async def test_the_function_locks_in_one_order_whatever_order_it_is_sent(pool, orders_per_call):
+    # The warehouse already sends SKUs sorted; other callers of reserve_orders() may not.
     skus = ["A", "B", "C", "a", "b"]
     await pool.execute(
         "INSERT INTO stock_levels (sku, on_hand) SELECT unnest($1::text[]), 10000", skus
     )
     rng = random.Random(11)
-    calls = [[rng.sample(skus, len(skus)) for _ in range(orders_per_call or 1)] for _ in range(300)]
+    calls = [[rng.sample(skus, len(skus)) for _ in range(orders_per_call)] for _ in range(300)]
 
     async def reserve(call):
-        if orders_per_call is None:
-            return [
-                await pool.fetchval(
-                    "SELECT outcome FROM reserve_order("
-                    "'fulfilment', gen_random_uuid(), gen_random_uuid(), now(), $1, $2)",
-                    call[0],
-                    [1] * len(skus),
-                )
-            ]
         rows = await pool.fetch(
             "SELECT outcome FROM reserve_orders('fulfilment', $1, $2, $3, $4, $5, $6)",
             [uuid4() for _ in call],

@@ -52,7 +52,7 @@ _RESERVE_ORDERS = sa.text(
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
 )
-"""One statement, one round trip (see migration 0005 for the function), through the engine."""
+"""One statement, one round trip (``migrations/sql/reserve_orders/``), through the engine."""
 
 _RESERVE_ORDERS_ON_POOL = (
     "SELECT ordinal, outcome, reason, skus FROM reserve_orders($1, $2, $3, $4, $5, $6, $7)"
