@@ -21,6 +21,13 @@ class Warehouse(ABC):
 
     Implementations: ``PostgresWarehouse`` (the real one) and the in-memory fake of the tests;
     both pass the same contract suite (``tests/contract``).
+
+    The rule :meth:`reserve` applies is :func:`fulfilment.domain.model.decide`, its
+    specification. The fake calls it; ``PostgresWarehouse`` calls the PL/pgSQL function
+    ``reserve_orders()`` (``migrations/sql/reserve_orders/``), which implements the same rule
+    for one round trip per batch of orders. The property test
+    ``test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_other``
+    (``tests/integration/test_postgres_batches.py``) holds the two to the same answers.
     """
 
     @abstractmethod

@@ -5,6 +5,14 @@ and the same SKU on several lines is one demand. An order whose SKUs are not all
 rejected with ``unknown_sku``; otherwise one whose demand exceeds what is available
 (``on_hand - reserved``) for any SKU is rejected with ``insufficient_stock``. A rejection is a
 business outcome, not an error: it is recorded and acknowledged like a reservation.
+
+:func:`decide` is the specification of the rule, and the in-memory warehouse of the tests runs
+it. Production runs the PL/pgSQL function ``reserve_orders()``
+(``migrations/sql/reserve_orders/``), an implementation of the same rule that reserves a batch
+of orders in one round trip instead of reading stock, deciding here and writing back. The
+property test ``test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_other``
+(``tests/integration/test_postgres_batches.py``) holds the two to the same answers, so a change
+to the rule is made in both.
 """
 
 from __future__ import annotations
@@ -134,6 +142,9 @@ class Decision:
 
 def decide(demand: Mapping[str, int], stock: Mapping[str, StockLevel]) -> Decision:
     """Apply the reservation rule to an aggregated demand and the current stock of its SKUs.
+
+    The specification of the rule; ``reserve_orders()`` implements it in PostgreSQL (see the
+    module's docstring).
 
     Args:
         demand: units per SKU (see :meth:`ReserveStock.demand`).
