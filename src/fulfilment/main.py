@@ -29,7 +29,7 @@ from sqlalchemy import text
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
-from fulfilment.adapters.postgres.retry import sqlstate_of
+from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
@@ -225,9 +225,7 @@ async def run_worker(settings: Settings) -> int:
     pool = await create_pool(settings)  # the reservations' (hot path); the engine for the rest
 
     def on_retry(error: BaseException) -> None:
-        metrics.count_database_retry(
-            sqlstate_of(error), pool_timeout=isinstance(error, sa_exc.TimeoutError)
-        )
+        metrics.count_database_retry(retry_label(error))
         record_retry()  # for the attempt count and first failure time of a dead letter
 
     faults = parse_fault_plan(settings.fault_injection)
@@ -325,8 +323,12 @@ async def run_worker(settings: Settings) -> int:
 
 
 def new_metrics() -> Metrics:
-    """The worker's metrics: its version, and every outcome series bound at 0."""
-    return Metrics(version=__version__, dead_letter_classes=SERVICE_FAILURE_CLASSES)
+    """The worker's metrics: its version, and every outcome and database retry series at 0."""
+    return Metrics(
+        version=__version__,
+        dead_letter_classes=SERVICE_FAILURE_CLASSES,
+        database_retry_errors=RETRY_LABELS,
+    )
 
 
 class _HttpServer(uvicorn.Server):

@@ -14,7 +14,13 @@ from structlog.testing import capture_logs
 
 from builders import order
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.retry import call_with_retry, is_transient, sqlstate_of
+from fulfilment.adapters.postgres.retry import (
+    RETRY_LABELS,
+    call_with_retry,
+    is_transient,
+    retry_label,
+    sqlstate_of,
+)
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import OutcomeKind, StockLevel
@@ -97,6 +103,34 @@ def test_failing_to_connect_is_transient(error):
 )
 def test_anything_else_is_not_transient(error):
     assert not is_transient(error)
+
+
+@pytest.mark.parametrize(
+    ("error", "label"),
+    [
+        (dbapi_error("40P01"), "deadlock"),
+        (dbapi_error("40001"), "serialization_failure"),
+        (dbapi_error("55P03"), "lock_timeout"),
+        (dbapi_error("57014"), "statement_timeout"),
+        (dbapi_error("57P01"), "server_shutdown"),
+        (dbapi_error("57P02"), "server_shutdown"),
+        (dbapi_error("57P03"), "server_starting"),
+        (dbapi_error("53300"), "too_many_connections"),
+        (dbapi_error("08006"), "connection"),
+        (asyncpg.exceptions.DeadlockDetectedError("deadlock"), "deadlock"),
+        (ConnectionRefusedError(111, "Connection refused"), "connection"),
+        (dbapi_error(None, invalidated=True), "connection"),
+        (sa_exc.TimeoutError("QueuePool limit reached"), "pool_timeout"),
+        (dbapi_error("XX000"), "other"),
+    ],
+)
+def test_a_retried_error_is_counted_under_a_fixed_label(error, label):
+    assert retry_label(error) == label
+
+
+@pytest.mark.parametrize("sqlstate", TRANSIENT)
+def test_every_transient_sqlstate_has_a_label_of_its_own(sqlstate):
+    assert retry_label(dbapi_error(sqlstate)) in set(RETRY_LABELS) - {"other"}
 
 
 async def test_a_transient_error_is_retried_until_the_budget_is_spent():

@@ -38,19 +38,6 @@ INVARIANTS = ("stock_out_of_bounds", "reserved_mismatches", "inbox_unaccounted",
 MONITOR_CHECKS = ("queues", "invariants")
 """The ``check`` label values of :attr:`Metrics.monitor_errors`."""
 
-RETRY_ERRORS: dict[str, str] = {
-    "40001": "serialization_failure",
-    "40P01": "deadlock",
-    "55P03": "lock_timeout",
-    "57014": "statement_timeout",
-    "57P01": "server_shutdown",
-    "57P02": "server_shutdown",
-    "57P03": "server_starting",
-    "53300": "too_many_connections",
-}
-"""``error`` label of a retried database error by SQLSTATE; class 08 is ``connection``."""
-RETRY_ERROR_LABELS = (*sorted(set(RETRY_ERRORS.values())), "connection", "pool_timeout", "other")
-
 
 class Metrics:
     """Collectors of one worker process, registered on :attr:`registry` (a new one by default).
@@ -60,6 +47,8 @@ class Metrics:
         version: the service's version, exported as ``fulfilment_build_info{version}`` = 1.
         dead_letter_classes: failure classes the worker writes, bound at 0 as ``reason`` of
             ``outcome="dead_lettered"``.
+        database_retry_errors: the closed list of ``error`` labels of retried database errors
+            (the PostgreSQL adapter's, which knows the errors), bound at 0.
     """
 
     def __init__(
@@ -68,6 +57,7 @@ class Metrics:
         *,
         version: str = "",
         dead_letter_classes: Iterable[str] = (),
+        database_retry_errors: Iterable[str] = (),
     ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.events = Counter(
@@ -153,7 +143,9 @@ class Metrics:
             (REQUEUED, REQUEUED_TRANSIENT),
         ]:
             self.event(outcome, reason)
-        self._retries = {label: self.database_retries.labels(label) for label in RETRY_ERROR_LABELS}
+        self._retries = {
+            label: self.database_retries.labels(label) for label in database_retry_errors
+        }
         for invariant in INVARIANTS:
             self.stock_invariant_violations.labels(invariant)
         for check in MONITOR_CHECKS:
@@ -168,21 +160,16 @@ class Metrics:
             child = self._events[outcome, reason] = self.events.labels(outcome, reason)
         return child
 
-    def count_database_retry(self, sqlstate: str | None, *, pool_timeout: bool = False) -> None:
-        """Count one retried database attempt under a fixed ``error`` label.
+    def count_database_retry(self, error: str) -> None:
+        """Count one retried database attempt under its ``error`` label (e.g. ``deadlock``).
 
-        Args:
-            sqlstate: PostgreSQL's SQLSTATE of the error, or None (a connection that failed
-                before the server answered).
-            pool_timeout: no pooled connection became free in time.
+        ``error`` is one of ``database_retry_errors``; a label outside that list gets its
+        series at its first retry.
         """
-        if pool_timeout:
-            label = "pool_timeout"
-        elif sqlstate is None or sqlstate.startswith("08"):
-            label = "connection"
-        else:
-            label = RETRY_ERRORS.get(sqlstate, "other")
-        self._retries[label].inc()
+        child = self._retries.get(error)
+        if child is None:
+            child = self._retries[error] = self.database_retries.labels(error)
+        child.inc()
 
     def set_oldest_dead_letter(self, dead_lettered_at: float | None) -> None:
         """Remember when the DLQ's oldest message was dead-lettered (Unix seconds), or None.

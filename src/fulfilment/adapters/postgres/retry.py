@@ -8,7 +8,8 @@ errors it retries are named in :func:`is_transient`; anything else, such as a CH
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import TypeVar
 
 import asyncpg
@@ -29,22 +30,40 @@ T = TypeVar("T")
 RetryHook = Callable[[BaseException], None]
 """Called with the error each time an attempt failed and another one follows (e.g. a metric)."""
 
-TRANSIENT_SQLSTATES = frozenset(
+CONNECTION = "connection"
+"""The label of a retry after a connection failed: SQLSTATE class 08, or no SQLSTATE at all."""
+POOL_TIMEOUT = "pool_timeout"
+"""The label of a retry after no pooled connection became free in time."""
+OTHER = "other"
+"""The label of a retried error whose SQLSTATE the tables below do not name."""
+
+TRANSIENT_SQLSTATES: Mapping[str, str] = MappingProxyType(
     {
-        "40001",  # serialization_failure
-        "40P01",  # deadlock_detected
-        "55P03",  # lock_not_available: lock_timeout expired
-        "57014",  # query_canceled: statement_timeout expired
-        "57P01",  # admin_shutdown: the server is restarting or failing over
-        "57P02",  # crash_shutdown
-        "57P03",  # cannot_connect_now: the server is starting up
-        "53300",  # too_many_connections
+        "40001": "serialization_failure",
+        "40P01": "deadlock",  # deadlock_detected
+        "55P03": "lock_timeout",  # lock_not_available: lock_timeout expired
+        "57014": "statement_timeout",  # query_canceled: statement_timeout expired
+        "57P01": "server_shutdown",  # admin_shutdown: the server is restarting or failing over
+        "57P02": "server_shutdown",  # crash_shutdown
+        "57P03": "server_starting",  # cannot_connect_now: the server is starting up
+        "53300": "too_many_connections",
     }
 )
-"""SQLSTATEs worth another attempt, besides the whole connection-exception class 08."""
+"""SQLSTATEs worth another attempt, besides the whole class 08, each with the ``error`` label
+that counts its retries (:func:`retry_label`)."""
 
-TRANSIENT_SQLSTATE_CLASSES = frozenset({"08"})
-"""SQLSTATE classes (first two characters) worth another attempt: 08 is connection_exception."""
+TRANSIENT_SQLSTATE_CLASSES: Mapping[str, str] = MappingProxyType({"08": CONNECTION})
+"""SQLSTATE classes (first two characters) worth another attempt, with their label: 08 is
+connection_exception."""
+
+RETRY_LABELS = (
+    *sorted(set(TRANSIENT_SQLSTATES.values())),
+    CONNECTION,
+    POOL_TIMEOUT,
+    OTHER,
+)
+"""Every label :func:`retry_label` returns: the closed list a metric can bind at 0. The values
+are those of ``fulfilment_database_retries_total{error}``, which dashboards and alerts query."""
 
 FIRST_BACKOFF_SECONDS = 0.05
 """Upper bound of the first random sleep; the bound doubles on each attempt."""
@@ -97,6 +116,22 @@ def is_transient(error: BaseException) -> bool:
     return code is not None and (
         code in TRANSIENT_SQLSTATES or code[:2] in TRANSIENT_SQLSTATE_CLASSES
     )
+
+
+def retry_label(error: BaseException) -> str:
+    """The fixed label of a retried ``error``, one of :data:`RETRY_LABELS` (for the metrics).
+
+    ``pool_timeout`` for SQLAlchemy's pool timeout; the label of the error's SQLSTATE in
+    :data:`TRANSIENT_SQLSTATES` or of its class in :data:`TRANSIENT_SQLSTATE_CLASSES`;
+    ``connection`` for an error without a SQLSTATE (a connection that failed before the server
+    answered, or the asyncpg pool's timeout); ``other`` for any other SQLSTATE.
+    """
+    if isinstance(error, sa_exc.TimeoutError):
+        return POOL_TIMEOUT
+    code = sqlstate_of(error)
+    if code is None:
+        return CONNECTION
+    return TRANSIENT_SQLSTATES.get(code) or TRANSIENT_SQLSTATE_CLASSES.get(code[:2], OTHER)
 
 
 def _describe(error: BaseException | None) -> str:
