@@ -45,11 +45,11 @@ class InMemoryWarehouse(Warehouse):
         self.levels: dict[str, StockLevel] = {}
         self.inbox: dict[tuple[str, UUID], str] = {}
         self.reservations: dict[UUID, Reservation] = {}
-        self.redeliveries: dict[tuple[str, str], int] = {}
+        self.redeliveries: dict[tuple[str, UUID], int] = {}
         self._lock = asyncio.Lock()
 
-    async def count_redelivery(self, message_key: str) -> int:
-        key = (self.consumer, message_key)
+    async def count_redelivery(self, event_id: UUID) -> int:
+        key = (self.consumer, event_id)
         self.redeliveries[key] = self.redeliveries.get(key, 0) + 1
         return self.redeliveries[key]
 

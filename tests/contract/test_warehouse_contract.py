@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from pydantic import SecretStr
 
@@ -276,8 +278,9 @@ async def test_an_order_of_675_lines_is_reserved_in_one_piece(warehouse):
     assert sum(level.reserved for level in levels.values()) == 2 * 600 + 75
 
 
-async def test_redeliveries_are_counted_per_message_and_survive_between_calls(warehouse):
-    assert await warehouse.count_redelivery("event-a") == 1
-    assert await warehouse.count_redelivery("event-a") == 2
-    assert await warehouse.count_redelivery("event-b") == 1
-    assert await warehouse.count_redelivery("event-a") == 3
+async def test_redeliveries_are_counted_per_event_and_survive_between_calls(warehouse):
+    event_a, event_b = uuid.uuid4(), uuid.uuid4()
+    assert await warehouse.count_redelivery(event_a) == 1
+    assert await warehouse.count_redelivery(event_a) == 2
+    assert await warehouse.count_redelivery(event_b) == 1
+    assert await warehouse.count_redelivery(event_a) == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
+from uuid import UUID
 
 from fulfilment.domain.model import ReservationOutcome, ReserveStock, StockLevel
 
@@ -44,13 +45,14 @@ class Warehouse(ABC):
         """
 
     @abstractmethod
-    async def count_redelivery(self, message_key: str) -> int:
-        """Record one more redelivery of a message; return how many it has had (>= 1).
+    async def count_redelivery(self, event_id: UUID) -> int:
+        """Record one more redelivery of the event ``event_id``; return how many it has had (>= 1).
 
         The service's own count of deliveries that ended without a settlement (a crash), so
-        that a message that kills every worker is dead-lettered after a bounded number of them
+        that an event that kills every worker is dead-lettered after a bounded number of them
         on every RabbitMQ version (4.3 stopped counting such returns towards the queue's
-        delivery limit). Committed on its own, before the delivery is processed.
+        delivery limit). Keyed by the event id, like the inbox, so a re-published copy counts
+        with the original. Committed on its own, before the delivery is processed.
 
         Raises:
             TransientError: as for :meth:`reserve`.

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
+from uuid import UUID
 
 import aiorwlock
 import structlog
@@ -180,7 +181,7 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
     message: RabbitMessage,
     *,
     reserve: Callable[[ReserveStock], Awaitable[ReservationOutcome]],
-    count_redelivery: Callable[[str], Awaitable[int]],
+    count_redelivery: Callable[[UUID], Awaitable[int]],
     dead_letter: Callable[[Failure], Awaitable[None]],
     pause: Callable[[str], None],
     metrics: Metrics,
@@ -292,7 +293,7 @@ async def reserve_unless_poison(  # noqa: PLR0913 - the steps' collaborators, ea
     *,
     redelivered: bool,
     reserve: Callable[[ReserveStock], Awaitable[ReservationOutcome]],
-    count_redelivery: Callable[[str], Awaitable[int]],
+    count_redelivery: Callable[[UUID], Awaitable[int]],
     delivery_limit: int,
     faults: FaultPlan | None,
 ) -> ReservationOutcome | Failure:
@@ -310,7 +311,7 @@ async def reserve_unless_poison(  # noqa: PLR0913 - the steps' collaborators, ea
     # worker crashes delivery_limit - 1 of them, and neither it nor the deliveries returned
     # with it reach the broker's own limit (the same number), which would dead-letter those
     # innocent ones too on brokers that count returns (before 4.3).
-    deliveries = 1 + (await count_redelivery(str(command.event_id)) if redelivered else 0)
+    deliveries = 1 + (await count_redelivery(command.event_id) if redelivered else 0)
     if redelivered and deliveries >= delivery_limit:
         return Failure(
             FailureClass.POISON,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 import sqlalchemy as sa
@@ -59,9 +60,12 @@ _RESERVE_ORDERS_ON_POOL = (
 )
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
 
+# The column keeps the name message_key although it holds the event id (as text, the form
+# both releases write): workers of the previous release still write it under that name during
+# a rolling update, and would fail on a renamed column.
 _COUNT_REDELIVERY = sa.text(
     "INSERT INTO delivery_attempts AS a (consumer, message_key, redeliveries)"
-    " VALUES (:consumer, :message_key, 1)"
+    " VALUES (:consumer, :event_id, 1)"
     " ON CONFLICT (consumer, message_key) DO UPDATE"
     " SET redeliveries = a.redeliveries + 1, last_redelivered_at = now()"
     " RETURNING a.redeliveries"
@@ -209,13 +213,13 @@ class PostgresWarehouse(Warehouse):
         except ValueError as error:  # an outcome, reason or SKU list this code does not know
             raise UnreadableOutcomesError(str(error)) from error
 
-    async def count_redelivery(self, message_key: str) -> int:
-        """Record one more redelivery of ``message_key``; return the redeliveries so far (>= 1).
+    async def count_redelivery(self, event_id: UUID) -> int:
+        """Record one more redelivery of ``event_id``; return the redeliveries so far (>= 1).
 
         Raises:
             TransientError: a transient database error outlasted the retry budget.
         """
-        parameters = {"consumer": self._consumer, "message_key": message_key}
+        parameters = {"consumer": self._consumer, "event_id": str(event_id)}
 
         async def attempt() -> int:
             async with self._autocommit.connect() as connection:
