@@ -42,8 +42,9 @@ from fulfilment.worker.consumer_control import (
     cancel_consumer,
     consumer_attached,
 )
+from fulfilment.worker.crashing_warehouse import CrashingWarehouse
 from fulfilment.worker.dead_lettering import record_retry
-from fulfilment.worker.fault_injection import FaultPlan, parse_fault_plan
+from fulfilment.worker.fault_injection import parse_fault_plan
 from fulfilment.worker.health import ASGIApp, health_app
 from fulfilment.worker.monitors import background, check_invariants, poll_queues
 from fulfilment.worker.subscribers import WorkerLimits, register_order_placed
@@ -95,7 +96,6 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     metrics: Metrics | None = None,
     monitors: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
     after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
-    faults: FaultPlan | None = None,
     startup_checks: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Worker:
     """Assemble the broker, the ``on_order_placed`` subscriber, hooks and HTTP routes.
@@ -106,9 +106,8 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     ``monitors`` (endless background checks, see ``worker.monitors``) run from the
     broker's start until shutdown begins. FastStream's Prometheus middleware counts on
     ``metrics.registry`` next to the service's own metrics. While the database is down the
-    consumer is paused (``worker.consumer_control.ConsumerPause``); ``faults`` is the
-    fault suite's crash injection, None in production. ``startup_checks`` run before the
-    topology is declared; one that raises stops the start.
+    consumer is paused (``worker.consumer_control.ConsumerPause``). ``startup_checks`` run
+    before the topology is declared; one that raises stops the start.
     """
     metrics = metrics or new_metrics()
     topology = Topology(delivery_limit=settings.delivery_limit)
@@ -144,7 +143,6 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         ),
         prefetch_count=settings.prefetch_count,
         pause=consumer_pause.trip,
-        faults=faults,
     )
     consumer_pause.attach(subscriber)
 
@@ -228,19 +226,21 @@ async def run_worker(settings: Settings) -> int:
         metrics.count_database_retry(retry_label(error))
         record_retry()  # for the attempt count and first failure time of a dead letter
 
-    faults = parse_fault_plan(settings.fault_injection)
-    if faults.armed:
-        logger.warning("worker.fault_injection_armed", plan=settings.fault_injection)
-    warehouse = PostgresWarehouse(
+    warehouse: Warehouse = PostgresWarehouse(
         engine,
         consumer=settings.consumer_name,
         retry_budget_seconds=settings.retry_budget_seconds,
         on_retry=on_retry,
-        faults=faults,
         pool=pool,
         transactions=settings.database_pool_size,
         max_orders_per_transaction=settings.reservation_batch_max,
     )
+    faults = parse_fault_plan(settings.fault_injection)
+    if faults.armed:  # the fault suite only
+        logger.warning("worker.fault_injection_armed", plan=settings.fault_injection)
+        warehouse = CrashingWarehouse(
+            warehouse, faults, engine=engine, consumer=settings.consumer_name
+        )
 
     async def database_ping() -> None:
         async with engine.connect() as connection:
@@ -282,7 +282,6 @@ async def run_worker(settings: Settings) -> int:
             ),
         ],
         after_shutdown=[close_pool],
-        faults=faults,
         startup_checks=[schema_is_current],
     )
     http = _HttpServer(

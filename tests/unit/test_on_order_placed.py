@@ -193,7 +193,6 @@ async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved
             reserve=warehouse.reserve,
             count_redelivery=warehouse.count_redelivery,
             delivery_limit=limit,
-            faults=None,
         )
 
     # Delivery 2 (the first redelivery) goes through; delivery 3 is poison, unprocessed.
@@ -216,7 +215,6 @@ async def test_a_first_delivery_is_not_counted_as_a_redelivery() -> None:
         reserve=warehouse.reserve,
         count_redelivery=warehouse.count_redelivery,
         delivery_limit=1,
-        faults=None,
     )
 
     assert isinstance(outcome, ReservationOutcome)

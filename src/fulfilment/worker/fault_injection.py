@@ -5,7 +5,7 @@ a node loss look the same to the broker and the database) at one of these points
 delivery:
 
 ``before_transaction``
-    the event is validated, nothing is written yet.
+    the event is validated (and a redelivery counted), nothing is written yet.
 ``in_transaction``
     the reservation's writes are done (inbox row, reservation, stock) but not committed. The
     reservation is one statement, so a client can only die inside it or after it; the armed
@@ -17,6 +17,9 @@ delivery:
 The setting is a comma-separated list of ``point:probability`` (each delivery draws once per
 point), plus ``poison_sku:<SKU>`` to crash on every delivery of an order holding that SKU:
 ``FULFILMENT_FAULT_INJECTION="before_transaction:0.01,after_commit:0.01,poison_sku:POISON"``.
+
+This module is the plan, which the settings validate; ``worker.crashing_warehouse`` carries it
+out, around the warehouse port, and ``main`` builds it only when the plan is armed.
 """
 
 from __future__ import annotations

@@ -42,7 +42,6 @@ from fulfilment.worker.dead_lettering import (
     delivery_count,
     publish_dead_letter,
 )
-from fulfilment.worker.fault_injection import CrashPoint, FaultPlan, crash
 from fulfilment.worker.topology import Topology
 
 if TYPE_CHECKING:
@@ -116,7 +115,6 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
     limits: WorkerLimits,
     prefetch_count: int,
     pause: Callable[[str], None],
-    faults: FaultPlan | None = None,
 ) -> RabbitSubscriber:
     """Subscribe ``on_order_placed`` to the main queue and return the subscriber.
 
@@ -166,7 +164,6 @@ def register_order_placed(  # noqa: PLR0913 - the composition root passes each d
                 metrics=metrics,
                 handler_deadline_seconds=limits.handler_deadline_seconds,
                 delivery_limit=limits.delivery_limit,
-                faults=faults,
                 started=started,
             )
         finally:
@@ -187,7 +184,6 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
     metrics: Metrics,
     handler_deadline_seconds: float,
     delivery_limit: int,
-    faults: FaultPlan | None,
     started: float,
 ) -> None:
     """Process one delivery; returning means "acknowledge", raising means "reject".
@@ -221,7 +217,6 @@ async def handle_delivery(  # noqa: PLR0913 - one delivery's collaborators, each
                 reserve=reserve,
                 count_redelivery=count_redelivery,
                 delivery_limit=delivery_limit,
-                faults=faults,
             )
             if isinstance(result, Failure):
                 failure = result
@@ -288,20 +283,18 @@ def _record_outcome(
     )
 
 
-async def reserve_unless_poison(  # noqa: PLR0913 - the steps' collaborators, each by name
+async def reserve_unless_poison(
     command: ReserveStock,
     *,
     redelivered: bool,
     reserve: Callable[[ReserveStock], Awaitable[ReservationOutcome]],
     count_redelivery: Callable[[UUID], Awaitable[int]],
     delivery_limit: int,
-    faults: FaultPlan | None,
 ) -> ReservationOutcome | Failure:
     """Reserve ``command``, unless this is its ``delivery_limit``-th delivery.
 
     Returns the outcome, or a ``poison`` :class:`Failure` to dead-letter unprocessed (the
-    count includes the first delivery, which is never recorded). ``faults`` may crash the process
-    before the transaction or after the commit (the fault suite only).
+    count includes the first delivery, which is never recorded).
 
     Raises:
         TransientError: from the warehouse, after its retry budget.
@@ -317,12 +310,7 @@ async def reserve_unless_poison(  # noqa: PLR0913 - the steps' collaborators, ea
             FailureClass.POISON,
             f"delivered {deliveries} times without being settled: it crashes or stalls the worker",
         )
-    if faults is not None and faults.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
-        crash(CrashPoint.BEFORE_TRANSACTION, command)
-    outcome = await reserve(command)
-    if faults is not None and faults.crashes_at(CrashPoint.AFTER_COMMIT, command):
-        crash(CrashPoint.AFTER_COMMIT, command)
-    return outcome
+    return await reserve(command)
 
 
 def _reason_label(outcome: ReservationOutcome) -> str:

@@ -25,9 +25,13 @@ from fulfilment.domain.model import (
     StockLevel,
 )
 from fulfilment.settings import Settings
-from fulfilment.worker.fault_injection import CrashPoint, FaultPlan, crash
 
-__all__ = ["MAX_ON_HAND", "PostgresWarehouse", "StockBelowReservedError"]
+__all__ = [
+    "MAX_ON_HAND",
+    "PostgresWarehouse",
+    "StockBelowReservedError",
+    "reserve_orders_statement",
+]
 
 MAX_ON_HAND = INTEGER_MAX
 """Largest ``on_hand`` the column holds."""
@@ -102,8 +106,6 @@ class PostgresWarehouse(Warehouse):
         retry_budget_seconds: total time each call may spend retrying transient errors
             (``FULFILMENT_RETRY_BUDGET_SECONDS``); see ``adapters.postgres.retry``.
         on_retry: called with the error before each retry, e.g. to count retries in a metric.
-        faults: crash injection of the fault suite (``FULFILMENT_FAULT_INJECTION``); None or
-            unarmed in production, where the armed path below is never taken.
         pool: the asyncpg pool of :meth:`reserve` (``adapters.postgres.engine.create_pool``),
             not owned; without one, reservations take a connection of ``engine``. Either way a
             batch of reservations is one ``reserve_orders()`` call in autocommit; the pool
@@ -124,14 +126,12 @@ class PostgresWarehouse(Warehouse):
         consumer: str,
         retry_budget_seconds: float,
         on_retry: RetryHook | None = None,
-        faults: FaultPlan | None = None,
         pool: asyncpg.Pool | None = None,
         transactions: int = DEFAULT_TRANSACTIONS,
         max_orders_per_transaction: int = DEFAULT_MAX_ORDERS_PER_TRANSACTION,
     ) -> None:
         self._engine = engine
         self._pool = pool
-        self._faults = faults if faults is not None and faults.armed else None
         # A single autocommit statement: the reserve_orders function body is the transaction,
         # and no BEGIN/COMMIT round trips surround it.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -144,37 +144,9 @@ class PostgresWarehouse(Warehouse):
             max_orders=max_orders_per_transaction,
         )
 
-    async def _reserve_and_crash_before_commit(self, command: ReserveStock) -> None:
-        # The fault suite's "in_transaction" point: every write of the reservation is done and
-        # the process dies before COMMIT, so PostgreSQL must roll it all back.
-        async with self._engine.connect() as connection, connection.begin():
-            await connection.execute(_RESERVE_ORDERS, self._parameters([command]))
-            crash(CrashPoint.IN_TRANSACTION, command)
-
-    def _parameters(self, commands: Sequence[ReserveStock]) -> dict[str, Any]:
-        """The arguments of ``reserve_orders()``, by name and in its order."""
-        line_orders: list[int] = []
-        line_skus: list[str] = []
-        line_quantities: list[int] = []
-        # reserve() has refused orders without lines, so every ordinal gets at least one.
-        for ordinal, command in enumerate(commands, start=1):
-            demand = command.demand()
-            line_orders.extend([ordinal] * len(demand))
-            line_skus.extend(demand)
-            line_quantities.extend(demand.values())
-        return {
-            "consumer": self._consumer,
-            "event_ids": [command.event_id for command in commands],
-            "order_ids": [command.order_id for command in commands],
-            "placed_at": [command.placed_at for command in commands],
-            "line_orders": line_orders,
-            "line_skus": line_skus,
-            "line_quantities": line_quantities,
-        }
-
     async def _commit_batch(self, commands: Sequence[ReserveStock]) -> list[ReservationOutcome]:
         """Reserve ``commands`` in one ``reserve_orders()`` call (see ``group_commit``)."""
-        parameters = self._parameters(commands)
+        parameters = _arguments(self._consumer, commands)
 
         async def attempt() -> Sequence[Sequence[Any]]:
             if self._pool is not None:
@@ -256,8 +228,6 @@ class PostgresWarehouse(Warehouse):
         if not command.lines:
             msg = f"order {command.order_id} has no lines"
             raise ValueError(msg)
-        if self._faults is not None and self._faults.crashes_at(CrashPoint.IN_TRANSACTION, command):
-            await self._reserve_and_crash_before_commit(command)
         return await self._group_commit.reserve(command)
 
     async def put_stock(self, on_hand: Mapping[str, int]) -> None:
@@ -314,6 +284,39 @@ class PostgresWarehouse(Warehouse):
             budget_seconds=self._retry_budget_seconds,
             on_retry=self._on_retry,
         )
+
+
+def reserve_orders_statement(
+    consumer: str, commands: Sequence[ReserveStock]
+) -> tuple[sa.TextClause, dict[str, Any]]:
+    """``reserve_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
+
+    For a connection of the engine (``connection.execute(statement, arguments)``), in a
+    transaction of the caller's; every command must have at least one line.
+    """
+    return _RESERVE_ORDERS, _arguments(consumer, commands)
+
+
+def _arguments(consumer: str, commands: Sequence[ReserveStock]) -> dict[str, Any]:
+    """The arguments of ``reserve_orders()``, by name and in its order."""
+    line_orders: list[int] = []
+    line_skus: list[str] = []
+    line_quantities: list[int] = []
+    # reserve() has refused orders without lines, so every ordinal gets at least one.
+    for ordinal, command in enumerate(commands, start=1):
+        demand = command.demand()
+        line_orders.extend([ordinal] * len(demand))
+        line_skus.extend(demand)
+        line_quantities.extend(demand.values())
+    return {
+        "consumer": consumer,
+        "event_ids": [command.event_id for command in commands],
+        "order_ids": [command.order_id for command in commands],
+        "placed_at": [command.placed_at for command in commands],
+        "line_orders": line_orders,
+        "line_skus": line_skus,
+        "line_quantities": line_quantities,
+    }
 
 
 def _to_outcome(
