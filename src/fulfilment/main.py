@@ -1,7 +1,7 @@
 """Composition root: the only module that reads settings and builds concrete adapters.
 
 ``main()`` builds settings, logging, the PostgreSQL pool and warehouse, the broker and its
-subscriber, and serves them with uvicorn until SIGTERM or SIGINT; it closes them in reverse
+subscribers, and serves them with uvicorn until SIGTERM or SIGINT; it closes them in reverse
 order. Nothing is built at import time. Tests call :func:`build_worker` with fakes.
 """
 
@@ -44,10 +44,11 @@ from fulfilment.worker.consumer_control import (
 )
 from fulfilment.worker.crashing_warehouse import CrashingWarehouse
 from fulfilment.worker.dead_lettering import record_retry
+from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, subscribe
 from fulfilment.worker.fault_injection import parse_fault_plan
 from fulfilment.worker.health import ASGIApp, health_app
 from fulfilment.worker.monitors import background, check_invariants, poll_queues
-from fulfilment.worker.subscribers import WorkerLimits, register_order_placed
+from fulfilment.worker.subscribers import on_order_placed
 from fulfilment.worker.topology import Topology, TopologyMismatchError, declare_topology
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class Worker:
     consumer_pause: ConsumerPause
     watchdog: ConsumerWatchdog
     broker: RabbitBroker
-    subscriber: RabbitSubscriber
+    subscribers: tuple[RabbitSubscriber, ...]
     metrics: Metrics
 
 
@@ -98,14 +99,15 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     startup_checks: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Worker:
-    """Assemble the broker, the ``on_order_placed`` subscriber, hooks and HTTP routes.
+    """Assemble the broker, a subscriber per event (``on_order_placed``), hooks and HTTP routes.
 
-    Start-up declares the topology (refusing to start on a mismatch); shutdown first cancels
-    the consumer so no new delivery arrives while in-flight handlers drain for up to
+    Every subscriber goes through the one delivery policy (``worker.delivery``). Start-up
+    declares the topology (refusing to start on a mismatch); shutdown first cancels the
+    consumers so no new delivery arrives while in-flight handlers drain for up to
     ``graceful_timeout_seconds``; ``after_shutdown`` callables run once the broker is closed.
     ``monitors`` (endless background checks, see ``worker.monitors``) run from the
     broker's start until shutdown begins. FastStream's Prometheus middleware counts on
-    ``metrics.registry`` next to the service's own metrics. While the database is down the
+    ``metrics.registry`` next to the service's own metrics. While the database is down every
     consumer is paused (``worker.consumer_control.ConsumerPause``). ``startup_checks`` run
     before the topology is declared; one that raises stops the start.
     """
@@ -124,27 +126,35 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         # writes its own single line per message.
         log_level=logging.DEBUG,
         # No FastDepends: its Context fields run in a thread pool, one hop per delivery; the
-        # handler takes its message from FastStream's context instead (worker.subscribers).
+        # delivery policy takes the message from FastStream's context instead (worker.delivery).
         apply_types=False,
         middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
     )
     consumer_pause = ConsumerPause(database_ping)
-    subscriber = register_order_placed(
+    policy = DeliveryPolicy(
         broker,
-        topology=topology,
-        warehouse=warehouse,
         metrics=metrics,
-        limits=WorkerLimits(
+        limits=DeliveryLimits(
             handler_deadline_seconds=settings.handler_deadline_seconds,
             # What is left of the graceful timeout once the deadline has passed.
             dead_letter_publish_seconds=settings.graceful_timeout_seconds
             - settings.handler_deadline_seconds,
             delivery_limit=settings.delivery_limit,
         ),
-        prefetch_count=settings.prefetch_count,
+        count_redelivery=warehouse.count_redelivery,
         pause=consumer_pause.trip,
+        prefetch_count=settings.prefetch_count,
     )
-    consumer_pause.attach(subscriber)
+    subscribers = (
+        subscribe(
+            policy,
+            topology.main_queue(),
+            topology.orders_exchange(),
+            lambda body: on_order_placed(body, warehouse=warehouse),
+            name="order_placed",
+        ),
+    )
+    consumer_pause.attach(subscribers)
 
     async def declare() -> None:
         for check in startup_checks:
@@ -162,14 +172,15 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
 
     async def cancel_consumers_first() -> None:
         await consumer_pause.close()
-        await cancel_consumer(subscriber)
+        for subscriber in subscribers:
+            await cancel_consumer(subscriber)
         logger.info("worker.consumer_cancelled", in_flight=metrics.in_flight._value.get())  # noqa: SLF001
 
     def stop_worker() -> None:
         app.exit()
 
     watchdog = ConsumerWatchdog(
-        subscriber,
+        subscribers,
         consumer_pause,
         stop_worker,
         give_up_seconds=settings.consumer_lost_exit_seconds,
@@ -195,7 +206,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     )
     http = health_app(
         broker_connected=broker.ping,
-        consumer_attached=lambda: consumer_attached(subscriber),
+        consumer_attached=lambda: all(consumer_attached(s) for s in subscribers),
         database_ping=database_ping,
         registry=metrics.registry,
     )
@@ -205,7 +216,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         consumer_pause=consumer_pause,
         watchdog=watchdog,
         broker=broker,
-        subscriber=subscriber,
+        subscribers=subscribers,
         metrics=metrics,
     )
 

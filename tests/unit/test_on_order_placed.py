@@ -1,8 +1,10 @@
-"""Handler logic of ``on_order_placed`` with the in-memory broker and warehouse.
+"""``on_order_placed``: its handler logic, and the worker that subscribes it under the policy.
 
-FastStream's ``TestRabbitBroker`` has no acknowledgements, dead-letter exchange or delivery
-limit, so these tests only check what the handler decides; the real broker's behaviour is
-tested in ``tests/e2e``.
+The handler is called directly, and through the worker of ``build_worker`` on FastStream's
+in-memory broker with the in-memory warehouse. ``TestRabbitBroker`` has no acknowledgements,
+dead-letter exchange or delivery limit, so these tests only check what the worker decides;
+the policy's every outcome is tested in ``test_delivery_policy``, the real broker's behaviour
+in ``tests/e2e``.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ from typing import Any
 import pytest
 from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
+from deliveries import deliver, incoming
 from fakes import InMemoryWarehouse
 from fulfilment.application.ports import TransientError
-from fulfilment.contracts.order_placed import MAX_BODY_BYTES, OrderPlacedV1, order_placed_body
+from fulfilment.contracts.envelope import MAX_BODY_BYTES
+from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
 from fulfilment.main import Worker, build_worker
 from fulfilment.settings import Settings
-from fulfilment.worker.dead_lettering import Failure
-from fulfilment.worker.subscribers import raw_body, reserve_unless_poison
+from fulfilment.worker.delivery import MalformedEventError, raw_body
+from fulfilment.worker.subscribers import on_order_placed
 from fulfilment.worker.topology import Topology
 
 
@@ -59,8 +63,10 @@ class Harness:
         ]
 
 
-async def _harness(warehouse: InMemoryWarehouse) -> AsyncIterator[Harness]:
-    settings = Settings()
+async def _harness(
+    warehouse: InMemoryWarehouse, settings: Settings | None = None
+) -> AsyncIterator[Harness]:
+    settings = settings or Settings()
     worker = build_worker(settings, warehouse=warehouse, database_ping=_no_database)
     topology = Topology(settings.delivery_limit)
     dead_letters: list[RabbitMessage] = []
@@ -84,11 +90,14 @@ async def harness() -> AsyncIterator[Harness]:
         yield value
 
 
+PLACED_AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
+
+
 def a_body(lines: list[tuple[str, int]], event_id: uuid.UUID | None = None) -> bytes:
     return order_placed_body(
         event_id=event_id or uuid.uuid4(),
         order_id=uuid.uuid4(),
-        placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),
+        placed_at=PLACED_AT,
         lines=lines,
     )
 
@@ -183,39 +192,79 @@ async def test_a_database_outage_requeues_the_delivery_and_pauses_the_consumer()
 async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved() -> None:
     warehouse = InMemoryWarehouse()
     await warehouse.put_stock({"85123A": 10})
-    command = OrderPlacedV1.model_validate_json(a_body([("85123A", 1)])).to_command()
-    limit = 3
+    body = a_body([("85123A", 1)])
+    async for harness in _harness(warehouse, Settings(delivery_limit=3)):
+        [subscriber] = harness.worker.subscribers
 
-    async def attempt() -> object:
-        return await reserve_unless_poison(
-            command,
-            redelivered=True,
-            reserve=warehouse.reserve,
-            count_redelivery=warehouse.count_redelivery,
-            delivery_limit=limit,
-        )
+        # Delivery 2 (the first redelivery) goes through; delivery 3 is poison, unprocessed.
+        await deliver(subscriber, incoming(body, redelivered=True))
+        assert harness.outcomes() == ["reserved:"]
+        await deliver(subscriber, incoming(body, redelivered=True))
 
-    # Delivery 2 (the first redelivery) goes through; delivery 3 is poison, unprocessed.
-    assert isinstance(await attempt(), ReservationOutcome)
-    poison = await attempt()
-    assert isinstance(poison, Failure)
-    assert poison.failure_class == "poison"
-    assert "delivered 3 times" in poison.reason
-    assert (await warehouse.stock(["85123A"]))["85123A"].reserved == 1
+        [poison] = harness.dead_letters
+        assert poison.headers["x-fulfilment-failure-class"] == "poison"
+        assert "delivered 3 times" in poison.headers["x-fulfilment-reason"]
+        assert (await warehouse.stock(["85123A"]))["85123A"].reserved == 1
 
 
 async def test_a_first_delivery_is_not_counted_as_a_redelivery() -> None:
     warehouse = InMemoryWarehouse()
     await warehouse.put_stock({"85123A": 10})
-    command = OrderPlacedV1.model_validate_json(a_body([("85123A", 1)])).to_command()
+    async for harness in _harness(warehouse, Settings(delivery_limit=1)):
+        await harness.publish(a_body([("85123A", 1)]))
 
-    outcome = await reserve_unless_poison(
-        command,
-        redelivered=False,
-        reserve=warehouse.reserve,
-        count_redelivery=warehouse.count_redelivery,
-        delivery_limit=1,
+        assert harness.outcomes() == ["reserved:"]
+        assert warehouse.redeliveries == {}
+
+
+async def test_the_handler_reserves_and_says_so_with_the_order_and_its_moment() -> None:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"85123A": 10})
+    event_id, order_id = uuid.uuid4(), uuid.uuid4()
+    body = order_placed_body(
+        event_id=event_id, order_id=order_id, placed_at=PLACED_AT, lines=[("85123A", 6)]
     )
 
-    assert isinstance(outcome, ReservationOutcome)
-    assert warehouse.redeliveries == {}
+    handled = await on_order_placed(body, warehouse=warehouse)
+
+    assert (handled.event_id, handled.order_id) == (event_id, order_id)
+    assert handled.outcome == "reserved"
+    assert handled.labels == ("reserved", "")
+    assert handled.latency_since == PLACED_AT
+    assert handled.log_fields == {"skus": None}
+    assert (await warehouse.stock(["85123A"]))["85123A"].reserved == 6
+
+
+async def test_the_handler_names_the_skus_an_order_was_rejected_for() -> None:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"85123A": 10})
+
+    handled = await on_order_placed(a_body([("85123A", 1), ("NOPE", 1)]), warehouse=warehouse)
+
+    assert handled.outcome == "rejected:unknown_sku"
+    assert handled.labels == ("rejected", "unknown_sku")
+    assert handled.log_fields == {"skus": ["NOPE"]}
+    assert handled.latency_since == PLACED_AT
+
+
+async def test_the_handler_observes_no_latency_for_a_duplicate() -> None:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"85123A": 10})
+    body = a_body([("85123A", 1)])
+    await on_order_placed(body, warehouse=warehouse)
+
+    handled = await on_order_placed(body, warehouse=warehouse)
+
+    assert handled.outcome == "duplicate:event"
+    assert handled.labels == ("duplicate", "event")
+    assert handled.latency_since is None
+
+
+async def test_the_handler_refuses_a_body_that_is_not_an_order_placed_v1() -> None:
+    with pytest.raises(MalformedEventError, match="invalid OrderPlaced v1: lines"):
+        await on_order_placed(
+            b'{"version": 1, "event_id": "%s", "order_id": "%s", '
+            b'"placed_at": "2010-12-01T08:26:00+00:00", "lines": []}'
+            % (str(uuid.uuid4()).encode(), str(uuid.uuid4()).encode()),
+            warehouse=InMemoryWarehouse(),
+        )

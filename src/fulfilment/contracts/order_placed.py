@@ -26,9 +26,6 @@ MAX_QUANTITY = 1_000_000
 MAX_SKU_LENGTH = 64
 """Characters per stock code; real codes run from ``D`` to ``gift_0001_40`` and ``BANK CHARGES``."""
 
-MAX_BODY_BYTES = 1_048_576
-"""A body larger than 1 MiB is refused before parsing; 1,000 lines of JSON fit in about 60 KiB."""
-
 Sku = Annotated[
     str,
     StringConstraints(min_length=1, max_length=MAX_SKU_LENGTH, pattern=r"^\S(?:.*\S)?$"),
@@ -48,7 +45,8 @@ class OrderLineV1(BaseModel):
 class OrderPlacedV1(BaseModel):
     """The ``OrderPlaced`` event, version 1 (see ``docs`` in the README for an example)."""
 
-    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+    # The title names the event in a refusal's reason ("invalid OrderPlaced v1: ...").
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="OrderPlaced v1")
 
     version: Literal[1]
     event_id: UUID

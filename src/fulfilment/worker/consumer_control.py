@@ -1,16 +1,16 @@
-"""Starting and stopping the consumer on purpose: before a drain, and while the database is down.
+"""Starting and stopping the consumers on purpose: before a drain, and while the database is down.
 
 Both rest on FastStream 0.7.8's ``RabbitSubscriber`` (the project pins that version): its
 drain waits for in-flight handlers *before* ``basic.cancel`` and drops, unacknowledged, every
 delivery that arrives meanwhile, spending one delivery attempt of each. Cancelling the
-consumer first means no delivery arrives while in-flight handlers finish.
+consumers first means no delivery arrives while in-flight handlers finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -44,24 +44,24 @@ def consumer_attached(subscriber: RabbitSubscriber) -> bool:
 
 
 class ConsumerWatchdog:
-    """Ends the worker when its consumer is gone and does not come back.
+    """Ends the worker when one of its consumers is gone and does not come back.
 
-    Checks every ``check_seconds``; after ``give_up_seconds`` without a consumer (and not
-    paused on purpose) it logs one line and calls ``stop`` so the process exits non-zero and
-    the orchestrator starts a fresh one (FastStream issue #2758: consumers not re-created after
-    a cluster node left).
+    Checks every ``check_seconds`` that each subscriber's consumer is attached; after
+    ``give_up_seconds`` without one of them (and not paused on purpose) it logs one line and
+    calls ``stop`` so the process exits non-zero and the orchestrator starts a fresh one
+    (FastStream issue #2758: consumers not re-created after a cluster node left).
     """
 
     def __init__(
         self,
-        subscriber: RabbitSubscriber,
+        subscribers: Sequence[RabbitSubscriber],
         pause: ConsumerPause,
         stop: Callable[[], None],
         *,
         give_up_seconds: float,
         check_seconds: float = 1.0,
     ) -> None:
-        self._subscriber = subscriber
+        self._subscribers = tuple(subscribers)
         self._pause = pause
         self._stop = stop
         self._give_up_seconds = give_up_seconds
@@ -70,27 +70,31 @@ class ConsumerWatchdog:
 
     async def run(self) -> None:
         """Watch until cancelled, or until giving up (then ``stop`` is called once)."""
-        missing_since: float | None = None
+        missing_since: dict[str, float] = {}  # by queue name
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self._check_seconds)
-            if self._pause.paused or consumer_attached(self._subscriber):
-                if missing_since is not None:
-                    logger.info("consumer.attached_again")
-                missing_since = None
-                continue
-            now = loop.time()
-            if missing_since is None:
-                missing_since = now
-                logger.warning("consumer.missing")
-            elif now - missing_since >= self._give_up_seconds:
-                logger.error(
-                    "consumer.lost",
-                    reason=f"no consumer on the queue for {self._give_up_seconds:g} s; exiting",
-                )
-                self.gave_up = True
-                self._stop()
-                return
+            paused = self._pause.paused
+            for subscriber in self._subscribers:
+                queue = subscriber.queue.name
+                if paused or consumer_attached(subscriber):
+                    if missing_since.pop(queue, None) is not None:
+                        logger.info("consumer.attached_again", queue=queue)
+                    continue
+                now = loop.time()
+                since = missing_since.get(queue)
+                if since is None:
+                    missing_since[queue] = now
+                    logger.warning("consumer.missing", queue=queue)
+                elif now - since >= self._give_up_seconds:
+                    logger.error(
+                        "consumer.lost",
+                        queue=queue,
+                        reason=f"no consumer on the queue for {self._give_up_seconds:g} s; exiting",
+                    )
+                    self.gave_up = True
+                    self._stop()
+                    return
 
 
 async def cancel_consumer(subscriber: RabbitSubscriber) -> None:
@@ -108,46 +112,50 @@ async def cancel_consumer(subscriber: RabbitSubscriber) -> None:
 class ConsumerPause:
     """Stops consuming while the database is unavailable, and resumes once it answers.
 
-    A delivery whose reservation failed with a transient error past the retry budget goes back
-    to the queue (``basic.reject`` with requeue, counted towards the delivery limit on every
-    RabbitMQ version), and :meth:`trip` stops this worker taking more: without it, an outage
-    longer than the budget would run the whole backlog through its delivery attempts in
-    seconds. The database is then checked with back-off (1 s doubling to 15 s) and the
-    consumer restarted when it answers. A delivery thus spends one attempt per outage, not one
-    per retry.
+    A delivery whose handler failed with a transient error past the retry budget goes back to
+    the queue (``basic.reject`` with requeue, counted towards the delivery limit on every
+    RabbitMQ version), and :meth:`trip` stops this worker taking more, on every subscriber,
+    since all of them need the database: without it, an outage longer than the budget would
+    run the whole backlog through its delivery attempts in seconds. The database is then
+    checked with back-off (1 s doubling to 15 s) and every consumer restarted when it answers.
+    A delivery thus spends one attempt per outage, not one per retry.
     """
 
     def __init__(self, database_ping: Callable[[], Awaitable[None]]) -> None:
-        self._subscriber: RabbitSubscriber | None = None
+        self._subscribers: tuple[RabbitSubscriber, ...] = ()
         self._database_ping = database_ping
         self._task: asyncio.Task[None] | None = None
 
-    def attach(self, subscriber: RabbitSubscriber) -> None:
-        """The subscriber to pause; set once, right after it is registered."""
-        self._subscriber = subscriber
+    def attach(self, subscribers: Sequence[RabbitSubscriber]) -> None:
+        """The subscribers to pause; set once, right after they are registered."""
+        self._subscribers = tuple(subscribers)
 
     @property
     def paused(self) -> bool:
-        """True from :meth:`trip` until the consumer is attached again."""
+        """True from :meth:`trip` until the consumers are attached again."""
         return self._task is not None and not self._task.done()
 
     def trip(self, reason: str) -> None:
         """Stop consuming (if not already stopped) until the database answers again."""
-        if self.paused or self._subscriber is None:
+        if self.paused or not self._subscribers:
             return
         logger.warning("consumer.paused", reason=reason)
-        self._task = asyncio.create_task(self._pause_until_healthy(self._subscriber))
+        self._task = asyncio.create_task(self._pause_until_healthy(self._subscribers))
 
     async def close(self) -> None:
-        """Stop waiting for the database (at shutdown); the consumer stays stopped."""
+        """Stop waiting for the database (at shutdown); the consumers stay stopped."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _pause_until_healthy(self, subscriber: RabbitSubscriber) -> None:
-        await cancel_consumer(subscriber)
-        await subscriber.stop()  # waits for the in-flight deliveries to settle
+    async def _pause_until_healthy(self, subscribers: Sequence[RabbitSubscriber]) -> None:
+        # Every consumer is cancelled before any drain begins, so no queue takes new
+        # deliveries while another one's in-flight deliveries settle.
+        for subscriber in subscribers:
+            await cancel_consumer(subscriber)
+        for subscriber in subscribers:
+            await subscriber.stop()  # waits for its in-flight deliveries to settle
         wait = FIRST_CHECK_SECONDS
         while True:
             await asyncio.sleep(wait)
@@ -158,5 +166,6 @@ class ConsumerPause:
                 wait = min(wait * 2, MAX_CHECK_SECONDS)
                 continue
             break
-        await subscriber.start()
+        for subscriber in subscribers:
+            await subscriber.start()
         logger.info("consumer.resumed")

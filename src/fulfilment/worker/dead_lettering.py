@@ -27,7 +27,7 @@ from fulfilment.contracts.dead_letter import (
     HEADER_PREFIX,
     FailureClass,
 )
-from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTER_ROUTING_KEY
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE
 
 if TYPE_CHECKING:
     from faststream.rabbit import RabbitBroker
@@ -148,6 +148,9 @@ async def publish_dead_letter(
 ) -> None:
     """Publish ``message`` to the DLQ with :func:`dead_letter_headers`, confirmed by the broker.
 
+    Dead letters are routed by the name of the queue they died in (``queue``), which is how
+    each queue's DLQ is bound to the dead-letter exchange (``contracts.topology``).
+
     Raises:
         aiormq.exceptions.DeliveryError: the broker refused or could not route the message
             (the broker's channel is built with ``on_return_raises=True``).
@@ -157,7 +160,7 @@ async def publish_dead_letter(
     await broker.publish(
         raw.body,
         exchange=DEAD_LETTER_EXCHANGE,
-        routing_key=DEAD_LETTER_ROUTING_KEY,
+        routing_key=queue,
         headers=dead_letter_headers(message, failure, queue=queue),
         message_id=raw.message_id,
         correlation_id=raw.correlation_id,

@@ -3,7 +3,7 @@
 Liveness says only that the process serves HTTP: restarting a pod because the broker or the
 database is down would not bring them back. Readiness says whether this replica is doing its
 job: the broker connection is up (checked by value: FastStream's ``broker.ping`` returns a
-bool and never raises), the consumer is attached to the queue, and PostgreSQL answers.
+bool and never raises), every consumer is attached to its queue, and PostgreSQL answers.
 """
 
 from __future__ import annotations

@@ -1,0 +1,373 @@
+"""The delivery policy: what every subscriber does with a delivery, whatever its event.
+
+A handler (one per event, ``worker.subscribers``) is a plain function of the raw body: it
+parses the body (:func:`parse_event`), calls its use case and returns what it made of the
+event (:class:`Handled`). Everything else is the policy's, the same for every subscription
+made with :func:`subscribe`, and every delivery ends in exactly one of these (product
+contract, promise 1):
+
+* handled (reserved, rejected, duplicate, ...): acknowledged;
+* a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
+  reason, confirmed, then acknowledged: ``permanent`` for a body that can never be the event
+  (not JSON by its content type, over :data:`MAX_BODY_BYTES`, or refused by the handler with
+  :class:`MalformedEventError`), ``poison`` for a message redelivered up to the delivery limit
+  (it crashes or stalls workers), ``unexpected`` for any other error (a bug);
+* a transient failure past the retry budget (:class:`TransientError`) or the handler deadline:
+  sent back to the queue (``basic.reject`` with requeue) while the consumers pause until the
+  database answers (``worker.consumer_control.ConsumerPause``);
+* cancelled (SIGTERM past the graceful timeout, or a lost connection): neither acknowledged
+  nor rejected, so the broker requeues it and the inbox absorbs the redelivery;
+* anything else, including a failed dead-letter publish: the ``REJECT_ON_ERROR`` policy
+  rejects it and the broker dead-letters it through the queue's ``x-dead-letter-exchange``.
+
+Each delivery writes one log line (``<name>.handled``, ``<name>.dead_lettered`` or
+``<name>.requeued``, ``name`` being the subscription's) and counts one outcome in
+``fulfilment_events_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TypeVar
+from uuid import UUID
+
+import aiorwlock
+import structlog
+from faststream import AckPolicy
+from faststream.exceptions import RejectMessage
+from faststream.rabbit import Channel, RabbitBroker
+from pydantic import BaseModel, ValidationError
+
+from fulfilment.application.ports import TransientError
+from fulfilment.contracts.envelope import JSON_CONTENT_TYPES, MAX_BODY_BYTES, read_envelope
+from fulfilment.observability.metrics import DEAD_LETTERED, REQUEUED, REQUEUED_TRANSIENT
+from fulfilment.worker.dead_lettering import (
+    Failure,
+    FailureClass,
+    begin_delivery,
+    delivery_count,
+    publish_dead_letter,
+)
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractIncomingMessage
+    from faststream.rabbit import RabbitExchange, RabbitQueue
+    from faststream.rabbit.message import RabbitMessage
+    from faststream.rabbit.subscriber import RabbitSubscriber
+
+    from fulfilment.observability.metrics import Metrics
+
+logger = structlog.get_logger("fulfilment.worker")
+
+EventT = TypeVar("EventT", bound=BaseModel)
+
+
+class MalformedEventError(Exception):
+    """The body can never become the subscription's event; ``str(error)`` says why, in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    """What a handler made of one event: the policy logs it and counts it, once.
+
+    ``outcome`` is the log line's label (``reserved``, ``rejected:unknown_sku``,
+    ``duplicate:event``); ``labels`` are the ``(outcome, reason)`` of
+    ``fulfilment_events_total``, from the fixed lists of ``observability.metrics``;
+    ``latency_since`` is the moment the event happened, from which the end-to-end latency is
+    observed, or None to observe none (a duplicate); ``log_fields`` are more fields of the log
+    line, such as the SKUs an order was rejected for.
+    """
+
+    event_id: UUID
+    order_id: UUID
+    outcome: str
+    labels: tuple[str, str]
+    latency_since: datetime | None = None
+    log_fields: Mapping[str, object] = field(default_factory=dict)
+
+
+Handler = Callable[[bytes], Awaitable[Handled]]
+"""An event's handler: the raw body in, what it made of the event out.
+
+It raises :class:`MalformedEventError` for a body that can never be its event, and
+:class:`TransientError` when the store failed past its retry budget; anything else it raises
+is dead-lettered as ``unexpected``.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryLimits:
+    """Bounds of one delivery: times in seconds, and deliveries (see ``fulfilment.settings``)."""
+
+    handler_deadline_seconds: float
+    dead_letter_publish_seconds: float
+    delivery_limit: int
+    """Deliveries after which the service dead-letters an unsettled message as ``poison``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryPolicy:
+    """What every subscription of one worker shares.
+
+    ``count_redelivery`` records one more redelivery of an event id and returns how many it
+    has had (``Warehouse.count_redelivery``); ``pause`` stops every consumer until the
+    database answers (``ConsumerPause.trip``), with the reason; ``prefetch_count`` is the
+    unacknowledged deliveries of each subscription, which is also its concurrency.
+    """
+
+    broker: RabbitBroker
+    metrics: Metrics
+    limits: DeliveryLimits
+    count_redelivery: Callable[[UUID], Awaitable[int]]
+    pause: Callable[[str], None]
+    prefetch_count: int
+
+
+def check_body(body: bytes, content_type: str | None) -> None:
+    """Refuse a body that no event of the contract can be, before it is parsed.
+
+    Raises:
+        MalformedEventError: the content type is not JSON, or the body is larger than
+            :data:`MAX_BODY_BYTES`.
+    """
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type not in JSON_CONTENT_TYPES:
+        msg = f"content type {content_type!r} is not JSON"
+        raise MalformedEventError(msg)
+    if len(body) > MAX_BODY_BYTES:
+        msg = f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}"
+        raise MalformedEventError(msg)
+
+
+def parse_event(model: type[EventT], body: bytes) -> EventT:
+    """Validate ``body`` (UTF-8 JSON) as ``model``, under the model's own (strict) config.
+
+    Raises:
+        MalformedEventError: not UTF-8 JSON, or not the model's shape; the message names the
+            model by its title and lists the first few problems, in one line.
+    """
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        raise MalformedEventError(_describe(error)) from error
+
+
+def _describe(error: ValidationError, limit: int = 5) -> str:
+    problems = [
+        f"{'.'.join(str(part) for part in problem['loc']) or 'body'}: {problem['msg']}"
+        for problem in error.errors(include_url=False, include_input=False)[:limit]
+    ]
+    more = error.error_count() - limit
+    if more > 0:
+        problems.append(f"and {more} more")
+    return f"invalid {error.title}: " + "; ".join(problems)
+
+
+async def raw_body(message: AbstractIncomingMessage) -> bytes:
+    """FastStream decoder that hands the body over untouched (validation is the handler's)."""
+    return message.body
+
+
+def subscribe(
+    policy: DeliveryPolicy,
+    queue: RabbitQueue,
+    exchange: RabbitExchange,
+    handler: Handler,
+    *,
+    name: str,
+) -> RabbitSubscriber:
+    """Subscribe ``handler`` to ``queue`` (bound to ``exchange``) under the policy.
+
+    ``name`` prefixes the log lines (``order_placed`` → ``order_placed.handled``) and titles
+    the subscriber (``on_order_placed``). The subscriber has its own channel with
+    ``policy.prefetch_count`` unacknowledged deliveries, which is also its concurrency:
+    FastStream runs one task per delivery and has no other limit on RabbitMQ.
+    ``REJECT_ON_ERROR`` is explicit even though it is FastStream's default, because the
+    dead-letter guarantees above depend on it.
+    """
+    broker = policy.broker
+    subscriber = broker.subscriber(
+        queue,
+        exchange,
+        channel=Channel(prefetch_count=policy.prefetch_count),
+        ack_policy=AckPolicy.REJECT_ON_ERROR,
+        decoder=raw_body,
+        title=f"on_{name}",
+    )
+    subscription = _Subscription(policy, handler, name=name, queue=queue.name)
+
+    # A redelivered message may be the one that crashed the last worker. It runs alone, so
+    # that if it crashes this one too, no other delivery is in flight to lose an attempt with
+    # it; first deliveries share the gate and run concurrently up to the prefetch.
+    gate = aiorwlock.RWLock()
+
+    async def on_delivery(_body: bytes) -> None:
+        # The broker runs without FastDepends (apply_types=False, see main), so the delivery
+        # is read from FastStream's context, where Context("message") would have found it.
+        # Looked up on each delivery: adding the broker to the app replaces its context.
+        message: RabbitMessage = broker.context.get_local("message")
+        async with gate.writer if message.raw_message.redelivered else gate.reader:
+            await subscription.settle(message)
+
+    subscriber(on_delivery)
+    return subscriber
+
+
+class _Subscription:
+    """One subscription's delivery policy: its handler, queue and log line names."""
+
+    __slots__ = ("_dead_lettered", "_handled", "_handler", "_policy", "_queue", "_requeued")
+
+    def __init__(self, policy: DeliveryPolicy, handler: Handler, *, name: str, queue: str) -> None:
+        self._policy = policy
+        self._handler = handler
+        self._queue = queue
+        self._handled = f"{name}.handled"
+        self._dead_lettered = f"{name}.dead_lettered"
+        self._requeued = f"{name}.requeued"
+
+    async def settle(self, message: RabbitMessage) -> None:
+        """Process one delivery; returning means "acknowledge", raising means "reject".
+
+        * A redelivered event is counted first (``count_redelivery``, keyed by its event id,
+          read from the envelope); one delivered ``delivery_limit`` times without being
+          settled crashes or stalls workers, and is dead-lettered as ``poison`` before the
+          handler can run it again.
+        * A transient failure past the retry budget, or the handler deadline, sends the
+          delivery back to the queue (``basic.reject`` with requeue) and ``pause`` stops the
+          consumers until the database answers: an outage costs each delivery one attempt.
+        * ``asyncio.CancelledError`` is never caught, so a delivery cancelled by shutdown or a
+          lost connection is neither acknowledged nor rejected and goes back to the queue.
+        """
+        policy = self._policy
+        metrics = policy.metrics
+        started = time.perf_counter()
+        metrics.in_flight.inc()
+        try:
+            raw = message.raw_message
+            begin_delivery()
+            log = logger.bind(
+                message_id=raw.message_id,
+                delivery_count=delivery_count(raw.headers),
+                redelivered=bool(raw.redelivered),
+            )
+            result = await self._run(raw)
+            duration_ms = round((time.perf_counter() - started) * 1000, 1)
+            if isinstance(result, Handled):
+                handled = result
+                metrics.event(*handled.labels).inc()
+                if handled.latency_since is not None:
+                    metrics.end_to_end_latency.observe(
+                        max(0.0, (datetime.now(UTC) - handled.latency_since).total_seconds())
+                    )
+                log.info(
+                    self._handled,
+                    event_id=str(handled.event_id),
+                    order_id=str(handled.order_id),
+                    outcome=handled.outcome,
+                    **handled.log_fields,
+                    duration_ms=duration_ms,
+                )
+                return
+            if isinstance(result, str) or result.failure_class is not FailureClass.PERMANENT:
+                # Not refused as malformed, so the body is an event: say which one (its ids are
+                # read again here, off the path of handled deliveries).
+                log = log.bind(**_ids(raw.body))
+            if isinstance(result, str):
+                policy.pause(result)
+                metrics.event(REQUEUED, REQUEUED_TRANSIENT).inc()
+                log.warning(self._requeued, reason=result, duration_ms=duration_ms)
+                raise RejectMessage(requeue=True)
+            failure = result
+            await self._dead_letter(message, failure)
+            metrics.event(DEAD_LETTERED, failure.failure_class).inc()
+            log.warning(
+                self._dead_lettered,
+                outcome=f"{DEAD_LETTERED}:{failure.failure_class}",
+                reason=failure.reason,
+                duration_ms=duration_ms,
+                exc_info=failure.error
+                if failure.failure_class is FailureClass.UNEXPECTED
+                else None,
+            )
+        finally:
+            metrics.in_flight.dec()
+            metrics.handler_duration.observe(time.perf_counter() - started)
+
+    async def _run(self, raw: AbstractIncomingMessage) -> Handled | Failure | str:
+        """Run the handler within the deadline.
+
+        Returns what it made of the event, the failure to dead-letter, or the reason to
+        requeue the delivery (a string).
+        """
+        limits = self._policy.limits
+        body = raw.body
+        try:
+            async with asyncio.timeout(limits.handler_deadline_seconds):
+                check_body(body, raw.content_type)
+                if raw.redelivered:
+                    poison = await self._count_redelivery(body)
+                    if poison is not None:
+                        return poison
+                return await self._handler(body)
+        except MalformedEventError as error:
+            return Failure(FailureClass.PERMANENT, str(error), error)
+        except TransientError as error:
+            return f"database: {error}"
+        except TimeoutError:
+            return f"handler deadline of {limits.handler_deadline_seconds:g} s exceeded"
+        except Exception as error:  # noqa: BLE001 - an unknown error is classified and dead-lettered, not lost
+            return Failure(FailureClass.UNEXPECTED, f"{type(error).__name__}: {error}", error)
+
+    async def _count_redelivery(self, body: bytes) -> Failure | None:
+        """Count a redelivery; a ``poison`` failure on the ``delivery_limit``-th delivery.
+
+        Only redeliveries are counted, so a first delivery costs no extra round trip (the count
+        includes the first delivery, which is never recorded). The ``delivery_limit``-th
+        delivery is dead-lettered unprocessed: a message that crashes every worker crashes
+        ``delivery_limit - 1`` of them, and neither it nor the deliveries returned with it
+        reach the broker's own limit (the same number), which would dead-letter those innocent
+        ones too on brokers that count returns (before 4.3). A body without a readable event
+        id is not counted: the handler refuses it as ``permanent`` anyway.
+        """
+        envelope = read_envelope(body)
+        if envelope is None:
+            return None
+        deliveries = 1 + await self._policy.count_redelivery(envelope.event_id)
+        if deliveries < self._policy.limits.delivery_limit:
+            return None
+        return Failure(
+            FailureClass.POISON,
+            f"delivered {deliveries} times without being settled: it crashes or stalls the worker",
+        )
+
+    async def _dead_letter(self, message: RabbitMessage, failure: Failure) -> None:
+        """Publish the delivery to its DLQ, confirmed; raise (so it is rejected) if that fails."""
+        policy = self._policy
+        try:
+            await publish_dead_letter(
+                policy.broker,
+                message,
+                failure,
+                queue=self._queue,
+                timeout_seconds=policy.limits.dead_letter_publish_seconds,
+            )
+        except Exception:
+            # Raised on: REJECT_ON_ERROR rejects the delivery and the broker dead-letters it.
+            policy.metrics.dead_letter_publish_failures.inc()
+            raise
+
+
+def _ids(body: bytes) -> dict[str, str]:
+    """The ids of the event in ``body`` for a log line; read again only on failures."""
+    envelope = read_envelope(body)
+    if envelope is None:
+        return {}
+    ids = {"event_id": str(envelope.event_id)}
+    if envelope.order_id is not None:
+        ids["order_id"] = str(envelope.order_id)
+    return ids

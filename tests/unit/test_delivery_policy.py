@@ -1,0 +1,409 @@
+"""The delivery policy with a trivial handler, on FastStream's in-memory broker.
+
+Whatever the event, every delivery ends handled (acknowledged), dead-lettered with a reason
+(published, then acknowledged), requeued with the consumers paused, or rejected when the
+dead letter could not be published; each writes one log line and counts one outcome.
+``TestRabbitBroker`` has no dead-letter exchange or delivery limit, so settlements are
+recorded where FastStream makes them (``deliveries.settlements``); the real broker's
+behaviour is tested in ``tests/e2e`` and ``tests/faults``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pytest
+from faststream import FastStream
+from faststream.exceptions import SubscriberNotFound
+from faststream.rabbit import RabbitBroker, RabbitExchange, RabbitQueue, TestRabbitBroker
+from faststream.rabbit.message import RabbitMessage
+from faststream.rabbit.subscriber import RabbitSubscriber
+from pydantic import BaseModel, ConfigDict
+from structlog.testing import capture_logs
+
+from deliveries import deliver, incoming, settlements
+from fulfilment.application.ports import TransientError
+from fulfilment.contracts.envelope import MAX_BODY_BYTES
+from fulfilment.main import new_metrics
+from fulfilment.observability.metrics import Metrics
+from fulfilment.worker.consumer_control import ConsumerPause
+from fulfilment.worker.delivery import (
+    DeliveryLimits,
+    DeliveryPolicy,
+    Handled,
+    Handler,
+    parse_event,
+    raw_body,
+    subscribe,
+)
+
+EXCHANGE = RabbitExchange("events", durable=True)
+QUEUE = RabbitQueue("fulfilment.ping", routing_key="ping")
+PLACED_AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
+
+
+class PingV1(BaseModel):
+    """The trivial event of these tests, strict as every event of the contract."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="Ping v1")
+
+    version: Literal[1]
+    event_id: uuid.UUID
+    order_id: uuid.UUID
+
+
+def a_ping(event_id: uuid.UUID | None = None) -> bytes:
+    ping = PingV1(version=1, event_id=event_id or uuid.uuid4(), order_id=uuid.uuid4())
+    return ping.model_dump_json().encode()
+
+
+async def handled(body: bytes) -> Handled:
+    """The trivial handler: parse, and call it reserved."""
+    ping = parse_event(PingV1, body)
+    return Handled(
+        event_id=ping.event_id,
+        order_id=ping.order_id,
+        outcome="reserved",
+        labels=("reserved", ""),
+        latency_since=PLACED_AT,
+        log_fields={"skus": None},
+    )
+
+
+def failing(error: BaseException) -> Handler:
+    async def handler(body: bytes) -> Handled:
+        parse_event(PingV1, body)
+        raise error
+
+    return handler
+
+
+@dataclass
+class Harness:
+    subscriber: RabbitSubscriber
+    metrics: Metrics
+    pause: ConsumerPause
+    calls: list[bytes]
+    dead_letters: list[RabbitMessage]
+    settled: list[str]
+    redeliveries: Counter[uuid.UUID] = field(default_factory=Counter)
+
+    async def deliver(self, body: bytes, **properties: Any) -> None:
+        await deliver(
+            self.subscriber,
+            incoming(body, exchange=EXCHANGE.name, routing_key=QUEUE.routing(), **properties),
+        )
+
+    def outcomes(self) -> list[str]:
+        return [
+            f"{labels['outcome']}:{labels['reason']}"
+            for metric in self.metrics.registry.collect()
+            if metric.name == "fulfilment_events"
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+            for labels in [sample.labels]
+            for _ in range(int(sample.value))
+        ]
+
+    def value(self, name: str) -> float:
+        found = self.metrics.registry.get_sample_value(name)
+        assert found is not None, name
+        return found
+
+
+async def _database_down() -> None:
+    raise ConnectionRefusedError
+
+
+async def _harness(
+    handler: Handler,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    deadline_seconds: float = 5.0,
+    delivery_limit: int = 3,
+    capture_dead_letters: bool = True,
+) -> AsyncIterator[Harness]:
+    broker = RabbitBroker(apply_types=False, logger=logging.getLogger("faststream"))
+    FastStream(broker)  # as in the worker, the app gives the broker its context
+    metrics = new_metrics()
+    pause = ConsumerPause(_database_down)
+    calls: list[bytes] = []
+    dead_letters: list[RabbitMessage] = []
+    redeliveries: Counter[uuid.UUID] = Counter()
+
+    async def count_redelivery(event_id: uuid.UUID) -> int:
+        redeliveries[event_id] += 1
+        return redeliveries[event_id]
+
+    async def counted(body: bytes) -> Handled:
+        calls.append(body)
+        return await handler(body)
+
+    policy = DeliveryPolicy(
+        broker,
+        metrics=metrics,
+        limits=DeliveryLimits(
+            handler_deadline_seconds=deadline_seconds,
+            dead_letter_publish_seconds=1.0,
+            delivery_limit=delivery_limit,
+        ),
+        count_redelivery=count_redelivery,
+        pause=pause.trip,
+        prefetch_count=4,
+    )
+    subscriber = subscribe(policy, QUEUE, EXCHANGE, counted, name="ping")
+    pause.attach([subscriber])
+    if capture_dead_letters:
+        # Dead letters are routed by the name of the queue they died in.
+        @broker.subscriber(
+            RabbitQueue("fulfilment.ping.dlq", routing_key=QUEUE.name),
+            RabbitExchange("fulfilment.dlx", durable=True),
+            decoder=raw_body,
+        )
+        async def capture(_body: bytes) -> None:
+            # The broker runs without FastDepends (apply_types=False), as the worker's does.
+            dead_letters.append(broker.context.get_local("message"))
+
+    with settlements(monkeypatch, EXCHANGE.name) as settled:
+        async with TestRabbitBroker(broker):
+            try:
+                yield Harness(
+                    subscriber, metrics, pause, calls, dead_letters, settled, redeliveries
+                )
+            finally:
+                await pause.close()
+
+
+@pytest.fixture
+def logs() -> Iterator[list[dict[str, Any]]]:
+    with capture_logs() as captured:
+        yield captured
+
+
+def lines(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The policy's lines, one per delivery (``ping.*``)."""
+    return [line for line in logs if line["event"].startswith("ping.")]
+
+
+async def test_a_handled_event_is_acknowledged_logged_and_counted_once(monkeypatch, logs) -> None:
+    async for harness in _harness(handled, monkeypatch):
+        event_id = uuid.uuid4()
+        await harness.deliver(a_ping(event_id), message_id="m-1")
+
+        assert harness.settled == ["ack"]
+        assert harness.outcomes() == ["reserved:"]
+        assert harness.dead_letters == []
+        assert harness.value("fulfilment_order_latency_seconds_count") == 1
+        assert harness.value("fulfilment_handler_duration_seconds_count") == 1
+        assert harness.value("fulfilment_messages_in_flight") == 0
+        [line] = lines(logs)
+        assert line["event"] == "ping.handled"
+        assert line["event_id"] == str(event_id)
+        assert line["outcome"] == "reserved"
+        assert line["skus"] is None
+        assert line["message_id"] == "m-1"
+        assert line["redelivered"] is False
+        assert "duration_ms" in line
+
+
+async def test_a_handled_event_without_a_moment_observes_no_latency(monkeypatch) -> None:
+    async def duplicate(body: bytes) -> Handled:
+        ping = parse_event(PingV1, body)
+        return Handled(ping.event_id, ping.order_id, "duplicate:event", ("duplicate", "event"))
+
+    async for harness in _harness(duplicate, monkeypatch):
+        await harness.deliver(a_ping())
+
+        assert harness.outcomes() == ["duplicate:event"]
+        assert harness.value("fulfilment_order_latency_seconds_count") == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "reason", "handler_calls"),
+    [
+        (b"\xff\xfe not json", "application/json", "invalid Ping v1", 1),
+        (b'{"version": 2}', "application/json", "version", 1),
+        (a_ping(), "application/xml", "content type", 0),
+        (b" " * (MAX_BODY_BYTES + 1), "application/json", "exceeds the limit", 0),
+    ],
+    ids=["not-utf8", "unknown-version", "xml", "too-large"],
+)
+async def test_a_malformed_body_is_dead_lettered_as_permanent_and_acknowledged(
+    monkeypatch, logs, body: bytes, content_type: str, reason: str, handler_calls: int
+) -> None:
+    async for harness in _harness(handled, monkeypatch):
+        await harness.deliver(body, content_type=content_type, message_id="m-2")
+
+        assert len(harness.dead_letters) == 1
+        letter = harness.dead_letters[0]
+        assert letter.headers["x-fulfilment-failure-class"] == "permanent"
+        assert reason in letter.headers["x-fulfilment-reason"]
+        assert letter.headers["x-fulfilment-exception-type"] == "MalformedEventError"
+        assert letter.headers["x-fulfilment-original-queue"] == QUEUE.name
+        assert letter.body == body
+        assert letter.message_id == "m-2"
+        assert harness.settled == ["ack"]
+        assert harness.outcomes() == ["dead_lettered:permanent"]
+        assert len(harness.calls) == handler_calls
+        [line] = lines(logs)
+        assert line["event"] == "ping.dead_lettered"
+        assert line["outcome"] == "dead_lettered:permanent"
+        assert "event_id" not in line  # the body was never understood as an event
+
+
+async def test_an_unknown_error_dead_letters_as_unexpected_with_the_exception(
+    monkeypatch, logs
+) -> None:
+    async for harness in _harness(failing(KeyError("bug")), monkeypatch):
+        event_id = uuid.uuid4()
+        await harness.deliver(a_ping(event_id), message_id="m-3")
+
+        [letter] = harness.dead_letters
+        assert letter.headers["x-fulfilment-failure-class"] == "unexpected"
+        assert letter.headers["x-fulfilment-exception-type"] == "KeyError"
+        assert "test_delivery_policy.py" in letter.headers["x-fulfilment-stack"]
+        assert letter.message_id == "m-3"
+        assert harness.settled == ["ack"]
+        assert harness.outcomes() == ["dead_lettered:unexpected"]
+        [line] = lines(logs)
+        assert line["event"] == "ping.dead_lettered"
+        assert line["event_id"] == str(event_id)
+        assert line["exc_info"] is not None
+
+
+async def test_a_transient_error_requeues_the_delivery_and_pauses_the_consumers(
+    monkeypatch, logs
+) -> None:
+    error = TransientError("connection refused")
+    async for harness in _harness(failing(error), monkeypatch):
+        event_id = uuid.uuid4()
+        await harness.deliver(a_ping(event_id))
+
+        assert harness.settled == ["reject:requeue"]
+        assert harness.dead_letters == []
+        assert harness.outcomes() == ["requeued:transient"]
+        assert harness.pause.paused
+        [line] = lines(logs)
+        assert line["event"] == "ping.requeued"
+        assert line["reason"] == "database: connection refused"
+        assert line["event_id"] == str(event_id)
+
+
+async def test_the_handler_deadline_requeues_the_delivery_and_pauses_the_consumers(
+    monkeypatch, logs
+) -> None:
+    async def slow(body: bytes) -> Handled:
+        await asyncio.sleep(5)
+        return await handled(body)
+
+    async for harness in _harness(slow, monkeypatch, deadline_seconds=0.05):
+        await harness.deliver(a_ping())
+
+        assert harness.settled == ["reject:requeue"]
+        assert harness.outcomes() == ["requeued:transient"]
+        assert harness.pause.paused
+        [line] = lines(logs)
+        assert line["reason"] == "handler deadline of 0.05 s exceeded"
+
+
+async def test_a_failed_dead_letter_publish_rejects_the_delivery_for_the_broker_to_dead_letter(
+    monkeypatch, logs
+) -> None:
+    async for harness in _harness(
+        failing(KeyError("bug")), monkeypatch, capture_dead_letters=False
+    ):
+        # Nothing is bound to the dead-letter exchange: the in-memory publish raises.
+        with pytest.raises(SubscriberNotFound):
+            await harness.deliver(a_ping())
+
+        assert harness.settled == ["reject"]
+        assert harness.value("fulfilment_dead_letter_publish_failures_total") == 1
+        assert "dead_lettered:unexpected" not in harness.outcomes()
+        assert lines(logs) == []
+        assert harness.value("fulfilment_messages_in_flight") == 0
+
+
+async def test_a_cancelled_delivery_is_neither_acknowledged_nor_rejected(monkeypatch) -> None:
+    async for harness in _harness(failing(asyncio.CancelledError()), monkeypatch):
+        with pytest.raises(asyncio.CancelledError):
+            await harness.deliver(a_ping())
+
+        assert harness.settled == []
+        assert harness.dead_letters == []
+        assert harness.outcomes() == []
+        assert harness.value("fulfilment_messages_in_flight") == 0
+
+
+async def test_a_first_delivery_is_not_counted_as_a_redelivery(monkeypatch) -> None:
+    async for harness in _harness(handled, monkeypatch, delivery_limit=1):
+        await harness.deliver(a_ping())
+
+        assert harness.redeliveries == {}
+        assert harness.outcomes() == ["reserved:"]
+
+
+async def test_an_event_redelivered_up_to_the_limit_is_poison_and_is_not_handled(
+    monkeypatch, logs
+) -> None:
+    async for harness in _harness(handled, monkeypatch, delivery_limit=3):
+        event_id = uuid.uuid4()
+        body = a_ping(event_id)
+
+        # Delivery 2 (the first redelivery) is handled; delivery 3 is poison, unprocessed.
+        await harness.deliver(body, redelivered=True)
+        await harness.deliver(body, redelivered=True)
+
+        assert harness.redeliveries == {event_id: 2}
+        assert len(harness.calls) == 1
+        [letter] = harness.dead_letters
+        assert letter.headers["x-fulfilment-failure-class"] == "poison"
+        assert "delivered 3 times" in letter.headers["x-fulfilment-reason"]
+        assert harness.settled == ["ack", "ack"]
+        assert harness.outcomes() == ["reserved:", "dead_lettered:poison"]
+        assert lines(logs)[-1]["event_id"] == str(event_id)
+
+
+async def test_a_redelivery_without_a_readable_event_id_is_not_counted_but_refused(
+    monkeypatch,
+) -> None:
+    async for harness in _harness(handled, monkeypatch, delivery_limit=1):
+        await harness.deliver(b'{"version": 1}', redelivered=True)
+
+        assert harness.redeliveries == {}
+        [letter] = harness.dead_letters
+        assert letter.headers["x-fulfilment-failure-class"] == "permanent"
+
+
+async def test_a_redelivery_runs_alone(monkeypatch) -> None:
+    release = asyncio.Event()
+    running: list[str] = []
+    overlapped: list[bool] = []
+
+    async def gated(body: bytes) -> Handled:
+        ping = parse_event(PingV1, body)
+        overlapped.append(bool(running))
+        running.append(str(ping.event_id))
+        try:
+            await release.wait()
+        finally:
+            running.remove(str(ping.event_id))
+        return await handled(body)
+
+    async for harness in _harness(gated, monkeypatch, delivery_limit=10):
+        first = [asyncio.create_task(harness.deliver(a_ping())) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        again = asyncio.create_task(harness.deliver(a_ping(), redelivered=True))
+        await asyncio.sleep(0.01)
+        assert len(running) == 2  # first deliveries share the gate; the redelivery waits
+        release.set()
+        await asyncio.gather(*first, again)
+
+        assert overlapped == [False, True, False]
+        assert harness.outcomes() == ["reserved:"] * 3
