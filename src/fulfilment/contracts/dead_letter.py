@@ -47,8 +47,9 @@ class FailureClass(StrEnum):
 
     Written by the service:
 
-    - ``permanent``: the payload can never succeed (malformed, unknown version); dead-lettered
-      on its first delivery. Replay only after the service learned to accept it.
+    - ``permanent``: the payload can never succeed (malformed, unknown version, a value the
+      database cannot store); dead-lettered on its first delivery. Replay only after the
+      service learned to accept it.
     - ``unexpected``: an error the service does not know (a bug); replay after the fix.
     - ``poison``: it was delivered as often as the delivery limit allows and crashed or hung
       workers every time. Written by the service when it counts the deliveries itself, or

@@ -5,15 +5,31 @@ ignored because producers add fields before consumers know them (product contrac
 event"). Bounds: the largest order of the Online Retail data has 675 lines and its largest
 quantity is 80,995 units (2,880 in its December 2010 files), well inside :data:`MAX_LINES`
 and :data:`MAX_QUANTITY`.
+
+Every value the model accepts is one PostgreSQL stores as it was sent, through asyncpg into the
+columns ``reserve_orders()`` writes (``migrations/``): a SKU holds no NUL (``text`` cannot),
+``placed_at`` is an instant the driver can send, the summed demand of a SKU fits ``integer``.
+What storage cannot hold is refused here, so the worker dead-letters it as ``permanent`` on its
+first delivery with the reason, instead of failing in the database as ``unexpected``.
+``tests/integration/test_postgres_wire_values.py`` sends generated bodies through the real
+database to hold the model to this.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
+from pydantic_core import PydanticCustomError
 
 from fulfilment.domain.model import OrderLine, ReserveStock
 
@@ -23,14 +39,82 @@ MAX_LINES = 1_000
 MAX_QUANTITY = 1_000_000
 """Units per line; the largest line of the Online Retail data set (2010-2011) has 80,995."""
 
+MAX_UNITS_PER_SKU = MAX_LINES * MAX_QUANTITY
+"""Most units of one SKU an order can ask for (its lines of that SKU summed): 1,000,000,000.
+
+It must fit PostgreSQL's ``integer`` (2,147,483,647), the type of ``reservation_lines.quantity``
+and of the sums in ``reserve_orders()``; a unit test holds the two bounds together."""
+
 MAX_SKU_LENGTH = 64
-"""Characters per stock code; real codes run from ``D`` to ``gift_0001_40`` and ``BANK CHARGES``."""
+"""Characters per stock code; real codes run from ``D`` to ``gift_0001_40`` and ``BANK CHARGES``.
+
+At most 256 bytes of UTF-8, far below what a btree index entry (the primary keys of
+``stock_levels`` and ``reservation_lines``) may hold, about 2,700 bytes."""
+
+EARLIEST_PLACED_AT = datetime.min.replace(tzinfo=UTC)
+"""``placed_at`` must be later than this instant (0001-01-01T00:00:00Z), see :data:`PlacedAt`."""
+
+LATEST_PLACED_AT = datetime.max.replace(tzinfo=UTC)
+"""``placed_at`` must be earlier than this instant (9999-12-31T23:59:59.999999Z)."""
+
+_PLACEHOLDER_UUIDS = frozenset({UUID(int=0), UUID(int=(1 << 128) - 1)})
+
+
+def _storable_sku(sku: str) -> str:
+    # PostgreSQL's text cannot hold U+0000 in any encoding; every other character of a Python
+    # string that JSON can carry (lone surrogates are refused by the parser) it stores as is.
+    if "\x00" in sku:
+        refusal = PydanticCustomError(
+            "sku_nul", "must not contain NUL (U+0000): PostgreSQL text cannot store it"
+        )
+        raise refusal
+    return sku
+
+
+def _storable_instant(placed_at: datetime) -> datetime:
+    # asyncpg sends a timestamptz as its UTC instant: one before year 1 or after year 9999
+    # has no Python datetime and fails in the driver, and the first and the last Python
+    # instants are sent as PostgreSQL's -infinity and infinity, another value than was sent.
+    try:
+        inside = EARLIEST_PLACED_AT < placed_at.astimezone(UTC) < LATEST_PLACED_AT
+    except OverflowError:
+        inside = False
+    if not inside:
+        refusal = PydanticCustomError(
+            "placed_at_out_of_range",
+            "must lie strictly between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z"
+            " in UTC, the instants the database driver can store",
+        )
+        raise refusal
+    return placed_at
+
+
+def _minted(identifier: UUID) -> UUID:
+    # Storable, but never minted for one event: a producer sending a placeholder for every
+    # event would see all but the first answered as duplicates, acknowledged and never reserved.
+    if identifier in _PLACEHOLDER_UUIDS:
+        refusal = PydanticCustomError(
+            "uuid_placeholder",
+            "must not be the nil or the max UUID, which are placeholders, not minted ids",
+        )
+        raise refusal
+    return identifier
+
 
 Sku = Annotated[
     str,
     StringConstraints(min_length=1, max_length=MAX_SKU_LENGTH, pattern=r"^\S(?:.*\S)?$"),
+    AfterValidator(_storable_sku),
 ]
-"""A stock code: case-sensitive, inner spaces allowed, no leading or trailing white space."""
+"""A stock code: case-sensitive, inner spaces allowed, no leading or trailing white space,
+no NUL."""
+
+PlacedAt = Annotated[AwareDatetime, AfterValidator(_storable_instant)]
+"""When the order was placed: with a UTC offset (any, below 24 hours), and strictly between
+:data:`EARLIEST_PLACED_AT` and :data:`LATEST_PLACED_AT` once converted to UTC."""
+
+MintedUuid = Annotated[UUID, AfterValidator(_minted)]
+"""An id the producer minted: any UUID but the nil and the max one (RFC 9562, 5.9 and 5.10)."""
 
 
 class OrderLineV1(BaseModel):
@@ -49,9 +133,9 @@ class OrderPlacedV1(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="OrderPlaced v1")
 
     version: Literal[1]
-    event_id: UUID
-    order_id: UUID
-    placed_at: AwareDatetime
+    event_id: MintedUuid
+    order_id: MintedUuid
+    placed_at: PlacedAt
     lines: Annotated[list[OrderLineV1], Field(min_length=1, max_length=MAX_LINES)]
 
     def to_command(self) -> ReserveStock:
