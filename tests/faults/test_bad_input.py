@@ -14,7 +14,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import LIMIT, Cluster, connect_db, declare
+from faultlib import LIMIT, Cluster, connect_db, declare, inbox_count
 from harness import publish, put_stock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -74,6 +74,25 @@ malformed_bodies = st.one_of(
     st.just(encoded(valid_event(lines=[]))),
 )
 
+# Well-formed, but holding a value PostgreSQL cannot store as sent (issue: a NUL in a SKU was
+# dead-lettered `unexpected`, after the database refused it).
+unstorable_bodies = st.one_of(
+    st.sampled_from(["85123A\x00", "\x00", "BANK\x00CHARGES"]).map(
+        lambda sku: encoded(valid_event(lines=[{"sku": sku, "quantity": 1}]))
+    ),
+    st.sampled_from(
+        [
+            "0001-01-01T00:00:00+01:00",  # before year 1 in UTC
+            "0001-01-01T00:00:00+00:00",  # -infinity once sent
+            "9999-12-31T23:59:59.999999+00:00",  # infinity once sent
+            "9999-12-31T23:59:59-01:00",  # after year 9999 in UTC
+        ]
+    ).map(lambda placed_at: encoded(valid_event(placed_at=placed_at))),
+    st.sampled_from(
+        ["00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff"]
+    ).map(lambda placeholder: encoded(valid_event(event_id=placeholder))),
+)
+
 
 @given(body=st.binary(max_size=2_048), content_type=st.none() | st.text(max_size=40))
 def test_any_body_and_content_type_is_either_an_event_or_a_malformed_event_error(
@@ -89,7 +108,7 @@ def test_any_body_and_content_type_is_either_an_event_or_a_malformed_event_error
         assert "\n" not in reason
 
 
-@given(body=malformed_bodies)
+@given(body=malformed_bodies | unstorable_bodies)
 def test_every_malformed_body_is_refused_with_a_one_line_reason(body: bytes) -> None:
     with pytest.raises(MalformedEventError) as refused:
         parse_order_placed(body, "application/json")
@@ -105,7 +124,7 @@ def test_every_malformed_body_is_refused_with_a_one_line_reason(body: bytes) -> 
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
-    body=malformed_bodies,
+    body=malformed_bodies | unstorable_bodies,
     content_type=st.sampled_from([None, "application/json", "text/plain", "application/xml"]),
     headers=st.dictionaries(
         st.text(min_size=1, max_size=10).filter(lambda k: not k.startswith("x-")),
@@ -130,6 +149,34 @@ def test_malformed_deliveries_are_dead_lettered_on_first_delivery_and_valid_ones
     reason = str(letter.headers["x-fulfilment-reason"])
     assert reason
     assert len(reason) <= 1_000
+
+
+def test_a_sku_with_a_nul_character_is_dead_lettered_permanent_on_its_first_delivery(
+    running_worker: tuple[aio_pika.abc.AbstractRobustConnection, asyncio.AbstractEventLoop],
+    clean_database: str,
+) -> None:
+    # The body of the field report: valid but for a NUL in the SKU, which PostgreSQL's text
+    # cannot hold. It was dead-lettered `unexpected` after the database refused it.
+    broker, loop = running_worker
+    body = encoded(valid_event(lines=[{"sku": "85123A\u0000", "quantity": 1}]))
+    assert b'"85123A\\u0000"' in body
+
+    letter = loop.run_until_complete(
+        _publish_and_take_dead_letter(broker, body, "application/json", {})
+    )
+
+    assert letter.body == body
+    assert letter.headers["x-fulfilment-failure-class"] == "permanent"
+    assert letter.headers["x-fulfilment-delivery-count"] == 0
+    assert letter.headers["x-fulfilment-reason"] == (
+        "invalid OrderPlaced v1: lines.0.sku: must not contain NUL (U+0000):"
+        " PostgreSQL text cannot store it"
+    )
+    db = loop.run_until_complete(connect_db(clean_database))
+    try:
+        assert loop.run_until_complete(inbox_count(db)) == 0
+    finally:
+        loop.run_until_complete(db.close())
 
 
 async def test_a_body_of_several_megabytes_is_dead_lettered_and_the_worker_goes_on(
