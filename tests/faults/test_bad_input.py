@@ -19,16 +19,10 @@ from harness import publish, put_stock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fulfilment.contracts.order_placed import MAX_LINES, OrderPlacedV1, order_placed_body
+from builders import parse_order_placed
+from fulfilment.contracts.order_placed import MAX_LINES, order_placed_body
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUE
-from fulfilment.worker.delivery import MalformedEventError, check_body, parse_event
-
-
-def parse_order_placed(body: bytes, content_type: str | None) -> OrderPlacedV1:
-    """What the worker does with a delivery before any write: the delivery policy's checks of
-    every body, then ``on_order_placed``'s parse."""
-    check_body(body, content_type)
-    return parse_event(OrderPlacedV1, body)
+from fulfilment.worker.delivery import MalformedEventError
 
 
 def valid_event(**changes: Any) -> dict[str, Any]:

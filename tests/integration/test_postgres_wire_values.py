@@ -24,11 +24,12 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from builders import parse_order_placed
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import (
-    MAX_BODY_BYTES,
     MAX_LINES,
     MAX_QUANTITY,
     MAX_SKU_LENGTH,
@@ -36,7 +37,7 @@ from fulfilment.contracts.order_placed import (
 )
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel, decide
 from fulfilment.settings import Settings
-from fulfilment.worker.subscribers import MalformedEventError, parse_order_placed
+from fulfilment.worker.delivery import MalformedEventError
 
 pytestmark = pytest.mark.postgres
 

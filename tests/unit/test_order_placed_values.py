@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from builders import parse_order_placed
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import (
     MAX_LINES,
@@ -24,7 +25,7 @@ from fulfilment.contracts.order_placed import (
     MAX_UNITS_PER_SKU,
     OrderPlacedV1,
 )
-from fulfilment.worker.subscribers import MalformedEventError, parse_order_placed
+from fulfilment.worker.delivery import MalformedEventError
 
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"
