@@ -243,8 +243,8 @@ async def run_worker(settings: Settings) -> int:
         retry_budget_seconds=settings.retry_budget_seconds,
         on_retry=on_retry,
         pool=pool,
-        transactions=settings.database_pool_size,
-        max_orders_per_transaction=settings.reservation_batch_max,
+        pool_size=settings.database_pool_size,
+        batch_max=settings.reservation_batch_max,
     )
     faults = parse_fault_plan(settings.fault_injection)
     if faults.armed:  # the fault suite only
@@ -309,7 +309,7 @@ async def run_worker(settings: Settings) -> int:
         "worker.starting",
         version=__version__,
         prefetch_count=settings.prefetch_count,
-        reservation_transactions=settings.database_pool_size,
+        database_pool_size=settings.database_pool_size,
         reservation_batch_max=settings.reservation_batch_max,
         delivery_limit=settings.delivery_limit,
         handler_deadline_seconds=settings.handler_deadline_seconds,

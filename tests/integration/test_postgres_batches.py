@@ -55,7 +55,7 @@ async def reserve_together(database_url: str, stock, commands, consumer: str):
     try:
         await pool.execute("TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels")
         warehouse = PostgresWarehouse(
-            engine, consumer=consumer, retry_budget_seconds=2.0, pool=pool, transactions=1
+            engine, consumer=consumer, retry_budget_seconds=2.0, pool=pool, pool_size=1
         )
         await warehouse.put_stock(stock)
         outcomes = await asyncio.gather(*(warehouse.reserve(command) for command in commands))
@@ -122,7 +122,7 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
             "ALTER TABLE reservation_lines ADD CONSTRAINT no_poison CHECK (sku <> 'POISON')"
         )
         warehouse = PostgresWarehouse(
-            engine, consumer="fulfilment", retry_budget_seconds=2.0, pool=pool, transactions=1
+            engine, consumer="fulfilment", retry_budget_seconds=2.0, pool=pool, pool_size=1
         )
         await warehouse.put_stock({"A": 10, "POISON": 10})
         commands = [

@@ -65,8 +65,8 @@ def warehouse(engine, pool, retries):
         retry_budget_seconds=5.0,
         on_retry=retries.append,
         pool=pool,
-        transactions=CONNECTIONS,
-        max_orders_per_transaction=4,
+        pool_size=CONNECTIONS,
+        batch_max=4,
     )
 
 

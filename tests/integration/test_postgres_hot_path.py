@@ -91,9 +91,9 @@ async def warehouse_with_queries(request, clean_database):
         retry_budget_seconds=settings.retry_budget_seconds,
         on_retry=retries.append,
         pool=pool,
-        transactions=POOL_SIZE,
+        pool_size=POOL_SIZE,
         # One order per transaction: the failover test below needs every connection in use.
-        max_orders_per_transaction=1,
+        batch_max=1,
     )
     try:
         yield warehouse, requests, retries, watch
@@ -266,7 +266,7 @@ async def test_a_pool_connection_that_stops_answering_costs_a_retry_not_the_work
     engine = create_engine(settings)
     pool = await create_pool(settings)
     warehouse = PostgresWarehouse(
-        engine, consumer="fulfilment", retry_budget_seconds=4.0, pool=pool, transactions=2
+        engine, consumer="fulfilment", retry_budget_seconds=4.0, pool=pool, pool_size=2
     )
     try:
         await warehouse.put_stock({"A": 100})

@@ -54,7 +54,7 @@ class Database:
 
 async def test_a_call_alone_commits_alone_without_waiting_for_company():
     database = Database()
-    group = GroupCommit(database.commit_batch, transactions=4, max_orders=32)
+    group = GroupCommit(database.commit_batch, pool_size=4, batch_max=32)
     command = order()
 
     outcome = await asyncio.wait_for(group.reserve(command), timeout=1)
@@ -65,7 +65,7 @@ async def test_a_call_alone_commits_alone_without_waiting_for_company():
 
 async def test_calls_made_together_share_one_transaction_in_the_order_they_came():
     database = Database()
-    group = GroupCommit(database.commit_batch, transactions=4, max_orders=32)
+    group = GroupCommit(database.commit_batch, pool_size=4, batch_max=32)
     commands = [order() for _ in range(10)]
 
     outcomes = await asyncio.gather(*(group.reserve(command) for command in commands))
@@ -74,9 +74,9 @@ async def test_calls_made_together_share_one_transaction_in_the_order_they_came(
     assert database.batches == [commands]
 
 
-async def test_batches_hold_at_most_max_orders_and_at_most_transactions_run_at_once():
+async def test_batches_hold_at_most_batch_max_orders_and_at_most_pool_size_run_at_once():
     database = Database()
-    group = GroupCommit(database.commit_batch, transactions=2, max_orders=4)
+    group = GroupCommit(database.commit_batch, pool_size=2, batch_max=4)
     commands = [order() for _ in range(20)]
 
     outcomes = await asyncio.gather(*(group.reserve(command) for command in commands))
@@ -89,7 +89,7 @@ async def test_batches_hold_at_most_max_orders_and_at_most_transactions_run_at_o
 
 async def test_calls_arriving_while_all_transactions_run_wait_and_go_together():
     database = Database(seconds=0.05)
-    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
     first = asyncio.create_task(group.reserve(order()))
     await asyncio.sleep(0.01)  # the first transaction is running
     later = [order() for _ in range(5)]
@@ -108,7 +108,7 @@ async def test_calls_arriving_while_all_transactions_run_wait_and_go_together():
 async def test_a_transient_error_goes_to_every_order_of_the_batch():
     database = Database(failing_sku="X")
     database.error = TransientError("database unavailable for 5 s")
-    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
 
     results = await asyncio.gather(
         group.reserve(order("A")), group.reserve(order("X")), return_exceptions=True
@@ -120,7 +120,7 @@ async def test_a_transient_error_goes_to_every_order_of_the_batch():
 
 async def test_another_error_is_narrowed_to_its_order_by_committing_the_batch_one_by_one():
     database = Database(failing_sku="X")
-    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
     commands = [order("A"), order("X"), order("B")]
 
     results = await asyncio.gather(
@@ -133,7 +133,7 @@ async def test_another_error_is_narrowed_to_its_order_by_committing_the_batch_on
 
 async def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_batch():
     database = Database(seconds=0.05)
-    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
     first = asyncio.create_task(group.reserve(order()))
     await asyncio.sleep(0.01)
     gone, kept = order(), order()
@@ -155,7 +155,7 @@ async def test_orders_a_batch_left_without_an_outcome_get_an_error_instead_of_wa
         batches.append(list(commands))
         return [reserved(commands[0])]
 
-    group = GroupCommit(answers_one, transactions=1, max_orders=32)
+    group = GroupCommit(answers_one, pool_size=1, batch_max=32)
 
     results = await asyncio.wait_for(
         asyncio.gather(group.reserve(order()), group.reserve(order()), return_exceptions=True),
@@ -169,7 +169,7 @@ async def test_orders_a_batch_left_without_an_outcome_get_an_error_instead_of_wa
 
 async def test_callers_of_a_batch_cancelled_while_it_retries_one_by_one_are_cancelled_too():
     database = Database(seconds=0.05, failing_sku="X")
-    group = GroupCommit(database.commit_batch, transactions=1, max_orders=32)
+    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
     callers = [asyncio.create_task(group.reserve(order(sku))) for sku in ("X", "A", "B")]
     while len(database.batches) < 3:  # the batch failed, X failed alone, A is committing
         await database.batch_started.wait()
@@ -183,7 +183,7 @@ async def test_callers_of_a_batch_cancelled_while_it_retries_one_by_one_are_canc
     assert all(isinstance(result, asyncio.CancelledError) for result in results[1:]), results
 
 
-@pytest.mark.parametrize(("transactions", "max_orders"), [(0, 1), (1, 0)])
-def test_no_transaction_or_no_order_per_transaction_is_refused(transactions, max_orders):
+@pytest.mark.parametrize(("pool_size", "batch_max"), [(0, 1), (1, 0)])
+def test_a_pool_size_or_batch_max_below_one_is_refused(pool_size, batch_max):
     with pytest.raises(ValueError, match="must be >= 1"):
-        GroupCommit(Database().commit_batch, transactions=transactions, max_orders=max_orders)
+        GroupCommit(Database().commit_batch, pool_size=pool_size, batch_max=batch_max)

@@ -1,4 +1,4 @@
-"""Reservation transactions and their batches: a few connections, batches up to the prefetch."""
+"""The reservation pool size and batch maximum: a few connections, batches up to the prefetch."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def no_environment(monkeypatch):
     monkeypatch.chdir("/")  # no .env file
 
 
-def test_by_default_two_transactions_each_carry_up_to_every_prefetched_delivery():
+def test_by_default_the_pool_size_is_two_and_the_batch_max_the_prefetch_count():
     settings = Settings()
 
     assert settings.database_pool_size == 2
@@ -42,7 +42,7 @@ def test_a_batch_max_that_is_set_wins_over_the_prefetch_count(monkeypatch):
 @pytest.mark.parametrize(
     ("name", "value"), [("database_pool_size", 0), ("reservation_batch_max", 0)]
 )
-def test_zero_transactions_or_orders_per_transaction_is_refused(name, value):
+def test_a_pool_size_or_batch_max_of_zero_is_refused(name, value):
     with pytest.raises(ValueError, match=name):
         Settings(**{name: value})
 

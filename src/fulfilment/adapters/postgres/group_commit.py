@@ -2,8 +2,8 @@
 
 One transaction per order costs PostgreSQL a commit, a snapshot and the function's statements
 for every order, and costs the worker a round trip. :class:`GroupCommit` lets at most
-``transactions`` transactions run at once; calls arriving while they run wait, and the next
-free slot takes every waiting call, up to ``max_orders``, into one ``reserve_orders()``
+``pool_size`` transactions run at once; calls arriving while they run wait, and the next
+free slot takes every waiting call, up to ``batch_max``, into one ``reserve_orders()``
 transaction. Under light load a call finds a free slot and runs alone, so nothing waits for a
 batch to fill; under load the batches grow by themselves (README, "Performance").
 """
@@ -44,8 +44,13 @@ class GroupCommit:
     Args:
         commit_batch: commits a batch and returns its outcomes (see :data:`CommitBatch`); it
             retries transient errors itself and then raises ``TransientError``.
-        transactions: most batches committing at once (>= 1); each holds one connection.
-        max_orders: most orders in one batch (>= 1); 1 turns batching off.
+        pool_size: most batches committing at once (>= 1); each holds one connection of the
+            reservations' pool (``FULFILMENT_DATABASE_POOL_SIZE``).
+        batch_max: most orders in one batch (>= 1); 1 turns batching off
+            (``FULFILMENT_RESERVATION_BATCH_MAX``).
+
+    Raises:
+        ValueError: ``pool_size`` or ``batch_max`` is below 1.
 
     Each caller gets the outcome of its own order, or the error of its own order:
 
@@ -59,13 +64,13 @@ class GroupCommit:
     redelivery.
     """
 
-    def __init__(self, commit_batch: CommitBatch, *, transactions: int, max_orders: int) -> None:
-        if transactions < 1 or max_orders < 1:
-            msg = f"transactions and max_orders must be >= 1, not {transactions}, {max_orders}"
+    def __init__(self, commit_batch: CommitBatch, *, pool_size: int, batch_max: int) -> None:
+        if pool_size < 1 or batch_max < 1:
+            msg = f"pool_size and batch_max must be >= 1, not {pool_size}, {batch_max}"
             raise ValueError(msg)
         self._commit_batch = commit_batch
-        self._transactions = transactions
-        self._max_orders = max_orders
+        self._pool_size = pool_size
+        self._batch_max = batch_max
         self._waiting: deque[_Waiting] = deque()
         self._running: set[asyncio.Task[None]] = set()
         self._start_scheduled = False
@@ -75,7 +80,7 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         waiting = _Waiting(command, loop.create_future())
         self._waiting.append(waiting)
-        if not self._start_scheduled and len(self._running) < self._transactions:
+        if not self._start_scheduled and len(self._running) < self._pool_size:
             # Deliveries read from one socket read run in this same loop iteration; starting
             # on the next one lets them share the transaction instead of the first going alone.
             self._start_scheduled = True
@@ -84,9 +89,9 @@ class GroupCommit:
 
     def _start(self) -> None:
         self._start_scheduled = False
-        while self._waiting and len(self._running) < self._transactions:
+        while self._waiting and len(self._running) < self._pool_size:
             batch: list[_Waiting] = []
-            while self._waiting and len(batch) < self._max_orders:
+            while self._waiting and len(batch) < self._batch_max:
                 waiting = self._waiting.popleft()
                 if not waiting.answer.done():
                     batch.append(waiting)

@@ -36,11 +36,11 @@ __all__ = [
 MAX_ON_HAND = INTEGER_MAX
 """Largest ``on_hand`` the column holds."""
 
-DEFAULT_TRANSACTIONS: int = Settings.model_fields["database_pool_size"].default
-"""Default of ``transactions``: the setting's default."""
+DEFAULT_POOL_SIZE: int = Settings.model_fields["database_pool_size"].default
+"""Default of ``pool_size``: the setting's default."""
 
-DEFAULT_MAX_ORDERS_PER_TRANSACTION: int = Settings.model_fields["reservation_batch_max"].default
-"""Default of ``max_orders_per_transaction``: the setting's default (the default prefetch)."""
+DEFAULT_BATCH_MAX: int = Settings.model_fields["reservation_batch_max"].default
+"""Default of ``batch_max``: the setting's default (the default prefetch)."""
 
 _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
@@ -110,9 +110,9 @@ class PostgresWarehouse(Warehouse):
             not owned; without one, reservations take a connection of ``engine``. Either way a
             batch of reservations is one ``reserve_orders()`` call in autocommit; the pool
             skips SQLAlchemy's execution machinery (16 % of the worker's CPU in a profile).
-        transactions: most reservation transactions running at once
-            (``FULFILMENT_DATABASE_POOL_SIZE``).
-        max_orders_per_transaction: most orders one transaction reserves
+        pool_size: most reservation transactions running at once, each on a connection of its
+            own: the size of ``pool`` (``FULFILMENT_DATABASE_POOL_SIZE``).
+        batch_max: most orders one transaction reserves
             (``FULFILMENT_RESERVATION_BATCH_MAX``); 1 commits every order on its own.
 
     Every method retries transient errors under the same policy and then raises
@@ -127,8 +127,8 @@ class PostgresWarehouse(Warehouse):
         retry_budget_seconds: float,
         on_retry: RetryHook | None = None,
         pool: asyncpg.Pool | None = None,
-        transactions: int = DEFAULT_TRANSACTIONS,
-        max_orders_per_transaction: int = DEFAULT_MAX_ORDERS_PER_TRANSACTION,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        batch_max: int = DEFAULT_BATCH_MAX,
     ) -> None:
         self._engine = engine
         self._pool = pool
@@ -139,9 +139,7 @@ class PostgresWarehouse(Warehouse):
         self._retry_budget_seconds = retry_budget_seconds
         self._on_retry = on_retry
         self._group_commit = GroupCommit(
-            self._commit_batch,
-            transactions=transactions,
-            max_orders=max_orders_per_transaction,
+            self._commit_batch, pool_size=pool_size, batch_max=batch_max
         )
 
     async def _commit_batch(self, commands: Sequence[ReserveStock]) -> list[ReservationOutcome]:
