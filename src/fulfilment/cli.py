@@ -18,6 +18,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 
 from fulfilment.settings import Settings, SettingsError, load_settings
+from fulfilment.tools.command import ToolOptions
 
 app = typer.Typer(
     name="fulfilment",
@@ -53,6 +54,17 @@ def settings_or_exit() -> Settings:
         return load_settings()
     except SettingsError as error:
         fail(f"invalid settings: {'; '.join(str(error).splitlines())}", EXIT_BAD_INPUT)
+
+
+def tool_options(settings: Settings) -> ToolOptions:
+    """What the tools take from ``settings``: the broker, the database, the inbox's consumer."""
+    from fulfilment.composition import database_options  # noqa: PLC0415 - loads SQLAlchemy
+
+    return ToolOptions(
+        amqp_url=settings.amqp_url.get_secret_value(),
+        database=database_options(settings),
+        consumer=settings.consumer_name,
+    )
 
 
 def run(coroutine_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -100,14 +112,14 @@ def stock_load(
     from fulfilment.adapters.postgres.errors import StockBelowReservedError  # noqa: PLC0415
     from fulfilment.tools.stock_csv import StockCsvError, read_stock_csv  # noqa: PLC0415
 
-    settings = settings_or_exit()
+    options = tool_options(settings_or_exit())
     try:
         levels = read_stock_csv(file)
     except (StockCsvError, OSError) as error:
         fail(str(error), EXIT_BAD_INPUT)
 
     async def load() -> None:
-        async with warehouse_session(settings) as warehouse:
+        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
             await warehouse.put_stock(levels)
 
     try:
@@ -160,8 +172,8 @@ def report(
     """
     from fulfilment.tools.report import collect_report, render_report  # noqa: PLC0415
 
-    settings = settings_or_exit()
-    document = run(lambda: collect_report(settings))
+    options = tool_options(settings_or_exit())
+    document = run(lambda: collect_report(options))
     typer.echo(
         json.dumps(document, indent=2, sort_keys=True) if as_json else render_report(document)
     )
@@ -179,9 +191,9 @@ def reconcile(
     """
     from fulfilment.tools.report import reconcile as check  # noqa: PLC0415
 
-    settings = settings_or_exit()
+    options = tool_options(settings_or_exit())
     event_ids = [order.event_id for order in _read_orders(files).orders]
-    result = run(lambda: check(settings, event_ids))
+    result = run(lambda: check(options, event_ids))
     typer.echo(result.describe())
     if not result.ok:
         fail(f"{len(result.missing)} events missing or stock invariants broken")
@@ -209,7 +221,15 @@ def demo(
     settings = settings_or_exit()
     orders = _read_orders([data])
     try:
-        code = run(lambda: run_demo(settings, orders, reset=reset, echo=typer.echo))
+        code = run(
+            lambda: run_demo(
+                tool_options(settings),
+                orders,
+                reset=reset,
+                stop_grace_seconds=settings.orchestrator_grace_period_seconds,
+                echo=typer.echo,
+            )
+        )
     except (DemoError, UnroutableError) as error:
         fail(str(error))
     if code != 0:
@@ -426,7 +446,7 @@ def _dlq_run(action: Callable[..., Coroutine[Any, Any, T]], *, execute: bool, ve
     from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
     from fulfilment.tools.dlq import DeadLetter  # noqa: PLC0415
 
-    settings = settings_or_exit()
+    options = tool_options(settings_or_exit())
 
     def each(letter: DeadLetter) -> None:
         described = letter.description
@@ -434,10 +454,10 @@ def _dlq_run(action: Callable[..., Coroutine[Any, Any, T]], *, execute: bool, ve
         typer.echo(f"{done}: {described.event_id or letter.message.message_id}  {described.group}")
 
     async def go() -> T:
-        async with connect(settings.amqp_url.get_secret_value()) as connection:
+        async with connect(options.amqp_url) as connection:
             if not execute:
                 return await action(connection, None, each)
-            async with warehouse_session(settings) as warehouse:
+            async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
                 return await action(connection, warehouse.engine, each)
 
     return run(go)

@@ -32,6 +32,7 @@ from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.metrics import Metrics
@@ -230,8 +231,9 @@ async def run_worker(settings: Settings) -> int:
     runs beside the broker from the start, so liveness answers during start-up.
     """
     metrics = new_metrics()
-    engine = create_engine(settings)
-    pool = await create_pool(settings)  # the reservations' (hot path); the engine for the rest
+    database = database_options(settings)
+    engine = create_engine(database)
+    pool = await create_pool(database)  # the reservations' (hot path); the engine for the rest
 
     def on_retry(error: BaseException) -> None:
         metrics.count_database_retry(retry_label(error))

@@ -12,6 +12,7 @@ from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
 from fulfilment.domain.model import (
     DuplicateOf,
     OutcomeKind,
@@ -28,7 +29,7 @@ def memory_warehouse():
 
 @pytest.fixture
 async def postgres_warehouse(clean_database):
-    engine = create_engine(Settings(database_url=SecretStr(clean_database)))
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
     try:
         yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
     finally:

@@ -19,6 +19,7 @@ import pytest
 from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
 from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
+from fulfilment.cli import tool_options
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
@@ -174,7 +175,7 @@ async def run_until_settled(
 async def assert_reconciled(
     settings: Settings, orders: list[Order], *, dead_lettered: int = 0
 ) -> Reconciliation:
-    result = await reconcile(settings, [order.event_id for order in orders])
+    result = await reconcile(tool_options(settings), [order.event_id for order in orders])
     assert result.missing == frozenset(), result.describe()
     assert result.twice == frozenset(), result.describe()
     assert result.invariants_hold, result.describe()

@@ -17,6 +17,7 @@ from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
 from fulfilment.settings import Settings
 from services import throwaway_database
@@ -49,9 +50,9 @@ def batches(draw):
 
 
 async def reserve_together(database_url: str, stock, commands, consumer: str):
-    settings_ = Settings(database_url=SecretStr(database_url))
-    engine = create_engine(settings_)
-    pool = await create_pool(settings_)
+    database = database_options(Settings(database_url=SecretStr(database_url)))
+    engine = create_engine(database)
+    pool = await create_pool(database)
     try:
         await pool.execute("TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels")
         warehouse = PostgresWarehouse(
@@ -114,9 +115,9 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
         make_url(clean_database).set(drivername="postgresql").render_as_string(hide_password=False)
     )
     admin = await asyncpg.connect(url)
-    settings_ = Settings(database_url=SecretStr(clean_database))
-    engine = create_engine(settings_)
-    pool = await create_pool(settings_)
+    database = database_options(Settings(database_url=SecretStr(clean_database)))
+    engine = create_engine(database)
+    pool = await create_pool(database)
     try:
         await admin.execute(
             "ALTER TABLE reservation_lines ADD CONSTRAINT no_poison CHECK (sku <> 'POISON')"

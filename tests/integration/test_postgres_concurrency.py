@@ -17,6 +17,7 @@ from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
 from fulfilment.domain.model import (
     DuplicateOf,
     OutcomeKind,
@@ -33,7 +34,7 @@ DEADLOCK_DETECTED = "40P01"
 
 @pytest.fixture
 async def engine(clean_database):
-    engine = create_engine(Settings(database_url=SecretStr(clean_database)))
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
     try:
         yield engine
     finally:
@@ -43,7 +44,9 @@ async def engine(clean_database):
 @pytest.fixture
 async def pool(clean_database):
     pool = await create_pool(
-        Settings(database_url=SecretStr(clean_database), database_pool_size=CONNECTIONS)
+        database_options(
+            Settings(database_url=SecretStr(clean_database), database_pool_size=CONNECTIONS)
+        )
     )
     try:
         yield pool

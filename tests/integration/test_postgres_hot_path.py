@@ -20,6 +20,7 @@ from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine,
 from fulfilment.adapters.postgres.retry import is_transient
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
+from fulfilment.composition import database_options
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.settings import Settings
 
@@ -67,8 +68,8 @@ async def warehouse_with_queries(request, clean_database):
         database_pool_size=POOL_SIZE,
         retry_budget_seconds=5.0,
     )
-    engine = create_engine(settings)
-    pool = await create_pool(settings) if request.param == "pool" else None
+    engine = create_engine(database_options(settings))
+    pool = await create_pool(database_options(settings)) if request.param == "pool" else None
     requests: list[str] = []
     retries: list[BaseException] = []
 
@@ -170,8 +171,9 @@ async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(cl
         database_statement_timeout_seconds=2.5,
         retry_budget_seconds=5.0,
     )
-    engine = create_engine(settings)
-    pool = await create_pool(settings)
+    database = database_options(settings)
+    engine = create_engine(database)
+    pool = await create_pool(database)
     retries: list[BaseException] = []
     warehouse = PostgresWarehouse(
         engine, consumer="fulfilment", retry_budget_seconds=5.0, on_retry=retries.append, pool=pool
@@ -263,8 +265,9 @@ async def test_a_pool_connection_that_stops_answering_costs_a_retry_not_the_work
         database_statement_timeout_seconds=1.0,
         retry_budget_seconds=4.0,
     )
-    engine = create_engine(settings)
-    pool = await create_pool(settings)
+    database = database_options(settings)
+    engine = create_engine(database)
+    pool = await create_pool(database)
     warehouse = PostgresWarehouse(
         engine, consumer="fulfilment", retry_budget_seconds=4.0, pool=pool, pool_size=2
     )

@@ -10,6 +10,7 @@ from builders import order
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.outcomes import InvariantChecks, outcome_report
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
 from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.postgres
 
 @pytest.fixture
 async def warehouse(clean_database):
-    engine = create_engine(Settings(database_url=SecretStr(clean_database)))
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
     try:
         yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
     finally:

@@ -23,6 +23,7 @@ from fulfilment.adapters.postgres.retry import (
 )
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
+from fulfilment.composition import database_options
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.settings import Settings
 
@@ -188,11 +189,13 @@ async def test_a_cancellation_is_not_retried():
 
 async def test_a_database_that_does_not_answer_is_a_transient_error_within_the_budget():
     engine = create_engine(
-        settings(
-            "postgresql://postgres@127.0.0.1:1/nowhere",
-            database_lock_timeout_seconds=0.1,
-            database_statement_timeout_seconds=0.2,
-            retry_budget_seconds=0.5,
+        database_options(
+            settings(
+                "postgresql://postgres@127.0.0.1:1/nowhere",
+                database_lock_timeout_seconds=0.1,
+                database_statement_timeout_seconds=0.2,
+                retry_budget_seconds=0.5,
+            )
         )
     )
     warehouse = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=0.5)
@@ -232,7 +235,7 @@ async def make_warehouse(clean_database):
 
     def make(*, retries=None, **overrides):
         configured = settings(clean_database, **overrides)
-        engine = create_engine(configured)
+        engine = create_engine(database_options(configured))
         engines.append(engine)
         return PostgresWarehouse(
             engine,

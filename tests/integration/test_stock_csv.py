@@ -7,6 +7,7 @@ from pydantic import SecretStr
 
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
 from fulfilment.domain.model import StockLevel
 from fulfilment.settings import Settings
 from fulfilment.tools.stock_csv import MAX_ON_HAND, StockCsvError, read_stock_csv
@@ -162,7 +163,7 @@ def test_the_shipped_sample_stock_file_is_valid():
 
 @pytest.fixture
 async def warehouse(clean_database):
-    engine = create_engine(Settings(database_url=SecretStr(clean_database)))
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
     try:
         yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fulfilment.adapters.postgres import warehouse
 from fulfilment.settings import Settings
 
 
@@ -54,3 +55,11 @@ def test_a_bad_prefetch_count_is_reported_alone_not_as_the_batch_it_would_set(mo
         Settings()
 
     assert "reservation_batch_max" not in str(raised.value)
+
+
+def test_the_warehouse_defaults_are_the_settings_defaults():
+    # Written twice, so that the adapter does not read the settings; held equal here.
+    settings = Settings()
+
+    assert settings.database_pool_size == warehouse.DEFAULT_POOL_SIZE
+    assert settings.reservation_batch_max == warehouse.DEFAULT_BATCH_MAX

@@ -49,7 +49,7 @@ from fulfilment.tools.report import collect_report, reconcile, render_report
 from fulfilment.tools.stock_plan import plan_stock
 
 if TYPE_CHECKING:
-    from fulfilment.settings import Settings
+    from fulfilment.tools.command import ToolOptions
     from fulfilment.tools.online_retail import ReadResult
 
 READY_WAIT_SECONDS = 60.0
@@ -67,20 +67,24 @@ class DemoError(Exception):
 
 
 async def run_demo(
-    settings: Settings,
+    options: ToolOptions,
     read: ReadResult,
     *,
     reset: bool,
+    stop_grace_seconds: float,
     echo: Callable[[str], Any],
 ) -> int:
     """Run the demo over ``read.orders``; return 0 when every event is accounted for.
+
+    ``stop_grace_seconds`` is how long the worker may take to stop after SIGTERM before it is
+    killed (the orchestrator's grace period).
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     started = time.monotonic()
-    database_url = settings.database_url.get_secret_value()
-    amqp_url = settings.amqp_url.get_secret_value()
+    database_url = options.database.url
+    amqp_url = options.amqp_url
     async with connect(amqp_url):
         pass  # both services answer before anything is changed
     if await ensure_database(database_url):
@@ -89,7 +93,7 @@ async def run_demo(
     echo("database migrated to head")
 
     levels = plan_stock(read.orders)
-    async with warehouse_session(settings) as warehouse:
+    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
         if reset:
             await reset_tables(warehouse)
             await _purge_queues(amqp_url)
@@ -132,12 +136,12 @@ async def run_demo(
                 await _wait_drained(connection, echo)
             echo("this run's outcomes: " + await asyncio.to_thread(_run_outcomes, port))
         finally:
-            code = await _stop(process, settings.orchestrator_grace_period_seconds)
+            code = await _stop(process, stop_grace_seconds)
     echo(f"worker stopped with exit code {code}")
 
-    reconciliation = await reconcile(settings, [order.event_id for order in read.orders])
+    reconciliation = await reconcile(options, [order.event_id for order in read.orders])
     echo(reconciliation.describe())
-    document = await collect_report(settings)
+    document = await collect_report(options)
     echo(render_report(document))
     echo(f"wall time {time.monotonic() - started:.1f} s")
     return 0 if reconciliation.ok and code == 0 and document["invariants"]["ok"] else 1

@@ -11,10 +11,10 @@ from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_se
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq import browse_dead_letters, connect, queue_state
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
-from fulfilment.settings import Settings
+from fulfilment.tools.command import ToolOptions
 
 
-async def collect_report(settings: Settings) -> dict[str, Any]:
+async def collect_report(options: ToolOptions) -> dict[str, Any]:
     """The report as a JSON-ready document.
 
     Shape: ``{"outcomes": {...}, "dead_lettered": {"total", "by_reason": [{"class",
@@ -23,9 +23,9 @@ async def collect_report(settings: Settings) -> dict[str, Any]:
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
-    async with warehouse_session(settings) as warehouse:
+    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
         outcomes = await outcome_report(warehouse.engine)
-    async with connect(settings.amqp_url.get_secret_value()) as connection:
+    async with connect(options.amqp_url) as connection:
         main = await queue_state(connection, MAIN_QUEUE)
         dead = await browse_dead_letters(connection, DEAD_LETTER_QUEUE)
         dead_state = await queue_state(connection, DEAD_LETTER_QUEUE)
@@ -109,17 +109,19 @@ class Reconciliation:
         )
 
 
-async def reconcile(settings: Settings, event_ids: Collection[UUID]) -> Reconciliation:
+async def reconcile(options: ToolOptions, event_ids: Collection[UUID]) -> Reconciliation:
     """Check every id of ``event_ids`` against the inbox and the DLQ, and the invariants.
+
+    The inbox is that of ``options.consumer``.
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     published = frozenset(event_ids)
-    async with warehouse_session(settings) as warehouse:
-        processed = await processed_event_ids(warehouse, settings.consumer_name, published)
+    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
+        processed = await processed_event_ids(warehouse, options.consumer, published)
         outcomes = await outcome_report(warehouse.engine)
-    async with connect(settings.amqp_url.get_secret_value()) as connection:
+    async with connect(options.amqp_url) as connection:
         dead = await browse_dead_letters(connection, DEAD_LETTER_QUEUE)
     dead_ids = {UUID(value) for value in dead.event_ids if _is_uuid(value)} & published
     return Reconciliation(

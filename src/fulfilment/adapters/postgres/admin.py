@@ -11,10 +11,9 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.engine import DatabaseOptions, create_engine
 from fulfilment.adapters.postgres.tables import inbox_messages
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.settings import Settings
 
 CONNECT_SECONDS = 5.0
 """How long the command line waits for PostgreSQL before calling it unreachable."""
@@ -72,23 +71,25 @@ def _quote_identifier(name: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def warehouse_session(settings: Settings) -> AsyncIterator[PostgresWarehouse]:
-    """A :class:`PostgresWarehouse` on a fresh pool, checked reachable, disposed on exit.
+async def warehouse_session(
+    options: DatabaseOptions, *, consumer: str
+) -> AsyncIterator[PostgresWarehouse]:
+    """A :class:`PostgresWarehouse` on a fresh engine, checked reachable, disposed on exit.
+
+    ``consumer`` is its inbox namespace; it retries for ``options.retry_budget_seconds``.
 
     Raises:
         DatabaseUnavailableError: the server does not answer or refuses the login.
     """
-    engine = create_engine(settings)
+    engine = create_engine(options)
     try:
         try:
             async with engine.connect() as connection:
                 await connection.execute(text("SELECT 1"))
         except (OSError, OperationalError, DBAPIError) as error:
-            raise _unavailable(settings.database_url.get_secret_value(), error) from error
+            raise _unavailable(options.url, error) from error
         yield PostgresWarehouse(
-            engine,
-            consumer=settings.consumer_name,
-            retry_budget_seconds=settings.retry_budget_seconds,
+            engine, consumer=consumer, retry_budget_seconds=options.retry_budget_seconds
         )
     finally:
         await engine.dispose()

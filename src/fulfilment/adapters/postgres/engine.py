@@ -8,11 +8,11 @@ cost the worker more CPU per delivery than asyncpg itself (README, "Performance"
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import asyncpg
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
-from fulfilment.settings import Settings
 
 CLIENT_TIMEOUT_MARGIN_SECONDS = 1.0
 """How much longer than ``statement_timeout`` the pool waits for an answer before giving up
@@ -26,22 +26,44 @@ APPLICATION_NAME = "fulfilment"
 """``application_name`` of every session: ``pg_stat_activity`` shows whose connections they are."""
 
 
+@dataclass(frozen=True, slots=True)
+class DatabaseOptions:
+    """Where PostgreSQL is and how long to wait for it: what the engine and the pool need.
+
+    The roots build it from the settings (``FULFILMENT_DATABASE_*`` and
+    ``FULFILMENT_RETRY_BUDGET_SECONDS``, which say what each value is for); times in seconds.
+    """
+
+    url: str = field(repr=False)
+    """A ``postgresql+asyncpg://`` URL, credentials included (so kept out of ``repr``)."""
+    connect_timeout_seconds: float
+    """Time allowed to open one connection."""
+    statement_timeout_seconds: float
+    """Server-side ``statement_timeout`` of every session."""
+    lock_timeout_seconds: float
+    """Server-side ``lock_timeout`` of every session."""
+    retry_budget_seconds: float
+    """Longest wait for a free connection of the engine."""
+    pool_size: int
+    """Connections of the reservations' pool, at most (:func:`create_pool`)."""
+
+
 def _milliseconds(seconds: float) -> str:
     return str(max(1, round(seconds * 1000)))
 
 
-def create_engine(settings: Settings) -> AsyncEngine:
-    """Build (but do not connect) the engine for ``settings.database_url``.
+def create_engine(options: DatabaseOptions) -> AsyncEngine:
+    """Build (but do not connect) the engine for ``options.url``.
 
     - At most :data:`ENGINE_POOL_SIZE` connections (no overflow); with the reservations' pool,
-      a process holds at most ``database_pool_size`` + :data:`ENGINE_POOL_SIZE`. A task waits
-      at most ``retry_budget_seconds`` for a free connection; the wait then fails with
+      a process holds at most ``pool_size`` + :data:`ENGINE_POOL_SIZE`. A task waits at most
+      ``retry_budget_seconds`` for a free connection; the wait then fails with
       ``sqlalchemy.exc.TimeoutError``, which the retry policy treats as transient.
-    - ``database_connect_timeout_seconds`` bounds opening one connection (asyncpg ``timeout``).
+    - ``connect_timeout_seconds`` bounds opening one connection (asyncpg ``timeout``).
     - ``statement_timeout`` and ``lock_timeout`` are server settings of every session (from
-      ``database_statement_timeout_seconds`` and ``database_lock_timeout_seconds``, sent in
-      milliseconds): the server cancels a slow statement or lock wait, so a time-out never leaves
-      a commit in doubt, and the error (57014, 55P03) is one the retry policy retries.
+      ``statement_timeout_seconds`` and ``lock_timeout_seconds``, sent in milliseconds): the
+      server cancels a slow statement or lock wait, so a time-out never leaves a commit in
+      doubt, and the error (57014, 55P03) is one the retry policy retries.
     - No ``pool_pre_ping``: on asyncpg it costs three round trips per checkout (``BEGIN``,
       ``;``, ``ROLLBACK``), three times the reservation's one. A connection dropped by a
       database failover fails its next statement instead; SQLAlchemy then invalidates every
@@ -51,23 +73,23 @@ def create_engine(settings: Settings) -> AsyncEngine:
     The caller owns the engine and must ``await engine.dispose()`` at shutdown.
     """
     return create_async_engine(
-        settings.database_url.get_secret_value(),
+        options.url,
         pool_size=ENGINE_POOL_SIZE,
         max_overflow=0,
-        pool_timeout=settings.retry_budget_seconds,
+        pool_timeout=options.retry_budget_seconds,
         connect_args={
-            "timeout": settings.database_connect_timeout_seconds,
-            "server_settings": server_settings(settings),
+            "timeout": options.connect_timeout_seconds,
+            "server_settings": server_settings(options),
         },
     )
 
 
-def server_settings(settings: Settings) -> dict[str, str]:
+def server_settings(options: DatabaseOptions) -> dict[str, str]:
     """Session settings of every connection, engine and pool alike (see :func:`create_engine`)."""
     return {
         "application_name": APPLICATION_NAME,
-        "statement_timeout": _milliseconds(settings.database_statement_timeout_seconds),
-        "lock_timeout": _milliseconds(settings.database_lock_timeout_seconds),
+        "statement_timeout": _milliseconds(options.statement_timeout_seconds),
+        "lock_timeout": _milliseconds(options.lock_timeout_seconds),
         # A worker killed mid-statement leaves its backend running until it next
         # writes to the socket; checking the client every second rolls such orphaned
         # work back and frees its stock row locks (PostgreSQL 14+).
@@ -84,25 +106,25 @@ async def _keep_session(_connection: asyncpg.Connection) -> None:
     """
 
 
-async def create_pool(settings: Settings) -> asyncpg.Pool:
+async def create_pool(options: DatabaseOptions) -> asyncpg.Pool:
     """Build (but do not connect) the asyncpg pool of the reservations.
 
-    At most ``database_pool_size`` connections, opened on demand, with the session settings
+    At most ``options.pool_size`` connections, opened on demand, with the session settings
     of :func:`server_settings`; a connection idle for 5 minutes is closed. Acquiring one waits
-    at most ``retry_budget_seconds`` and then raises ``TimeoutError``, which the retry policy
-    treats as transient. A statement waits for its answer at most
-    ``database_statement_timeout_seconds`` + :data:`CLIENT_TIMEOUT_MARGIN_SECONDS`, then raises
+    at most ``retry_budget_seconds`` (the warehouse's) and then raises ``TimeoutError``, which
+    the retry policy treats as transient. A statement waits for its answer at most
+    ``statement_timeout_seconds`` + :data:`CLIENT_TIMEOUT_MARGIN_SECONDS`, then raises
     ``TimeoutError`` too: a batch on a connection that stopped answering would otherwise hold
     its reservation slot until the kernel gave up on the socket, many minutes later. The caller
     owns the pool and must ``await pool.close()`` at shutdown.
     """
-    url = make_url(settings.database_url.get_secret_value()).set(drivername="postgresql")
+    url = make_url(options.url).set(drivername="postgresql")
     return await asyncpg.create_pool(
         url.render_as_string(hide_password=False),
         min_size=0,
-        max_size=settings.database_pool_size,
-        timeout=settings.database_connect_timeout_seconds,
-        command_timeout=settings.database_statement_timeout_seconds + CLIENT_TIMEOUT_MARGIN_SECONDS,
-        server_settings=server_settings(settings),
+        max_size=options.pool_size,
+        timeout=options.connect_timeout_seconds,
+        command_timeout=options.statement_timeout_seconds + CLIENT_TIMEOUT_MARGIN_SECONDS,
+        server_settings=server_settings(options),
         reset=_keep_session,
     )

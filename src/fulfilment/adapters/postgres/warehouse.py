@@ -24,7 +24,6 @@ from fulfilment.domain.model import (
     ReserveStock,
     StockLevel,
 )
-from fulfilment.settings import Settings
 
 __all__ = [
     "MAX_ON_HAND",
@@ -36,11 +35,13 @@ __all__ = [
 MAX_ON_HAND = INTEGER_MAX
 """Largest ``on_hand`` the column holds."""
 
-DEFAULT_POOL_SIZE: int = Settings.model_fields["database_pool_size"].default
-"""Default of ``pool_size``: the setting's default."""
+DEFAULT_POOL_SIZE = 2
+"""Default of ``pool_size``: two reservation transactions at once (README, "Performance"), as
+``FULFILMENT_DATABASE_POOL_SIZE`` by default."""
 
-DEFAULT_BATCH_MAX: int = Settings.model_fields["reservation_batch_max"].default
-"""Default of ``batch_max``: the setting's default (the default prefetch)."""
+DEFAULT_BATCH_MAX = 32
+"""Default of ``batch_max``: every delivery the default prefetch lets in flight, as
+``FULFILMENT_RESERVATION_BATCH_MAX`` by default."""
 
 _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
