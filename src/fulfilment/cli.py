@@ -1,24 +1,40 @@
-"""The ``fulfilment`` command.
+"""The ``fulfilment`` command: the operator tools' composition root.
+
+Each sub-command parses its arguments, reads the settings, builds the options its tool needs,
+and calls one function of ``fulfilment.tools`` (a ``*_command``); ``worker`` runs the worker's
+own root, ``fulfilment.main``.
 
 Every sub-command exits 0 on success and otherwise prints one line, ``fulfilment: <reason>``,
 on standard error and exits non-zero: 1 for a failed run or broken invariants, 2 for bad input
 or settings, 3 for an unreachable service.
+
+The tools are imported by the command that runs them: imported here, SQLAlchemy, alembic and
+aio-pika would load for every command, ``--help`` included (more than three times its
+start-up time).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
 from fulfilment.settings import Settings, SettingsError, load_settings
-from fulfilment.tools.command import ToolOptions
+from fulfilment.tools.command import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_UNAVAILABLE,
+    CommandError,
+    ToolOptions,
+)
+
+if TYPE_CHECKING:
+    from fulfilment.tools.dlq import Selection
 
 app = typer.Typer(
     name="fulfilment",
@@ -36,10 +52,6 @@ dlq_app = typer.Typer(
 app.add_typer(dlq_app, name="dlq")
 
 T = TypeVar("T")
-
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNAVAILABLE = 3
 
 
 def fail(reason: str, code: int = EXIT_FAILED) -> NoReturn:
@@ -67,19 +79,21 @@ def tool_options(settings: Settings) -> ToolOptions:
     )
 
 
-def run(coroutine_factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine, turning an unreachable service into exit 3 with one line."""
-    from fulfilment.adapters.postgres.admin import DatabaseUnavailableError  # noqa: PLC0415
-    from fulfilment.adapters.rabbitmq import BrokerUnavailableError  # noqa: PLC0415
+def run(command: Coroutine[Any, Any, T]) -> T:
+    """Run a tool's coroutine; its :class:`CommandError` or an unreachable service exits."""
+    from fulfilment.adapters.postgres.admin import DatabaseUnavailableError  # noqa: PLC0415 - loads SQLAlchemy
+    from fulfilment.adapters.rabbitmq import BrokerUnavailableError  # noqa: PLC0415 - loads aio-pika
 
     # The client libraries log a failed connection attempt on their own; the one-line
     # reason below says the same, once.
     for name in ("aiormq", "aio_pika"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        return asyncio.run(coroutine_factory())
+        return asyncio.run(command)
     except (BrokerUnavailableError, DatabaseUnavailableError) as error:
         fail(str(error), EXIT_UNAVAILABLE)
+    except CommandError as error:
+        fail(str(error), error.exit_code)
 
 
 @app.command()
@@ -93,14 +107,10 @@ def worker() -> None:
 @app.command()
 def migrate() -> None:
     """Create the database if it is missing, then ``alembic upgrade head``."""
-    from fulfilment.adapters.postgres.admin import ensure_database  # noqa: PLC0415
-    from fulfilment.adapters.postgres.schema import migrate as upgrade  # noqa: PLC0415
+    from fulfilment.tools.migrate import migrate_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
-    url = settings.database_url.get_secret_value()
-    run(lambda: ensure_database(url))
-    upgrade(url)
-    typer.echo("database migrated to head")
+    run(migrate_command(settings.database_url.get_secret_value(), echo=typer.echo))
 
 
 @stock_app.command("load")
@@ -108,25 +118,10 @@ def stock_load(
     file: Annotated[Path, typer.Argument(help="CSV with header sku,on_hand.")],
 ) -> None:
     """Upsert on-hand stock levels from FILE; nothing changes if any row is bad."""
-    from fulfilment.adapters.postgres.admin import warehouse_session  # noqa: PLC0415
-    from fulfilment.adapters.postgres.errors import StockBelowReservedError  # noqa: PLC0415
-    from fulfilment.tools.stock_csv import StockCsvError, read_stock_csv  # noqa: PLC0415
+    from fulfilment.tools.stock_csv import load_command  # noqa: PLC0415 - see the module's text
 
     options = tool_options(settings_or_exit())
-    try:
-        levels = read_stock_csv(file)
-    except (StockCsvError, OSError) as error:
-        fail(str(error), EXIT_BAD_INPUT)
-
-    async def load() -> None:
-        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-            await warehouse.put_stock(levels)
-
-    try:
-        run(load)
-    except StockBelowReservedError as error:
-        fail(f"{file}: {error}", EXIT_BAD_INPUT)
-    typer.echo(f"loaded {len(levels)} stock levels from {file}")
+    run(load_command(options, file, echo=typer.echo))
 
 
 @stock_app.command("plan")
@@ -135,15 +130,12 @@ def stock_plan(
     out: Annotated[Path, typer.Option(help="Where to write the sku,on_hand CSV.")],
 ) -> None:
     """Write deterministic stock levels for the orders in DATA (some short, a few unknown)."""
-    from fulfilment.tools.stock_plan import plan_stock, write_stock_csv  # noqa: PLC0415
+    from fulfilment.tools.stock_plan import plan_command  # noqa: PLC0415 - see the module's text
 
-    orders = _read_orders(data).orders
-    levels = plan_stock(orders)
     try:
-        write_stock_csv(levels, out)
-    except OSError as error:
-        fail(f"{out}: cannot write: {error.strerror or error}", EXIT_BAD_INPUT)
-    typer.echo(f"planned {len(levels)} stock levels for {len(orders)} orders into {out}")
+        plan_command(data, out, echo=typer.echo)
+    except CommandError as error:
+        fail(str(error), error.exit_code)
 
 
 @app.command()
@@ -156,10 +148,10 @@ def publish(
     (and the worker answers them as duplicates). Cancellations and non-positive lines are
     skipped and counted.
     """
+    from fulfilment.tools.publish import publish_command  # noqa: PLC0415 - see the module's text
+
     settings = settings_or_exit()
-    result = _read_orders(files)
-    published = run(lambda: _publish(settings, result.orders))
-    typer.echo(f"published {published} events (skipped: {result.skipped.describe()})")
+    run(publish_command(settings.amqp_url.get_secret_value(), files, echo=typer.echo))
 
 
 @app.command()
@@ -170,15 +162,10 @@ def report(
 
     Exits 1 when an invariant does not hold.
     """
-    from fulfilment.tools.report import collect_report, render_report  # noqa: PLC0415
+    from fulfilment.tools.report import report_command  # noqa: PLC0415 - see the module's text
 
     options = tool_options(settings_or_exit())
-    document = run(lambda: collect_report(options))
-    typer.echo(
-        json.dumps(document, indent=2, sort_keys=True) if as_json else render_report(document)
-    )
-    if not document["invariants"]["ok"]:
-        fail("stock invariants do not hold (see the report above)")
+    run(report_command(options, as_json=as_json, echo=typer.echo))
 
 
 @app.command()
@@ -189,14 +176,10 @@ def reconcile(
 
     Exits 1 when an event is missing or a stock invariant does not hold.
     """
-    from fulfilment.tools.report import reconcile as check  # noqa: PLC0415
+    from fulfilment.tools.report import reconcile_command  # noqa: PLC0415 - see the module's text
 
     options = tool_options(settings_or_exit())
-    event_ids = [order.event_id for order in _read_orders(files).orders]
-    result = run(lambda: check(options, event_ids))
-    typer.echo(result.describe())
-    if not result.ok:
-        fail(f"{len(result.missing)} events missing or stock invariants broken")
+    run(reconcile_command(options, files, echo=typer.echo))
 
 
 @app.command()
@@ -215,49 +198,20 @@ def demo(
     insufficient stock and a few for unknown SKUs. Runs the worker as a child process, waits
     until the queue is drained, stops it with SIGTERM, and reconciles every published event.
     """
-    from fulfilment.adapters.rabbitmq import UnroutableError  # noqa: PLC0415
-    from fulfilment.tools.demo import DemoError, run_demo  # noqa: PLC0415
+    from fulfilment.tools.demo import demo_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
-    orders = _read_orders([data])
-    try:
-        code = run(
-            lambda: run_demo(
-                tool_options(settings),
-                orders,
-                reset=reset,
-                stop_grace_seconds=settings.orchestrator_grace_period_seconds,
-                echo=typer.echo,
-            )
+    code = run(
+        demo_command(
+            tool_options(settings),
+            data,
+            reset=reset,
+            stop_grace_seconds=settings.orchestrator_grace_period_seconds,
+            echo=typer.echo,
         )
-    except (DemoError, UnroutableError) as error:
-        fail(str(error))
+    )
     if code != 0:
         raise typer.Exit(code)
-
-
-def _read_orders(paths: list[Path]) -> Any:  # noqa: ANN401 - ReadResult, imported lazily
-    from fulfilment.tools.online_retail import OnlineRetailError, csv_files, read_orders  # noqa: PLC0415
-
-    try:
-        files = [file for path in paths for file in csv_files(path)]
-        return read_orders(files)
-    except (OnlineRetailError, OSError) as error:
-        fail(str(error), EXIT_BAD_INPUT)
-
-
-async def _publish(settings: Settings, orders: list[Any]) -> int:
-    from fulfilment.adapters.rabbitmq import OutgoingEvent, UnroutableError, connect, publish_events  # noqa: PLC0415
-    from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY, ORDERS_EXCHANGE  # noqa: PLC0415
-
-    events = [OutgoingEvent(order.body(), str(order.event_id)) for order in orders]
-    async with connect(settings.amqp_url.get_secret_value()) as connection:
-        try:
-            return await publish_events(
-                connection, events, exchange=ORDERS_EXCHANGE, routing_key=ORDER_PLACED_ROUTING_KEY
-            )
-        except UnroutableError as error:
-            fail(str(error))
 
 
 IdsOption = Annotated[
@@ -288,32 +242,10 @@ def dlq_list(
 
     Reads the DLQ without removing anything.
     """
-    from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
-    from fulfilment.tools.dlq import list_groups, render_groups  # noqa: PLC0415
+    from fulfilment.tools.dlq_commands import list_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
-
-    async def collect() -> Any:  # noqa: ANN401 - list[Group], imported lazily
-        async with connect(settings.amqp_url.get_secret_value()) as connection:
-            return await list_groups(connection)
-
-    groups = run(collect)
-    if as_json:
-        document = [
-            {
-                "group": group.key,
-                "failure_class": group.failure_class,
-                "exception_type": group.exception_type,
-                "count": group.count,
-                "oldest_dead_lettered_at": group.oldest.isoformat() if group.oldest else None,
-                "example_reason": group.example_reason,
-                "event_ids_sample": group.event_ids,
-            }
-            for group in groups
-        ]
-        typer.echo(json.dumps(document, indent=2))
-    else:
-        typer.echo(render_groups(groups))
+    run(list_command(settings.amqp_url.get_secret_value(), as_json=as_json, echo=typer.echo))
 
 
 @dlq_app.command("show")
@@ -326,23 +258,19 @@ def dlq_show(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Every header and the body of the chosen dead letters (read, not removed)."""
-    from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
-    from fulfilment.tools.dlq import find, render_letter  # noqa: PLC0415
+    from fulfilment.tools.dlq_commands import show_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
     selection = _selection(ids, group, everything=everything)
-
-    async def collect() -> Any:  # noqa: ANN401 - list[DeadLetter], imported lazily
-        async with connect(settings.amqp_url.get_secret_value()) as connection:
-            return await find(connection, selection)
-
-    letters = run(collect)[:limit]
-    if as_json:
-        typer.echo(json.dumps([letter.to_document() for letter in letters], indent=2))
-    elif not letters:
-        typer.echo("no dead letter matches")
-    else:
-        typer.echo("\n\n".join(render_letter(letter) for letter in letters))
+    run(
+        show_command(
+            settings.amqp_url.get_secret_value(),
+            selection,
+            limit=limit,
+            as_json=as_json,
+            echo=typer.echo,
+        )
+    )
 
 
 @dlq_app.command("replay")
@@ -364,27 +292,20 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     only after the broker confirmed the republish and its audit row is written. A dry run
     unless --yes.
     """
-    from fulfilment.tools.dlq import ReplayStoppedError, replay  # noqa: PLC0415
+    from fulfilment.tools.dlq_commands import replay_command  # noqa: PLC0415 - see the module's text
 
     selection = _selection(ids, group, everything=everything)
-    try:
-        result = _dlq_run(
-            lambda connection, audit, on_each: replay(
-                connection,
-                selection,
-                audit=audit,
-                execute=yes,
-                rate_per_second=rate,
-                operator=_operator(operator),
-                comment=comment,
-                on_each=on_each,
-            ),
+    run(
+        replay_command(
+            tool_options(settings_or_exit()),
+            selection,
             execute=yes,
-            verb="replay",
+            rate_per_second=rate,
+            operator=operator,
+            comment=comment,
+            echo=typer.echo,
         )
-    except ReplayStoppedError as error:
-        fail(f"{error}; the rest are still in the dead-letter queue")
-    _summarise(result, verb="replayed")
+    )
 
 
 @dlq_app.command("purge")
@@ -401,73 +322,26 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
 
     A dry run unless --yes.
     """
-    from fulfilment.tools.dlq import purge  # noqa: PLC0415
+    from fulfilment.tools.dlq_commands import purge_command  # noqa: PLC0415 - see the module's text
 
     selection = _selection(ids, group, everything=everything)
-    result = _dlq_run(
-        lambda connection, audit, on_each: purge(
-            connection,
+    run(
+        purge_command(
+            tool_options(settings_or_exit()),
             selection,
-            audit=audit,
             execute=yes,
-            operator=_operator(operator),
+            operator=operator,
             comment=comment,
-            on_each=on_each,
-        ),
-        execute=yes,
-        verb="purge",
+            echo=typer.echo,
+        )
     )
-    _summarise(result, verb="purged")
 
 
-def _selection(ids: list[str] | None, group: str | None, *, everything: bool) -> Any:  # noqa: ANN401 - Selection, imported lazily
-    from fulfilment.tools.dlq import Selection  # noqa: PLC0415
+def _selection(ids: list[str] | None, group: str | None, *, everything: bool) -> Selection:
+    """The dead letters chosen by the options, or exit 2 unless exactly one way was given."""
+    from fulfilment.tools.dlq import Selection  # noqa: PLC0415 - see the module's text
 
     try:
         return Selection.build(ids or [], group, everything=everything)
     except ValueError as error:
         fail(str(error), EXIT_BAD_INPUT)
-
-
-def _operator(given: str | None) -> str:
-    import getpass  # noqa: PLC0415
-
-    if given:
-        return given
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no user name in the environment or the password database
-        return "unknown"
-
-
-def _dlq_run(action: Callable[..., Coroutine[Any, Any, T]], *, execute: bool, verb: str) -> T:
-    """Run a replay or purge with a broker connection and, to execute, the audit database."""
-    from fulfilment.adapters.postgres.admin import warehouse_session  # noqa: PLC0415
-    from fulfilment.adapters.rabbitmq import connect  # noqa: PLC0415
-    from fulfilment.tools.dlq import DeadLetter  # noqa: PLC0415
-
-    options = tool_options(settings_or_exit())
-
-    def each(letter: DeadLetter) -> None:
-        described = letter.description
-        done = {"replay": "replayed", "purge": "purged"}[verb] if execute else f"{verb} (dry run)"
-        typer.echo(f"{done}: {described.event_id or letter.message.message_id}  {described.group}")
-
-    async def go() -> T:
-        async with connect(options.amqp_url) as connection:
-            if not execute:
-                return await action(connection, None, each)
-            async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-                return await action(connection, warehouse.engine, each)
-
-    return run(go)
-
-
-def _summarise(result: Any, *, verb: str) -> None:  # noqa: ANN401 - RunResult, imported lazily
-    if not result.executed:
-        typer.echo(
-            f"dry run: {result.matched} dead letter(s) would be {verb}; "
-            "nothing changed (add --yes to do it)"
-        )
-    else:
-        typer.echo(f"{verb} {result.done} of {result.matched} dead letter(s), run {result.run_id}")

@@ -1,13 +1,41 @@
-"""What the commands of the operator tools share: the options the command line builds."""
+"""What every command of the operator tools shares: its options, its output, its failures.
+
+Each sub-command of ``fulfilment`` is one function of a module of this package (``*_command``),
+which the command line (``fulfilment.cli``) calls with the options it built from the settings
+and ``echo`` for standard output. A command that cannot do its job raises
+:class:`CommandError`; the command line prints its reason on one line and exits with its code.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from fulfilment.tools.online_retail import OnlineRetailError, ReadResult, csv_files, read_orders
 
 if TYPE_CHECKING:
     # SQLAlchemy is imported with the engine's module: not before a command needs it.
     from fulfilment.adapters.postgres.engine import DatabaseOptions
+
+EXIT_FAILED = 1
+"""A run that failed, or invariants that do not hold."""
+EXIT_BAD_INPUT = 2
+"""Bad arguments, files or settings."""
+EXIT_UNAVAILABLE = 3
+"""RabbitMQ or PostgreSQL does not answer."""
+
+Echo = Callable[[str], object]
+"""Writes one line (or block) of a command's output."""
+
+
+class CommandError(Exception):
+    """A command cannot do its job; ``str(error)`` says why, ``exit_code`` is the exit status."""
+
+    def __init__(self, reason: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,3 +48,15 @@ class ToolOptions:
     """PostgreSQL's URL and time bounds."""
     consumer: str
     """The inbox namespace of the worker (``FULFILMENT_CONSUMER_NAME``)."""
+
+
+def read_order_files(paths: Iterable[Path]) -> ReadResult:
+    """The orders of the Online Retail CSV files among ``paths`` (files, or folders of them).
+
+    Raises:
+        CommandError: a path or file cannot be read, or holds bad data (exit 2).
+    """
+    try:
+        return read_orders([file for path in paths for file in csv_files(path)])
+    except (OnlineRetailError, OSError) as error:
+        raise CommandError(str(error), EXIT_BAD_INPUT) from error

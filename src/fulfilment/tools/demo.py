@@ -20,9 +20,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,24 +32,16 @@ from fulfilment.adapters.postgres.admin import (
 )
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.adapters.rabbitmq import (
-    OutgoingEvent,
-    connect,
-    publish_events,
-    queue_state,
-)
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
-    ORDER_PLACED_ROUTING_KEY,
-    ORDERS_EXCHANGE,
-)
+from fulfilment.adapters.rabbitmq import UnroutableError, connect, queue_state
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.tools.command import CommandError, Echo, ToolOptions, read_order_files
+from fulfilment.tools.online_retail import ReadResult
+from fulfilment.tools.publish import publish_orders
 from fulfilment.tools.report import collect_report, reconcile, render_report
 from fulfilment.tools.stock_plan import plan_stock
 
 if TYPE_CHECKING:
-    from fulfilment.tools.command import ToolOptions
-    from fulfilment.tools.online_retail import ReadResult
+    from aio_pika.abc import AbstractConnection
 
 READY_WAIT_SECONDS = 60.0
 """How long the worker may take to report ready before the demo gives up."""
@@ -62,26 +53,47 @@ DRAIN_STALL_SECONDS = 120.0
 """The demo fails if the queue's depth does not fall for this long."""
 
 
-class DemoError(Exception):
-    """A step of the demo failed; the message says which and why."""
+class DemoError(CommandError):
+    """A step of the demo failed; the message says which and why (exit 1)."""
 
 
-async def run_demo(
+async def demo_command(
+    options: ToolOptions,
+    data: Path,
+    *,
+    reset: bool,
+    stop_grace_seconds: float,
+    echo: Echo,
+) -> int:
+    """Run the demo over the orders of ``data`` (a file or folder of Online Retail CSVs).
+
+    ``reset`` empties the service's tables and queues first; ``stop_grace_seconds`` is how long
+    the worker may take to stop after SIGTERM before it is killed (the orchestrator's grace
+    period). Returns 0 when every event is accounted for, the worker stopped cleanly and the
+    stock invariants hold, else 1.
+
+    Raises:
+        CommandError: ``data`` cannot be read (exit 2); a step failed, or no queue was bound
+            for the events (exit 1).
+        DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
+    """
+    read = read_order_files([data])
+    try:
+        return await _demo(
+            options, read, reset=reset, stop_grace_seconds=stop_grace_seconds, echo=echo
+        )
+    except UnroutableError as error:
+        raise CommandError(str(error)) from error
+
+
+async def _demo(
     options: ToolOptions,
     read: ReadResult,
     *,
     reset: bool,
     stop_grace_seconds: float,
-    echo: Callable[[str], Any],
+    echo: Echo,
 ) -> int:
-    """Run the demo over ``read.orders``; return 0 when every event is accounted for.
-
-    ``stop_grace_seconds`` is how long the worker may take to stop after SIGTERM before it is
-    killed (the orchestrator's grace period).
-
-    Raises:
-        DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
-    """
     started = time.monotonic()
     database_url = options.database.url
     amqp_url = options.amqp_url
@@ -124,15 +136,9 @@ async def run_demo(
         echo(f"worker started (pid {process.pid}, port {port}, log {log_path})")
         try:
             await _wait_ready(port, process, log_path)
-            events = [OutgoingEvent(order.body(), str(order.event_id)) for order in read.orders]
             async with connect(amqp_url) as connection:
-                await publish_events(
-                    connection,
-                    events,
-                    exchange=ORDERS_EXCHANGE,
-                    routing_key=ORDER_PLACED_ROUTING_KEY,
-                )
-                echo(f"published {len(events)} events (skipped: {read.skipped.describe()})")
+                published = await publish_orders(connection, read.orders)
+                echo(f"published {published} events (skipped: {read.skipped.describe()})")
                 await _wait_drained(connection, echo)
             echo("this run's outcomes: " + await asyncio.to_thread(_run_outcomes, port))
         finally:
@@ -181,7 +187,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-async def _wait_drained(connection: Any, echo: Callable[[str], Any]) -> None:  # noqa: ANN401 - an aio-pika connection
+async def _wait_drained(connection: AbstractConnection, echo: Echo) -> None:
     last_depth, last_change, last_echo = -1, time.monotonic(), 0.0
     quiet = 0
     while quiet < DRAIN_EMPTY_LOOKS:

@@ -1,9 +1,11 @@
-"""``fulfilment report``: what happened to the orders, and whether the stock adds up."""
+"""``fulfilment report`` and ``reconcile``: what happened to the orders; does the stock add up."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -11,7 +13,37 @@ from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_se
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq import browse_dead_letters, connect, queue_state
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
-from fulfilment.tools.command import ToolOptions
+from fulfilment.tools.command import CommandError, Echo, ToolOptions, read_order_files
+
+
+async def report_command(options: ToolOptions, *, as_json: bool, echo: Echo) -> None:
+    """``fulfilment report``: echo the report, for people or (``as_json``) as one JSON document.
+
+    Raises:
+        CommandError: a stock invariant does not hold (exit 1), after the report.
+        DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
+    """
+    document = await collect_report(options)
+    echo(json.dumps(document, indent=2, sort_keys=True) if as_json else render_report(document))
+    if not document["invariants"]["ok"]:
+        msg = "stock invariants do not hold (see the report above)"
+        raise CommandError(msg)
+
+
+async def reconcile_command(options: ToolOptions, files: Sequence[Path], *, echo: Echo) -> None:
+    """``fulfilment reconcile``: echo where each event published from ``files`` ended.
+
+    Raises:
+        CommandError: a file cannot be read (exit 2); an event is missing or a stock invariant
+            does not hold (exit 1), after the line that says so.
+        DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
+    """
+    event_ids = [order.event_id for order in read_order_files(files).orders]
+    result = await reconcile(options, event_ids)
+    echo(result.describe())
+    if not result.ok:
+        msg = f"{len(result.missing)} events missing or stock invariants broken"
+        raise CommandError(msg)
 
 
 async def collect_report(options: ToolOptions) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Stock files: ``sku,on_hand`` CSVs read for ``fulfilment stock load``.
+"""Stock files: ``sku,on_hand`` CSVs read for ``fulfilment stock load`` (:func:`load_command`).
 
 The format: UTF-8 (a byte-order mark is tolerated), a header that is exactly ``sku,on_hand``,
 then one row per SKU. SKUs are the shop's stock codes and are kept as written (case and inner
@@ -13,8 +13,11 @@ import csv
 import re
 from pathlib import Path
 
+from fulfilment.adapters.postgres.admin import warehouse_session
+from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import MAX_SKU_LENGTH
+from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo, ToolOptions
 
 HEADER = ("sku", "on_hand")
 """The one accepted header row."""
@@ -40,6 +43,29 @@ class StockCsvError(ValueError):
         self.problem = problem
         where = f"{path}:{line}" if line is not None else f"{path}"
         super().__init__(f"{where}: {problem}")
+
+
+async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
+    """``fulfilment stock load``: upsert the on-hand levels of ``file`` in one transaction.
+
+    Nothing changes if any row is bad or any new level would fall below the units reserved.
+
+    Raises:
+        CommandError: the file cannot be read or holds a bad row, or a level would fall below
+            its reserved units (exit 2).
+        DatabaseUnavailableError: PostgreSQL does not answer.
+    """
+    try:
+        levels = read_stock_csv(file)
+    except (StockCsvError, OSError) as error:
+        raise CommandError(str(error), EXIT_BAD_INPUT) from error
+    try:
+        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
+            await warehouse.put_stock(levels)
+    except StockBelowReservedError as error:
+        msg = f"{file}: {error}"
+        raise CommandError(msg, EXIT_BAD_INPUT) from error
+    echo(f"loaded {len(levels)} stock levels from {file}")
 
 
 def read_stock_csv(path: Path | str) -> dict[str, int]:

@@ -42,6 +42,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from fulfilment.domain.model import OrderLine, aggregate_demand
+from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo, read_order_files
 from fulfilment.tools.online_retail import (
     OnlineRetailError,
     RetailOrder,
@@ -128,6 +129,22 @@ def write_stock_csv(levels: Mapping[str, int], path: Path) -> None:
         writer = csv.writer(stream, lineterminator="\n")
         writer.writerow(STOCK_HEADER)
         writer.writerows(sorted(levels.items()))
+
+
+def plan_command(data: Sequence[Path], out: Path, *, echo: Echo) -> None:
+    """``fulfilment stock plan``: write the plan of the orders in ``data`` to ``out``.
+
+    Raises:
+        CommandError: ``data`` cannot be read, or ``out`` cannot be written (exit 2).
+    """
+    orders = read_order_files(data).orders
+    levels = plan_stock(orders)
+    try:
+        write_stock_csv(levels, out)
+    except OSError as error:
+        msg = f"{out}: cannot write: {error.strerror or error}"
+        raise CommandError(msg, EXIT_BAD_INPUT) from error
+    echo(f"planned {len(levels)} stock levels for {len(orders)} orders into {out}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

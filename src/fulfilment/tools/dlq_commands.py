@@ -1,0 +1,203 @@
+"""``fulfilment dlq``: the sub-commands list, show, replay and purge (see ``tools.dlq``).
+
+Each connects to the services it needs, runs one operation of ``tools.dlq`` and echoes its
+result; replay and purge echo each dead letter as they go, and a summary.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+from fulfilment.adapters.postgres.admin import warehouse_session
+from fulfilment.adapters.rabbitmq import connect
+from fulfilment.tools.command import CommandError, Echo, ToolOptions
+from fulfilment.tools.dlq import (
+    DeadLetter,
+    ReplayStoppedError,
+    RunResult,
+    Selection,
+    find,
+    list_groups,
+    purge,
+    render_groups,
+    render_letter,
+    replay,
+)
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+
+OnEach = Callable[[DeadLetter], object]
+"""Called with each dead letter a replay or purge has done (or, dry, chosen)."""
+
+RunOnDeadLetters: TypeAlias = (
+    "Callable[[AbstractConnection, AsyncEngine | None, OnEach], Awaitable[RunResult]]"
+)
+"""A replay or purge, given the broker connection, the audit engine (None for a dry run) and
+``on_each``."""
+
+
+async def list_command(amqp_url: str, *, as_json: bool, echo: Echo) -> None:
+    """``fulfilment dlq list``: echo the groups of :func:`list_groups`, as a table or JSON.
+
+    Raises:
+        BrokerUnavailableError: RabbitMQ does not answer.
+    """
+    async with connect(amqp_url) as connection:
+        groups = await list_groups(connection)
+    if not as_json:
+        echo(render_groups(groups))
+        return
+    document = [
+        {
+            "group": group.key,
+            "failure_class": group.failure_class,
+            "exception_type": group.exception_type,
+            "count": group.count,
+            "oldest_dead_lettered_at": group.oldest.isoformat() if group.oldest else None,
+            "example_reason": group.example_reason,
+            "event_ids_sample": group.event_ids,
+        }
+        for group in groups
+    ]
+    echo(json.dumps(document, indent=2))
+
+
+async def show_command(
+    amqp_url: str, selection: Selection, *, limit: int, as_json: bool, echo: Echo
+) -> None:
+    """``fulfilment dlq show``: echo at most ``limit`` chosen dead letters, as text or JSON.
+
+    Raises:
+        BrokerUnavailableError: RabbitMQ does not answer.
+    """
+    async with connect(amqp_url) as connection:
+        letters = (await find(connection, selection))[:limit]
+    if as_json:
+        echo(json.dumps([letter.to_document() for letter in letters], indent=2))
+    elif not letters:
+        echo("no dead letter matches")
+    else:
+        echo("\n\n".join(render_letter(letter) for letter in letters))
+
+
+async def replay_command(  # noqa: PLR0913 - each option of the command, by name
+    options: ToolOptions,
+    selection: Selection,
+    *,
+    execute: bool,
+    rate_per_second: float,
+    operator: str | None,
+    comment: str | None,
+    echo: Echo,
+) -> None:
+    """``fulfilment dlq replay``: :func:`replay`, echoing each dead letter and a summary.
+
+    ``operator`` defaults to the user running the command.
+
+    Raises:
+        CommandError: the replay stopped (exit 1); the rest stay in the DLQ.
+        BrokerUnavailableError, DatabaseUnavailableError: a service does not answer (the
+            database is only needed to execute).
+    """
+    try:
+        result = await _on_dead_letters(
+            options,
+            lambda connection, audit, on_each: replay(
+                connection,
+                selection,
+                audit=audit,
+                execute=execute,
+                rate_per_second=rate_per_second,
+                operator=_operator(operator),
+                comment=comment,
+                on_each=on_each,
+            ),
+            execute=execute,
+            verb="replay",
+            echo=echo,
+        )
+    except ReplayStoppedError as error:
+        msg = f"{error}; the rest are still in the dead-letter queue"
+        raise CommandError(msg) from error
+    echo(_summary(result, verb="replayed"))
+
+
+async def purge_command(  # noqa: PLR0913 - each option of the command, by name
+    options: ToolOptions,
+    selection: Selection,
+    *,
+    execute: bool,
+    operator: str | None,
+    comment: str | None,
+    echo: Echo,
+) -> None:
+    """``fulfilment dlq purge``: :func:`purge`, echoing each dead letter and a summary.
+
+    ``operator`` defaults to the user running the command.
+
+    Raises:
+        BrokerUnavailableError, DatabaseUnavailableError: a service does not answer (the
+            database is only needed to execute).
+    """
+    result = await _on_dead_letters(
+        options,
+        lambda connection, audit, on_each: purge(
+            connection,
+            selection,
+            audit=audit,
+            execute=execute,
+            operator=_operator(operator),
+            comment=comment,
+            on_each=on_each,
+        ),
+        execute=execute,
+        verb="purge",
+        echo=echo,
+    )
+    echo(_summary(result, verb="purged"))
+
+
+async def _on_dead_letters(
+    options: ToolOptions,
+    action: RunOnDeadLetters,
+    *,
+    execute: bool,
+    verb: Literal["replay", "purge"],
+    echo: Echo,
+) -> RunResult:
+    """Run a replay or purge with a broker connection and, to execute, the audit database."""
+
+    def each(letter: DeadLetter) -> None:
+        described = letter.description
+        done = {"replay": "replayed", "purge": "purged"}[verb] if execute else f"{verb} (dry run)"
+        echo(f"{done}: {described.event_id or letter.message.message_id}  {described.group}")
+
+    async with connect(options.amqp_url) as connection:
+        if not execute:
+            return await action(connection, None, each)
+        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
+            return await action(connection, warehouse.engine, each)
+
+
+def _operator(given: str | None) -> str:
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment or the password database
+        return "unknown"
+
+
+def _summary(result: RunResult, *, verb: str) -> str:
+    if not result.executed:
+        return (
+            f"dry run: {result.matched} dead letter(s) would be {verb}; "
+            "nothing changed (add --yes to do it)"
+        )
+    return f"{verb} {result.done} of {result.matched} dead letter(s), run {result.run_id}"
