@@ -1,0 +1,104 @@
+"""The command line as the tools' root: its commands, its one-line failures and exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from fulfilment.cli import app, tool_options
+from fulfilment.settings import Settings
+
+SAMPLE = Path(__file__).parents[2] / "data" / "sample"
+NOWHERE_DATABASE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
+NOWHERE_BROKER = "amqp://guest:secret@127.0.0.1:1/"
+
+
+@pytest.fixture(autouse=True)
+def no_environment(monkeypatch):
+    for name in ("FULFILMENT_DATABASE_URL", "FULFILMENT_AMQP_URL", "FULFILMENT_PREFETCH_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir("/")  # no .env file
+
+
+def fulfilment(*args: str, **env: str):
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def test_the_help_lists_every_command():
+    result = fulfilment("--help")
+
+    assert result.exit_code == 0
+    for command in ("worker", "migrate", "stock", "publish", "report", "reconcile", "demo", "dlq"):
+        assert f" {command} " in result.stdout
+
+
+def test_stock_plan_writes_the_shipped_plan_of_the_sample(tmp_path):
+    out = tmp_path / "stock.csv"
+
+    result = fulfilment("stock", "plan", str(SAMPLE / "online-retail"), "--out", str(out))
+
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"planned 1368 stock levels for 170 orders into {out}\n"
+    assert out.read_bytes() == (SAMPLE / "stock.csv").read_bytes()
+
+
+def test_a_missing_data_folder_is_bad_input_said_in_one_line(tmp_path):
+    result = fulfilment("stock", "plan", "/nonexistent", "--out", str(tmp_path / "stock.csv"))
+
+    assert result.exit_code == 2
+    assert result.stderr == "fulfilment: /nonexistent: no such file or folder\n"
+
+
+def test_invalid_settings_are_bad_input_naming_the_variable():
+    result = fulfilment("report", FULFILMENT_PREFETCH_COUNT="0")
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "fulfilment: invalid settings: FULFILMENT_PREFETCH_COUNT:"
+        " Input should be greater than or equal to 1\n"
+    )
+
+
+def test_a_dead_letter_command_without_a_selection_is_bad_input():
+    result = fulfilment("dlq", "replay")
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "fulfilment: choose the dead letters with exactly one of --id, --group or --all\n"
+    )
+
+
+def test_an_unreachable_database_exits_3_without_its_password():
+    result = fulfilment(
+        "stock", "load", str(SAMPLE / "stock.csv"), FULFILMENT_DATABASE_URL=NOWHERE_DATABASE
+    )
+
+    assert result.exit_code == 3
+    assert result.stderr.startswith(
+        "fulfilment: PostgreSQL at postgresql+asyncpg://postgres:***@127.0.0.1:1/nowhere"
+        " is not reachable: "
+    )
+    assert result.stderr.count("\n") == 1
+
+
+def test_an_unreachable_broker_exits_3_without_its_password():
+    result = fulfilment("dlq", "list", FULFILMENT_AMQP_URL=NOWHERE_BROKER)
+
+    assert result.exit_code == 3
+    assert result.stderr.startswith(
+        "fulfilment: RabbitMQ at amqp://guest:***@127.0.0.1:1/ is not reachable: "
+    )
+    assert result.stderr.count("\n") == 1
+
+
+def test_the_options_built_for_the_tools_keep_the_urls_out_of_their_repr():
+    options = tool_options(
+        Settings(database_url=SecretStr(NOWHERE_DATABASE), amqp_url=SecretStr(NOWHERE_BROKER))
+    )
+
+    assert options.database.url == "postgresql+asyncpg://postgres:secret@127.0.0.1:1/nowhere"
+    assert options.amqp_url == NOWHERE_BROKER
+    assert "secret" not in repr(options)
