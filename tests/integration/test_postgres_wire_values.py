@@ -28,6 +28,7 @@ from builders import parse_order_placed
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import (
     MAX_LINES,
@@ -189,9 +190,9 @@ class HotPath:
 def hot_path(database_url: str) -> Iterator[HotPath]:
     """One pool and warehouse for every example, as hypothesis calls the test synchronously."""
     loop = asyncio.new_event_loop()
-    settings_ = Settings(database_url=SecretStr(database_url))
-    engine = create_engine(settings_)
-    pool = loop.run_until_complete(create_pool(settings_))
+    database = database_options(Settings(database_url=SecretStr(database_url)))
+    engine = create_engine(database)
+    pool = loop.run_until_complete(create_pool(database))
     warehouse = PostgresWarehouse(
         engine, consumer="fulfilment", retry_budget_seconds=2.0, pool=pool
     )
