@@ -1,4 +1,7 @@
-"""Composition root: the only module that reads settings and builds concrete adapters.
+"""The worker's composition root: it reads the settings and builds the concrete adapters.
+
+The operator tools have their own root, ``fulfilment.cli``; no other module reads settings
+(import-linter checks it).
 
 ``main()`` builds settings, logging, the PostgreSQL pool and warehouse, the broker and its
 subscribers, and serves them with uvicorn until SIGTERM or SIGINT; it closes them in reverse

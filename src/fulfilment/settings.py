@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     ``fulfilment_stock_invariant_violations``: one read of the stock and reservation tables."""
 
     fault_injection: str = ""
-    """Crash injection of the fault suite (``adapters.faults``), e.g.
+    """Crash injection of the fault suite (``worker.fault_injection``), e.g.
     ``before_transaction:0.01,after_commit:0.01,poison_sku:POISON``. Empty, and so off, in
     production."""
 
