@@ -15,9 +15,9 @@ import contextlib
 import gc
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aio_pika
 import sqlalchemy as sa
@@ -51,7 +51,12 @@ from fulfilment.worker.dead_lettering import record_retry
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, subscribe
 from fulfilment.worker.fault_injection import parse_fault_plan
 from fulfilment.worker.health import ASGIApp, health_app
-from fulfilment.worker.monitors import background, check_invariants, poll_queues
+from fulfilment.worker.monitors import (
+    BackgroundTask,
+    background,
+    invariant_monitor,
+    queue_monitor,
+)
 from fulfilment.worker.subscribers import on_order_placed
 from fulfilment.worker.topology import Topology, TopologyMismatchError, declare_topology
 
@@ -99,7 +104,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     warehouse: Warehouse,
     database_ping: Callable[[], Awaitable[None]],
     metrics: Metrics | None = None,
-    monitors: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
+    monitors: Sequence[BackgroundTask] = (),
     after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     startup_checks: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Worker:
@@ -109,7 +114,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     declares the topology (refusing to start on a mismatch); shutdown first cancels the
     consumers so no new delivery arrives while in-flight handlers drain for up to
     ``graceful_timeout_seconds``; ``after_shutdown`` callables run once the broker is closed.
-    ``monitors`` (endless background checks, see ``worker.monitors``) run from the
+    ``monitors`` and the consumer watchdog (supervised, see ``worker.monitors``) run from the
     broker's start until shutdown begins. FastStream's Prometheus middleware counts on
     ``metrics.registry`` next to the service's own metrics. While the database is down every
     consumer is paused (``worker.consumer_control.ConsumerPause``). ``startup_checks`` run
@@ -189,7 +194,9 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         stop_worker,
         give_up_seconds=settings.consumer_lost_exit_seconds,
     )
-    start_monitors, stop_monitors = background(*monitors, watchdog.run)
+    start_monitors, stop_monitors = background(
+        [*monitors, BackgroundTask("consumer", watchdog.run)], metrics
+    )
 
     async def freeze_startup_objects() -> None:
         # The modules, models and app built at start-up are most of the heap and live until
@@ -288,12 +295,12 @@ async def run_worker(settings: Settings) -> int:
         database_ping=database_ping,
         metrics=metrics,
         monitors=[
-            lambda: poll_queues(
+            queue_monitor(
                 settings.amqp_url.get_secret_value(),
                 metrics,
                 interval_seconds=settings.queue_poll_interval_seconds,
             ),
-            lambda: check_invariants(
+            invariant_monitor(
                 engine, metrics, interval_seconds=settings.invariant_check_interval_seconds
             ),
         ],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from fakes import InMemoryWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
@@ -166,13 +166,44 @@ def test_database_retries_are_counted_under_their_label(label) -> None:
 def test_the_dead_letter_age_grows_between_polls_and_is_zero_when_empty() -> None:
     metrics = Metrics()
     age = "fulfilment_dead_letters_oldest_age_seconds"
-    assert metrics.registry.get_sample_value(age) == 0
+    assert metrics.registry.get_sample_value(age) is None  # not measured yet
 
     metrics.set_oldest_dead_letter(time.time() - 90)
     assert 90 <= (metrics.registry.get_sample_value(age) or 0) < 95
 
     metrics.set_oldest_dead_letter(None)
     assert metrics.registry.get_sample_value(age) == 0
+
+
+def test_the_queue_series_are_absent_rather_than_stale_once_forgotten() -> None:
+    metrics = Metrics()
+    metrics.queue_ready.labels("fulfilment.order-placed.dlq").set(1)
+    metrics.queue_consumers.labels("fulfilment.order-placed").set(1)
+    metrics.set_oldest_dead_letter(time.time() - 90)
+
+    metrics.forget_queues()
+
+    exposition = generate_latest(metrics.registry).decode()
+    for name in (
+        "fulfilment_queue_messages_ready",
+        "fulfilment_queue_consumers",
+        "fulfilment_dead_letters_oldest_age_seconds",
+    ):
+        assert f"# TYPE {name} gauge" in exposition  # still described, so the name is known
+        assert not [line for line in exposition.splitlines() if line.startswith(name)], name
+
+
+def test_the_invariant_series_are_absent_until_checked_and_once_forgotten() -> None:
+    metrics = Metrics()
+    violations = "fulfilment_stock_invariant_violations"
+    orphans = {"invariant": "orphan_lines"}
+    assert metrics.registry.get_sample_value(violations, orphans) is None
+
+    metrics.stock_invariant_violations.labels("orphan_lines").set(0)
+    assert metrics.registry.get_sample_value(violations, orphans) == 0
+
+    metrics.forget_invariants()
+    assert metrics.registry.get_sample_value(violations, orphans) is None
 
 
 def test_the_build_info_names_the_version() -> None:

@@ -2,9 +2,12 @@
 
 Label sets are small and fixed: an outcome and a reason drawn from closed lists, never an
 order id, event id or SKU (each label value is a time series kept forever by Prometheus).
-Children of labelled metrics are bound once, here, so that the hot path increments a child
+Children of labelled counters are bound once, here, so that the hot path increments a child
 found in a dict instead of building a label tuple under a lock per message, and so that every
-series exists at 0 from the start (``rate()`` and the alert ratios need the zero).
+counter series exists at 0 from the start (``rate()`` and the alert ratios need the zero).
+The gauges the background monitors set are the other way round: absent until measured, and
+absent again while their monitor cannot measure (:meth:`Metrics.forget_queues`,
+:meth:`Metrics.forget_invariants`), because a stale value would hide the outage.
 
 FastStream's own middleware (``faststream_*`` metrics) registers on the same registry.
 """
@@ -12,9 +15,11 @@ FastStream's own middleware (``faststream_*`` metrics) registers on the same reg
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from fulfilment.domain.model import DuplicateOf, OutcomeKind, RejectionReason
 
@@ -32,11 +37,15 @@ REQUEUED = "requeued"
 (see ``worker.consumer_control.ConsumerPause``); their ``reason`` is ``transient``."""
 REQUEUED_TRANSIENT = "transient"
 
-INVARIANTS = ("stock_out_of_bounds", "reserved_mismatches", "inbox_unaccounted", "orphan_lines")
-"""The ``invariant`` label values: the checks of ``fulfilment report``."""
+MONITOR_CHECKS = ("queues", "invariants", "consumer")
+"""The ``check`` label values of :attr:`Metrics.monitor_errors`: the worker's background tasks
+(``worker.monitors``), the consumer watchdog included."""
 
-MONITOR_CHECKS = ("queues", "invariants")
-"""The ``check`` label values of :attr:`Metrics.monitor_errors`."""
+DEAD_LETTER_AGE = "fulfilment_dead_letters_oldest_age_seconds"
+DEAD_LETTER_AGE_HELP = (
+    "Age of the oldest message in the dead-letter queue, in seconds; 0 when empty, absent "
+    "while the queue monitor cannot read the queue."
+)
 
 
 class Metrics:
@@ -109,20 +118,19 @@ class Metrics:
             ["queue"],
             registry=self.registry,
         )
-        self.dead_letter_oldest = Gauge(
-            "fulfilment_dead_letters_oldest_age_seconds",
-            "Age of the oldest message in the dead-letter queue, in seconds; 0 when empty.",
-            registry=self.registry,
-        )
+        self._dead_letter_age = _DeadLetterAge()
+        self.registry.register(self._dead_letter_age)
         self.stock_invariant_violations = Gauge(
             "fulfilment_stock_invariant_violations",
-            "Rows breaking a stock invariant at the last check (must stay 0).",
+            "Rows breaking a stock invariant at the last check (must stay 0); absent while the "
+            "invariant check cannot read the database.",
             ["invariant"],
             registry=self.registry,
         )
         self.monitor_errors = Counter(
             "fulfilment_monitor_errors_total",
-            "Failed background checks: polling the broker's queues, or the stock invariants.",
+            "Failures of a background task (each then started again after a back-off): polling "
+            "the broker's queues, checking the stock invariants, watching the consumer.",
             ["check"],
             registry=self.registry,
         )
@@ -146,12 +154,8 @@ class Metrics:
         self._retries = {
             label: self.database_retries.labels(label) for label in database_retry_errors
         }
-        for invariant in INVARIANTS:
-            self.stock_invariant_violations.labels(invariant)
         for check in MONITOR_CHECKS:
             self.monitor_errors.labels(check)
-        self._oldest_dead_letter_at: float | None = None
-        self.dead_letter_oldest.set_function(self._dead_letter_age)
 
     def event(self, outcome: str, reason: str) -> Counter:
         """The ``fulfilment_events_total`` child of ``(outcome, reason)``, bound once."""
@@ -174,11 +178,46 @@ class Metrics:
     def set_oldest_dead_letter(self, dead_lettered_at: float | None) -> None:
         """Remember when the DLQ's oldest message was dead-lettered (Unix seconds), or None.
 
-        The age is computed at each scrape, so it keeps growing between two polls.
+        None means the DLQ is empty (age 0). The age is computed at each scrape, so it keeps
+        growing between two polls.
         """
-        self._oldest_dead_letter_at = dead_lettered_at
+        self._dead_letter_age.measured(dead_lettered_at)
 
-    def _dead_letter_age(self) -> float:
-        if self._oldest_dead_letter_at is None:
-            return 0.0
-        return max(0.0, time.time() - self._oldest_dead_letter_at)
+    def forget_queues(self) -> None:
+        """Remove the queue series (depth, consumers, the DLQ's oldest age) until the next poll."""
+        self.queue_ready.clear()
+        self.queue_consumers.clear()
+        self._dead_letter_age.forget()
+
+    def forget_invariants(self) -> None:
+        """Remove the invariant series until the next check."""
+        self.stock_invariant_violations.clear()
+
+
+class _DeadLetterAge(Collector):
+    """``fulfilment_dead_letters_oldest_age_seconds``: computed at each scrape, or absent.
+
+    A custom collector because a ``Gauge`` without labels always exports a sample, and this
+    one must have none while its monitor cannot read the DLQ (the family is still described,
+    so the name is known, as for a labelled gauge without children).
+    """
+
+    def __init__(self) -> None:
+        self._known = False
+        self._oldest: float | None = None
+
+    def measured(self, dead_lettered_at: float | None) -> None:
+        self._known, self._oldest = True, dead_lettered_at
+
+    def forget(self) -> None:
+        self._known, self._oldest = False, None
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(DEAD_LETTER_AGE, DEAD_LETTER_AGE_HELP)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(DEAD_LETTER_AGE, DEAD_LETTER_AGE_HELP)
+        if self._known:
+            age = 0.0 if self._oldest is None else max(0.0, time.time() - self._oldest)
+            family.add_metric([], age)
+        yield family

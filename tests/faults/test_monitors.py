@@ -1,0 +1,187 @@
+"""The worker's background monitors, and its probes, after the broker closes its connections.
+
+Only the worker's own connections are closed: those of the session's vhost whose client port
+the worker's process holds. The broker and every other connection are left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import aio_pika
+import asyncpg
+import psutil
+import pytest
+from faultlib import (
+    AMPLE_STOCK,
+    LIMIT,
+    Cluster,
+    Order,
+    assert_reconciled,
+    declare,
+    publish,
+    record_figures,
+    run_until_settled,
+    synthetic_orders,
+)
+from harness import WorkerProcess, put_stock
+from harness import publish as publish_body
+from prometheus_client.parser import text_string_to_metric_families
+
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.settings import Settings
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
+ORDERS = 300
+CLOSES = 3
+"""How many times the worker's connections are closed, each once it has recovered."""
+
+POLL_SECONDS = "1"
+AMQP_PORT = 5672
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def rabbitmqctl(*args: str) -> str:
+    return subprocess.run(
+        ["rabbitmqctl", "-q", *args], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
+
+
+def vhost_of(amqp_url: str) -> str:
+    return urllib.parse.unquote(urllib.parse.urlsplit(amqp_url).path.lstrip("/")) or "/"
+
+
+def worker_connections(worker: WorkerProcess, vhost: str) -> list[str]:
+    """Broker pids of the connections in ``vhost`` whose client socket the worker holds."""
+    assert worker.process is not None
+    ports = {
+        socket.laddr.port
+        for socket in psutil.Process(worker.process.pid).net_connections("tcp")
+        if socket.raddr and socket.raddr.port == AMQP_PORT
+    }
+    listing = rabbitmqctl("list_connections", "pid", "peer_port", "vhost")
+    rows = [line.split("\t") for line in listing.splitlines()]
+    return [pid for pid, port, where in rows if where == vhost and int(port) in ports]
+
+
+def scrape(worker: WorkerProcess) -> Samples:
+    """The worker's ``/metrics`` as ``(name, sorted labels) -> value``."""
+    url = f"http://127.0.0.1:{worker.port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def readiness(worker: WorkerProcess) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{worker.port}/health/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return dict(json.loads(answer.read()))
+    except urllib.error.HTTPError as error:
+        return dict(json.loads(error.read()))
+
+
+async def eventually(check: Callable[[], bool], *, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(check):
+            return
+        await asyncio.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def monitor_errors(worker: WorkerProcess) -> float | None:
+    return value(scrape(worker), "fulfilment_monitor_errors_total", check="queues")
+
+
+async def test_the_monitor_after_connection_closes(
+    cluster: Cluster,
+    db: asyncpg.Connection,
+    broker: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings,
+    amqp_url: str,
+) -> None:
+    await put_stock(db, AMPLE_STOCK)
+    orders = synthetic_orders(ORDERS, seed=31)
+    await declare(amqp_url, LIMIT)
+    await publish(broker, orders)
+    (worker,) = cluster.start(
+        1, wait_ready=True, FULFILMENT_QUEUE_POLL_INTERVAL_SECONDS=POLL_SECONDS
+    )
+    vhost = vhost_of(amqp_url)
+
+    closed = 0
+    for round_ in range(1, CLOSES + 1):
+        pids = await asyncio.to_thread(worker_connections, worker, vhost)
+        assert len(pids) == 2, "the worker's broker connection and its monitor's"
+        for pid in pids:
+            await asyncio.to_thread(rabbitmqctl, "close_connection", pid, "fault suite")
+        closed += len(pids)
+        # Readiness does not lie: the connection stays down until its reconnect (5 s).
+        await asyncio.sleep(0.5)
+        assert (await asyncio.to_thread(readiness, worker))["broker"] is False
+        # The failed poll is counted, the monitor comes back, and so does the worker.
+        await eventually(lambda r=round_: monitor_errors(worker) == r, what="a counted failure")
+        await eventually(
+            lambda: value(scrape(worker), "fulfilment_queue_consumers", queue=MAIN_QUEUE) == 1,
+            what="the monitor to report the consumer again",
+        )
+        await eventually(worker.ready, what="the worker to be ready again")
+
+    malformed = Order(uuid.uuid4(), ())
+    await publish_body(
+        broker,
+        json.dumps({"event_id": str(malformed.event_id), "lines": "not a list"}).encode(),
+        message_id=str(malformed.event_id),
+    )
+    await run_until_settled(cluster, db, broker, ORDERS + 1, restart=False)
+
+    dead_letters = "fulfilment_queue_messages_ready"
+    await eventually(
+        lambda: value(scrape(worker), dead_letters, queue=DEAD_LETTER_QUEUE) == 1,
+        what="the DLQ depth gauge to show 1",
+    )
+    age = "fulfilment_dead_letters_oldest_age_seconds"
+    first = value(scrape(worker), age)
+    await asyncio.sleep(2)
+    later = value(scrape(worker), age)
+    errors = monitor_errors(worker)
+    code, _ = worker.terminate()
+
+    assert first is not None
+    assert later is not None
+    assert first > 0
+    assert later >= first + 1.5
+    assert errors == CLOSES
+    assert len(cluster.log_events("monitor.failed")) == CLOSES
+    assert code == 0, worker.log_tail(20)
+    result = await assert_reconciled(settings, [*orders, malformed], dead_lettered=1)
+    record_figures(
+        "monitor after connection closes",
+        f"rabbitmqctl close_connection on the worker's {closed} connections in {CLOSES} rounds, "
+        f"{POLL_SECONDS} s queue poll, then a malformed body",
+        result,
+        dead_letter_gauge=1,
+        dead_letter_age_seconds=round(later, 1),
+        monitor_errors=errors,
+        sigterm_exit_code=code,
+    )
