@@ -62,6 +62,7 @@ from fulfilment.worker.topology import Topology, TopologyMismatchError, declare_
 
 if TYPE_CHECKING:
     from faststream.rabbit.subscriber import RabbitSubscriber
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
     from fulfilment.application.ports import Warehouse
 
@@ -266,8 +267,7 @@ async def run_worker(settings: Settings) -> int:
         )
 
     async def database_ping() -> None:
-        async with engine.connect() as connection:
-            await connection.execute(text("SELECT 1"))
+        await ping_database(engine)
 
     async def schema_is_current() -> None:
         try:
@@ -342,6 +342,34 @@ async def run_worker(settings: Settings) -> int:
         pool.terminate()
         await engine.dispose()
     return 1 if worker.watchdog.gave_up else 0
+
+
+async def ping_database(engine: AsyncEngine) -> None:
+    """Return when the database behind ``engine`` answers ``SELECT 1``; raise when it does not.
+
+    The readiness check's and the paused consumer's look at the database (``database_ping``).
+    A pooled connection the server closed while idle (``idle_session_timeout``, a proxy's idle
+    limit) fails its next statement, which says nothing about the database; the error is then
+    ``connection_invalidated`` (the driver's connection is closed) and SQLAlchemy drops the
+    pool's older connections, so one more try, on a fresh connection, answers. This is cheaper
+    than a pre-ping, which would cost every checkout of the engine three round trips
+    (``adapters.postgres.engine``) to spare a rare probe one.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError, OSError, TimeoutError: the database did not answer (any
+            failure but a closed pooled connection, or a second failure).
+    """
+
+    async def select_one() -> None:
+        async with engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+
+    try:
+        await select_one()
+    except sa_exc.DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+        await select_one()
 
 
 def new_metrics() -> Metrics:

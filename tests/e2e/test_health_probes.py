@@ -1,4 +1,5 @@
-"""The worker's probes against a real process: alive, but not ready without its database."""
+"""The worker's probes against a real process: alive, but not ready without its database, and
+ready while its database is fine, whatever the server did to its idle connections."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from pathlib import Path
 import pytest
 from harness import WorkerProcess, free_port
 from sqlalchemy.engine import make_url
+
+from fulfilment.adapters.postgres.schema import migrate
+from services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -58,6 +62,37 @@ def test_a_worker_whose_database_stops_answering_is_alive_but_not_ready(
     assert live == (200, {"status": "ok"})
     assert worker.process is not None
     assert worker.process.poll() is None
+
+
+IDLE_SESSION_TIMEOUT_SECONDS = 2
+
+
+def test_readiness_stays_true_while_the_server_closes_idle_pooled_connections(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    # A database of its own: the session's must keep its idle connections.
+    with throwaway_database("fulfilment_idle") as url:
+        migrate(url)
+        name = make_url(url).database
+        admin(
+            url,
+            f'ALTER DATABASE "{name}"'
+            f" SET idle_session_timeout = '{IDLE_SESSION_TIMEOUT_SECONDS}s'",
+        )
+        worker = WorkerProcess(
+            {**worker_env, "FULFILMENT_DATABASE_URL": url}, tmp_path / "worker.log"
+        )
+        workers.append(worker)
+        worker.start()
+        answers = []
+        for _ in range(8):
+            time.sleep(IDLE_SESSION_TIMEOUT_SECONDS + 1)  # every pooled connection is closed
+            answers.append(get(worker.port, "/health/ready"))
+        worker.stop_quietly()
+
+    ready = (200, {"broker": True, "consumer": True, "database": True})
+    failed = [answer for answer in answers if answer != ready]
+    assert failed == [], f"{len(failed)} of {len(answers)} probes not ready: {failed[0]}"
 
 
 def test_a_worker_that_cannot_reach_its_database_at_start_exits_3_with_one_line(
