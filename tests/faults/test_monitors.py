@@ -1,7 +1,8 @@
 """The worker's background monitors, and its probes, after the broker closes its connections.
 
 Only the worker's own connections are closed: those of the session's vhost whose client port
-the worker's process holds. The broker and every other connection are left alone.
+the worker's process holds; and only the session's vhost has its permissions cleared, for a
+few seconds, to keep the worker out. The broker and every other connection are left alone.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
 ORDERS = 300
 CLOSES = 3
-"""How many times the worker's connections are closed, each once it has recovered."""
+"""How many times the worker's connections are closed, each once it has recovered, before the
+last time (with its reconnects refused)."""
 
 POLL_SECONDS = "1"
 AMQP_PORT = 5672

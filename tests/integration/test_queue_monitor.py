@@ -1,7 +1,7 @@
 """The supervised queue monitor against the real RabbitMQ, when the broker closes its connection.
 
-The monitor runs in this process; its connection is told apart from the others of the
-session's vhost by its client port, which this process holds. Nothing else is closed.
+The monitor runs in this process; its connection is the one this process opened when the
+monitor started (told apart by its client port). Nothing else is closed.
 """
 
 from __future__ import annotations
@@ -39,18 +39,20 @@ def rabbitmqctl(*args: str) -> str:
     ).stdout
 
 
-def close_own_connections(amqp_url: str) -> int:
-    """Close the connections of the session's vhost that this process holds; return how many."""
-    vhost = urllib.parse.unquote(urllib.parse.urlsplit(amqp_url).path.lstrip("/")) or "/"
-    ports = {
+def broker_ports() -> set[int]:
+    """Client ports of this process's connections to the broker."""
+    return {
         socket.laddr.port
         for socket in psutil.Process(os.getpid()).net_connections("tcp")
         if socket.raddr and socket.raddr.port == AMQP_PORT
     }
-    rows = [
-        line.split("\t")
-        for line in rabbitmqctl("list_connections", "pid", "peer_port", "vhost").splitlines()
-    ]
+
+
+def close_connections(amqp_url: str, ports: set[int]) -> int:
+    """Close the connections of the session's vhost from ``ports``; return how many."""
+    vhost = urllib.parse.unquote(urllib.parse.urlsplit(amqp_url).path.lstrip("/")) or "/"
+    listing = rabbitmqctl("list_connections", "pid", "peer_port", "vhost")
+    rows = [line.split("\t") for line in listing.splitlines()]
     pids = [pid for pid, port, where in rows if where == vhost and int(port) in ports]
     for pid in pids:
         rabbitmqctl("close_connection", pid, "test")
@@ -75,13 +77,15 @@ async def test_the_queue_monitor_survives_its_connection_closed_by_the_broker(
     dead_letters = ("fulfilment_queue_messages_ready", {"queue": DEAD_LETTER_QUEUE})
     age = "fulfilment_dead_letters_oldest_age_seconds"
     failures = ("fulfilment_monitor_errors_total", {"check": "queues"})
+    others = await asyncio.to_thread(broker_ports)
     monitor = asyncio.create_task(
         supervise(queue_monitor(amqp_url, metrics, interval_seconds=0.2), metrics)
     )
     try:
         await until(lambda: value(*consumers) == 0)
+        ports = await asyncio.to_thread(broker_ports) - others  # the monitor's connection
 
-        assert await asyncio.to_thread(close_own_connections, amqp_url) == 1
+        assert await asyncio.to_thread(close_connections, amqp_url, ports) == 1
 
         # The failed poll is counted and its series removed, not left at their last values...
         await until(lambda: value(*failures) == 1)
