@@ -203,8 +203,9 @@ async def test_the_monitor_after_connection_closes(
         f"rounds (the last with reconnects refused), {POLL_SECONDS} s queue poll, then a "
         "malformed body",
         result,
+        reason="permanent",
         dead_letter_gauge=1,
         dead_letter_age_seconds=round(later, 1),
-        monitor_errors=errors,
+        monitor_errors=int(errors),
         sigterm_exit_code=code,
     )
