@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine
+from fulfilment.composition import database_options
 from fulfilment.main import ping_database
 from fulfilment.settings import Settings
 from services import ADMIN_DATABASE_URL, admin_execute
@@ -47,7 +48,7 @@ async def engine(database: str) -> AsyncIterator[AsyncEngine]:
         database_url=SecretStr(url.render_as_string(hide_password=False)),
         database_connect_timeout_seconds=1,
     )
-    engine = create_engine(settings)
+    engine = create_engine(database_options(settings))
     try:
         yield engine
     finally:
