@@ -73,6 +73,28 @@ def test_the_name_check_would_notice_a_metric_the_worker_does_not_export(worker_
     assert "faststream_received_processed_messages_total" in exported_names(worker_registry)
 
 
+PROCESS_SERIES = (
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+    "python_info",
+    "python_gc_collections_total",
+)
+"""prometheus-client's process, platform and garbage collector series (Linux)."""
+
+
+def test_the_worker_exports_its_memory_cpu_and_open_files_on_its_own_registry(
+    worker_registry,
+) -> None:
+    served = generate_latest(worker_registry).decode()
+
+    for name in PROCESS_SERIES:
+        assert re.search(rf"^{name}(\{{[^}}]*\}})? \S+$", served, re.MULTILINE), name
+
+
 def test_the_dashboard_panels_have_unique_ids_and_use_the_datasource_variable() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     ids = [panel["id"] for panel in dashboard["panels"]]

@@ -9,7 +9,9 @@ The gauges the background monitors set are the other way round: absent until mea
 absent again while their monitor cannot measure (:meth:`Metrics.forget_queues`,
 :meth:`Metrics.forget_invariants`), because a stale value would hide the outage.
 
-FastStream's own middleware (``faststream_*`` metrics) registers on the same registry.
+FastStream's own middleware (``faststream_*`` metrics) registers on the same registry, and so do
+prometheus-client's process, platform and garbage-collector collectors (``process_*``,
+``python_*``), which otherwise register only on the global registry the service never serves.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -51,8 +61,13 @@ DEAD_LETTER_AGE_HELP = (
 class Metrics:
     """Collectors of one worker process, registered on :attr:`registry` (a new one by default).
 
+    Besides the service's own metrics, the registry gets the process's memory, CPU time and
+    open files (``process_*``, read from ``/proc``, so on Linux only), the Python version
+    (``python_info``) and the garbage collector's passes (``python_gc_*``).
+
     Args:
-        registry: where to register; a fresh ``CollectorRegistry`` when None.
+        registry: where to register; a fresh ``CollectorRegistry`` when None. Never the global
+            one, which already holds the process collectors (registering twice raises).
         version: the service's version, exported as ``fulfilment_build_info{version}`` = 1.
         dead_letter_classes: failure classes the worker writes, bound at 0 as ``reason`` of
             ``outcome="dead_lettered"``.
@@ -69,6 +84,9 @@ class Metrics:
         database_retry_errors: Iterable[str] = (),
     ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.events = Counter(
             "fulfilment_events_total",
             "OrderPlaced deliveries by final outcome: reserved, rejected, duplicate or "
