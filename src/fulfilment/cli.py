@@ -6,7 +6,11 @@ own root, ``fulfilment.main``.
 
 Every sub-command exits 0 on success and otherwise prints one line, ``fulfilment: <reason>``,
 on standard error and exits non-zero: 1 for a failed run or broken invariants, 2 for bad input
-or settings, 3 for an unreachable service.
+or settings, 3 for an unreachable service. A group called without a command (``fulfilment``,
+``fulfilment stock``, ``fulfilment dlq``) prints its help and exits 2, as a usage error.
+
+The help is the commands' docstrings read as Markdown, so that ``code`` shows as code, not
+between backticks, and a paragraph is filled to the terminal's width.
 
 The tools are imported by the command that runs them: imported here, SQLAlchemy, alembic and
 aio-pika would load for every command, ``--help`` included (more than three times its
@@ -23,7 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
+from fulfilment import __version__
 from fulfilment.settings import Settings, SettingsError, load_settings
 from fulfilment.tools.command import (
     EXIT_BAD_INPUT,
@@ -34,18 +40,59 @@ from fulfilment.tools.command import (
 )
 
 if TYPE_CHECKING:
+    # Typer vendors click; its context and help formatter types are reachable only there.
+    from typer._click import Context, HelpFormatter
+
     from fulfilment.tools.dlq import Selection
 
+
+def _blank_flag_types(command: TyperCommand | TyperGroup, ctx: Context) -> None:
+    """Show nothing in the type column of a flag's help: it takes no value.
+
+    Typer 0.29's rich help prints a flag's Python type there (``--yes <bool>``), as if the
+    option took one; an empty metavar leaves the column blank.
+    """
+    for param in command.get_params(ctx):
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+
+
+class Command(TyperCommand):
+    """A sub-command whose help names no type after a flag."""
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        """Write the help, with the type column of the flags blank."""
+        _blank_flag_types(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+class Group(TyperGroup):
+    """A group of commands whose help names no type after a flag."""
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        """Write the help, with the type column of the flags blank."""
+        _blank_flag_types(self, ctx)
+        super().format_help(ctx, formatter)
+
+
 app = typer.Typer(
+    cls=Group,
     name="fulfilment",
     help="Order-fulfilment worker: reserves stock for OrderPlaced events, once per event.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Every help text below is read as Markdown (the sub-groups and commands inherit it).
+    rich_markup_mode="markdown",
 )
-stock_app = typer.Typer(help="Stock levels: load them, or plan them from order data.")
+stock_app = typer.Typer(
+    cls=Group,
+    help="Stock levels: load them, or plan them from order data.",
+    no_args_is_help=True,
+)
 app.add_typer(stock_app, name="stock")
 dlq_app = typer.Typer(
+    cls=Group,
     help="The dead-letter queue: list, show, replay or purge its messages.",
     no_args_is_help=True,
 )
@@ -96,7 +143,26 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         fail(str(error), error.exit_code)
 
 
-@app.command()
+def _print_version(value: bool) -> None:  # noqa: FBT001 - typer passes the flag's value
+    if value:
+        typer.echo(f"fulfilment {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def root(
+    *,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Options of ``fulfilment`` itself, before any command (``fulfilment --version``)."""
+
+
+@app.command(cls=Command)
 def worker() -> None:
     """Run the worker until SIGTERM or SIGINT (the same as ``python -m fulfilment``)."""
     from fulfilment.main import main  # noqa: PLC0415 - keeps the other commands' start fast
@@ -104,7 +170,7 @@ def worker() -> None:
     main()
 
 
-@app.command()
+@app.command(cls=Command)
 def migrate() -> None:
     """Create the database if it is missing, then ``alembic upgrade head``."""
     from fulfilment.tools.migrate import migrate_command  # noqa: PLC0415 - see the module's text
@@ -113,7 +179,7 @@ def migrate() -> None:
     run(migrate_command(settings.database_url.get_secret_value(), echo=typer.echo))
 
 
-@stock_app.command("load")
+@stock_app.command("load", cls=Command)
 def stock_load(
     file: Annotated[Path, typer.Argument(help="CSV with header sku,on_hand.")],
 ) -> None:
@@ -124,7 +190,7 @@ def stock_load(
     run(load_command(options, file, echo=typer.echo))
 
 
-@stock_app.command("plan")
+@stock_app.command("plan", cls=Command)
 def stock_plan(
     data: Annotated[list[Path], typer.Argument(help="Online Retail CSV files or folders.")],
     out: Annotated[Path, typer.Option(help="Where to write the sku,on_hand CSV.")],
@@ -138,7 +204,7 @@ def stock_plan(
         fail(str(error), error.exit_code)
 
 
-@app.command()
+@app.command(cls=Command)
 def publish(
     files: Annotated[list[Path], typer.Argument(help="Online Retail CSV files or folders.")],
 ) -> None:
@@ -154,7 +220,7 @@ def publish(
     run(publish_command(settings.amqp_url.get_secret_value(), files, echo=typer.echo))
 
 
-@app.command()
+@app.command(cls=Command)
 def report(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,  # noqa: FBT002 - a typer flag
 ) -> None:
@@ -168,7 +234,7 @@ def report(
     run(report_command(options, as_json=as_json, echo=typer.echo))
 
 
-@app.command()
+@app.command(cls=Command)
 def reconcile(
     files: Annotated[list[Path], typer.Argument(help="Online Retail CSVs that were published.")],
 ) -> None:
@@ -182,7 +248,7 @@ def reconcile(
     run(reconcile_command(options, files, echo=typer.echo))
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(
     data: Annotated[Path, typer.Argument(help="Folder (or file) of Online Retail CSVs.")] = Path(
         "data/sample/online-retail"
@@ -234,7 +300,7 @@ CommentOption = Annotated[
 ]
 
 
-@dlq_app.command("list")
+@dlq_app.command("list", cls=Command)
 def dlq_list(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,  # noqa: FBT002 - a typer flag
 ) -> None:
@@ -248,7 +314,7 @@ def dlq_list(
     run(list_command(settings.amqp_url.get_secret_value(), as_json=as_json, echo=typer.echo))
 
 
-@dlq_app.command("show")
+@dlq_app.command("show", cls=Command)
 def dlq_show(
     *,
     ids: IdsOption = None,
@@ -273,7 +339,7 @@ def dlq_show(
     )
 
 
-@dlq_app.command("replay")
+@dlq_app.command("replay", cls=Command)
 def dlq_replay(  # noqa: PLR0913 - one parameter per option
     *,
     ids: IdsOption = None,
@@ -308,7 +374,7 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     )
 
 
-@dlq_app.command("purge")
+@dlq_app.command("purge", cls=Command)
 def dlq_purge(  # noqa: PLR0913 - one parameter per option
     *,
     ids: IdsOption = None,

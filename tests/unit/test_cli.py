@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
+from fulfilment import __version__
 from fulfilment.cli import app, tool_options
 from fulfilment.settings import Settings
 
@@ -33,6 +35,72 @@ def test_the_help_lists_every_command():
     assert result.exit_code == 0
     for command in ("worker", "migrate", "stock", "publish", "report", "reconcile", "demo", "dlq"):
         assert f" {command} " in result.stdout
+
+
+COMMANDS = [
+    [],
+    ["worker"],
+    ["migrate"],
+    ["stock"],
+    ["stock", "load"],
+    ["stock", "plan"],
+    ["publish"],
+    ["report"],
+    ["reconcile"],
+    ["demo"],
+    ["dlq"],
+    ["dlq", "list"],
+    ["dlq", "show"],
+    ["dlq", "replay"],
+    ["dlq", "purge"],
+]
+
+
+def description(help_text: str) -> list[str]:
+    """The lines of a help page between its usage line and its first panel."""
+    lines = help_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Usage:" in line) + 1
+    end = next((i for i, line in enumerate(lines) if line.startswith("╭")), len(lines))
+    return [line.strip() for line in lines[start:end]]
+
+
+def test_the_version_is_printed_with_exit_0():
+    result = fulfilment("--version")
+
+    assert result.exit_code == 0
+    assert result.stdout == f"fulfilment {__version__}\n"
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_help_shows_no_markup_and_no_type_after_a_flag(command):
+    result = fulfilment(*command, "--help")
+
+    assert result.exit_code == 0
+    assert "``" not in result.stdout
+    assert "<bool>" not in result.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_help_paragraphs_are_filled_to_the_width_not_broken_where_the_docstring_was(command):
+    lines = description(fulfilment(*command, "--help").stdout)
+
+    # A line followed by more text of its paragraph is a full one (80 columns, less a word).
+    short = [
+        line
+        for line, following in itertools.pairwise(lines)
+        if line and following and len(line) < 60
+    ]
+    assert short == []
+
+
+@pytest.mark.parametrize("group", [[], ["stock"], ["dlq"]], ids=lambda g: " ".join(g) or "-")
+def test_a_group_called_alone_prints_its_help_and_exits_2(group):
+    result = fulfilment(*group)
+
+    assert result.exit_code == 2
+    assert f"Usage: fulfilment {' '.join([*group, ''])}[OPTIONS] COMMAND [ARGS]..." in result.stdout
+    assert "Commands" in result.stdout
+    assert result.stderr == ""
 
 
 def test_stock_plan_writes_the_shipped_plan_of_the_sample(tmp_path):
