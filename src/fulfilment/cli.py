@@ -6,7 +6,8 @@ own root, ``fulfilment.main``.
 
 Every sub-command exits 0 on success and otherwise prints one line, ``fulfilment: <reason>``,
 on standard error and exits non-zero: 1 for a failed run or broken invariants, 2 for bad input
-or settings, 3 for an unreachable service. A group called without a command (``fulfilment``,
+or settings, 3 for an unreachable service, 4 for a service that refused the user or has no
+such virtual host or database. A group called without a command (``fulfilment``,
 ``fulfilment stock``, ``fulfilment dlq``) prints its help and exits 2, as a usage error.
 
 The help is the commands' docstrings read as Markdown, so that ``code`` shows as code, not
@@ -34,6 +35,7 @@ from fulfilment.settings import Settings, SettingsError, load_settings
 from fulfilment.tools.command import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
+    EXIT_REFUSED,
     EXIT_UNAVAILABLE,
     CommandError,
     ToolOptions,
@@ -127,9 +129,19 @@ def tool_options(settings: Settings) -> ToolOptions:
 
 
 def run(command: Coroutine[Any, Any, T]) -> T:
-    """Run a tool's coroutine; its :class:`CommandError` or an unreachable service exits."""
-    from fulfilment.adapters.postgres.admin import DatabaseUnavailableError  # noqa: PLC0415 - loads SQLAlchemy
-    from fulfilment.adapters.rabbitmq import BrokerUnavailableError  # noqa: PLC0415 - loads aio-pika
+    """Run a tool's coroutine and return its result.
+
+    Its :class:`CommandError` exits with the error's code; a service that is unreachable exits
+    3, one that refuses the user or has no such virtual host or database exits 4.
+    """
+    from fulfilment.adapters.postgres.errors import (  # noqa: PLC0415 - loads SQLAlchemy
+        DatabaseRefusedError,
+        DatabaseUnavailableError,
+    )
+    from fulfilment.adapters.rabbitmq import (  # noqa: PLC0415 - loads aio-pika
+        BrokerRefusedError,
+        BrokerUnavailableError,
+    )
 
     # The client libraries log a failed connection attempt on their own; the one-line
     # reason below says the same, once.
@@ -137,6 +149,8 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         return asyncio.run(command)
+    except (BrokerRefusedError, DatabaseRefusedError) as error:
+        fail(str(error), EXIT_REFUSED)
     except (BrokerUnavailableError, DatabaseUnavailableError) as error:
         fail(str(error), EXIT_UNAVAILABLE)
     except CommandError as error:

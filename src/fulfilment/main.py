@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aio_pika
-import sqlalchemy as sa
 import structlog
 import uvicorn
 import uvloop
@@ -32,9 +31,13 @@ from sqlalchemy import text
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
+from fulfilment.adapters.postgres.errors import DatabaseRefusedError
+from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
 from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.rabbitmq import BrokerRefusedError
+from fulfilment.adapters.rabbitmq import connection_failure as broker_connection_failure
 from fulfilment.composition import database_options
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.observability.logging import configure_logging
@@ -71,19 +74,35 @@ logger = structlog.get_logger("fulfilment.main")
 
 EXIT_START_FAILED = 1
 EXIT_SERVICE_UNREACHABLE = 3
+EXIT_SERVICE_REFUSED = 4
 """The worker's exit codes besides 0, as for every ``fulfilment`` command."""
 
 
 class StartRefusedError(Exception):
     """A start-up check failed; the hook that raised it has logged why, in one line.
 
-    ``exit_code`` is :data:`EXIT_SERVICE_UNREACHABLE` when a service did not answer, else
-    :data:`EXIT_START_FAILED`.
+    ``exit_code`` is :data:`EXIT_SERVICE_UNREACHABLE` when a service did not answer,
+    :data:`EXIT_SERVICE_REFUSED` when it refused the user or has no such virtual host or
+    database, else :data:`EXIT_START_FAILED`.
     """
 
     def __init__(self, reason: str, exit_code: int = EXIT_START_FAILED) -> None:
         super().__init__(reason)
         self.exit_code = exit_code
+
+
+def _service_stops_start(
+    failure: Exception, *, refused: bool, events: tuple[str, str]
+) -> StartRefusedError:
+    """Log why a service stops the start, in one line; return the error that stops it.
+
+    ``events`` are the log events of a refusal (exit 4) and of a service that did not answer
+    (exit 3); ``failure`` says which service, where, and why.
+    """
+    reason = str(failure).splitlines()[0]
+    refused_event, unreachable_event = events
+    logger.error(refused_event if refused else unreachable_event, reason=reason)
+    return StartRefusedError(reason, EXIT_SERVICE_REFUSED if refused else EXIT_SERVICE_UNREACHABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +194,12 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
             logger.error("worker.topology_mismatch", reason=str(error))  # noqa: TRY400 - one line, no trace
             raise StartRefusedError(str(error)) from error
         except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as error:
-            where = aio_pika.connection.make_url(amqp_url).with_password("***")
-            reason = f"RabbitMQ at {where} does not answer: {type(error).__name__}: {error}"
-            logger.error("worker.broker_unreachable", reason=reason.splitlines()[0])  # noqa: TRY400 - one line, no trace
-            raise StartRefusedError(reason, EXIT_SERVICE_UNREACHABLE) from error
+            failure = broker_connection_failure(amqp_url, error)
+            raise _service_stops_start(
+                failure,
+                refused=isinstance(failure, BrokerRefusedError),
+                events=("worker.broker_refused", "worker.broker_unreachable"),
+            ) from error
 
     async def cancel_consumers_first() -> None:
         await consumer_pause.close()
@@ -236,10 +257,11 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
 async def run_worker(settings: Settings) -> int:
     """Run the worker until SIGTERM or SIGINT; return the process exit code.
 
-    0 after a clean shutdown; 1 when start-up failed (unreachable broker, topology mismatch,
-    a broken subscriber) or the consumer was lost for good (``ConsumerWatchdog``), so the
-    orchestrator restarts the pod with back-off. The HTTP server
-    runs beside the broker from the start, so liveness answers during start-up.
+    0 after a clean shutdown; 3 when RabbitMQ or PostgreSQL did not answer at start, 4 when
+    one refused the user or has no such virtual host or database; 1 when another start-up
+    check failed (topology mismatch, schema behind, a broken subscriber) or the consumer was
+    lost for good (``ConsumerWatchdog``), so the orchestrator restarts the pod with back-off.
+    The HTTP server runs beside the broker from the start, so liveness answers during start-up.
     """
     metrics = new_metrics()
     database = database_options(settings)
@@ -276,13 +298,12 @@ async def run_worker(settings: Settings) -> int:
             logger.error("worker.schema_not_current", reason=str(error))  # noqa: TRY400 - one line, no trace
             raise StartRefusedError(str(error)) from error
         except (OSError, TimeoutError, sa_exc.DBAPIError) as error:
-            where = sa.engine.make_url(settings.database_url.get_secret_value())
-            reason = (
-                f"PostgreSQL at {where.render_as_string(hide_password=True)} does not answer: "
-                f"{type(error).__name__}: {error}"
-            ).splitlines()[0]
-            logger.error("worker.database_unreachable", reason=reason)  # noqa: TRY400 - one line, no trace
-            raise StartRefusedError(reason, EXIT_SERVICE_UNREACHABLE) from error
+            failure = database_connection_failure(settings.database_url.get_secret_value(), error)
+            raise _service_stops_start(
+                failure,
+                refused=isinstance(failure, DatabaseRefusedError),
+                events=("worker.database_refused", "worker.database_unreachable"),
+            ) from error
 
     async def close_pool() -> None:
         await pool.close()

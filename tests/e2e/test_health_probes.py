@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -112,6 +113,55 @@ def test_a_worker_that_cannot_reach_its_database_at_start_exits_3_with_one_line(
     lines = [line for line in done.stderr.decode().splitlines() if "database_unreachable" in line]
     assert len(lines) == 1
     assert "Traceback" not in done.stderr.decode()
+
+
+def start_refused(env: dict[str, str], event: str) -> tuple[int, list[str]]:
+    """Start a worker that must refuse to start; its exit code and its log lines of ``event``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fulfilment"],
+        env={**env, "FULFILMENT_HTTP_PORT": str(free_port())},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    log = done.stderr.decode()
+    assert "Traceback" not in log
+    return done.returncode, [json.loads(line) for line in log.splitlines() if event in line]
+
+
+def test_a_worker_whose_broker_refuses_its_password_exits_4_with_one_line(
+    worker_env: dict[str, str],
+) -> None:
+    url = urllib.parse.urlsplit(worker_env["FULFILMENT_AMQP_URL"])
+    wrong = url._replace(netloc=f"{url.username}:wrong-password@{url.hostname}:{url.port}")
+
+    code, lines = start_refused(
+        {**worker_env, "FULFILMENT_AMQP_URL": wrong.geturl()}, "worker.broker_refused"
+    )
+
+    assert code == 4
+    assert len(lines) == 1
+    assert lines[0]["reason"].startswith(
+        f"RabbitMQ at {url.scheme}://{url.username}:***@{url.hostname}:{url.port}{url.path}"
+        f" refused the login of user '{url.username}': "
+    )
+
+
+def test_a_worker_whose_database_does_not_exist_exits_4_with_one_line(
+    worker_env: dict[str, str],
+) -> None:
+    missing = make_url(worker_env["FULFILMENT_DATABASE_URL"]).set(database="fulfilment_missing")
+
+    code, lines = start_refused(
+        {**worker_env, "FULFILMENT_DATABASE_URL": missing.render_as_string(hide_password=False)},
+        "worker.database_refused",
+    )
+
+    assert code == 4
+    assert len(lines) == 1
+    assert lines[0]["reason"].startswith(
+        f"PostgreSQL at {missing.render_as_string(hide_password=True)} has no such database"
+    )
 
 
 def admin(database_url: str, sql: str, *arguments: object) -> None:

@@ -27,7 +27,14 @@ BROWSE_IDLE_SECONDS = 1.0
 
 
 class BrokerUnavailableError(Exception):
-    """RabbitMQ cannot be reached or refused the connection; the message says where."""
+    """RabbitMQ cannot be reached, or refused the connection; the message says where.
+
+    A refusal is the subclass :class:`BrokerRefusedError`.
+    """
+
+
+class BrokerRefusedError(BrokerUnavailableError):
+    """RabbitMQ answered but refused the login or the virtual host; the message says which."""
 
 
 class UnroutableError(Exception):
@@ -65,6 +72,52 @@ class DeadLetterSummary:
     event_ids: set[str] = field(default_factory=set)
 
 
+# RabbitMQ closes the connection with 530 NOT_ALLOWED when asked for a virtual host that does
+# not exist or that the user may not use (the two are one answer). aiormq 7.2 checks the reply's
+# kind before it reads a Connection.Close, so it raises an InvalidFrameError naming the two
+# frames and drops the code; a later aiormq may raise ConnectionClosed(530, text) instead.
+_VHOST_REFUSED_FRAMES = ("Connection.OpenOk", "Connection.Close")
+_NOT_ALLOWED = 530
+
+
+def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailableError:
+    """What a failed connection to ``amqp_url`` means, in one line without the password.
+
+    A :class:`BrokerRefusedError` when the broker answered and refused the login (a wrong user
+    or password, aiormq's ``ProbableAuthenticationError`` for ACCESS_REFUSED, or no common
+    authentication mechanism) or the virtual host (missing, or not permitted to the user);
+    otherwise a :class:`BrokerUnavailableError` (refused or reset connection, DNS failure,
+    time-out, a closed connection).
+    """
+    url = aio_pika.connection.make_url(amqp_url)
+    where = url.with_password("***") if url.password is not None else url
+    user = url.user or "guest"
+    if isinstance(
+        error,
+        aiormq.exceptions.ProbableAuthenticationError | aiormq.exceptions.AuthenticationError,
+    ):
+        return BrokerRefusedError(
+            f"RabbitMQ at {where} refused the login of user {user!r}:"
+            f" {type(error).__name__}: {error}"
+        )
+    frames = str(error)
+    vhost_refused = (
+        isinstance(error, aiormq.exceptions.InvalidFrameError)
+        and all(frame in frames for frame in _VHOST_REFUSED_FRAMES)
+    ) or (
+        isinstance(error, aiormq.exceptions.ConnectionClosed) and error.args[:1] == (_NOT_ALLOWED,)
+    )
+    if vhost_refused:
+        vhost = url.path[1:].replace("%2F", "/") or "/"  # as aiormq reads it
+        return BrokerRefusedError(
+            f"RabbitMQ at {where} refused virtual host {vhost!r}: it does not exist, or user"
+            f" {user!r} may not use it"
+        )
+    return BrokerUnavailableError(
+        f"RabbitMQ at {where} is not reachable: {type(error).__name__}: {error}"
+    )
+
+
 @contextlib.asynccontextmanager
 async def connect(
     amqp_url: str, *, timeout_seconds: float = 10.0
@@ -72,14 +125,13 @@ async def connect(
     """A plain (not robust) connection, closed on exit.
 
     Raises:
-        BrokerUnavailableError: the broker does not answer or refuses the login.
+        BrokerUnavailableError: the broker does not answer, or (a ``BrokerRefusedError``)
+            refuses the login or the virtual host.
     """
     try:
         connection = await aio_pika.connect(amqp_url, timeout=timeout_seconds)
     except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as error:
-        where = aio_pika.connection.make_url(amqp_url).with_password("***")
-        msg = f"RabbitMQ at {where} is not reachable: {type(error).__name__}: {error}"
-        raise BrokerUnavailableError(msg) from error
+        raise connection_failure(amqp_url, error) from error
     try:
         yield connection
     finally:

@@ -25,6 +25,10 @@ EXIT_BAD_INPUT = 2
 """Bad arguments, files or settings."""
 EXIT_UNAVAILABLE = 3
 """RabbitMQ or PostgreSQL does not answer."""
+EXIT_REFUSED = 4
+"""RabbitMQ or PostgreSQL answered but refused the user (wrong name or password, no
+permission) or has no such virtual host or database: a setting to fix, not a service to wait
+for."""
 
 Echo = Callable[[str], object]
 """Writes one line (or block) of a command's output."""

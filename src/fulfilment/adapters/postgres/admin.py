@@ -12,22 +12,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from fulfilment.adapters.postgres.engine import DatabaseOptions, create_engine
+from fulfilment.adapters.postgres.errors import DatabaseRefusedError, connection_failure
 from fulfilment.adapters.postgres.tables import inbox_messages
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 
 CONNECT_SECONDS = 5.0
 """How long the command line waits for PostgreSQL before calling it unreachable."""
-
-
-class DatabaseUnavailableError(Exception):
-    """PostgreSQL cannot be reached or refused the login; the message says where."""
-
-
-def _unavailable(url: str, error: BaseException) -> DatabaseUnavailableError:
-    where = make_url(url).render_as_string(hide_password=True)
-    return DatabaseUnavailableError(
-        f"PostgreSQL at {where} is not reachable: {type(error).__name__}: {error}"
-    )
 
 
 async def ensure_database(database_url: str) -> bool:
@@ -37,7 +27,8 @@ async def ensure_database(database_url: str) -> bool:
     ``CREATEDB`` privilege only when the database is missing.
 
     Raises:
-        DatabaseUnavailableError: the server does not answer or refuses the login.
+        DatabaseUnavailableError: the server does not answer, or (a ``DatabaseRefusedError``)
+            refuses the user, its login or the creation of the database.
     """
     url = make_url(database_url).set(drivername="postgresql")
     try:
@@ -47,7 +38,7 @@ async def ensure_database(database_url: str) -> bool:
     except asyncpg.InvalidCatalogNameError:
         pass
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
-        raise _unavailable(database_url, error) from error
+        raise connection_failure(database_url, error) from error
     else:
         await connection.close()
         return False
@@ -55,12 +46,19 @@ async def ensure_database(database_url: str) -> bool:
     try:
         connection = await asyncpg.connect(maintenance, timeout=CONNECT_SECONDS)
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
-        raise _unavailable(database_url, error) from error
+        raise connection_failure(database_url, error) from error
+    name = url.database or ""
     try:
-        name = url.database or ""
         await connection.execute(f"CREATE DATABASE {_quote_identifier(name)}")
     except asyncpg.DuplicateDatabaseError:
         return False
+    except asyncpg.InsufficientPrivilegeError as error:
+        where = make_url(database_url).render_as_string(hide_password=True)
+        msg = (
+            f"PostgreSQL at {where} has no database {name!r} and refused user"
+            f" {url.username or ''!r} to create it: {type(error).__name__}: {error}"
+        )
+        raise DatabaseRefusedError(msg) from error
     finally:
         await connection.close()
     return True
@@ -79,7 +77,8 @@ async def warehouse_session(
     ``consumer`` is its inbox namespace; it retries for ``options.retry_budget_seconds``.
 
     Raises:
-        DatabaseUnavailableError: the server does not answer or refuses the login.
+        DatabaseUnavailableError: the server does not answer, or (a ``DatabaseRefusedError``)
+            refuses the user or has no such database.
     """
     engine = create_engine(options)
     try:
@@ -87,7 +86,7 @@ async def warehouse_session(
             async with engine.connect() as connection:
                 await connection.execute(text("SELECT 1"))
         except (OSError, OperationalError, DBAPIError) as error:
-            raise _unavailable(options.url, error) from error
+            raise connection_failure(options.url, error) from error
         yield PostgresWarehouse(
             engine, consumer=consumer, retry_budget_seconds=options.retry_budget_seconds
         )

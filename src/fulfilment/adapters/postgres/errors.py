@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sqlalchemy.engine import make_url
+
 SKUS_SHOWN = 10
 """SKUs named in the message; ``skus`` holds them all."""
 
@@ -22,3 +24,58 @@ class StockBelowReservedError(ValueError):
         hidden = len(self.skus) - SKUS_SHOWN
         more = f" and {hidden} more" if hidden > 0 else ""
         super().__init__(f"on_hand would fall below reserved units for {shown}{more}")
+
+
+class DatabaseUnavailableError(Exception):
+    """PostgreSQL cannot be reached, or refused the connection; the message says where.
+
+    A refusal is the subclass :class:`DatabaseRefusedError`.
+    """
+
+
+class DatabaseRefusedError(DatabaseUnavailableError):
+    """PostgreSQL answered but refused the user or has no such database; the message says which."""
+
+
+_MISSING_DATABASE = "3D000"
+"""``invalid_catalog_name``: the database of the URL does not exist."""
+_REFUSED_CLASSES = ("28", "42501")
+"""SQLSTATE class 28 (invalid authorization: unknown role, wrong password, no ``pg_hba.conf``
+entry) and ``insufficient_privilege`` (no CONNECT privilege on the database, say)."""
+
+
+def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableError:
+    """What a failed connection to ``url`` means, in one line without the password.
+
+    ``error`` is asyncpg's, an ``OSError`` or ``TimeoutError``, or SQLAlchemy's wrapper of
+    one; the line names the driver's own error (innermost cause). A :class:`DatabaseRefusedError`
+    when the server refused the user (SQLSTATE class 28, ``InvalidPasswordError``,
+    ``InvalidAuthorizationSpecificationError``; or 42501) or has no such database (3D000);
+    otherwise a :class:`DatabaseUnavailableError`.
+    """
+    parsed = make_url(url)
+    where = parsed.render_as_string(hide_password=True)
+    cause, sqlstate = _driver_error(error)
+    said = f"{type(cause).__name__}: {cause}"
+    if sqlstate == _MISSING_DATABASE:
+        return DatabaseRefusedError(
+            f"PostgreSQL at {where} has no such database (fulfilment migrate creates it): {said}"
+        )
+    if sqlstate is not None and sqlstate.startswith(_REFUSED_CLASSES):
+        return DatabaseRefusedError(
+            f"PostgreSQL at {where} refused user {parsed.username or ''!r}: {said}"
+        )
+    return DatabaseUnavailableError(f"PostgreSQL at {where} is not reachable: {said}")
+
+
+def _driver_error(error: BaseException) -> tuple[BaseException, str | None]:
+    """The innermost cause of ``error`` and the first SQLSTATE on the way to it.
+
+    SQLAlchemy raises ``DBAPIError`` from its adapted error, raised from asyncpg's.
+    """
+    sqlstate = None
+    while True:
+        sqlstate = sqlstate or getattr(error, "sqlstate", None)
+        if error.__cause__ is None:
+            return error, sqlstate
+        error = error.__cause__

@@ -1,0 +1,165 @@
+"""What a failed connection means: unreachable (exit 3) or refused (exit 4), in one line.
+
+The errors are built as the client libraries raise them; ``tests/integration/test_cli_refusals.py``
+and ``tests/e2e/test_health_probes.py`` get them from the real services.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from aiormq.exceptions import (
+    ConnectionClosed,
+    InvalidFrameError,
+    ProbableAuthenticationError,
+)
+from sqlalchemy.exc import DBAPIError
+
+from fulfilment.adapters import rabbitmq as broker
+from fulfilment.adapters.postgres import errors as database
+
+BROKER = "amqp://orders:s3cret@rabbit:5672/shop"
+DATABASE = "postgresql+asyncpg://orders:s3cret@db:5432/fulfilment"
+
+
+def test_a_refused_broker_login_names_the_user_not_the_password() -> None:
+    failure = broker.connection_failure(
+        BROKER, ProbableAuthenticationError("ACCESS_REFUSED - Login was refused")
+    )
+
+    assert isinstance(failure, broker.BrokerRefusedError)
+    assert str(failure) == (
+        "RabbitMQ at amqp://orders:***@rabbit:5672/shop refused the login of user 'orders':"
+        " ProbableAuthenticationError: ACCESS_REFUSED - Login was refused"
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # aiormq 7.2: the Connection.Close that answers Connection.Open, seen as a wrong frame.
+        InvalidFrameError(
+            "Expected one of ['Connection.OpenOk'], got <Connection.Close object at 0x7f>"
+        ),
+        # What it raises once it reads the Connection.Close first.
+        ConnectionClosed(530, "NOT_ALLOWED - vhost shop not found"),
+    ],
+    ids=["invalid-frame", "connection-closed"],
+)
+def test_a_refused_virtual_host_is_named(error: Exception) -> None:
+    failure = broker.connection_failure(BROKER, error)
+
+    assert isinstance(failure, broker.BrokerRefusedError)
+    assert str(failure) == (
+        "RabbitMQ at amqp://orders:***@rabbit:5672/shop refused virtual host 'shop':"
+        " it does not exist, or user 'orders' may not use it"
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionRefusedError(111, "Connect call failed"),
+        TimeoutError(),
+        ConnectionClosed(320, "CONNECTION_FORCED - broker forced connection closure"),
+        InvalidFrameError("Expected Connection.Start, got <Heartbeat>"),
+    ],
+)
+def test_a_broker_that_does_not_let_us_in_for_another_reason_is_unreachable(
+    error: Exception,
+) -> None:
+    failure = broker.connection_failure(BROKER, error)
+
+    assert type(failure) is broker.BrokerUnavailableError
+    assert str(failure).startswith(
+        "RabbitMQ at amqp://orders:***@rabbit:5672/shop is not reachable: "
+    )
+
+
+def test_a_broker_url_without_credentials_gains_no_password_mask() -> None:
+    failure = broker.connection_failure("amqp://rabbit/", TimeoutError())
+
+    assert str(failure) == "RabbitMQ at amqp://rabbit/ is not reachable: TimeoutError: "
+
+
+class _AdaptedError(Exception):
+    """The dialect's own error class: asyncpg's message and SQLSTATE, raised from it."""
+
+    def __init__(self, error: asyncpg.PostgresError) -> None:
+        super().__init__(str(error))
+        self.sqlstate = error.sqlstate
+        self.__cause__ = error
+
+
+def _wrapped(error: asyncpg.PostgresError) -> DBAPIError:
+    """``error`` as SQLAlchemy's asyncpg dialect raises it from an engine."""
+    adapted = _AdaptedError(error)
+    wrapped = DBAPIError("SELECT 1", None, adapted)
+    wrapped.__cause__ = adapted
+    return wrapped
+
+
+@pytest.mark.parametrize("wrap", [lambda error: error, _wrapped], ids=["asyncpg", "sqlalchemy"])
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (
+            asyncpg.InvalidPasswordError('password authentication failed for user "orders"'),
+            'InvalidPasswordError: password authentication failed for user "orders"',
+        ),
+        (
+            asyncpg.InvalidAuthorizationSpecificationError(
+                'no pg_hba.conf entry for host "10.0.0.1", user "orders"'
+            ),
+            (
+                "InvalidAuthorizationSpecificationError:"
+                ' no pg_hba.conf entry for host "10.0.0.1", user "orders"'
+            ),
+        ),
+        (
+            asyncpg.InsufficientPrivilegeError('permission denied for database "fulfilment"'),
+            'InsufficientPrivilegeError: permission denied for database "fulfilment"',
+        ),
+    ],
+)
+def test_a_refused_database_user_is_named_without_the_password(wrap, error, said) -> None:
+    failure = database.connection_failure(DATABASE, wrap(error))
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        f"PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment refused user"
+        f" 'orders': {said}"
+    )
+
+
+@pytest.mark.parametrize("wrap", [lambda error: error, _wrapped], ids=["asyncpg", "sqlalchemy"])
+def test_a_missing_database_is_told_apart_from_an_unreachable_server(wrap) -> None:
+    error = asyncpg.InvalidCatalogNameError('database "fulfilment" does not exist')
+
+    failure = database.connection_failure(DATABASE, wrap(error))
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        "PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment has no such database"
+        " (fulfilment migrate creates it): InvalidCatalogNameError:"
+        ' database "fulfilment" does not exist'
+    )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionRefusedError(111, "Connect call failed"),
+        TimeoutError(),
+        asyncpg.CannotConnectNowError("the database system is starting up"),
+        asyncpg.TooManyConnectionsError("sorry, too many clients already"),
+    ],
+)
+def test_a_database_that_does_not_let_us_in_for_another_reason_is_unreachable(error) -> None:
+    failure = database.connection_failure(DATABASE, error)
+
+    assert type(failure) is database.DatabaseUnavailableError
+    assert str(failure).startswith(
+        "PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment is not reachable: "
+        f"{type(error).__name__}"
+    )
