@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
 
 from fulfilment.worker.fault_injection import parse_fault_plan
 
@@ -216,7 +216,7 @@ NOT_SETTINGS_PREFIXES = (f"{ENV_PREFIX}TEST_", f"{ENV_PREFIX}BENCH_")
 """Variables of the test suite and the benchmark, which share the prefix but are not settings."""
 
 
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+def unknown_variables(environ: Mapping[str, str | None]) -> list[str]:
     """One line per ``FULFILMENT_*`` variable that is no setting, with the likely intended one.
 
     A misspelt variable (``FULFILMENT_PREFTCH_COUNT``) would otherwise be ignored in silence
@@ -237,13 +237,25 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return problems
 
 
+def unknown_env_file_variables() -> list[str]:
+    """:func:`unknown_variables` of the ``.env`` file the settings read, each line naming it.
+
+    The file is found and parsed as :class:`Settings` does (pydantic-settings' own dotenv
+    source), so a key is checked exactly when it could have been read; no file, no lines.
+    """
+    env_file = Settings.model_config.get("env_file")
+    variables = DotEnvSettingsSource(Settings).env_vars
+    return [f"{env_file}: {problem}" for problem in unknown_variables(variables)]
+
+
 def load_settings() -> Settings:
     """Read and validate the settings from the environment (and ``.env``, if present).
 
     Raises:
-        SettingsError: one line per invalid or unknown variable, each naming it and saying why.
+        SettingsError: one line per invalid or unknown variable, each naming it and saying why
+            (and the ``.env`` file, for a key of that file).
     """
-    unknown = unknown_variables(os.environ)
+    unknown = unknown_variables(os.environ) + unknown_env_file_variables()
     if unknown:
         raise SettingsError("\n".join(unknown))
     try:

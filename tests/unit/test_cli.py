@@ -170,3 +170,16 @@ def test_the_options_built_for_the_tools_keep_the_urls_out_of_their_repr():
     assert options.database.url == "postgresql+asyncpg://postgres:secret@127.0.0.1:1/nowhere"
     assert options.amqp_url == NOWHERE_BROKER
     assert "secret" not in repr(options)
+
+
+def test_a_misspelt_key_in_the_env_file_is_bad_input_naming_the_file(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text("FULFILMENT_DATABASE_URI=postgresql://elsewhere/fulfilment\n")
+    monkeypatch.chdir(tmp_path)
+
+    result = fulfilment("report")
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "fulfilment: invalid settings: .env: FULFILMENT_DATABASE_URI: not a setting of this"
+        " service (did you mean FULFILMENT_DATABASE_URL?)\n"
+    )

@@ -89,3 +89,20 @@ def test_the_test_suite_s_own_variables_are_not_taken_for_settings(
 ) -> None:
     monkeypatch.setenv("FULFILMENT_TEST_AMQP_URL", "amqp://elsewhere/")
     assert load_settings().prefetch_count == 32
+
+
+def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("FULFILMENT_PREFETCH_COUNT=8\nfulfilment_prefetch_cont=3\n")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == (
+        ".env: FULFILMENT_PREFETCH_CONT: not a setting of this service "
+        "(did you mean FULFILMENT_PREFETCH_COUNT?)"
+    )
+
+
+def test_the_env_file_s_settings_are_read_and_other_keys_left_alone(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text(
+        "FULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_TEST_AMQP_URL=amqp://elsewhere/\nPGHOST=db\n"
+    )
+    assert load_settings().prefetch_count == 8
