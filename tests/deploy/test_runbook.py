@@ -40,6 +40,7 @@ from sqlalchemy.engine import make_url
 from stack import ROOT, Stack, check_scaling, field_of, http_get, load_stack
 from typer.core import TyperGroup
 
+from fakes import InMemoryWarehouse
 from fulfilment import cli
 from fulfilment.contracts import dead_letter
 from fulfilment.contracts.dead_letter import FailureClass
@@ -172,8 +173,6 @@ def anchor(heading: str) -> str:
 def _worker_registry() -> Any:
     async def no_database() -> None:
         return None
-
-    from fakes import InMemoryWarehouse  # noqa: PLC0415 - tests/ is on the path for pytest
 
     worker = build_worker(Settings(), warehouse=InMemoryWarehouse(), database_ping=no_database)
     return worker.metrics.registry
