@@ -31,6 +31,7 @@ def incoming(
     content_type: str | None = "application/json",
     headers: dict[str, Any] | None = None,
     message_id: str | None = None,
+    reply_to: str | None = None,
 ) -> PatchedMessage:
     """A delivery of ``body``; a redelivery carries the broker's ``x-delivery-count`` >= 1."""
     if redelivered:
@@ -45,6 +46,7 @@ def incoming(
                     content_type=content_type,
                     headers=headers or {},
                     message_id=message_id or uuid.uuid4().hex,
+                    reply_to=reply_to,
                 )
             ),
             body=body,

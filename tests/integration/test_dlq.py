@@ -280,6 +280,48 @@ async def test_replaying_a_group_republishes_with_ids_kept_and_retry_headers_str
     assert str(rows[0]["run_id"]) == str(result.run_id)
 
 
+async def test_a_replay_carries_no_priority_or_reply_address_of_the_first_sender(
+    connection, audit
+) -> None:
+    body, event_id = an_event()
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
+    await exchange.publish(
+        aio_pika.Message(
+            body,
+            message_id=event_id,
+            content_type="application/json",
+            correlation_id="order-7",
+            reply_to=ORDER_PLACED_ROUTING_KEY,
+            priority=9,
+            headers={h.FAILURE_CLASS: "permanent", h.EXCEPTION_TYPE: "MalformedEventError"},
+        ),
+        routing_key=DEAD_LETTER_ROUTING_KEY,
+        mandatory=True,
+    )
+    await channel.close()
+
+    result = await dlq.replay(
+        connection,
+        dlq.Selection(ids=frozenset({event_id})),
+        audit=audit,
+        execute=True,
+        rate_per_second=100,
+        operator="ops",
+        comment=None,
+    )
+
+    assert result.done == 1
+    channel = await connection.channel()
+    replayed = await (await channel.get_queue(MAIN_QUEUE)).get(no_ack=True)
+    await channel.close()
+    assert replayed.message_id == event_id
+    assert replayed.correlation_id == "order-7"
+    assert replayed.reply_to is None
+    assert not replayed.priority
+    assert replayed.expiration is None
+
+
 async def test_a_replay_that_cannot_be_routed_leaves_the_message_in_the_dlq(
     connection, audit
 ) -> None:

@@ -407,3 +407,44 @@ async def test_a_redelivery_runs_alone(monkeypatch) -> None:
 
         assert overlapped == [False, True, False]
         assert harness.outcomes() == ["reserved:"] * 3
+
+
+async def test_a_reply_address_gets_no_reply_and_changes_nothing(monkeypatch) -> None:
+    async for harness in _harness(handled, monkeypatch):
+        # Nothing listens at the address: a reply would raise on the in-memory broker.
+        await harness.deliver(a_ping(), reply_to="fulfilment.nowhere")
+
+        assert harness.settled == ["ack"]
+        assert harness.outcomes() == ["reserved:"]
+        assert harness.dead_letters == []
+
+
+async def test_a_first_delivery_counts_no_earlier_delivery_whatever_its_headers_say(
+    monkeypatch, logs
+) -> None:
+    async for harness in _harness(failing(KeyError("bug")), monkeypatch, delivery_limit=2):
+        forged = {"x-delivery-count": 4, "x-fulfilment-delivery-count": 9, "x-fulfilment-x": 1}
+        await harness.deliver(a_ping(), headers=forged)
+
+        [letter] = harness.dead_letters
+        assert letter.headers["x-fulfilment-delivery-count"] == 0
+        assert "x-delivery-count" not in letter.headers
+        assert "x-fulfilment-x" not in letter.headers
+        assert harness.redeliveries == {}  # not counted towards poison either
+        assert harness.outcomes() == ["dead_lettered:unexpected"]
+        [line] = lines(logs)
+        assert line["delivery_count"] == 0
+
+
+async def test_a_redelivery_counts_the_brokers_deliveries_and_keeps_the_replay_headers(
+    monkeypatch,
+) -> None:
+    async for harness in _harness(failing(KeyError("bug")), monkeypatch, delivery_limit=10):
+        replayed = {"x-delivery-count": 3, "x-fulfilment-replay-id": "run-1"}
+        await harness.deliver(a_ping(), redelivered=True, headers=replayed)
+        await harness.deliver(a_ping(), redelivered=True, headers={"x-delivery-count": "3"})
+
+        first, second = harness.dead_letters
+        assert first.headers["x-fulfilment-delivery-count"] == 3
+        assert first.headers["x-fulfilment-replay-id"] == "run-1"
+        assert second.headers["x-fulfilment-delivery-count"] == 1  # unreadable: at least 1

@@ -36,6 +36,10 @@ ORIGINAL_ROUTING_KEY = f"{HEADER_PREFIX}original-routing-key"
 REPLAYED_AT = f"{HEADER_PREFIX}replayed-at"
 REPLAY_ID = f"{HEADER_PREFIX}replay-id"
 
+REPLAY_HEADERS = frozenset({REPLAY_ID, REPLAYED_AT})
+"""The ``x-fulfilment-*`` headers a replayed message carries (``replay_headers``); a dead letter
+of it keeps them, so it can be traced to the audit table."""
+
 BROKER_HEADERS = ("x-death", "x-delivery-count")
 """Headers RabbitMQ sets on dead-lettering and redelivery."""
 BROKER_HEADER_PREFIXES = ("x-first-death-", "x-last-death-")
@@ -118,11 +122,17 @@ class DeadLetterDescription:
 def describe_dead_letter(
     headers: Mapping[str, object] | None, body: bytes
 ) -> DeadLetterDescription:
-    """Describe one dead letter from its headers and body; never raises on odd input."""
+    """Describe one dead letter from its headers and body; never raises on odd input.
+
+    A message carrying ``x-death`` was dead-lettered by the broker, whatever ``x-fulfilment-*``
+    headers it has: the service strips ``x-death`` from the dead letters it publishes (and a
+    replay strips both), so such headers can only be the original sender's, and are not
+    believed.
+    """
     headers = headers or {}
     event_id = event_id_of(body)
     written = headers.get(FAILURE_CLASS)
-    if isinstance(written, str):
+    if isinstance(written, str) and "x-death" not in headers:
         try:
             failure_class = FailureClass(written)
         except ValueError:
@@ -145,6 +155,11 @@ def describe_dead_letter(
         reason += f" in {queue}"
     if death_reason == "delivery_limit":
         reason += " (it failed every delivery: a crash, a hang or a lost connection each time)"
+    elif death_reason == "expired":
+        reason += (
+            " (its expiration, set by the sender or a message-ttl policy, passed before a worker"
+            " took it: replay it, a replay carries no expiration)"
+        )
     return DeadLetterDescription(
         failure_class=_BROKER_CLASSES.get(death_reason, FailureClass.BROKER_OTHER),
         exception_type="",

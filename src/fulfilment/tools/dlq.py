@@ -3,8 +3,9 @@
 - :func:`list_groups` and :func:`find` read the DLQ without removing anything.
 - :func:`replay` publishes selected dead letters back to ``orders`` with ``order.placed``:
   body, ``message_id`` and the other properties unchanged (so the inbox answers an event
-  already applied as a counted duplicate), the broker's and the service's ``x-*`` headers
-  stripped, ``x-fulfilment-replay-id`` and ``x-fulfilment-replayed-at`` added. Each message is
+  already applied as a counted duplicate) but the priority and reply address, dropped, the
+  broker's and the service's ``x-*`` headers stripped, ``x-fulfilment-replay-id`` and
+  ``x-fulfilment-replayed-at`` added. Each message is
   published with publisher confirms and ``mandatory``, written to ``dead_letter_audit``, and
   only then acknowledged, i.e. removed from the DLQ. A crash in between leaves it in the DLQ
   as well (replaying it again is a counted duplicate), never in neither.
@@ -306,9 +307,9 @@ async def _republish(
         content_type=original.content_type,
         content_encoding=original.content_encoding,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        priority=original.priority,
+        # No priority, reply address or expiration: a replay is the operator's decision and
+        # must not be reordered, answered or expired by what the first sender asked for.
         correlation_id=original.correlation_id,
-        reply_to=original.reply_to,
         message_id=original.message_id,
         timestamp=original.timestamp,
         type=original.type,

@@ -25,6 +25,7 @@ from fulfilment.contracts.dead_letter import (
     BROKER_HEADER_PREFIXES,
     BROKER_HEADERS,
     HEADER_PREFIX,
+    REPLAY_HEADERS,
     FailureClass,
 )
 from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE
@@ -94,10 +95,13 @@ def dead_letter_headers(
 
     The producer's headers are kept; the broker's dead-letter and redelivery headers
     (``x-death``, ``x-delivery-count``, ``x-first-death-*``, ``x-last-death-*``) are dropped,
-    their facts being in the headers below (names in ``fulfilment.contracts.dead_letter``):
+    their facts being in the headers below, and so is every ``x-fulfilment-*`` header the
+    delivery carried but the two a replay adds (``replay-id``, ``replayed-at``): whatever a
+    sender wrote in them, a dead letter's headers say what the service saw. Written (names in
+    ``fulfilment.contracts.dead_letter``):
     ``failure-class``, ``reason``, ``exception-type``, ``exception-message``, ``stack`` (the
-    innermost :data:`MAX_STACK_FRAMES` frames), ``delivery-count`` (the broker's
-    ``x-delivery-count``: earlier deliveries, 0 on a first delivery), ``attempts`` (database
+    innermost :data:`MAX_STACK_FRAMES` frames), ``delivery-count`` (earlier deliveries, see
+    :func:`delivery_count`: 0 on a first delivery), ``attempts`` (database
     attempts in the last delivery: retries + 1), ``first-failure-at`` and ``last-failure-at``
     (the first failed attempt of the last delivery, and the final failure), ``dead-lettered-at``
     (ISO 8601, UTC), ``service-version``, ``host``, ``original-queue``, ``original-exchange``
@@ -109,7 +113,9 @@ def dead_letter_headers(
     headers: dict[str, Any] = {
         key: value
         for key, value in (raw.headers or {}).items()
-        if key not in BROKER_HEADERS and not key.startswith(BROKER_HEADER_PREFIXES)
+        if key not in BROKER_HEADERS
+        and not key.startswith(BROKER_HEADER_PREFIXES)
+        and (not key.startswith(HEADER_PREFIX) or key in REPLAY_HEADERS)
     }
     error = failure.error
     headers.update(
@@ -119,7 +125,7 @@ def dead_letter_headers(
             h.EXCEPTION_TYPE: type(error).__qualname__ if error else "",
             h.EXCEPTION_MESSAGE: _clip(str(error)) if error else "",
             h.STACK: _stack(error),
-            h.DELIVERY_COUNT: delivery_count(raw.headers),
+            h.DELIVERY_COUNT: delivery_count(raw.headers, redelivered=bool(raw.redelivered)),
             h.ATTEMPTS: 1 + (retries.count if retries else 0),
             h.FIRST_FAILURE_AT: (
                 retries.first_failure_at.isoformat()
@@ -174,14 +180,21 @@ async def publish_dead_letter(
     )
 
 
-def delivery_count(headers: Mapping[str, object] | None) -> int:
-    """Earlier deliveries of a message: the broker's ``x-delivery-count``, absent (0) at first.
+def delivery_count(headers: Mapping[str, object] | None, *, redelivered: bool) -> int:
+    """Earlier deliveries of a message: 0 on a first delivery, else the broker's count (>= 1).
 
-    Quorum queues set the header on redeliveries; RabbitMQ 4.3 stopped counting plain returns
-    and ``basic.nack`` requeues towards it (see README, "Broker versions").
+    ``redelivered`` is the broker's flag of the delivery, which no sender can set; the
+    ``x-delivery-count`` header is only believed with it. A quorum queue writes the header on
+    redeliveries, but passes a first delivery's headers on as the sender wrote them (RabbitMQ
+    3.10, verified: a published ``x-delivery-count: 4`` reached the consumer). RabbitMQ 4.3
+    stopped counting plain returns and ``basic.nack`` requeues towards the header (see README,
+    "Broker versions"), hence at least 1 on any redelivery.
     """
-    value = (headers or {}).get("x-delivery-count", 0)
-    return value if isinstance(value, int) else 0
+    if not redelivered:
+        return 0
+    value = (headers or {}).get("x-delivery-count")
+    counted = value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return max(1, counted)
 
 
 @functools.cache

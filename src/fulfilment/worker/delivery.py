@@ -187,7 +187,10 @@ def subscribe(
     ``policy.prefetch_count`` unacknowledged deliveries, which is also its concurrency:
     FastStream runs one task per delivery and has no other limit on RabbitMQ.
     ``REJECT_ON_ERROR`` is explicit even though it is FastStream's default, because the
-    dead-letter guarantees above depend on it.
+    dead-letter guarantees above depend on it. ``no_reply`` turns off FastStream's RPC
+    replies: a sender's ``reply_to`` would otherwise make FastStream publish the handler's
+    return value (an empty message) to the address after the event was handled, and reject
+    the delivery into the DLQ when that publish failed.
     """
     broker = policy.broker
     subscriber = broker.subscriber(
@@ -195,6 +198,7 @@ def subscribe(
         exchange,
         channel=Channel(prefetch_count=policy.prefetch_count),
         ack_policy=AckPolicy.REJECT_ON_ERROR,
+        no_reply=True,
         decoder=raw_body,
         title=f"on_{name}",
     )
@@ -252,7 +256,7 @@ class _Subscription:
             begin_delivery()
             log = logger.bind(
                 message_id=raw.message_id,
-                delivery_count=delivery_count(raw.headers),
+                delivery_count=delivery_count(raw.headers, redelivered=bool(raw.redelivered)),
                 redelivered=bool(raw.redelivered),
             )
             result = await self._run(raw)
