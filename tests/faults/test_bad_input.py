@@ -66,6 +66,24 @@ malformed_bodies = st.one_of(
     st.just(b"[" * 5_000 + b"]" * 5_000),  # deep nesting
     st.just(encoded(valid_event(lines=[{"sku": "85123A", "quantity": 1}] * (MAX_LINES + 1)))),
     st.just(encoded(valid_event(lines=[]))),
+    # JSON that another parser reads differently: a key twice (here `lines`, whose last value
+    # the model's parser would keep), `version` or a quantity that is not a JSON integer,
+    # non-JSON or out-of-range numbers anywhere.
+    st.integers(min_value=1, max_value=1_000).map(
+        lambda q: (
+            encoded(valid_event())[:-1]
+            + f', "lines": [{{"sku": "85123A", "quantity": {q}}}]}}'.encode()
+        )
+    ),
+    st.sampled_from(["true", "1.0", "1e0", "100e-2"]).map(
+        lambda v: encoded(valid_event()).replace(b'"version": 1', f'"version": {v}'.encode())
+    ),
+    st.sampled_from(["1.0", "true", "1e2"]).map(
+        lambda q: encoded(valid_event()).replace(b'"quantity": 1', f'"quantity": {q}'.encode())
+    ),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", str(2**53), str(-(2**64))]).map(
+        lambda n: encoded(valid_event())[:-1] + f', "extension": {n}}}'.encode()
+    ),
 )
 
 # Well-formed, but holding a value PostgreSQL cannot store as sent (issue: a NUL in a SKU was

@@ -43,7 +43,12 @@ from faststream.rabbit import Channel, RabbitBroker
 from pydantic import BaseModel, ValidationError
 
 from fulfilment.application.ports import TransientError
-from fulfilment.contracts.envelope import JSON_CONTENT_TYPES, MAX_BODY_BYTES, read_envelope
+from fulfilment.contracts.envelope import (
+    JSON_CONTENT_TYPES,
+    MAX_BODY_BYTES,
+    find_ambiguity,
+    read_envelope,
+)
 from fulfilment.observability.metrics import DEAD_LETTERED, REQUEUED, REQUEUED_TRANSIENT
 from fulfilment.worker.dead_lettering import (
     Failure,
@@ -146,14 +151,25 @@ def check_body(body: bytes, content_type: str | None) -> None:
 def parse_event(model: type[EventT], body: bytes) -> EventT:
     """Validate ``body`` (UTF-8 JSON) as ``model``, under the model's own (strict) config.
 
+    A body the model accepts is refused all the same when another JSON parser could read it
+    differently (``contracts.envelope.find_ambiguity``: a key twice, ``NaN``, an integer
+    beyond 2**53, ``true`` or ``1.0`` where an integer is expected): what the service
+    reserves must be what every consumer of the same message reads.
+
     Raises:
-        MalformedEventError: not UTF-8 JSON, or not the model's shape; the message names the
-            model by its title and lists the first few problems, in one line.
+        MalformedEventError: not UTF-8 JSON, not the model's shape, or ambiguous; the message
+            names the model by its title and lists the first few problems, in one line.
     """
     try:
-        return model.model_validate_json(body)
+        event = model.model_validate_json(body)
     except ValidationError as error:
         raise MalformedEventError(_describe(error)) from error
+    ambiguity = find_ambiguity(body, model)
+    if ambiguity is not None:
+        title = model.model_config.get("title") or model.__name__
+        msg = f"invalid {title}: {ambiguity}"
+        raise MalformedEventError(msg)
+    return event
 
 
 def _describe(error: ValidationError, limit: int = 5) -> str:
