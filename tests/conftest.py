@@ -73,6 +73,22 @@ def amqp_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def private_vhost_url(amqp_url: str) -> Iterator[str]:
+    """URL of a RabbitMQ virtual host of this test's own, deleted after it: for tests that set
+    broker policies, which would otherwise reach the session's other tests."""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("needs rabbitmqctl to make a virtual host")
+    vhost = f"fulfilment-private-{uuid.uuid4().hex[:12]}"
+    user = urllib.parse.urlsplit(amqp_url).username or "guest"
+    _rabbitmqctl("add_vhost", vhost)
+    try:
+        _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        yield AMQP_URL.rstrip("/") + "/" + urllib.parse.quote(vhost, safe="")
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture
 async def clean_database(database_url: str) -> str:
     """The session database with every table emptied before the test."""
     url = make_url(database_url).set(drivername="postgresql")

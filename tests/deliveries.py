@@ -13,13 +13,18 @@ from contextlib import contextmanager
 from typing import Any
 from unittest.mock import AsyncMock
 
+import aio_pika
 import aiormq
 import pytest
+from faststream.rabbit import RabbitBroker
 from faststream.rabbit.message import RabbitMessage
 from faststream.rabbit.subscriber import RabbitSubscriber
 from faststream.rabbit.testing import PatchedMessage
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
+
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE
+from fulfilment.worker.dead_lettering import DeadLetterPublisher
 
 
 def incoming(
@@ -81,3 +86,28 @@ def settlements(monkeypatch: pytest.MonkeyPatch, exchange: str) -> Iterator[list
         patch.setattr(RabbitMessage, "ack", record_ack)
         patch.setattr(RabbitMessage, "reject", record_reject)
         yield made
+
+
+def in_memory_dead_letters(broker: RabbitBroker) -> DeadLetterPublisher:
+    """Dead letters published through FastStream's in-memory broker, so that a subscriber bound
+    to the dead-letter exchange receives them (the worker's own channel needs a real broker)."""
+
+    async def publish(
+        letter: aio_pika.Message, *, routing_key: str, timeout_seconds: float
+    ) -> None:
+        await broker.publish(
+            letter.body,
+            exchange=DEAD_LETTER_EXCHANGE,
+            routing_key=routing_key,
+            headers=letter.headers,
+            message_id=letter.message_id,
+            correlation_id=letter.correlation_id,
+            content_type=letter.content_type,
+            content_encoding=letter.content_encoding,
+            timestamp=letter.timestamp,
+            message_type=letter.type,
+            persist=True,
+            timeout=timeout_seconds,
+        )
+
+    return publish

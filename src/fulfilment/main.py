@@ -50,7 +50,7 @@ from fulfilment.worker.consumer_control import (
     consumer_attached,
 )
 from fulfilment.worker.crashing_warehouse import CrashingWarehouse
-from fulfilment.worker.dead_lettering import record_retry
+from fulfilment.worker.dead_lettering import DeadLetterChannel, DeadLetterPublisher, record_retry
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, subscribe
 from fulfilment.worker.fault_injection import parse_fault_plan
 from fulfilment.worker.health import ASGIApp, health_app
@@ -127,6 +127,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     monitors: Sequence[BackgroundTask] = (),
     after_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     startup_checks: Sequence[Callable[[], Awaitable[None]]] = (),
+    dead_letter_publisher: Callable[[RabbitBroker], DeadLetterPublisher] | None = None,
 ) -> Worker:
     """Assemble the broker, a subscriber per event (``on_order_placed``), hooks and HTTP routes.
 
@@ -139,6 +140,8 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     ``metrics.registry`` next to the service's own metrics. While the database is down every
     consumer is paused (``worker.consumer_control.ConsumerPause``). ``startup_checks`` run
     before the topology is declared; one that raises stops the start.
+    ``dead_letter_publisher`` makes, from the broker, what publishes dead letters: by default
+    a channel of the broker's connection of their own (``DeadLetterChannel``).
     """
     metrics = metrics or new_metrics()
     topology = Topology(delivery_limit=settings.delivery_limit)
@@ -160,6 +163,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
     )
     consumer_pause = ConsumerPause(database_ping)
+    dead_letter_channel = DeadLetterChannel(broker.connect)
     policy = DeliveryPolicy(
         broker,
         metrics=metrics,
@@ -169,10 +173,22 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
             dead_letter_publish_seconds=settings.graceful_timeout_seconds
             - settings.handler_deadline_seconds,
             delivery_limit=settings.delivery_limit,
+            # A delivery is received, handled (up to the deadline), and its dead letter tried
+            # (up to the publish timeout) before it is held: held this long, it is still settled
+            # before the broker's consumer timeout closes its channel.
+            dead_letter_hold_seconds=max(
+                0.0,
+                settings.broker_consumer_timeout_seconds - 2 * settings.graceful_timeout_seconds,
+            ),
         ),
         count_redelivery=warehouse.count_redelivery,
         pause=consumer_pause.trip,
         prefetch_count=settings.prefetch_count,
+        publish_dead_letter=(
+            dead_letter_publisher(broker)
+            if dead_letter_publisher is not None
+            else dead_letter_channel.publish
+        ),
     )
     subscribers = (
         subscribe(

@@ -27,11 +27,11 @@ from pydantic import ValidationError
 
 from fulfilment import cli
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import MAIN_QUEUE
 from fulfilment.observability.metrics import Metrics
 from fulfilment.settings import ENV_PREFIX, Settings
 from fulfilment.worker.health import READINESS_CHECK_SECONDS, health_app
-from fulfilment.worker.topology import DEAD_LETTER_QUEUE_DELIVERY_LIMIT, Topology
+from fulfilment.worker.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -514,16 +514,14 @@ def check_probe_timeouts(stack: Stack) -> list[str]:
 def _policy_problems(where: str, policies: list[dict[str, Any]], delivery_limit: int) -> list[str]:
     """``policies``: dicts with ``pattern`` and ``definition`` (either file's shape)."""
     problems = []
-    wanted = {
-        QUEUE_ARGUMENT_TO_POLICY_KEY[argument]: value
-        for argument, value in (
-            Topology(delivery_limit=delivery_limit).main_queue().arguments or {}
-        ).items()
-        if argument in QUEUE_ARGUMENT_TO_POLICY_KEY
-    }
+    topology = Topology(delivery_limit=delivery_limit)
     expected = {
-        MAIN_QUEUE: wanted,
-        DEAD_LETTER_QUEUE: {"delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT},
+        queue.name: {
+            QUEUE_ARGUMENT_TO_POLICY_KEY[argument]: value
+            for argument, value in (queue.arguments or {}).items()
+            if argument in QUEUE_ARGUMENT_TO_POLICY_KEY
+        }
+        for queue in (topology.main_queue(), topology.dead_letter_queue())
     }
     for queue, definition in expected.items():
         matching = [p for p in policies if re.search(p["pattern"], queue)]

@@ -29,6 +29,7 @@ from fulfilment.worker.consumer_control import (
     cancel_consumer,
     consumer_attached,
 )
+from fulfilment.worker.dead_lettering import DeadLetterChannel
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, Handled, Handler, subscribe
 
 pytestmark = pytest.mark.rabbitmq
@@ -91,11 +92,15 @@ async def two(amqp_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[T
         broker,
         metrics=new_metrics(),
         limits=DeliveryLimits(
-            handler_deadline_seconds=5.0, dead_letter_publish_seconds=1.0, delivery_limit=5
+            handler_deadline_seconds=5.0,
+            dead_letter_publish_seconds=1.0,
+            delivery_limit=5,
+            dead_letter_hold_seconds=60.0,
         ),
         count_redelivery=count_redelivery,
         pause=pause.trip,
         prefetch_count=4,
+        publish_dead_letter=DeadLetterChannel(broker.connect).publish,
     )
     queues = {
         name: RabbitQueue(f"test.{name}-{suffix}", durable=False, routing_key=name)

@@ -1,8 +1,9 @@
 """The delivery policy with a trivial handler, on FastStream's in-memory broker.
 
 Whatever the event, every delivery ends handled (acknowledged), dead-lettered with a reason
-(published, then acknowledged), requeued with the consumers paused, or rejected when the
-dead letter could not be published; each writes one log line and counts one outcome.
+(published, then acknowledged; held while the broker refuses the dead letter), requeued, or
+rejected when publishing the dead letter failed otherwise than by a refusal; each writes one
+log line and counts one outcome.
 ``TestRabbitBroker`` has no dead-letter exchange or delivery limit, so settlements are
 recorded where FastStream makes them (``deliveries.settlements``); the real broker's
 behaviour is tested in ``tests/e2e`` and ``tests/faults``.
@@ -19,21 +20,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import aio_pika
+import aiormq.exceptions
 import pytest
 from faststream import FastStream
 from faststream.exceptions import SubscriberNotFound
 from faststream.rabbit import RabbitBroker, RabbitExchange, RabbitQueue, TestRabbitBroker
 from faststream.rabbit.message import RabbitMessage
 from faststream.rabbit.subscriber import RabbitSubscriber
+from pamqp import commands as spec
 from pydantic import BaseModel, ConfigDict
 from structlog.testing import capture_logs
 
-from deliveries import deliver, incoming, settlements
+from deliveries import deliver, in_memory_dead_letters, incoming, settlements
 from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.main import new_metrics
 from fulfilment.observability.metrics import Metrics
+from fulfilment.worker import delivery
 from fulfilment.worker.consumer_control import ConsumerPause
+from fulfilment.worker.dead_lettering import DeadLetterPublisher
 from fulfilment.worker.delivery import (
     DeliveryLimits,
     DeliveryPolicy,
@@ -86,6 +92,28 @@ def failing(error: BaseException) -> Handler:
 
 
 @dataclass
+class Dlq:
+    """The dead-letter queue as the broker shows it to a publisher: it nacks the next
+    ``refusals`` dead letters (every one when None), as a full DLQ with ``reject-publish``
+    does, and takes the others; ``tries`` says what became of each."""
+
+    publish: DeadLetterPublisher
+    refusals: int | None = 0
+    tries: list[str] = field(default_factory=list)
+
+    async def __call__(
+        self, letter: aio_pika.Message, *, routing_key: str, timeout_seconds: float
+    ) -> None:
+        if self.refusals is None or self.refusals > 0:
+            if self.refusals is not None:
+                self.refusals -= 1
+            self.tries.append("nack")
+            raise aiormq.exceptions.DeliveryError(None, spec.Basic.Nack(delivery_tag=1))
+        self.tries.append("confirmed")
+        await self.publish(letter, routing_key=routing_key, timeout_seconds=timeout_seconds)
+
+
+@dataclass
 class Harness:
     subscriber: RabbitSubscriber
     metrics: Metrics
@@ -93,6 +121,7 @@ class Harness:
     calls: list[bytes]
     dead_letters: list[RabbitMessage]
     settled: list[str]
+    dlq: Dlq
     redeliveries: Counter[uuid.UUID] = field(default_factory=Counter)
 
     async def deliver(self, body: bytes, **properties: Any) -> None:
@@ -129,9 +158,11 @@ async def _harness(
     deadline_seconds: float = 5.0,
     delivery_limit: int = 3,
     capture_dead_letters: bool = True,
+    dead_letter_hold_seconds: float = 60.0,
 ) -> AsyncIterator[Harness]:
     broker = RabbitBroker(apply_types=False, logger=logging.getLogger("faststream"))
     FastStream(broker)  # as in the worker, the app gives the broker its context
+    dlq = Dlq(in_memory_dead_letters(broker))
     metrics = new_metrics()
     pause = ConsumerPause(_database_down)
     calls: list[bytes] = []
@@ -153,10 +184,12 @@ async def _harness(
             handler_deadline_seconds=deadline_seconds,
             dead_letter_publish_seconds=1.0,
             delivery_limit=delivery_limit,
+            dead_letter_hold_seconds=dead_letter_hold_seconds,
         ),
         count_redelivery=count_redelivery,
         pause=pause.trip,
         prefetch_count=4,
+        publish_dead_letter=dlq,
     )
     subscriber = subscribe(policy, QUEUE, EXCHANGE, counted, name="ping")
     pause.attach([subscriber])
@@ -175,7 +208,7 @@ async def _harness(
         async with TestRabbitBroker(broker):
             try:
                 yield Harness(
-                    subscriber, metrics, pause, calls, dead_letters, settled, redeliveries
+                    subscriber, metrics, pause, calls, dead_letters, settled, dlq, redeliveries
                 )
             finally:
                 await pause.close()
@@ -313,13 +346,14 @@ async def test_the_handler_deadline_requeues_the_delivery_and_pauses_the_consume
         assert line["reason"] == "handler deadline of 0.05 s exceeded"
 
 
-async def test_a_failed_dead_letter_publish_rejects_the_delivery_for_the_broker_to_dead_letter(
+async def test_a_dead_letter_publish_failing_but_by_a_refusal_rejects_the_delivery_for_the_broker(
     monkeypatch, logs
 ) -> None:
     async for harness in _harness(
         failing(KeyError("bug")), monkeypatch, capture_dead_letters=False
     ):
-        # Nothing is bound to the dead-letter exchange: the in-memory publish raises.
+        # Nothing is bound to the dead-letter exchange: the in-memory publish raises its own
+        # error, not a refusal of the broker (a refusal holds the delivery: tests below).
         with pytest.raises(SubscriberNotFound):
             await harness.deliver(a_ping())
 
@@ -328,6 +362,74 @@ async def test_a_failed_dead_letter_publish_rejects_the_delivery_for_the_broker_
         assert "dead_lettered:unexpected" not in harness.outcomes()
         assert lines(logs) == []
         assert harness.value("fulfilment_messages_in_flight") == 0
+
+
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(delivery, "DEAD_LETTER_RETRY_FIRST_SECONDS", 0.01)
+
+
+@pytest.mark.usefixtures("quick_retries")
+async def test_a_refused_dead_letter_holds_the_delivery_until_the_broker_takes_it(
+    monkeypatch, logs
+) -> None:
+    async for harness in _harness(failing(KeyError("bug")), monkeypatch):
+        harness.dlq.refusals = 3
+        delivered = asyncio.create_task(harness.deliver(a_ping(), message_id="m-4"))
+        await asyncio.sleep(0.02)
+        assert harness.settled == []  # held: neither acknowledged nor rejected
+        assert harness.value("fulfilment_dead_letters_held") == 1
+        await delivered
+
+        assert harness.dlq.tries == ["nack", "nack", "nack", "confirmed"]
+        [letter] = harness.dead_letters
+        assert letter.message_id == "m-4"
+        assert letter.headers["x-fulfilment-failure-class"] == "unexpected"
+        assert harness.settled == ["ack"]
+        assert harness.outcomes() == ["dead_lettered:unexpected"]
+        assert harness.value("fulfilment_dead_letter_publish_failures_total") == 3
+        assert harness.value("fulfilment_dead_letters_held") == 0
+        refused = [line for line in lines(logs) if line["event"] == "ping.dead_letter_refused"]
+        assert [line["retry_in_seconds"] for line in refused] == [0.01, 0.02, 0.04]
+        assert "Basic.Nack" in refused[0]["reason"]
+        assert lines(logs)[-1]["event"] == "ping.dead_lettered"
+        assert lines(logs)[-1]["held_seconds"] >= 0
+
+
+@pytest.mark.usefixtures("quick_retries")
+async def test_a_dead_letter_refused_past_the_hold_sends_the_delivery_back_to_its_queue(
+    monkeypatch, logs
+) -> None:
+    async for harness in _harness(
+        failing(KeyError("bug")), monkeypatch, dead_letter_hold_seconds=0.05
+    ):
+        harness.dlq.refusals = None
+        await harness.deliver(a_ping())
+
+        assert set(harness.dlq.tries) == {"nack"}
+        assert harness.dead_letters == []
+        assert harness.settled == ["reject:requeue"]
+        assert harness.outcomes() == ["requeued:dead_letter_refused"]
+        assert harness.value("fulfilment_dead_letters_held") == 0
+        assert not harness.pause.paused  # the database is fine: other deliveries go on
+        assert lines(logs)[-1]["event"] == "ping.requeued"
+        assert lines(logs)[-1]["failure_class"] == "unexpected"
+
+
+@pytest.mark.usefixtures("quick_retries")
+async def test_a_held_redelivery_does_not_hold_up_the_other_deliveries(monkeypatch) -> None:
+    async for harness in _harness(failing(KeyError("bug")), monkeypatch, delivery_limit=10):
+        harness.dlq.refusals = None
+        held = asyncio.create_task(harness.deliver(a_ping(), redelivered=True))
+        await asyncio.sleep(0.05)
+        assert harness.value("fulfilment_dead_letters_held") == 1
+
+        harness.dlq.refusals = 0
+        await asyncio.wait_for(harness.deliver(a_ping()), timeout=1)
+
+        assert harness.settled == ["ack"]  # the first delivery went past the held one
+        await held
+        assert harness.settled == ["ack", "ack"]
 
 
 async def test_a_cancelled_delivery_is_neither_acknowledged_nor_rejected(monkeypatch) -> None:

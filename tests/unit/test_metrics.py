@@ -126,6 +126,7 @@ def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
         ("duplicate", "order"): 0,
         **{("dead_lettered", str(failure)): 0 for failure in SERVICE_FAILURE_CLASSES},
         ("requeued", "transient"): 0,
+        ("requeued", "dead_letter_refused"): 0,
     }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
-from deliveries import deliver, incoming
+from deliveries import deliver, in_memory_dead_letters, incoming
 from fakes import InMemoryWarehouse
 from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
@@ -67,7 +67,12 @@ async def _harness(
     warehouse: InMemoryWarehouse, settings: Settings | None = None
 ) -> AsyncIterator[Harness]:
     settings = settings or Settings()
-    worker = build_worker(settings, warehouse=warehouse, database_ping=_no_database)
+    worker = build_worker(
+        settings,
+        warehouse=warehouse,
+        database_ping=_no_database,
+        dead_letter_publisher=in_memory_dead_letters,
+    )
     topology = Topology(settings.delivery_limit)
     dead_letters: list[RabbitMessage] = []
 

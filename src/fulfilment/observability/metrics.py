@@ -43,9 +43,12 @@ or a replay stretches far past the handler deadline."""
 DEAD_LETTERED = "dead_lettered"
 """The ``outcome`` label of events the service published to the DLQ."""
 REQUEUED = "requeued"
-"""The ``outcome`` label of deliveries sent back to the queue because the database is down
-(see ``worker.consumer_control.ConsumerPause``); their ``reason`` is ``transient``."""
+"""The ``outcome`` label of deliveries sent back to the queue: because the database is down
+(``reason`` ``transient``, see ``worker.consumer_control.ConsumerPause``), or because the DLQ
+would not take their dead letter for as long as a delivery can be held (``reason``
+``dead_letter_refused``, see ``worker.delivery``)."""
 REQUEUED_TRANSIENT = "transient"
+REQUEUED_DEAD_LETTER_REFUSED = "dead_letter_refused"
 
 MONITOR_CHECKS = ("queues", "invariants", "consumer")
 """The ``check`` label values of :attr:`Metrics.monitor_errors`: the worker's background tasks
@@ -120,8 +123,14 @@ class Metrics:
         )
         self.dead_letter_publish_failures = Counter(
             "fulfilment_dead_letter_publish_failures_total",
-            "Dead letters the broker refused or did not confirm; the delivery was rejected "
-            "and dead-lettered by the broker instead, without the service's reason headers.",
+            "Dead-letter publishes the broker refused, returned or did not confirm, one per "
+            "attempt; the delivery stays unacknowledged and its dead letter is tried again.",
+            registry=self.registry,
+        )
+        self.dead_letters_held = Gauge(
+            "fulfilment_dead_letters_held",
+            "Deliveries this process holds unacknowledged because the broker would not take "
+            "their dead letter (a full or unavailable dead-letter queue).",
             registry=self.registry,
         )
         self.queue_ready = Gauge(
@@ -167,6 +176,7 @@ class Metrics:
             *((str(OutcomeKind.DUPLICATE), str(kind)) for kind in DuplicateOf),
             *((DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes),
             (REQUEUED, REQUEUED_TRANSIENT),
+            (REQUEUED, REQUEUED_DEAD_LETTER_REFUSED),
         ]:
             self.event(outcome, reason)
         self._retries = {

@@ -3,21 +3,25 @@
 When the service gives up on a delivery it publishes the message, body and ids unchanged, to
 the dead-letter exchange with headers saying why, waits for the broker's publisher confirm,
 and only then lets the original be acknowledged: a crash between the two leaves a copy in each
-queue (at least once), never none. If that publish fails, the handler raises and the
-``REJECT_ON_ERROR`` policy rejects the delivery, so the broker dead-letters it by itself
-(``x-death`` only, no reason headers): still not lost.
+queue (at least once), never none. While the broker refuses the dead letter (a full DLQ), the
+delivery policy holds the original unacknowledged and tries again (``worker.delivery``), on a
+new channel each time (:class:`DeadLetterChannel`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import socket
 import traceback
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aio_pika
 
 from fulfilment import __version__
 from fulfilment.contracts import dead_letter as h
@@ -31,17 +35,18 @@ from fulfilment.contracts.dead_letter import (
 from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE
 
 if TYPE_CHECKING:
-    from faststream.rabbit import RabbitBroker
     from faststream.rabbit.message import RabbitMessage
 
 __all__ = [
     "HEADER_PREFIX",
+    "DeadLetterChannel",
+    "DeadLetterPublisher",
     "Failure",
     "FailureClass",
     "begin_delivery",
     "dead_letter_headers",
+    "dead_letter_message",
     "delivery_count",
-    "publish_dead_letter",
     "record_retry",
 ]
 
@@ -144,40 +149,99 @@ def dead_letter_headers(
     return headers
 
 
-async def publish_dead_letter(
-    broker: RabbitBroker,
-    message: RabbitMessage,
-    failure: Failure,
-    *,
-    queue: str,
-    timeout_seconds: float,
-) -> None:
-    """Publish ``message`` to the DLQ with :func:`dead_letter_headers`, confirmed by the broker.
+def dead_letter_message(
+    message: RabbitMessage, failure: Failure, *, queue: str
+) -> aio_pika.Message:
+    """The dead letter of ``message``: its body, ids and properties, :func:`dead_letter_headers`.
 
-    Dead letters are routed by the name of the queue they died in (``queue``), which is how
-    each queue's DLQ is bound to the dead-letter exchange (``contracts.topology``).
-
-    Raises:
-        aiormq.exceptions.DeliveryError: the broker refused or could not route the message
-            (the broker's channel is built with ``on_return_raises=True``).
-        TimeoutError: no confirm within ``timeout_seconds``.
+    Persistent; no expiration, priority or reply address (a dead letter must not expire in
+    the DLQ, nor be answered), ``app_id`` the service's.
     """
     raw = message.raw_message
-    await broker.publish(
+    return aio_pika.Message(
         raw.body,
-        exchange=DEAD_LETTER_EXCHANGE,
-        routing_key=queue,
         headers=dead_letter_headers(message, failure, queue=queue),
-        message_id=raw.message_id,
-        correlation_id=raw.correlation_id,
         content_type=raw.content_type,
         content_encoding=raw.content_encoding,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        correlation_id=raw.correlation_id,
+        message_id=raw.message_id,
         timestamp=raw.timestamp,
-        message_type=raw.type,
-        persist=True,
-        mandatory=True,
-        timeout=timeout_seconds,
+        type=raw.type,
+        app_id=f"fulfilment-{__version__}",
     )
+
+
+class DeadLetterPublisher(Protocol):
+    """Publishes one dead letter to the dead-letter exchange with ``mandatory``, confirmed.
+
+    Dead letters are routed by the name of the queue they died in (``routing_key``), which is
+    how each queue's DLQ is bound to the dead-letter exchange (``contracts.topology``).
+    Returns once the broker confirmed the message; raises otherwise, e.g.
+    ``aiormq.exceptions.DeliveryError`` (a nack), ``aiormq.exceptions.PublishError`` (returned:
+    no queue bound) or ``TimeoutError`` (no confirm within ``timeout_seconds``).
+    """
+
+    async def __call__(
+        self, letter: aio_pika.Message, *, routing_key: str, timeout_seconds: float
+    ) -> None:
+        """Publish ``letter``; return once confirmed, raise otherwise."""
+
+
+class DeadLetterChannel:
+    """Dead letters on a channel of the broker's connection of their own, renewed after an error.
+
+    A quorum queue with ``reject-publish`` overflow that refused a message from a channel goes
+    on refusing every later one from that channel, even once its length cap is lifted; a new
+    channel is taken at once (RabbitMQ 3.10.8, verified). Publishing dead letters on the
+    broker's default channel would leave the worker unable to dead-letter anything after the
+    DLQ was full once. So dead letters have a channel of their own, closed after any failed
+    publish: the next try opens a new one.
+
+    ``connect`` returns the broker's (robust) connection: ``RabbitBroker.connect``, which is
+    idempotent; the channel closes with that connection when the broker stops.
+    """
+
+    def __init__(self, connect: Callable[[], Awaitable[aio_pika.abc.AbstractConnection]]) -> None:
+        self._connect = connect
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+        self._opening = asyncio.Lock()
+
+    async def publish(
+        self, letter: aio_pika.Message, *, routing_key: str, timeout_seconds: float
+    ) -> None:
+        """Publish ``letter`` (a :class:`DeadLetterPublisher`), confirmed by the broker.
+
+        Raises:
+            aiormq.exceptions.DeliveryError: the broker refused (nack) or returned it.
+            TimeoutError: no confirm within ``timeout_seconds``.
+            aiormq.exceptions.AMQPError, ConnectionError: the channel or connection failed.
+        """
+        channel = await self._open()
+        try:
+            exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE, ensure=False)
+            await exchange.publish(
+                letter, routing_key=routing_key, mandatory=True, timeout=timeout_seconds
+            )
+        except Exception:
+            await self._discard(channel)
+            raise
+
+    async def _open(self) -> aio_pika.abc.AbstractChannel:
+        async with self._opening:  # deliveries failing together open one channel, not many
+            if self._channel is None or self._channel.is_closed:
+                connection = await self._connect()
+                self._channel = await connection.channel(
+                    publisher_confirms=True, on_return_raises=True
+                )
+            return self._channel
+
+    async def _discard(self, channel: aio_pika.abc.AbstractChannel) -> None:
+        if self._channel is channel:
+            self._channel = None
+        if not channel.is_closed:
+            with contextlib.suppress(Exception):  # it failed already; the next try opens anew
+                await channel.close()
 
 
 def delivery_count(headers: Mapping[str, object] | None, *, redelivered: bool) -> int:

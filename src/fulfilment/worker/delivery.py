@@ -15,14 +15,21 @@ contract, promise 1):
 * a transient failure past the retry budget (:class:`TransientError`) or the handler deadline:
   sent back to the queue (``basic.reject`` with requeue) while the consumers pause until the
   database answers (``worker.consumer_control.ConsumerPause``);
+* a dead letter the broker refuses (a full dead-letter queue with ``reject-publish``, a DLQ
+  that is unavailable or unbound) or does not confirm: the delivery is held, unacknowledged,
+  in the queue it came from while the dead letter is tried again (1 s doubling to 30 s), and
+  sent back to the queue if the DLQ still refuses it when the broker's consumer timeout
+  nears (``DeliveryLimits.dead_letter_hold_seconds``): a dead letter is never acknowledged
+  before the DLQ holds it, nor handed to the broker's own dead-lettering, which a capped DLQ
+  could drop;
 * cancelled (SIGTERM past the graceful timeout, or a lost connection): neither acknowledged
   nor rejected, so the broker requeues it and the inbox absorbs the redelivery;
-* anything else, including a failed dead-letter publish: the ``REJECT_ON_ERROR`` policy
-  rejects it and the broker dead-letters it through the queue's ``x-dead-letter-exchange``.
+* anything else (a bug in the policy itself): the ``REJECT_ON_ERROR`` policy rejects it and
+  the broker dead-letters it through the queue's ``x-dead-letter-exchange``.
 
 Each delivery writes one log line (``<name>.handled``, ``<name>.dead_lettered`` or
-``<name>.requeued``, ``name`` being the subscription's) and counts one outcome in
-``fulfilment_events_total``.
+``<name>.requeued``, ``name`` being the subscription's), and one ``<name>.dead_letter_refused``
+per refused attempt while it is held, and counts one outcome in ``fulfilment_events_total``.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 from uuid import UUID
 
+import aiormq.exceptions
 import aiorwlock
 import structlog
 from faststream import AckPolicy
@@ -49,13 +57,19 @@ from fulfilment.contracts.envelope import (
     find_ambiguity,
     read_envelope,
 )
-from fulfilment.observability.metrics import DEAD_LETTERED, REQUEUED, REQUEUED_TRANSIENT
+from fulfilment.observability.metrics import (
+    DEAD_LETTERED,
+    REQUEUED,
+    REQUEUED_DEAD_LETTER_REFUSED,
+    REQUEUED_TRANSIENT,
+)
 from fulfilment.worker.dead_lettering import (
+    DeadLetterPublisher,
     Failure,
     FailureClass,
     begin_delivery,
+    dead_letter_message,
     delivery_count,
-    publish_dead_letter,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +83,19 @@ if TYPE_CHECKING:
 logger = structlog.get_logger("fulfilment.worker")
 
 EventT = TypeVar("EventT", bound=BaseModel)
+
+DEAD_LETTER_RETRY_FIRST_SECONDS = 1.0
+"""Wait before trying a refused dead letter again; doubled after each refusal."""
+DEAD_LETTER_RETRY_MAX_SECONDS = 30.0
+"""Longest wait between two tries of a dead letter the broker keeps refusing."""
+
+DEAD_LETTER_REFUSALS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,  # a nack (DeliveryError), a return (PublishError), a channel
+    aiormq.exceptions.ChannelInvalidStateError,  # its channel closed under it
+    TimeoutError,  # no confirm in time
+    ConnectionError,
+)
+"""How a broker refuses a dead letter: each is tried again while the delivery is held."""
 
 
 class MalformedEventError(Exception):
@@ -112,6 +139,10 @@ class DeliveryLimits:
     dead_letter_publish_seconds: float
     delivery_limit: int
     """Deliveries after which the service dead-letters an unsettled message as ``poison``."""
+    dead_letter_hold_seconds: float
+    """Longest time a delivery is held while the broker refuses its dead letter; then it goes
+    back to the queue. Below the broker's consumer timeout, which closes the channel of a
+    delivery unacknowledged for longer (and with it every other delivery on it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +152,8 @@ class DeliveryPolicy:
     ``count_redelivery`` records one more redelivery of an event id and returns how many it
     has had (``Warehouse.count_redelivery``); ``pause`` stops every consumer until the
     database answers (``ConsumerPause.trip``), with the reason; ``prefetch_count`` is the
-    unacknowledged deliveries of each subscription, which is also its concurrency.
+    unacknowledged deliveries of each subscription, which is also its concurrency;
+    ``publish_dead_letter`` publishes a dead letter, confirmed (``DeadLetterChannel.publish``).
     """
 
     broker: RabbitBroker
@@ -130,6 +162,7 @@ class DeliveryPolicy:
     count_redelivery: Callable[[UUID], Awaitable[int]]
     pause: Callable[[str], None]
     prefetch_count: int
+    publish_dead_letter: DeadLetterPublisher
 
 
 def check_body(body: bytes, content_type: str | None) -> None:
@@ -220,18 +253,12 @@ def subscribe(
     )
     subscription = _Subscription(policy, handler, name=name, queue=queue.name)
 
-    # A redelivered message may be the one that crashed the last worker. It runs alone, so
-    # that if it crashes this one too, no other delivery is in flight to lose an attempt with
-    # it; first deliveries share the gate and run concurrently up to the prefetch.
-    gate = aiorwlock.RWLock()
-
     async def on_delivery(_body: bytes) -> None:
         # The broker runs without FastDepends (apply_types=False, see main), so the delivery
         # is read from FastStream's context, where Context("message") would have found it.
         # Looked up on each delivery: adding the broker to the app replaces its context.
         message: RabbitMessage = broker.context.get_local("message")
-        async with gate.writer if message.raw_message.redelivered else gate.reader:
-            await subscription.settle(message)
+        await subscription.settle(message)
 
     subscriber(on_delivery)
     return subscriber
@@ -240,14 +267,29 @@ def subscribe(
 class _Subscription:
     """One subscription's delivery policy: its handler, queue and log line names."""
 
-    __slots__ = ("_dead_lettered", "_handled", "_handler", "_policy", "_queue", "_requeued")
+    __slots__ = (
+        "_dead_letter_refused",
+        "_dead_lettered",
+        "_gate",
+        "_handled",
+        "_handler",
+        "_policy",
+        "_queue",
+        "_requeued",
+    )
 
     def __init__(self, policy: DeliveryPolicy, handler: Handler, *, name: str, queue: str) -> None:
         self._policy = policy
         self._handler = handler
         self._queue = queue
+        # A redelivered message may be the one that crashed the last worker. Its handler runs
+        # alone, so that if it crashes this one too, no other delivery is in flight to lose an
+        # attempt with it; first deliveries share the gate and run concurrently up to the
+        # prefetch. Only the handler: publishing (or holding) a dead letter runs beside others.
+        self._gate = aiorwlock.RWLock()
         self._handled = f"{name}.handled"
         self._dead_lettered = f"{name}.dead_lettered"
+        self._dead_letter_refused = f"{name}.dead_letter_refused"
         self._requeued = f"{name}.requeued"
 
     async def settle(self, message: RabbitMessage) -> None:
@@ -260,6 +302,7 @@ class _Subscription:
         * A transient failure past the retry budget, or the handler deadline, sends the
           delivery back to the queue (``basic.reject`` with requeue) and ``pause`` stops the
           consumers until the database answers: an outage costs each delivery one attempt.
+        * A dead letter the broker refuses holds the delivery (:meth:`_dead_letter`).
         * ``asyncio.CancelledError`` is never caught, so a delivery cancelled by shutdown or a
           lost connection is neither acknowledged nor rejected and goes back to the queue.
         """
@@ -275,7 +318,8 @@ class _Subscription:
                 delivery_count=delivery_count(raw.headers, redelivered=bool(raw.redelivered)),
                 redelivered=bool(raw.redelivered),
             )
-            result = await self._run(raw)
+            async with self._gate.writer if raw.redelivered else self._gate.reader:
+                result = await self._run(raw)
             duration_ms = round((time.perf_counter() - started) * 1000, 1)
             if isinstance(result, Handled):
                 handled = result
@@ -303,13 +347,27 @@ class _Subscription:
                 log.warning(self._requeued, reason=result, duration_ms=duration_ms)
                 raise RejectMessage(requeue=True)
             failure = result
-            await self._dead_letter(message, failure)
+            held_seconds = await self._dead_letter(message, failure, log)
+            if held_seconds is None:
+                metrics.event(REQUEUED, REQUEUED_DEAD_LETTER_REFUSED).inc()
+                log.error(
+                    self._requeued,
+                    reason=(
+                        f"the dead-letter queue refused the dead letter for "
+                        f"{self._policy.limits.dead_letter_hold_seconds:g} s"
+                    ),
+                    failure_class=str(failure.failure_class),
+                    failure_reason=failure.reason,
+                    duration_ms=round((time.perf_counter() - started) * 1000, 1),
+                )
+                raise RejectMessage(requeue=True)
             metrics.event(DEAD_LETTERED, failure.failure_class).inc()
             log.warning(
                 self._dead_lettered,
                 outcome=f"{DEAD_LETTERED}:{failure.failure_class}",
                 reason=failure.reason,
                 duration_ms=duration_ms,
+                **({"held_seconds": round(held_seconds, 1)} if held_seconds else {}),
                 exc_info=failure.error
                 if failure.failure_class is FailureClass.UNEXPECTED
                 else None,
@@ -365,21 +423,64 @@ class _Subscription:
             f"delivered {deliveries} times without being settled: it crashes or stalls the worker",
         )
 
-    async def _dead_letter(self, message: RabbitMessage, failure: Failure) -> None:
-        """Publish the delivery to its DLQ, confirmed; raise (so it is rejected) if that fails."""
+    async def _dead_letter(
+        self, message: RabbitMessage, failure: Failure, log: structlog.typing.FilteringBoundLogger
+    ) -> float | None:
+        """Publish the delivery's dead letter, confirmed; hold the delivery while it is refused.
+
+        Returns the seconds the delivery was held (0.0 when the first try was confirmed), or
+        None when the broker still refused the dead letter after ``dead_letter_hold_seconds``
+        (the caller sends the delivery back to the queue). While held, the delivery stays
+        unacknowledged, so the message stays in its queue, and counts in
+        ``fulfilment_dead_letters_held``; each refusal counts in
+        ``fulfilment_dead_letter_publish_failures_total`` and logs a line.
+
+        Raises:
+            Exception: anything but a refusal (:data:`DEAD_LETTER_REFUSALS`) while building or
+                publishing the dead letter, counted as a failure too; ``REJECT_ON_ERROR``
+                rejects the delivery and the broker dead-letters it.
+        """
         policy = self._policy
+        limits = policy.limits
+        metrics = policy.metrics
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        wait = DEAD_LETTER_RETRY_FIRST_SECONDS
+        held = False
         try:
-            await publish_dead_letter(
-                policy.broker,
-                message,
-                failure,
-                queue=self._queue,
-                timeout_seconds=policy.limits.dead_letter_publish_seconds,
-            )
-        except Exception:
-            # Raised on: REJECT_ON_ERROR rejects the delivery and the broker dead-letters it.
-            policy.metrics.dead_letter_publish_failures.inc()
-            raise
+            while True:
+                try:
+                    await policy.publish_dead_letter(
+                        dead_letter_message(message, failure, queue=self._queue),
+                        routing_key=self._queue,
+                        timeout_seconds=limits.dead_letter_publish_seconds,
+                    )
+                except DEAD_LETTER_REFUSALS as error:
+                    metrics.dead_letter_publish_failures.inc()
+                    if not held:
+                        held = True
+                        metrics.dead_letters_held.inc()
+                    held_seconds = loop.time() - started
+                    give_up = held_seconds + wait > limits.dead_letter_hold_seconds
+                    log.warning(
+                        self._dead_letter_refused,
+                        reason=" ".join(f"{type(error).__name__}: {error}".split()),
+                        failure_class=str(failure.failure_class),
+                        held_seconds=round(held_seconds, 1),
+                        retry_in_seconds=None if give_up else wait,
+                    )
+                    if give_up:
+                        return None
+                    await asyncio.sleep(wait)
+                    wait = min(wait * 2, DEAD_LETTER_RETRY_MAX_SECONDS)
+                except Exception:
+                    metrics.dead_letter_publish_failures.inc()
+                    raise
+                else:
+                    return loop.time() - started
+        finally:
+            if held:
+                metrics.dead_letters_held.dec()
 
 
 def _ids(body: bytes) -> dict[str, str]:

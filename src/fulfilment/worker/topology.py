@@ -21,6 +21,7 @@ from typing import Any
 
 import aio_pika
 import aiormq.exceptions
+import structlog
 from faststream.rabbit import ExchangeType, QueueType, RabbitExchange, RabbitQueue
 
 from fulfilment.contracts.topology import (
@@ -32,10 +33,18 @@ from fulfilment.contracts.topology import (
     ORDERS_EXCHANGE,
 )
 
+logger = structlog.get_logger("fulfilment.topology")
+
 DEAD_LETTER_QUEUE_DELIVERY_LIMIT = 1_000_000
 """Set explicitly on the DLQ because RabbitMQ 4.0+ gives every quorum queue a limit of 20, and
 inspecting the DLQ returns its messages: the DLQ has no dead-letter exchange of its own, so a
 message over the limit there would be dropped. A million inspections is out of reach."""
+
+DEAD_LETTER_QUEUE_LATER_ARGUMENTS = frozenset({"x-overflow"})
+"""DLQ arguments added after DLQs were first declared in the field. A DLQ declared without
+them is accepted, with a warning: RabbitMQ cannot add an argument to a queue in place, and
+re-creating the DLQ means moving every dead letter out of it first (README, "Topology and
+delivery limit"); the shipped broker policy sets the same overflow on such a queue."""
 
 
 class TopologyMismatchError(Exception):
@@ -80,12 +89,23 @@ class Topology:
         return RabbitExchange(DEAD_LETTER_EXCHANGE, type=ExchangeType.DIRECT, durable=True)
 
     def dead_letter_queue(self) -> RabbitQueue:
-        """``fulfilment.order-placed.dlq``: held for operators; nothing consumes it by itself."""
+        """``fulfilment.order-placed.dlq``: held for operators; nothing consumes it by itself.
+
+        ``x-overflow: reject-publish``: a length cap put on the DLQ later (an operator policy's
+        ``max-length``, which cannot set the overflow) makes the broker refuse a new dead
+        letter, which the worker then holds (``worker.delivery``), instead of dropping the
+        oldest one unseen (``drop-head``, the default). A policy that sets ``overflow`` itself
+        wins over the argument on quorum queues (RabbitMQ 3.10, verified): README, "Dead
+        letters and replay".
+        """
         return RabbitQueue(
             DEAD_LETTER_QUEUE,
             queue_type=QueueType.QUORUM,
             routing_key=DEAD_LETTER_ROUTING_KEY,
-            arguments={"x-delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT},
+            arguments={
+                "x-delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT,
+                "x-overflow": "reject-publish",
+            },
         )
 
 
@@ -128,7 +148,11 @@ async def declare_topology(amqp_url: str, topology: Topology) -> None:
     connection = await aio_pika.connect(amqp_url, timeout=10)
     try:
         dlx = await _declare_exchange(connection, topology.dead_letter_exchange())
-        dlq = await _declare_queue(connection, topology.dead_letter_queue())
+        dlq = await _declare_queue(
+            connection,
+            topology.dead_letter_queue(),
+            may_lack=DEAD_LETTER_QUEUE_LATER_ARGUMENTS,
+        )
         await _bind(connection, dlq, dlx, DEAD_LETTER_ROUTING_KEY)
         orders = await _declare_exchange(connection, topology.orders_exchange())
         main = await _declare_queue(connection, topology.main_queue())
@@ -156,16 +180,45 @@ async def _declare_exchange(
     return spec.name
 
 
-async def _declare_queue(connection: aio_pika.abc.AbstractConnection, spec: RabbitQueue) -> str:
-    channel = await connection.channel()
+async def _declare_queue(
+    connection: aio_pika.abc.AbstractConnection,
+    spec: RabbitQueue,
+    *,
+    may_lack: frozenset[str] = frozenset(),
+) -> str:
+    """Declare ``spec``; an existing queue lacking only arguments of ``may_lack`` is accepted."""
     arguments: dict[str, Any] = dict(spec.arguments or {})
-    try:
-        await channel.declare_queue(spec.name, durable=spec.durable, arguments=arguments)
-    except aiormq.exceptions.ChannelPreconditionFailed as error:
-        raise TopologyMismatchError(explain_precondition_failure(error)) from error
-    finally:
-        await _close_quietly(channel)
-    return spec.name
+    while True:
+        channel = await connection.channel()
+        try:
+            await channel.declare_queue(spec.name, durable=spec.durable, arguments=arguments)
+        except aiormq.exceptions.ChannelPreconditionFailed as error:
+            lacking = _lacking_argument(error)
+            if lacking not in may_lack or lacking not in arguments:
+                raise TopologyMismatchError(explain_precondition_failure(error)) from error
+            logger.warning(
+                "topology.argument_missing",
+                queue=spec.name,
+                argument=lacking,
+                expected=arguments.pop(lacking),
+                reason=(
+                    "the queue was declared without it by an earlier version; the broker "
+                    "policy of deploy/ and k8s/ sets the same (README, 'Topology and delivery "
+                    "limit')"
+                ),
+            )
+        else:
+            return spec.name
+        finally:
+            await _close_quietly(channel)
+
+
+def _lacking_argument(error: BaseException) -> str | None:
+    """The argument a ``PRECONDITION_FAILED`` says the existing queue lacks, if that is all."""
+    match = _INEQUIVALENT.search(str(error).replace("\n", " "))
+    if match is None or match["actual"].strip().strip("'") != "none":
+        return None
+    return match["arg"]
 
 
 async def _bind(
