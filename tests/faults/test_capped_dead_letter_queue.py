@@ -278,7 +278,8 @@ async def test_a_dlq_cap_that_refuses_holds_every_dead_letter_until_it_is_lifted
     assert run.classes == {"permanent": MALFORMED}
     record_figures(
         f"capped dead-letter queue ({case})",
-        f"DLQ max-length {CAP} by {definition}; {MALFORMED} permanent failures among "
+        f"{'operator policy' if command == 'set_operator_policy' else 'policy'} "
+        f"{json.dumps(definition)} on the DLQ; {MALFORMED} permanent failures among "
         f"{VALID} orders; cap lifted after",
         result,
         reason=(
@@ -322,7 +323,7 @@ async def test_a_dlq_cap_that_drops_loses_dead_letters_no_client_can_see_and_the
     assert result.invariants_hold
     record_figures(
         f"capped dead-letter queue ({case})",
-        f"DLQ max-length {CAP} by {definition}; {MALFORMED} permanent failures among "
+        f"policy {json.dumps(definition)} on the DLQ; {MALFORMED} permanent failures among "
         f"{VALID} orders",
         result,
         reason=(

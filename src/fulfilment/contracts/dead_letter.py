@@ -64,7 +64,8 @@ class FailureClass(StrEnum):
     Recognised from the broker's ``x-death`` (no ``x-fulfilment-*`` headers):
 
     - ``broker_rejected``: the worker rejected it without explaining itself, which happens
-      only when its own dead-letter publish failed (``x-death`` reason ``rejected``).
+      only when publishing its own dead letter failed otherwise than by a refusal of the
+      broker, which holds the delivery instead (``x-death`` reason ``rejected``).
     - ``broker_other``: any other ``x-death`` reason (``expired``, ``maxlen``), or no reason.
     """
 
