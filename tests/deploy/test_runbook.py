@@ -61,6 +61,17 @@ first); removed (``KEY-``), autoscaling resumes. ``N`` and the like stand for a 
 POSTGRES_SETTINGS = {"max_connections"}
 """PostgreSQL's own settings the runbook names; the database test finds each in pg_settings."""
 
+RABBITMQ_POLICY_WORDS = {
+    "message-ttl",
+    "max-length",
+    "max-length-bytes",
+    "drop-head",
+    "reject-publish",
+    "reject-publish-dlx",
+}
+"""RabbitMQ's own policy keys and overflow values the runbook names (RabbitMQ docs, "Queue
+Length Limit" and "Time-To-Live and Expiration"): the broker's vocabulary, not the service's."""
+
 KINDS = {
     "deploy": "Deployment",
     "deployment": "Deployment",
@@ -555,7 +566,7 @@ def check_names(runbook: Runbook, stack: Stack) -> list[str]:
             NAME.fullmatch(span)
             and not METRIC.fullmatch(span)
             and not strings.knows(span)
-            and span not in resources | POSTGRES_SETTINGS
+            and span not in resources | POSTGRES_SETTINGS | RABBITMQ_POLICY_WORDS
         ):
             problems.append(f"{span}: the source has no such name")
     table = runbook.text.partition("### Failure classes")[2].partition("\n## ")[0]
