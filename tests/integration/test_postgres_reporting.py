@@ -29,7 +29,7 @@ async def test_an_empty_database_reports_nothing_and_holds_its_invariants(wareho
     report = await outcome_report(warehouse.engine)
 
     assert report.reserved == 0
-    assert report.rejected == {"insufficient_stock": 0, "unknown_sku": 0}
+    assert report.rejected == {"insufficient_stock": 0, "unknown_sku": 0, "cancelled": 0}
     assert (report.duplicate_orders, report.inbox_total) == (0, 0)
     assert report.invariants == InvariantChecks(0, 0, (), 0, 0)
     assert report.ok
@@ -49,7 +49,7 @@ async def test_the_report_counts_each_kind_of_outcome(warehouse):
     report = await outcome_report(warehouse.engine)
 
     assert report.reserved == 2
-    assert report.rejected == {"insufficient_stock": 1, "unknown_sku": 1}
+    assert report.rejected == {"insufficient_stock": 1, "unknown_sku": 1, "cancelled": 0}
     assert report.duplicate_orders == 1
     # A redelivered event leaves no second trace: five events were processed.
     assert report.inbox_total == 5
@@ -61,7 +61,7 @@ async def test_the_report_is_plain_data_for_json(warehouse):
 
     assert asdict(report) == {
         "reserved": 0,
-        "rejected": {"insufficient_stock": 0, "unknown_sku": 0},
+        "rejected": {"insufficient_stock": 0, "unknown_sku": 0, "cancelled": 0},
         "duplicate_orders": 0,
         "inbox_total": 0,
         "invariants": {

@@ -100,6 +100,7 @@ def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
         ("reserved", ""): 0,
         ("rejected", "insufficient_stock"): 0,
         ("rejected", "unknown_sku"): 0,
+        ("rejected", "cancelled"): 0,
         ("duplicate", "event"): 0,
         ("duplicate", "order"): 0,
         **{("dead_lettered", str(failure)): 0 for failure in SERVICE_FAILURE_CLASSES},

@@ -12,3 +12,11 @@ DEAD_LETTER_QUEUE = "fulfilment.order-placed.dlq"
 DEAD_LETTER_ROUTING_KEY = MAIN_QUEUE
 """Dead letters are routed by the name of the queue they died in, so more queues can share
 the exchange later."""
+
+ORDER_CANCELLED_ROUTING_KEY = "order.cancelled"
+ORDER_CANCELLED_QUEUE = "fulfilment.order-cancelled"
+ORDER_CANCELLED_DEAD_LETTER_QUEUE = "fulfilment.order-cancelled.dlq"
+
+ORDER_SHIPPED_ROUTING_KEY = "order.shipped"
+ORDER_SHIPPED_QUEUE = "fulfilment.order-shipped"
+ORDER_SHIPPED_DEAD_LETTER_QUEUE = "fulfilment.order-shipped.dlq"

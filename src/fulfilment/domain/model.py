@@ -91,6 +91,9 @@ class RejectionReason(StrEnum):
 
     UNKNOWN_SKU = "unknown_sku"
     INSUFFICIENT_STOCK = "insufficient_stock"
+    CANCELLED = "cancelled"
+    """Cancelled before it was placed, whole or every line of it: nothing remained to reserve
+    (``fulfilment.domain.lifecycle.apply_placed``; :func:`decide` never answers it)."""
 
 
 class DuplicateOf(StrEnum):

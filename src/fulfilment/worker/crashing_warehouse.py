@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from fulfilment.domain.lifecycle import CancelOrder, CancelOutcome, ShipOrder, ShipOutcome
     from fulfilment.domain.model import ReservationOutcome, ReserveStock, StockLevel
 
 
@@ -61,6 +62,14 @@ class CrashingWarehouse(Warehouse):
         if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
             crash(CrashPoint.AFTER_COMMIT, command)
         return outcome
+
+    async def cancel(self, command: CancelOrder) -> CancelOutcome:
+        """``inner.cancel(command)`` (no crash points yet)."""
+        return await self._inner.cancel(command)
+
+    async def ship(self, command: ShipOrder) -> ShipOutcome:
+        """``inner.ship(command)`` (no crash points yet)."""
+        return await self._inner.ship(command)
 
     async def count_redelivery(self, event_id: UUID) -> int:
         """``inner.count_redelivery(event_id)``."""

@@ -16,6 +16,7 @@ from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOut
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
 from fulfilment.application.ports import Warehouse
+from fulfilment.domain.lifecycle import CancelOrder, CancelOutcome, ShipOrder, ShipOutcome
 from fulfilment.domain.model import (
     DuplicateOf,
     OutcomeKind,
@@ -228,6 +229,24 @@ class PostgresWarehouse(Warehouse):
             msg = f"order {command.order_id} has no lines"
             raise ValueError(msg)
         return await self._group_commit.reserve(command)
+
+    async def cancel(self, command: CancelOrder) -> CancelOutcome:
+        """Not yet stored in PostgreSQL: ``cancel_orders()`` comes with migration 0007.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        msg = f"cancelling order {command.order_id} needs migration 0007"
+        raise NotImplementedError(msg)
+
+    async def ship(self, command: ShipOrder) -> ShipOutcome:
+        """Not yet stored in PostgreSQL: ``ship_orders()`` comes with migration 0007.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        msg = f"shipping order {command.order_id} needs migration 0007"
+        raise NotImplementedError(msg)
 
     async def put_stock(self, on_hand: Mapping[str, int]) -> None:
         """Upsert ``on_hand`` per SKU in one transaction; ``reserved`` is never changed.
