@@ -141,17 +141,32 @@ def stock_plan(
 @app.command()
 def publish(
     files: Annotated[list[Path], typer.Argument(help="Online Retail CSV files or folders.")],
+    cancellations: Annotated[  # noqa: FBT002 - a typer flag
+        bool,
+        typer.Option(
+            "--cancellations",
+            help="Also an OrderCancelled per cancellation that can only mean one order.",
+        ),
+    ] = False,
 ) -> None:
     """Publish one OrderPlaced per invoice of FILES, persistent and confirmed.
 
     Ids derive from the invoice number, so publishing a file twice re-sends the same events
     (and the worker answers them as duplicates). Cancellations and non-positive lines are
-    skipped and counted.
+    skipped and counted; with --cancellations, the cancellations mapped to an order are
+    published among the orders, in time order, and the others counted by reason.
     """
     from fulfilment.tools.publish import publish_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
-    run(publish_command(settings.amqp_url.get_secret_value(), files, echo=typer.echo))
+    run(
+        publish_command(
+            settings.amqp_url.get_secret_value(),
+            files,
+            cancellations=cancellations,
+            echo=typer.echo,
+        )
+    )
 
 
 @app.command()
