@@ -210,8 +210,11 @@ def demo(
     """The main job on real data: migrate, load stock, run the worker, publish, report.
 
     Stock levels are planned from DATA deterministically, so some orders are rejected for
-    insufficient stock and a few for unknown SKUs. Runs the worker as a child process, waits
-    until the queue is drained, stops it with SIGTERM, and reconciles every published event.
+    insufficient stock and a few for unknown SKUs. Runs the worker as a child process and
+    plays DATA day by day: the orders and the cancellations mapped to their order, in time
+    order, then the shipment of every order still reserved at the end of its day, each step
+    settled before the next. Stops the worker with SIGTERM and reconciles every published
+    event of the three kinds.
     """
     from fulfilment.tools.demo import demo_command  # noqa: PLC0415 - see the module's text
 
