@@ -114,7 +114,7 @@ class Metrics:
         )
         self.dead_letter_oldest = Gauge(
             "fulfilment_dead_letters_oldest_age_seconds",
-            "Age of the oldest message in the dead-letter queue, in seconds; 0 when empty.",
+            "Age of the oldest message in the dead-letter queues, in seconds; 0 when empty.",
             registry=self.registry,
         )
         self.stock_invariant_violations = Gauge(
