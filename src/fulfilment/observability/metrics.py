@@ -1,7 +1,7 @@
 """The service's Prometheus metrics, on a registry of its own (never the global one).
 
-Label sets are small and fixed: an outcome and a reason drawn from closed lists, never an
-order id, event id or SKU (each label value is a time series kept forever by Prometheus).
+Label sets are small and fixed: an event, an outcome and a reason drawn from closed lists,
+never an order id, event id or SKU (each label value is a time series kept forever by Prometheus).
 Children of labelled metrics are bound once, here, so that the hot path increments a child
 found in a dict instead of building a label tuple under a lock per message, and so that every
 series exists at 0 from the start (``rate()`` and the alert ratios need the zero).
@@ -12,11 +12,9 @@ FastStream's own middleware (``faststream_*`` metrics) registers on the same reg
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from fulfilment.domain.model import DuplicateOf, OutcomeKind, RejectionReason
 
 LATENCY_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Handler latency buckets, 5 ms to 30 s (the handler deadline is 10 s)."""
@@ -45,8 +43,11 @@ class Metrics:
     Args:
         registry: where to register; a fresh ``CollectorRegistry`` when None.
         version: the service's version, exported as ``fulfilment_build_info{version}`` = 1.
+        event_outcomes: per event (the ``event`` label: ``order_placed``, ...), the
+            ``(outcome, reason)`` pairs its handler can return, bound at 0.
         dead_letter_classes: failure classes the worker writes, bound at 0 as ``reason`` of
-            ``outcome="dead_lettered"``.
+            ``outcome="dead_lettered"`` for every event of ``event_outcomes``, as is
+            ``requeued``/``transient``.
         database_retry_errors: the closed list of ``error`` labels of retried database errors
             (the PostgreSQL adapter's, which knows the errors), bound at 0.
     """
@@ -56,15 +57,17 @@ class Metrics:
         registry: CollectorRegistry | None = None,
         *,
         version: str = "",
+        event_outcomes: Mapping[str, Iterable[tuple[str, str]]] | None = None,
         dead_letter_classes: Iterable[str] = (),
         database_retry_errors: Iterable[str] = (),
     ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.events = Counter(
             "fulfilment_events_total",
-            "OrderPlaced deliveries by final outcome: reserved, rejected, duplicate or "
-            "dead_lettered, with the rejection reason, duplicate kind or failure class.",
-            ["outcome", "reason"],
+            "Deliveries by event and final outcome (reserved, rejected, released, shipped, "
+            "duplicate, dead_lettered, ...), with the rejection reason, duplicate kind or "
+            "failure class.",
+            ["event", "outcome", "reason"],
             registry=self.registry,
         )
         self.handler_duration = Histogram(
@@ -111,7 +114,7 @@ class Metrics:
         )
         self.dead_letter_oldest = Gauge(
             "fulfilment_dead_letters_oldest_age_seconds",
-            "Age of the oldest message in the dead-letter queue, in seconds; 0 when empty.",
+            "Age of the oldest message in the dead-letter queues, in seconds; 0 when empty.",
             registry=self.registry,
         )
         self.stock_invariant_violations = Gauge(
@@ -134,15 +137,11 @@ class Metrics:
         )
         self.build_info.labels(version or "unknown").set(1)
 
-        self._events: dict[tuple[str, str], Counter] = {}
-        for outcome, reason in [
-            (str(OutcomeKind.RESERVED), ""),
-            *((str(OutcomeKind.REJECTED), str(reason)) for reason in RejectionReason),
-            *((str(OutcomeKind.DUPLICATE), str(kind)) for kind in DuplicateOf),
-            *((DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes),
-            (REQUEUED, REQUEUED_TRANSIENT),
-        ]:
-            self.event(outcome, reason)
+        self._events: dict[tuple[str, str, str], Counter] = {}
+        failures = [(DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes]
+        for event, outcomes in (event_outcomes or {}).items():
+            for outcome, reason in [*outcomes, *failures, (REQUEUED, REQUEUED_TRANSIENT)]:
+                self.event(event, outcome, reason)
         self._retries = {
             label: self.database_retries.labels(label) for label in database_retry_errors
         }
@@ -153,11 +152,13 @@ class Metrics:
         self._oldest_dead_letter_at: float | None = None
         self.dead_letter_oldest.set_function(self._dead_letter_age)
 
-    def event(self, outcome: str, reason: str) -> Counter:
-        """The ``fulfilment_events_total`` child of ``(outcome, reason)``, bound once."""
-        child = self._events.get((outcome, reason))
+    def event(self, event: str, outcome: str, reason: str) -> Counter:
+        """The ``fulfilment_events_total`` child of ``(event, outcome, reason)``, bound once."""
+        child = self._events.get((event, outcome, reason))
         if child is None:
-            child = self._events[outcome, reason] = self.events.labels(outcome, reason)
+            child = self._events[event, outcome, reason] = self.events.labels(
+                event, outcome, reason
+            )
         return child
 
     def count_database_retry(self, error: str) -> None:

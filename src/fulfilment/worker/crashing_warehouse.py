@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class CrashingWarehouse(Warehouse):
-    """``inner``, killing the process at the crash points of ``plan`` around a reservation.
+    """``inner``, killing the process at the crash points of ``plan`` around each transition.
 
     Args:
         inner: the warehouse every call goes to.
@@ -64,12 +64,22 @@ class CrashingWarehouse(Warehouse):
         return outcome
 
     async def cancel(self, command: CancelOrder) -> CancelOutcome:
-        """``inner.cancel(command)`` (no crash points yet)."""
-        return await self._inner.cancel(command)
+        """``inner.cancel(command)``, unless a crash point of the plan kills the process."""
+        if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
+            crash(CrashPoint.BEFORE_TRANSACTION, command)
+        outcome = await self._inner.cancel(command)
+        if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
+            crash(CrashPoint.AFTER_COMMIT, command)
+        return outcome
 
     async def ship(self, command: ShipOrder) -> ShipOutcome:
-        """``inner.ship(command)`` (no crash points yet)."""
-        return await self._inner.ship(command)
+        """``inner.ship(command)``, unless a crash point of the plan kills the process."""
+        if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
+            crash(CrashPoint.BEFORE_TRANSACTION, command)
+        outcome = await self._inner.ship(command)
+        if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
+            crash(CrashPoint.AFTER_COMMIT, command)
+        return outcome
 
     async def count_redelivery(self, event_id: UUID) -> int:
         """``inner.count_redelivery(event_id)``."""

@@ -138,18 +138,21 @@ def dead_letter_headers(
     return headers
 
 
-async def publish_dead_letter(
+async def publish_dead_letter(  # noqa: PLR0913 - each part of the dead letter, by name
     broker: RabbitBroker,
     message: RabbitMessage,
     failure: Failure,
     *,
     queue: str,
+    routing_key: str,
     timeout_seconds: float,
 ) -> None:
     """Publish ``message`` to the DLQ with :func:`dead_letter_headers`, confirmed by the broker.
 
-    Dead letters are routed by the name of the queue they died in (``queue``), which is how
-    each queue's DLQ is bound to the dead-letter exchange (``contracts.topology``).
+    ``queue`` is the queue it died in; ``routing_key`` routes it through the dead-letter
+    exchange to that queue's DLQ: the queue's ``x-dead-letter-routing-key``, its own name
+    (``contracts.topology.SubscribedQueue``), so the broker's dead letters and the service's
+    reach the same DLQ.
 
     Raises:
         aiormq.exceptions.DeliveryError: the broker refused or could not route the message
@@ -160,7 +163,7 @@ async def publish_dead_letter(
     await broker.publish(
         raw.body,
         exchange=DEAD_LETTER_EXCHANGE,
-        routing_key=queue,
+        routing_key=routing_key,
         headers=dead_letter_headers(message, failure, queue=queue),
         message_id=raw.message_id,
         correlation_id=raw.correlation_id,
