@@ -51,14 +51,7 @@ from fulfilment.adapters.postgres.admin import (
 )
 from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.adapters.rabbitmq import UnroutableError, connect, queue_state
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
-    ORDER_CANCELLED_DEAD_LETTER_QUEUE,
-    ORDER_CANCELLED_QUEUE,
-    ORDER_SHIPPED_DEAD_LETTER_QUEUE,
-    ORDER_SHIPPED_QUEUE,
-)
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.tools.command import (
     CommandError,
     Echo,
@@ -94,12 +87,7 @@ SETTLE_STALL_SECONDS = 120.0
 PROGRESS_SECONDS = 5.0
 """A run that takes longer than this to settle says so, then again at this interval."""
 
-WORK_QUEUES = (MAIN_QUEUE, ORDER_CANCELLED_QUEUE, ORDER_SHIPPED_QUEUE)
-DEAD_LETTER_QUEUES = (
-    DEAD_LETTER_QUEUE,
-    ORDER_CANCELLED_DEAD_LETTER_QUEUE,
-    ORDER_SHIPPED_DEAD_LETTER_QUEUE,
-)
+WORK_QUEUES = tuple(queue.name for queue in SUBSCRIBED_QUEUES)
 
 
 class DemoError(CommandError):
