@@ -203,7 +203,7 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
 
     by_outcome = {
         row["metric"]["outcome"]: float(row["value"][1])
-        for row in server.query("sum by (outcome) (fulfilment_events_total)")
+        for row in server.query('sum by (outcome) (fulfilment_events_total{event="order_placed"})')
     }
     assert by_outcome == {
         "reserved": 6,

@@ -142,6 +142,7 @@ async def put_service_dead_letter(
 
 async def poison(connection: aio_pika.abc.AbstractConnection, body: bytes, message_id: str) -> None:
     """Let the broker dead-letter a message by its delivery limit, as crashing workers would."""
+    before = await depth(connection, DEAD_LETTER_QUEUE)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     orders = await channel.get_exchange(ORDERS_EXCHANGE)
     await orders.publish(
@@ -153,13 +154,14 @@ async def poison(connection: aio_pika.abc.AbstractConnection, body: bytes, messa
     for _ in range(DELIVERY_LIMIT * 4):
         message = await queue.get(no_ack=False, fail=False)
         if message is None:
-            if await depth(connection, DEAD_LETTER_QUEUE) >= 1:
+            # A message being requeued is briefly not there: only the DLQ growing says it left.
+            if await depth(connection, DEAD_LETTER_QUEUE) > before:
                 break
             await asyncio.sleep(0.1)
             continue
         await message.reject(requeue=True)
     await channel.close()
-    assert await depth(connection, DEAD_LETTER_QUEUE) >= 1, "the broker did not dead-letter it"
+    assert await depth(connection, DEAD_LETTER_QUEUE) > before, "the broker did not dead-letter it"
 
 
 async def depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int:

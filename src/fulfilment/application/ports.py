@@ -26,14 +26,14 @@ class Warehouse(ABC):
 
     The rule :meth:`reserve` applies is :func:`fulfilment.domain.model.decide`, its
     specification. The fake calls it; ``PostgresWarehouse`` calls the PL/pgSQL function
-    ``reserve_orders()`` (``migrations/sql/reserve_orders/``), which implements the same rule
+    ``place_orders()`` (``migrations/sql/place_orders/``), which implements the same rule
     for one round trip per batch of orders. The property test
     ``test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_other``
     (``tests/integration/test_postgres_batches.py``) holds the two to the same answers.
 
     The lifecycle that :meth:`reserve`, :meth:`cancel` and :meth:`ship` follow is the state
     table of :mod:`fulfilment.domain.lifecycle`, its specification, which the fake runs;
-    ``PostgresWarehouse`` calls ``reserve_orders()``, ``cancel_orders()`` and
+    ``PostgresWarehouse`` calls ``place_orders()``, ``cancel_orders()`` and
     ``ship_orders()``, and the property tests of
     ``tests/integration/test_postgres_lifecycle.py`` hold the two to the same answers.
 

@@ -7,7 +7,7 @@ quantity is 80,995 units (2,880 in its December 2010 files), well inside :data:`
 and :data:`MAX_QUANTITY`.
 
 Every value the model accepts is one PostgreSQL stores as it was sent, through asyncpg into the
-columns ``reserve_orders()`` writes (``migrations/``): a SKU holds no NUL (``text`` cannot),
+columns ``place_orders()`` writes (``migrations/``): a SKU holds no NUL (``text`` cannot),
 ``placed_at`` is an instant the driver can send, the summed demand of a SKU fits ``integer``.
 What storage cannot hold is refused here, so the worker dead-letters it as ``permanent`` on its
 first delivery with the reason, instead of failing in the database as ``unexpected``.
@@ -43,7 +43,7 @@ MAX_UNITS_PER_SKU = MAX_LINES * MAX_QUANTITY
 """Most units of one SKU an order can ask for (its lines of that SKU summed): 1,000,000,000.
 
 It must fit PostgreSQL's ``integer`` (2,147,483,647), the type of ``reservation_lines.quantity``
-and of the sums in ``reserve_orders()``; a unit test holds the two bounds together."""
+and of the sums in ``place_orders()``; a unit test holds the two bounds together."""
 
 MAX_SKU_LENGTH = 64
 """Characters per stock code; real codes run from ``D`` to ``gift_0001_40`` and ``BANK CHARGES``.

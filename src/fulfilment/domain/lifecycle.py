@@ -30,7 +30,7 @@ ship is ``cancel_after_ship``, one before it releases stock first), and a ship b
 order is ``not_reserved`` (dead-lettered; an operator replays it once the order is placed).
 
 The in-memory warehouse of the tests runs these functions. Production runs the PL/pgSQL
-functions ``reserve_orders()``, ``cancel_orders()`` and ``ship_orders()`` (``migrations/sql/``),
+functions ``place_orders()``, ``cancel_orders()`` and ``ship_orders()`` (``migrations/sql/``),
 which implement the same table for a batch of events in one round trip; the property tests of
 ``tests/integration/test_postgres_lifecycle.py`` hold the two to the same answers, so a change
 to the table is made in both.
