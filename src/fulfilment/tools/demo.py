@@ -9,9 +9,12 @@ too; stop the worker with SIGTERM (it finishes in-flight work and exits 0); then
 every published event of the three kinds against the inbox and the dead-letter queues and
 print the report.
 
-Settled means that the service has answered every event of the run: each is in the inbox, or
-the queues hold nothing ready and the dead-letter queues grew by as many as are not (the
-reconciliation then says which). The demo reads which orders are still reserved only then.
+Settled means that the worker has answered every delivery of the run: its
+``fulfilment_events_total`` for that event (``/metrics``) grew by as many since the run was
+published, whatever the answer (applied, a duplicate, dead-lettered; a requeued delivery is
+not an answer, it comes again). The inbox cannot say it, as a second run's events are in it
+before they are delivered. The demo reads which orders are still reserved only then, and
+the day's outcomes from the inbox (an event not in it was dead-lettered).
 
 Stock is loaded only for SKUs without a level, so that a second run keeps what the first
 one's shipments took out of ``on_hand`` (a second run re-sends the same events and changes
@@ -36,7 +39,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-from uuid import UUID
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -50,8 +52,15 @@ from fulfilment.adapters.postgres.admin import (
     warehouse_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.adapters.rabbitmq import UnroutableError, connect, queue_state
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from fulfilment.adapters.rabbitmq import UnroutableError, connect
+from fulfilment.contracts.topology import (
+    DEAD_LETTER_QUEUES,
+    ORDER_CANCELLED,
+    ORDER_PLACED,
+    ORDER_SHIPPED,
+    SUBSCRIBED_QUEUES,
+)
+from fulfilment.observability.metrics import REQUEUED
 from fulfilment.tools.command import (
     CommandError,
     Echo,
@@ -80,14 +89,13 @@ if TYPE_CHECKING:
 READY_WAIT_SECONDS = 60.0
 """How long the worker may take to report ready before the demo gives up."""
 SETTLE_POLL_SECONDS = 0.05
-"""Interval between two looks at the inbox while a run settles: a run of a few events takes
-the worker a few milliseconds, and the demo waits for about 220 runs on the 20 days."""
+"""Interval between two looks at the worker's metrics while a run settles: a run of a few
+events takes the worker a few milliseconds, and the demo waits for about 220 runs on the 20
+days."""
 SETTLE_STALL_SECONDS = 120.0
-"""The demo fails if the service settles nothing more of a run for this long."""
+"""The demo fails if the worker answers nothing more of a run for this long."""
 PROGRESS_SECONDS = 5.0
 """A run that takes longer than this to settle says so, then again at this interval."""
-
-WORK_QUEUES = tuple(queue.name for queue in SUBSCRIBED_QUEUES)
 
 
 class DemoError(CommandError):
@@ -146,8 +154,8 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     days = plan_days(read.days, read.orders, match.cancellations)
     echo(
         f"read {len(read.orders)} orders and {len(read.cancellations)} cancellation invoices"
-        f" from {len(days)} days (skipped: {read.skipped.describe()}); {len(match.cancellations)}"
-        f" cancellations mapped to their order (not mapped: {match.describe()})"
+        f" from {len(days)} days (skipped: {read.skipped.describe()}); cancellations mapped to"
+        f" their order: {len(match.cancellations)} (not mapped: {match.describe()})"
     )
     levels = plan_stock(read.orders)
     async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
@@ -185,8 +193,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
                     connection=connection,
                     warehouse=warehouse,
                     consumer=options.consumer,
-                    process=process,
-                    log=log_path,
+                    worker=_Worker(process, port, log_path),
                     echo=echo,
                 )
                 for day in days:
@@ -239,21 +246,19 @@ class _DayCounts:
 class _Player:
     """Plays the days one after the other through the worker, and remembers what it sent."""
 
-    def __init__(  # noqa: PLR0913 - the demo's connections, its worker, and its output
+    def __init__(
         self,
         *,
         connection: AbstractConnection,
         warehouse: PostgresWarehouse,
         consumer: str,
-        process: asyncio.subprocess.Process,
-        log: Path,
+        worker: _Worker,
         echo: Echo,
     ) -> None:
         self._connection = connection
         self._warehouse = warehouse
         self._consumer = consumer
-        self._process = process
-        self._log = log
+        self._worker = worker
         self._echo = echo
         self.sent: Counter[str] = Counter()
         self.shipments: list[RetailShipment] = []
@@ -261,9 +266,9 @@ class _Player:
     def published(self) -> str:
         """One line: the events published, by kind."""
         return (
-            f"published {self.sent['OrderPlaced']} OrderPlaced,"
-            f" {self.sent['OrderCancelled']} OrderCancelled and"
-            f" {self.sent['OrderShipped']} OrderShipped events"
+            f"published {self.sent[ORDER_PLACED.event]} OrderPlaced,"
+            f" {self.sent[ORDER_CANCELLED.event]} OrderCancelled and"
+            f" {self.sent[ORDER_SHIPPED.event]} OrderShipped events"
         )
 
     async def play(self, day: RetailDay) -> None:
@@ -289,90 +294,104 @@ class _Player:
         self._echo(_day_line(day, counts, after))
 
     async def _send(self, day: RetailDay, events: Sequence[RetailEvent]) -> list[str]:
-        """Publish ``events`` and wait until they are settled; their outcomes, in no order.
+        """Publish ``events`` (of one kind), wait until settled; their inbox outcomes, in no order.
 
         An event that is not in the inbox once settled counts as ``dead_lettered``.
         """
         if not events:
             return []
-        dead_before = await self._dead_letters()
+        event = _EVENT[type(events[0])]
+        answered = (await self._worker.answered())[event]
         await publish_in_order(self._connection, events)
-        self.sent[_KIND[type(events[0])]] += len(events)
-        outcomes = await self._settle(day, [event.event_id for event in events], dead_before)
+        self.sent[event] += len(events)
+        await self._settle(day, event, answered + len(events))
+        outcomes = await inbox_outcomes(
+            self._warehouse, self._consumer, [event.event_id for event in events]
+        )
         return [*outcomes.values(), *["dead_lettered"] * (len(events) - len(outcomes))]
 
-    async def _settle(
-        self, day: RetailDay, event_ids: Sequence[UUID], dead_before: int
-    ) -> dict[UUID, str]:
-        progress: tuple[int, int] = (-1, -1)
-        changed = said = time.monotonic()
-        while True:
-            outcomes = await inbox_outcomes(self._warehouse, self._consumer, event_ids)
-            missing = len(event_ids) - len(outcomes)
-            if missing == 0:
-                return outcomes
-            dead = await self._dead_letters() - dead_before
-            if dead >= missing and await self._ready() == 0:
-                return outcomes
+    async def _settle(self, day: RetailDay, event: str, answered: int) -> None:
+        """Wait until the worker has answered ``answered`` deliveries of ``event`` in all."""
+        last, changed = -1, time.monotonic()
+        said = changed
+        while (now_answered := (await self._worker.answered())[event]) < answered:
             now = time.monotonic()
-            if (len(outcomes), dead) != progress:
-                progress, changed = (len(outcomes), dead), now
-            if self._process.returncode is not None:
-                msg = f"the worker exited with code {self._process.returncode} (log: {self._log})"
-                raise DemoError(msg)
+            if now_answered != last:
+                last, changed = now_answered, now
             if now - changed > SETTLE_STALL_SECONDS:
                 msg = (
-                    f"{day.name}: the service settled {len(outcomes)} of {len(event_ids)} events"
-                    f" and nothing more for {SETTLE_STALL_SECONDS:g} s (log: {self._log})"
+                    f"{day.name}: the worker answered nothing more of the {event} events for"
+                    f" {SETTLE_STALL_SECONDS:g} s ({answered - now_answered} waiting;"
+                    f" log: {self._worker.log})"
                 )
                 raise DemoError(msg)
             if now - said > PROGRESS_SECONDS:
-                self._echo(f"{day.name}: waiting, {len(outcomes)} of {len(event_ids)} settled")
+                self._echo(f"{day.name}: waiting for {answered - now_answered} {event} events")
                 said = now
             await asyncio.sleep(SETTLE_POLL_SECONDS)
 
-    async def _dead_letters(self) -> int:
-        return await self._depth(DEAD_LETTER_QUEUES)
 
-    async def _ready(self) -> int:
-        return await self._depth(WORK_QUEUES)
+@dataclass(frozen=True, slots=True)
+class _Worker:
+    """The demo's worker process, seen through its ``/metrics``."""
 
-    async def _depth(self, names: Sequence[str]) -> int:
-        states = [await queue_state(self._connection, name) for name in names]
-        return sum(state.ready for state in states if state is not None)
+    process: asyncio.subprocess.Process
+    port: int
+    log: Path
+
+    async def answered(self) -> Counter[str]:
+        """Deliveries the worker has settled, per event (the ``event`` label).
+
+        Every final answer counts (applied, duplicate, dead-lettered); a ``requeued`` delivery
+        is not one: it comes again.
+
+        Raises:
+            DemoError: the worker has exited.
+        """
+        if self.process.returncode is not None:
+            msg = f"the worker exited with code {self.process.returncode} (log: {self.log})"
+            raise DemoError(msg)
+        answered: Counter[str] = Counter()
+        for (event, outcome, _), count in (
+            await asyncio.to_thread(_events_total, self.port)
+        ).items():
+            if outcome != REQUEUED:
+                answered[event] += count
+        return answered
 
 
-_KIND: dict[type, str] = {
-    RetailOrder: "OrderPlaced",
-    RetailCancellation: "OrderCancelled",
-    RetailShipment: "OrderShipped",
+_EVENT: dict[type, str] = {
+    RetailOrder: ORDER_PLACED.event,
+    RetailCancellation: ORDER_CANCELLED.event,
+    RetailShipment: ORDER_SHIPPED.event,
 }
+"""The ``event`` label of each kind of event the demo sends."""
 
 
 def _day_line(day: RetailDay, counts: _DayCounts, totals: StockTotals) -> str:
-    """E.g. ``2010-12-01: 143 orders (rejected 23, reserved 120), 2 cancellations (...), ...``."""
+    """E.g. ``2010-12-01: orders 143 (rejected 23, reserved 120), cancellations 2 (...), ...``."""
     parts = [
-        _counted(len(day.orders), "orders", counts.outcomes["orders"]),
-        _counted(len(day.cancellations), "cancellations", counts.outcomes["cancellations"]),
-        _counted(counts.shipments.total(), "shipments", counts.shipments),
+        _counted("orders", len(day.orders), counts.outcomes["orders"]),
+        _counted("cancellations", len(day.cancellations), counts.outcomes["cancellations"]),
+        _counted("shipments", counts.shipments.total(), counts.shipments),
     ]
     return (
-        f"{day.name}: {', '.join(parts)}; units: +{counts.reserved} reserved,"
-        f" -{counts.released} released, -{counts.shipped} shipped;"
-        f" now on hand {totals.on_hand}, reserved {totals.reserved}"
+        f"{day.name}: {', '.join(parts)}; units reserved {counts.reserved},"
+        f" released {counts.released}, shipped {counts.shipped};"
+        f" stock now on hand {totals.on_hand}, reserved {totals.reserved}"
     )
 
 
-def _counted(total: int, what: str, outcomes: Counter[str]) -> str:
+def _counted(what: str, total: int, outcomes: Counter[str]) -> str:
     if not total:
-        return f"0 {what}"
-    return f"{total} {what} (" + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) + ")"
+        return f"{what} 0"
+    return f"{what} {total} (" + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) + ")"
 
 
 async def _purge_queues(amqp_url: str) -> None:
     async with connect(amqp_url) as connection:
         channel = await connection.channel()
-        for name in WORK_QUEUES + DEAD_LETTER_QUEUES:
+        for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
             with contextlib.suppress(Exception):
                 queue = await channel.get_queue(name, ensure=True)
                 await queue.purge()
@@ -434,29 +453,38 @@ def _first_error(log: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _run_outcomes(port: int) -> str:
-    """``fulfilment_events_total`` of the demo's worker, per event, read from its ``/metrics``.
+def _events_total(port: int) -> Counter[tuple[str, str, str]]:
+    """``fulfilment_events_total`` of the demo's worker by ``(event, outcome, reason)``.
 
-    One line per event that had a delivery, e.g. ``order_placed: rejected:unknown_sku 7,
-    reserved 132``; ``none`` when there was none.
+    Read from its ``/metrics``; series at 0 are left out.
     """
     url = f"http://127.0.0.1:{port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
-    counts: dict[str, Counter[str]] = {}
+    counts: Counter[tuple[str, str, str]] = Counter()
     for family in text_string_to_metric_families(text):
         if family.name != "fulfilment_events":
             continue
         for sample in family.samples:
             if sample.name == "fulfilment_events_total" and sample.value:
-                outcome, reason = sample.labels["outcome"], sample.labels["reason"]
-                label = f"{outcome}:{reason}" if reason else outcome
-                counts.setdefault(sample.labels["event"], Counter())[label] += int(sample.value)
+                labels = sample.labels
+                counts[labels["event"], labels["outcome"], labels["reason"]] += int(sample.value)
+    return counts
+
+
+def _run_outcomes(port: int) -> str:
+    """The worker's outcomes, one line per event that had a delivery, in the topology's order.
+
+    E.g. ``  order_placed: rejected:unknown_sku 7, reserved 132``; ``  none`` without any.
+    """
+    by_event: dict[str, Counter[str]] = {}
+    for (event, outcome, reason), count in _events_total(port).items():
+        by_event.setdefault(event, Counter())[f"{outcome}:{reason}" if reason else outcome] += count
+    order = [queue.event for queue in SUBSCRIBED_QUEUES]
     lines = [
         f"  {event}: " + ", ".join(f"{label} {count}" for label, count in sorted(by.items()))
-        for event, by in sorted(counts.items(), key=lambda item: _EVENT_ORDER.get(item[0], 9))
+        for event, by in sorted(
+            by_event.items(), key=lambda item: order.index(item[0]) if item[0] in order else 9
+        )
     ]
     return "\n".join(lines) or "  none"
-
-
-_EVENT_ORDER = {"order_placed": 0, "order_cancelled": 1, "order_shipped": 2}

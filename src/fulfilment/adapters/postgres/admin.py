@@ -111,12 +111,15 @@ async def processed_event_ids(
 
 
 async def reset_tables(warehouse: PostgresWarehouse) -> None:
-    """Empty the inbox, reservations, stock levels and redelivery counts (``demo --reset``)."""
+    """Empty the inbox, reservations, tombstone lines, stock levels and redelivery counts.
+
+    For ``demo --reset``.
+    """
     async with warehouse.engine.begin() as connection:
         await connection.execute(
             text(
-                "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
-                " delivery_attempts"
+                "TRUNCATE inbox_messages, reservation_lines, reservations, tombstone_lines,"
+                " stock_levels, delivery_attempts"
             )
         )
 
