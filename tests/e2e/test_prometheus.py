@@ -3,8 +3,9 @@
 The test starts Debian's ``prometheus`` binary on a free loopback port with a temporary
 configuration (scrape and rule evaluation every second, the repository's alert rules) and
 data folder, runs orders, rejections, a duplicate, malformed events, a cancel and shipments
-through the worker, then runs every query of the Grafana dashboard against it. Without the binary it is skipped
-on a developer's machine and fails under ``CI=true`` (``.ci/run`` installs it).
+through the worker, then runs every query of the Grafana dashboard against it. Without the
+binary it is skipped on a developer's machine and fails under ``CI=true`` (``.ci/run``
+installs it).
 """
 
 from __future__ import annotations
