@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import time
 import uuid
 from collections import Counter
@@ -36,7 +37,7 @@ import aio_pika
 import asyncpg
 import pytest
 from faultlib import Cluster, declare, inbox_count, record_figures
-from harness import put_stock, queue_depth
+from harness import WorkerProcess, put_stock, queue_depth
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fakes import InMemoryWarehouse
@@ -76,7 +77,7 @@ DELIVERY_LIMIT = "20"
 poison (``test_crashes`` has that scenario)."""
 
 WORKERS = 3
-SIGTERM_EVERY_SECONDS = 4.0
+SIGTERM_EVERY_SECONDS = 2.5
 AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
 
 
@@ -130,18 +131,21 @@ class LifecyclePlan:
 
 
 def lifecycle_plan(
-    orders: int, *, cancelled: float, shipped: float, early: float, seed: int
+    orders: int, *, cancelled: float, shipped: float, early: float, lag: int, seed: int
 ) -> LifecyclePlan:
     """``orders`` orders on the hot SKUs; a share ``cancelled`` of them cancelled (half whole,
     half by one or two partial cancels, which may ask for more than the order holds), of
     which a share ``early`` before the order is published; a share ``shipped`` of the others
-    shipped. Orders go out in waves of 40, each wave followed by the late cancels and the
-    shipments of its orders."""
+    shipped. Orders go out in waves of 40; the late cancels and the shipments of a wave's
+    orders follow ``lag`` waves later (0: right behind them)."""
     rng = random.Random(seed)
     plan = LifecyclePlan()
-    wave: list[Event] = []
-    behind: list[Event] = []
+    placed_waves: list[list[Event]] = [[]]
+    behind_waves: list[list[Event]] = [[]]
     for index in range(orders):
+        if index and index % 40 == 0:
+            placed_waves.append([])
+            behind_waves.append([])
         order_id = uuid.UUID(int=rng.getrandbits(128), version=4)
         skus = rng.sample(HOT_SKUS, rng.randint(1, 3))
         lines = tuple((sku, rng.randint(1, 5)) for sku in skus)
@@ -149,21 +153,22 @@ def lifecycle_plan(
             ORDER_PLACED, uuid.UUID(int=rng.getrandbits(128), version=4), order_id, lines
         )
         plan.in_order.append(placed)
-        wave.append(placed)
+        placed_waves[-1].append(placed)
         draw = rng.random()
         if draw < cancelled:
             cancels = _cancels(rng, order_id, lines)
             plan.in_order += cancels
-            (plan.early if rng.random() < early else behind).extend(cancels)
+            (plan.early if rng.random() < early else behind_waves[-1]).extend(cancels)
         elif draw < cancelled + shipped:
             shipment = Event(
                 ORDER_SHIPPED, uuid.UUID(int=rng.getrandbits(128), version=4), order_id
             )
             plan.in_order.append(shipment)
-            behind.append(shipment)
-        if (index + 1) % 40 == 0 or index == orders - 1:
-            plan.waves.append([*wave, *behind])
-            wave, behind = [], []
+            behind_waves[-1].append(shipment)
+    for index in range(len(placed_waves) + lag):
+        placed_wave = placed_waves[index] if index < len(placed_waves) else []
+        behind = behind_waves[index - lag] if 0 <= index - lag < len(behind_waves) else []
+        plan.waves.append([*placed_wave, *behind])
     return plan
 
 
@@ -256,7 +261,8 @@ class Run:
 
     sigterms: list[int] = field(default_factory=list)
     restarts: int = 0
-    replayed: int = 0
+    replayed: set[str] = field(default_factory=set)
+    """Shipments that overtook their order, were dead-lettered and then replayed."""
 
 
 async def run_plan(
@@ -296,17 +302,22 @@ async def run_plan(
             wave = next(waves, None)
             if wave is not None:
                 await publish_plan_events(broker, wave)
-            if time.monotonic() >= next_sigterm and (alive := cluster.alive()):
-                code, _ = await asyncio.to_thread(rng.choice(alive).terminate)
+            if time.monotonic() >= next_sigterm and (ready := await _ready(cluster)):
+                # A ready worker: one still starting has no handler for the signal yet.
+                code, _ = await asyncio.to_thread(rng.choice(ready).terminate)
                 run.sigterms.append(code)
                 next_sigterm = time.monotonic() + SIGTERM_EVERY_SECONDS
             run.restarts += cluster.restart_dead()
             if wave is None and await _quiet(broker):
-                run.replayed += await _replay_shipments(broker, audit)
+                run.replayed |= await _replay_shipments(broker, audit)
             await asyncio.sleep(0.2 if wave is not None else 1.0)
     finally:
         await audit.dispose()
     return run
+
+
+async def _ready(cluster: Cluster) -> list[WorkerProcess]:
+    return [worker for worker in cluster.alive() if await asyncio.to_thread(worker.ready)]
 
 
 async def _quiet(broker: aio_pika.abc.AbstractConnection) -> bool:
@@ -315,9 +326,12 @@ async def _quiet(broker: aio_pika.abc.AbstractConnection) -> bool:
     return not any(depths)
 
 
-async def _replay_shipments(broker: aio_pika.abc.AbstractConnection, audit: AsyncEngine) -> int:
+async def _replay_shipments(
+    broker: aio_pika.abc.AbstractConnection, audit: AsyncEngine
+) -> set[str]:
+    """Replay the shipments' DLQ; the event ids replayed."""
     if await queue_depth(broker, ORDER_SHIPPED.dead_letter_queue) == 0:
-        return 0
+        return set()
     result = await dlq.replay(
         broker,
         dlq.Selection(everything=True),
@@ -328,7 +342,7 @@ async def _replay_shipments(broker: aio_pika.abc.AbstractConnection, audit: Asyn
         comment="the orders are placed now",
         queues=[ORDER_SHIPPED.dead_letter_queue],
     )
-    return result.done
+    return {letter.description.event_id or "" for letter in result.letters}
 
 
 @dataclass
@@ -385,20 +399,37 @@ def assert_nothing_lost_nor_applied_twice(plan: LifecyclePlan, outcome: Outcome)
 def figures(
     scenario: str, plan: LifecyclePlan, cluster: Cluster, run: Run, outcome: Outcome
 ) -> None:
+    """One row of the Guarantees table; its ``orders`` column counts events of every kind."""
     crashes = _crashes(cluster)
+    kind = {str(event.event_id): event.queue.event for event in plan.in_order}
+    by_kind = Counter(
+        f"{kind.get(line['event_id'], '?')} {line['point']}"
+        for line in cluster.log_events("fault.crash")
+    )
+    tombstoned = outcome.inbox["tombstoned"]
     record_figures(
         scenario,
-        f"3 workers, SIGKILL at each point ({sum(crashes.values())} kills: "
-        f"{dict(sorted(crashes.items()))}), {len(run.sigterms)} SIGTERMs",
+        f"{plan.count(ORDER_PLACED)} orders on {len(HOT_SKUS)} hot SKUs, "
+        f"{plan.count(ORDER_CANCELLED)} cancels ({tombstoned} applied before their order), "
+        f"{plan.count(ORDER_SHIPPED)} shipments ({len(run.replayed)} before their order, "
+        f"dead-lettered and replayed); 3 workers, {sum(crashes.values())} SIGKILLs at the crash "
+        f"points, {len(run.sigterms)} SIGTERMs",
         outcome.reconciliation,
-        events=len(plan.in_order),
-        cancels=plan.count(ORDER_CANCELLED),
-        shipments=plan.count(ORDER_SHIPPED),
         applied_twice=outcome.applied_twice,
-        out_of_order=outcome.inbox["tombstoned"] + run.replayed,
-        cancels_before_their_order=outcome.inbox["tombstoned"],
-        shipments_replayed=run.replayed,
+        out_of_order=tombstoned + len(run.replayed),
+        kills_by_event=dict(sorted(by_kind.items())),
+        sigterm_exits=run.sigterms,
     )
+
+
+def assert_stopped_cleanly(run: Run) -> None:
+    """Each SIGTERM ended in exit 0, unless a crash point killed the worker while it drained
+    (-9: up to 48 deliveries finish during a drain, each drawing the crash points, so about
+    one drain in two meets one; the crash is the fault then, its deliveries come back like any
+    crash's)."""
+    assert len(run.sigterms) >= 3, run.sigterms
+    assert set(run.sigterms) <= {0, -signal.SIGKILL}, run.sigterms
+    assert 0 in run.sigterms, run.sigterms
 
 
 async def _prepare(db: asyncpg.Connection, amqp_url: str) -> None:
@@ -417,7 +448,7 @@ async def test_cancels_before_and_after_their_orders_under_kill_9_and_sigterm_lo
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    plan = lifecycle_plan(600, cancelled=0.6, shipped=0.15, early=0.5, seed=17)
+    plan = lifecycle_plan(600, cancelled=0.6, shipped=0.15, early=0.5, lag=0, seed=17)
     await _prepare(db, amqp_url)
 
     run = await run_plan(plan, cluster, db, broker, settings)
@@ -427,8 +458,7 @@ async def test_cancels_before_and_after_their_orders_under_kill_9_and_sigterm_lo
     assert_nothing_lost_nor_applied_twice(plan, outcome)
     assert outcome.inbox["tombstoned"] > 0  # cancels did come before their orders
     assert sum(_crashes(cluster).values()) >= 3, _crashes(cluster)
-    assert len(run.sigterms) >= 3
-    assert all(code == 0 for code in run.sigterms), run.sigterms
+    assert_stopped_cleanly(run)
 
 
 async def test_shipments_racing_their_orders_under_kill_9_and_sigterm_lose_nothing(
@@ -438,7 +468,7 @@ async def test_shipments_racing_their_orders_under_kill_9_and_sigterm_lose_nothi
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    plan = lifecycle_plan(600, cancelled=0.2, shipped=0.6, early=0.5, seed=23)
+    plan = lifecycle_plan(600, cancelled=0.2, shipped=0.6, early=0.5, lag=1, seed=23)
     await _prepare(db, amqp_url)
 
     run = await run_plan(plan, cluster, db, broker, settings)
@@ -449,12 +479,11 @@ async def test_shipments_racing_their_orders_under_kill_9_and_sigterm_lose_nothi
     shipped = await db.fetchval("SELECT count(*) FROM reservations WHERE status = 'shipped'")
     assert shipped == outcome.inbox["shipped"] == plan.count(ORDER_SHIPPED)
     assert sum(_crashes(cluster).values()) >= 3, _crashes(cluster)
-    assert len(run.sigterms) >= 3
-    assert all(code == 0 for code in run.sigterms), run.sigterms
+    assert_stopped_cleanly(run)
 
 
 def test_the_plans_cover_what_the_scenarios_claim() -> None:
-    plan = lifecycle_plan(600, cancelled=0.6, shipped=0.15, early=0.5, seed=17)
+    plan = lifecycle_plan(600, cancelled=0.6, shipped=0.15, early=0.5, lag=1, seed=17)
     kinds = Counter(event.queue.event for event in plan.in_order)
     assert kinds["order_placed"] == 600
     assert kinds["order_cancelled"] > 300

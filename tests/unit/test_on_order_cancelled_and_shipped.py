@@ -116,7 +116,11 @@ async def harness() -> AsyncIterator[Harness]:
         )(capture(subscribed.dead_letter_queue))
 
     async with TestRabbitBroker(worker.broker) as broker:
-        yield Harness(worker, warehouse, dead_letters, broker)
+        try:
+            yield Harness(worker, warehouse, dead_letters, broker)
+        finally:
+            # A test that paused the consumers leaves no task behind to resume them later.
+            await worker.consumer_pause.close()
 
 
 async def test_the_worker_subscribes_one_consumer_per_queue_of_the_topology(

@@ -83,7 +83,11 @@ async def _harness(
         )(capture)
 
     async with TestRabbitBroker(worker.broker) as broker:
-        yield Harness(worker, warehouse, dead_letters, broker)
+        try:
+            yield Harness(worker, warehouse, dead_letters, broker)
+        finally:
+            # A test that paused the consumers leaves no task behind to resume them later.
+            await worker.consumer_pause.close()
 
 
 @pytest.fixture

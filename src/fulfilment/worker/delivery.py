@@ -210,10 +210,9 @@ def subscribe(
     counts. The service's dead letters of the queue are published with the queue's own
     ``x-dead-letter-routing-key`` (its name when it has none), the key the broker uses too.
     The subscriber has its own channel with ``policy.prefetch_count`` unacknowledged
-    deliveries, which is also its concurrency:
-    FastStream runs one task per delivery and has no other limit on RabbitMQ.
-    ``REJECT_ON_ERROR`` is explicit even though it is FastStream's default, because the
-    dead-letter guarantees above depend on it.
+    deliveries, which is also its concurrency: FastStream runs one task per delivery and has
+    no other limit on RabbitMQ. ``REJECT_ON_ERROR`` is explicit even though it is FastStream's
+    default, because the dead-letter guarantees above depend on it.
     """
     broker = policy.broker
     subscriber = broker.subscriber(
