@@ -1,4 +1,4 @@
-"""Time one ``reserve_orders()`` call for large batches on a large stock table.
+"""Time one ``place_orders()`` call for large batches on a large stock table.
 
 The worker's batches hold up to ``FULFILMENT_RESERVATION_BATCH_MAX`` orders (the prefetch, 32
 by default) and an order up to 1,000 lines, so one call may carry 32,000 lines. This script
@@ -46,7 +46,7 @@ async def _time_calls(database_url: str) -> None:
                 line_skus += rng.sample(skus, lines)
             started = time.perf_counter()
             await connection.fetch(
-                "SELECT * FROM reserve_orders('bench', $1, $2, $3, $4, $5, $6)",
+                "SELECT * FROM place_orders('bench', $1, $2, $3, $4, $5, $6)",
                 [uuid.uuid4() for _ in range(orders)],
                 [uuid.uuid4() for _ in range(orders)],
                 [datetime.now(UTC)] * orders,

@@ -63,6 +63,7 @@ from workload import Order, Workload, load_workload, publish_backlog, publish_st
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
     MAIN_QUEUE,
+    ORDER_PLACED,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
@@ -155,7 +156,9 @@ async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
     try:
         channel = await connection.channel()
         queue = await channel.declare_queue(
-            REFERENCE_QUEUE, durable=True, arguments=dict(topology.main_queue().arguments or {})
+            REFERENCE_QUEUE,
+            durable=True,
+            arguments=dict(topology.queue(ORDER_PLACED).arguments or {}),
         )
         await queue.bind(ORDERS_EXCHANGE, routing_key=REFERENCE_ROUTING_KEY)
     finally:

@@ -1,4 +1,4 @@
-"""Test data: the commands the warehouse tests reserve, and the worker's parse of a body."""
+"""Test data: the commands the warehouse tests apply, and the worker's parse of a body."""
 
 from __future__ import annotations
 
@@ -6,11 +6,18 @@ from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
 from fulfilment.contracts.order_placed import OrderPlacedV1
+from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine, ReserveStock
 from fulfilment.worker.delivery import check_body, parse_event
 
 PLACED_AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
 """When the test orders were placed: the first day of the Online Retail data."""
+
+CANCELLED_AT = datetime(2010, 12, 1, 9, 41, tzinfo=UTC)
+"""When the test orders were cancelled."""
+
+SHIPPED_AT = datetime(2010, 12, 2, 7, 5, tzinfo=UTC)
+"""When the test orders were shipped."""
 
 
 def order(
@@ -23,6 +30,23 @@ def order(
         placed_at=PLACED_AT,
         lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
     )
+
+
+def cancellation(
+    order_id: UUID, *lines: tuple[str, int], event_id: UUID | None = None
+) -> CancelOrder:
+    """A ``CancelOrder`` of ``order_id``: of its ``(sku, quantity)`` lines, or whole without."""
+    return CancelOrder(
+        event_id=event_id or uuid4(),
+        order_id=order_id,
+        cancelled_at=CANCELLED_AT,
+        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines) if lines else None,
+    )
+
+
+def shipment(order_id: UUID, *, event_id: UUID | None = None) -> ShipOrder:
+    """A ``ShipOrder`` of ``order_id``; a new event id unless given."""
+    return ShipOrder(event_id=event_id or uuid4(), order_id=order_id, shipped_at=SHIPPED_AT)
 
 
 def parse_order_placed(body: bytes, content_type: str | None) -> OrderPlacedV1:

@@ -9,6 +9,23 @@ from uuid import UUID
 
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.application.ports import Warehouse
+from fulfilment.domain.lifecycle import (
+    CancelKind,
+    CancelOrder,
+    CancelOutcome,
+    OrderState,
+    OrderStatus,
+    ShipKind,
+    ShipOrder,
+    ShipOutcome,
+    Tombstone,
+    apply_cancelled,
+    apply_placed,
+    apply_shipped,
+    as_lines,
+    released,
+    shipped,
+)
 from fulfilment.domain.model import (
     DuplicateOf,
     OutcomeKind,
@@ -17,27 +34,58 @@ from fulfilment.domain.model import (
     ReserveStock,
     StockLevel,
     aggregate_demand,
-    decide,
 )
+
+CANCEL_INBOX_OUTCOMES = {
+    CancelKind.RELEASED: "released",
+    CancelKind.PARTIALLY_RELEASED: "partially_released",
+    CancelKind.TOMBSTONED: "tombstoned",
+    CancelKind.IGNORED: "cancel_ignored",
+    CancelKind.CANCEL_AFTER_SHIP: "cancel_after_ship",
+}
+"""The ``inbox_messages.outcome`` of each recorded cancel, as ``cancel_orders()`` writes it."""
+
+SHIP_INBOX_OUTCOMES = {ShipKind.SHIPPED: "shipped", ShipKind.IGNORED: "ship_ignored"}
+"""The ``inbox_messages.outcome`` of each recorded shipment, as ``ship_orders()`` writes it
+(``not_reserved`` is not recorded)."""
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """What the fake keeps per order, like a row of ``reservations`` with its lines."""
+    """What the fake keeps per order, like a row of ``reservations`` with its lines.
 
-    event_id: UUID
+    ``event_id`` is the event that placed the order (None for a tombstone); ``lines`` are its
+    ``reservation_lines``; ``tombstone`` is what cancels said before it was placed.
+    """
+
+    event_id: UUID | None
     reason: RejectionReason | None
     skus: tuple[str, ...]
     lines: dict[str, int] = field(default_factory=dict)
+    status: OrderStatus = OrderStatus.RESERVED
+    tombstone: Tombstone | None = None
+
+    @property
+    def state(self) -> OrderState:
+        """The order's state, as the lifecycle's transition functions take it."""
+        return OrderState(self.status, self.lines, self.tombstone)
+
+    def after(self, state: OrderState) -> Reservation:
+        """This row once the order is in ``state`` (placement, reason and SKUs kept)."""
+        return Reservation(
+            self.event_id, self.reason, self.skus, dict(state.lines), state.status, state.tombstone
+        )
 
 
 class InMemoryWarehouse(Warehouse):
     """The ``Warehouse`` in memory, with the rules of ``PostgresWarehouse``.
 
-    An inbox keyed on ``(consumer, event_id)`` makes ``reserve`` idempotent, an order placed by
+    An inbox keyed on ``(consumer, event_id)`` makes every event idempotent, an order placed by
     one event is a ``duplicate`` of ``order`` under any other, and one lock serialises the calls
     the way the database's row locks do. ``inbox`` maps each key to its outcome label
-    (``reserved``, ``rejected`` or ``duplicate_order``, as the database's column does).
+    (``reserved``, ``rejected``, ``duplicate_order``, and those of
+    :data:`CANCEL_INBOX_OUTCOMES` and :data:`SHIP_INBOX_OUTCOMES`, as the database's column
+    does). Every transition is the one of ``fulfilment.domain.lifecycle``.
     """
 
     def __init__(self, *, consumer: str = "fulfilment") -> None:
@@ -62,27 +110,93 @@ class InMemoryWarehouse(Warehouse):
             key = (self.consumer, command.event_id)
             if key in self.inbox:
                 return self._duplicate(command, DuplicateOf.EVENT)
-            if command.order_id in self.reservations:
+            existing = self.reservations.get(command.order_id)
+            placement = apply_placed(
+                None if existing is None else existing.state,
+                demand,
+                {sku: self.levels[sku] for sku in demand if sku in self.levels},
+            )
+            if placement.decision is None:
                 self.inbox[key] = "duplicate_order"
                 return self._duplicate(command, DuplicateOf.ORDER)
-            decision = decide(
-                demand, {sku: self.levels[sku] for sku in demand if sku in self.levels}
-            )
-            if decision.reason is None:
-                for sku, units in demand.items():
+            reason = placement.decision.reason
+            if reason is None:
+                for sku, units in placement.state.lines.items():
                     level = self.levels[sku]
                     self.levels[sku] = StockLevel(level.on_hand, level.reserved + units)
-            skus = tuple(sorted(decision.skus))
+            skus = tuple(sorted(placement.decision.skus))
             self.reservations[command.order_id] = Reservation(
-                command.event_id, decision.reason, skus, dict(demand)
+                command.event_id,
+                reason,
+                skus,
+                dict(placement.state.lines),
+                placement.state.status,
+                placement.state.tombstone,
             )
-            self.inbox[key] = "reserved" if decision.reason is None else "rejected"
+            self.inbox[key] = "reserved" if reason is None else "rejected"
             return ReservationOutcome(
-                kind=OutcomeKind.RESERVED if decision.reason is None else OutcomeKind.REJECTED,
+                kind=OutcomeKind.RESERVED if reason is None else OutcomeKind.REJECTED,
                 order_id=command.order_id,
                 event_id=command.event_id,
-                reason=decision.reason,
+                reason=reason,
                 skus=skus,
+            )
+
+    async def cancel(self, command: CancelOrder) -> CancelOutcome:
+        if command.lines is not None and not command.lines:
+            msg = f"the cancel of order {command.order_id} names no lines"
+            raise ValueError(msg)
+        async with self._lock:
+            key = (self.consumer, command.event_id)
+            if key in self.inbox:
+                return CancelOutcome(CancelKind.DUPLICATE, command.order_id, command.event_id)
+            existing = self.reservations.get(command.order_id)
+            cancellation = apply_cancelled(
+                None if existing is None else existing.state, command.cancelled()
+            )
+            for sku, units in cancellation.lines.items():
+                self.levels[sku] = released(self.levels[sku], units)
+            self.reservations[command.order_id] = (
+                Reservation(
+                    None,
+                    None,
+                    (),
+                    status=cancellation.state.status,
+                    tombstone=cancellation.state.tombstone,
+                )
+                if existing is None
+                else existing.after(cancellation.state)
+            )
+            self.inbox[key] = CANCEL_INBOX_OUTCOMES[cancellation.kind]
+            return CancelOutcome(
+                cancellation.kind,
+                command.order_id,
+                command.event_id,
+                as_lines(cancellation.lines),
+                cancellation.state.status,
+            )
+
+    async def ship(self, command: ShipOrder) -> ShipOutcome:
+        async with self._lock:
+            key = (self.consumer, command.event_id)
+            if key in self.inbox:
+                return ShipOutcome(ShipKind.DUPLICATE, command.order_id, command.event_id)
+            existing = self.reservations.get(command.order_id)
+            shipment = apply_shipped(None if existing is None else existing.state)
+            status = None if shipment.state is None else shipment.state.status
+            if shipment.kind is ShipKind.NOT_RESERVED:
+                return ShipOutcome(shipment.kind, command.order_id, command.event_id, (), status)
+            for sku, units in shipment.lines.items():
+                self.levels[sku] = shipped(self.levels[sku], units)
+            if existing is not None and shipment.state is not None:
+                self.reservations[command.order_id] = existing.after(shipment.state)
+            self.inbox[key] = SHIP_INBOX_OUTCOMES[shipment.kind]
+            return ShipOutcome(
+                shipment.kind,
+                command.order_id,
+                command.event_id,
+                as_lines(shipment.lines),
+                status,
             )
 
     async def put_stock(self, on_hand: Mapping[str, int]) -> None:

@@ -95,7 +95,7 @@ stock_app = typer.Typer(
 app.add_typer(stock_app, name="stock")
 dlq_app = typer.Typer(
     cls=Group,
-    help="The dead-letter queue: list, show, replay or purge its messages.",
+    help="The dead-letter queues: list, show, replay or purge their messages.",
     no_args_is_help=True,
 )
 app.add_typer(dlq_app, name="dlq")
@@ -221,17 +221,32 @@ def stock_plan(
 @app.command(cls=Command)
 def publish(
     files: Annotated[list[Path], typer.Argument(help="Online Retail CSV files or folders.")],
+    cancellations: Annotated[  # noqa: FBT002 - a typer flag
+        bool,
+        typer.Option(
+            "--cancellations",
+            help="Also an OrderCancelled per cancellation that can only mean one order.",
+        ),
+    ] = False,
 ) -> None:
     """Publish one OrderPlaced per invoice of FILES, persistent and confirmed.
 
     Ids derive from the invoice number, so publishing a file twice re-sends the same events
     (and the worker answers them as duplicates). Cancellations and non-positive lines are
-    skipped and counted.
+    skipped and counted; with --cancellations, the cancellations mapped to an order are
+    published among the orders, in time order, and the others counted by reason.
     """
     from fulfilment.tools.publish import publish_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
-    run(publish_command(settings.amqp_url.get_secret_value(), files, echo=typer.echo))
+    run(
+        publish_command(
+            settings.amqp_url.get_secret_value(),
+            files,
+            cancellations=cancellations,
+            echo=typer.echo,
+        )
+    )
 
 
 @app.command(cls=Command)
@@ -275,8 +290,11 @@ def demo(
     """The main job on real data: migrate, load stock, run the worker, publish, report.
 
     Stock levels are planned from DATA deterministically, so some orders are rejected for
-    insufficient stock and a few for unknown SKUs. Runs the worker as a child process, waits
-    until the queue is drained, stops it with SIGTERM, and reconciles every published event.
+    insufficient stock and a few for unknown SKUs. Runs the worker as a child process and
+    plays DATA day by day: the orders and the cancellations mapped to their order, in time
+    order, then the shipment of every order still reserved at the end of its day, each step
+    settled before the next. Stops the worker with SIGTERM and reconciles every published
+    event of the three kinds.
     """
     from fulfilment.tools.demo import demo_command  # noqa: PLC0415 - see the module's text
 
@@ -302,7 +320,15 @@ GroupOption = Annotated[
     str | None,
     typer.Option(help="A group as `dlq list` shows it, e.g. permanent/MalformedEventError."),
 ]
-AllOption = Annotated[bool, typer.Option("--all", help="Every message in the DLQ.")]
+AllOption = Annotated[bool, typer.Option("--all", help="Every message in the DLQs.")]
+QueueOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--queue",
+        help="A dead-letter queue, or the queue it belongs to (fulfilment.order-shipped); "
+        "repeat for several. Default: every dead-letter queue.",
+    ),
+]
 YesOption = Annotated[
     bool, typer.Option("--yes", help="Do it; without this flag the command is a dry run.")
 ]
@@ -316,24 +342,32 @@ CommentOption = Annotated[
 
 @dlq_app.command("list", cls=Command)
 def dlq_list(
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,  # noqa: FBT002 - a typer flag
+    *,
+    queues: QueueOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Dead letters grouped by failure class and exception, with counts and oldest age.
+    """Dead letters grouped per DLQ by failure class and exception, with counts and oldest age.
 
-    Reads the DLQ without removing anything.
+    Reads the DLQs without removing anything.
     """
     from fulfilment.tools.dlq_commands import list_command  # noqa: PLC0415 - see the module's text
 
+    chosen = _queues(queues)
     settings = settings_or_exit()
-    run(list_command(settings.amqp_url.get_secret_value(), as_json=as_json, echo=typer.echo))
+    run(
+        list_command(
+            settings.amqp_url.get_secret_value(), as_json=as_json, echo=typer.echo, queues=chosen
+        )
+    )
 
 
 @dlq_app.command("show", cls=Command)
-def dlq_show(
+def dlq_show(  # noqa: PLR0913 - one parameter per option
     *,
     ids: IdsOption = None,
     group: GroupOption = None,
     everything: AllOption = False,
+    queues: QueueOption = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
@@ -349,6 +383,7 @@ def dlq_show(
             limit=limit,
             as_json=as_json,
             echo=typer.echo,
+            queues=_queues(queues),
         )
     )
 
@@ -359,22 +394,26 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     ids: IdsOption = None,
     group: GroupOption = None,
     everything: AllOption = False,
+    queues: QueueOption = None,
     # 10 per second by default: slow enough that replaying a whole DLQ leaves room for live orders.
     rate: Annotated[float, typer.Option(min=0.1, help="Messages per second at most.")] = 10.0,
     yes: YesOption = False,
     operator: OperatorOption = None,
     comment: CommentOption = None,
 ) -> None:
-    """Publish the chosen dead letters to `orders` again, once their cause is fixed.
+    """Publish the chosen dead letters again where they came from, once their cause is fixed.
 
-    Body and ids are unchanged, so an event that was applied meanwhile is answered as a
-    duplicate; broker and x-fulfilment-* headers are stripped. Each message leaves the DLQ
+    Each goes back to the exchange and routing key it was first published with (`orders`
+    with order.placed, order.cancelled or order.shipped). Body and ids are unchanged, so an
+    event that was applied meanwhile is answered as a duplicate; broker and x-fulfilment-*
+    headers are stripped. Each message leaves the DLQ
     only after the broker confirmed the republish and its audit row is written. A dry run
     unless --yes.
     """
     from fulfilment.tools.dlq_commands import replay_command  # noqa: PLC0415 - see the module's text
 
     selection = _selection(ids, group, everything=everything)
+    chosen = _queues(queues)
     run(
         replay_command(
             tool_options(settings_or_exit()),
@@ -384,6 +423,7 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
             operator=operator,
             comment=comment,
             echo=typer.echo,
+            queues=chosen,
         )
     )
 
@@ -394,6 +434,7 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
     ids: IdsOption = None,
     group: GroupOption = None,
     everything: AllOption = False,
+    queues: QueueOption = None,
     yes: YesOption = False,
     operator: OperatorOption = None,
     comment: CommentOption = None,
@@ -405,6 +446,7 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
     from fulfilment.tools.dlq_commands import purge_command  # noqa: PLC0415 - see the module's text
 
     selection = _selection(ids, group, everything=everything)
+    chosen = _queues(queues)
     run(
         purge_command(
             tool_options(settings_or_exit()),
@@ -413,6 +455,7 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
             operator=operator,
             comment=comment,
             echo=typer.echo,
+            queues=chosen,
         )
     )
 
@@ -423,5 +466,15 @@ def _selection(ids: list[str] | None, group: str | None, *, everything: bool) ->
 
     try:
         return Selection.build(ids or [], group, everything=everything)
+    except ValueError as error:
+        fail(str(error), EXIT_BAD_INPUT)
+
+
+def _queues(names: list[str] | None) -> tuple[str, ...]:
+    """The dead-letter queues the ``--queue`` options choose (all without one), or exit 2."""
+    from fulfilment.tools.dlq import dead_letter_queues  # noqa: PLC0415 - see the module's text
+
+    try:
+        return dead_letter_queues(names or [])
     except ValueError as error:
         fail(str(error), EXIT_BAD_INPUT)

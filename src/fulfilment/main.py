@@ -40,6 +40,7 @@ from fulfilment.adapters.rabbitmq import BrokerRefusedError
 from fulfilment.adapters.rabbitmq import connection_failure as broker_connection_failure
 from fulfilment.composition import database_options
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.metrics import Metrics
 from fulfilment.settings import Settings, SettingsError, load_settings
@@ -60,7 +61,12 @@ from fulfilment.worker.monitors import (
     invariant_monitor,
     queue_monitor,
 )
-from fulfilment.worker.subscribers import on_order_placed
+from fulfilment.worker.subscribers import (
+    OUTCOMES,
+    on_order_cancelled,
+    on_order_placed,
+    on_order_shipped,
+)
 from fulfilment.worker.topology import Topology, TopologyMismatchError, declare_topology
 
 if TYPE_CHECKING:
@@ -129,7 +135,10 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     startup_checks: Sequence[Callable[[], Awaitable[None]]] = (),
     dead_letter_publisher: Callable[[RabbitBroker], DeadLetterPublisher] | None = None,
 ) -> Worker:
-    """Assemble the broker, a subscriber per event (``on_order_placed``), hooks and HTTP routes.
+    """Assemble the broker, a subscriber per event's queue, hooks and HTTP routes.
+
+    The subscribers are ``on_order_placed``, ``on_order_cancelled`` and ``on_order_shipped``,
+    one per queue of ``contracts.topology.SUBSCRIBED_QUEUES``.
 
     Every subscriber goes through the one delivery policy (``worker.delivery``). Start-up
     declares the topology (refusing to start on a mismatch); shutdown first cancels the
@@ -190,13 +199,28 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
             else dead_letter_channel.publish
         ),
     )
+    orders = topology.orders_exchange()
     subscribers = (
         subscribe(
             policy,
-            topology.main_queue(),
-            topology.orders_exchange(),
+            topology.queue(ORDER_PLACED),
+            orders,
             lambda body: on_order_placed(body, warehouse=warehouse),
-            name="order_placed",
+            name=ORDER_PLACED.event,
+        ),
+        subscribe(
+            policy,
+            topology.queue(ORDER_CANCELLED),
+            orders,
+            lambda body: on_order_cancelled(body, warehouse=warehouse),
+            name=ORDER_CANCELLED.event,
+        ),
+        subscribe(
+            policy,
+            topology.queue(ORDER_SHIPPED),
+            orders,
+            lambda body: on_order_shipped(body, warehouse=warehouse),
+            name=ORDER_SHIPPED.event,
         ),
     )
     consumer_pause.attach(subscribers)
@@ -413,6 +437,7 @@ def new_metrics() -> Metrics:
     """The worker's metrics: its version, and every outcome and database retry series at 0."""
     return Metrics(
         version=__version__,
+        event_outcomes=OUTCOMES,
         dead_letter_classes=SERVICE_FAILURE_CLASSES,
         database_retry_errors=RETRY_LABELS,
     )

@@ -7,14 +7,16 @@ import uuid
 import pytest
 from pydantic import SecretStr
 
-from builders import order
+from builders import cancellation, order, shipment
 from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.composition import database_options
+from fulfilment.domain.lifecycle import CancelKind, OrderStatus, ShipKind
 from fulfilment.domain.model import (
     DuplicateOf,
+    OrderLine,
     OutcomeKind,
     RejectionReason,
     StockLevel,
@@ -285,3 +287,366 @@ async def test_redeliveries_are_counted_per_event_and_survive_between_calls(ware
     assert await warehouse.count_redelivery(event_a) == 2
     assert await warehouse.count_redelivery(event_b) == 1
     assert await warehouse.count_redelivery(event_a) == 3
+
+
+# The lifecycle: every cell of the state table (fulfilment.domain.lifecycle), on both.
+
+
+async def reserved_order(warehouse, *lines, stock=None):
+    await warehouse.put_stock(stock or {"A": 10, "B": 10, "C": 10})
+    command = order(*lines)
+    assert (await warehouse.reserve(command)).kind is OutcomeKind.RESERVED
+    return command
+
+
+async def test_cancelling_a_reserved_order_whole_gives_its_stock_back(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3), ("B", 2), ("A", 1))
+    command = cancellation(placed.order_id)
+
+    outcome = await warehouse.cancel(command)
+
+    assert (outcome.kind, outcome.status, outcome.label) == (
+        CancelKind.RELEASED,
+        OrderStatus.RELEASED,
+        "released",
+    )
+    assert (outcome.order_id, outcome.event_id) == (placed.order_id, command.event_id)
+    assert outcome.lines == (OrderLine("A", 4), OrderLine("B", 2))
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(10), "B": StockLevel(10)}
+
+
+async def test_cancelling_some_lines_gives_back_those_units_and_the_order_stays_reserved(
+    warehouse,
+):
+    placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
+
+    outcome = await warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("A", 1)))
+
+    assert (outcome.kind, outcome.status, outcome.lines) == (
+        CancelKind.PARTIALLY_RELEASED,
+        OrderStatus.RESERVED,
+        (OrderLine("A", 2),),
+    )
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(10, 1), "B": StockLevel(10, 2)}
+
+
+async def test_partial_cancels_shrink_the_order_until_it_is_released(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
+    await warehouse.cancel(cancellation(placed.order_id, ("B", 2)))
+
+    second = await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+    last = await warehouse.cancel(cancellation(placed.order_id))
+
+    assert (second.kind, second.lines) == (CancelKind.PARTIALLY_RELEASED, (OrderLine("A", 1),))
+    assert (last.kind, last.status, last.lines) == (
+        CancelKind.RELEASED,
+        OrderStatus.RELEASED,
+        (OrderLine("A", 2),),
+    )
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(10), "B": StockLevel(10)}
+
+
+async def test_cancelling_more_than_the_order_holds_cancels_what_it_holds(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
+
+    outcome = await warehouse.cancel(cancellation(placed.order_id, ("A", 50), ("B", 2)))
+
+    assert (outcome.kind, outcome.lines) == (
+        CancelKind.RELEASED,
+        (OrderLine("A", 3), OrderLine("B", 2)),
+    )
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(10), "B": StockLevel(10)}
+
+
+async def test_cancelling_a_sku_the_order_does_not_hold_changes_nothing(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3))
+
+    outcome = await warehouse.cancel(cancellation(placed.order_id, ("B", 1), ("a", 1)))
+
+    assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
+        CancelKind.IGNORED,
+        OrderStatus.RESERVED,
+        (),
+        "ignored",
+    )
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(10, 3), "B": StockLevel(10)}
+
+
+async def test_cancelling_a_rejected_or_released_order_changes_nothing(warehouse):
+    await warehouse.put_stock({"A": 2})
+    rejected = order(("A", 5))
+    released = order(("A", 2))
+    await warehouse.reserve(rejected)
+    await warehouse.reserve(released)
+    await warehouse.cancel(cancellation(released.order_id))
+
+    on_rejected = await warehouse.cancel(cancellation(rejected.order_id))
+    on_released = await warehouse.cancel(cancellation(released.order_id, ("A", 1)))
+
+    assert (on_rejected.kind, on_rejected.status) == (CancelKind.IGNORED, OrderStatus.REJECTED)
+    assert (on_released.kind, on_released.status) == (CancelKind.IGNORED, OrderStatus.RELEASED)
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(2)}
+
+
+async def test_a_cancel_after_the_shipment_is_too_late_and_changes_nothing(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3))
+    await warehouse.ship(shipment(placed.order_id))
+
+    outcome = await warehouse.cancel(cancellation(placed.order_id))
+
+    assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
+        CancelKind.CANCEL_AFTER_SHIP,
+        OrderStatus.SHIPPED,
+        (),
+        "cancel_after_ship",
+    )
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(7, 0)}
+
+
+async def test_the_same_cancel_twice_is_a_duplicate_and_changes_nothing(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3))
+    command = cancellation(placed.order_id, ("A", 1))
+    await warehouse.cancel(command)
+
+    again = await warehouse.cancel(command)
+
+    assert (again.kind, again.status, again.lines, again.label) == (
+        CancelKind.DUPLICATE,
+        None,
+        (),
+        "duplicate:event",
+    )
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 2)}
+
+
+async def test_a_cancel_of_no_lines_is_refused(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3))
+    empty = cancellation(placed.order_id)
+    empty = type(empty)(empty.event_id, empty.order_id, empty.cancelled_at, ())
+
+    with pytest.raises(ValueError, match="no lines"):
+        await warehouse.cancel(empty)
+
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 3)}
+
+
+@pytest.mark.parametrize("lines", [(), (("A", 2),)], ids=["whole", "lines"])
+async def test_a_cancel_before_its_order_leaves_a_tombstone_and_no_stock_change(warehouse, lines):
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 3))
+
+    outcome = await warehouse.cancel(cancellation(placed.order_id, *lines))
+
+    assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
+        CancelKind.TOMBSTONED,
+        OrderStatus.CANCELLED,
+        (),
+        "tombstoned",
+    )
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10)}
+
+
+async def test_an_order_placed_after_its_whole_cancel_is_rejected_as_cancelled(warehouse):
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 3))
+    await warehouse.cancel(cancellation(placed.order_id))
+
+    outcome = await warehouse.reserve(placed)
+
+    assert (outcome.kind, outcome.reason, outcome.skus, outcome.label) == (
+        OutcomeKind.REJECTED,
+        RejectionReason.CANCELLED,
+        (),
+        "rejected:cancelled",
+    )
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10)}
+
+
+async def test_an_order_placed_after_partial_cancels_reserves_what_they_left(warehouse):
+    await warehouse.put_stock({"A": 10, "B": 10, "C": 10})
+    placed = order(("A", 3), ("B", 2), ("C", 1))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("Z", 4)))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("B", 5)))
+
+    outcome = await warehouse.reserve(placed)
+
+    assert outcome.kind is OutcomeKind.RESERVED
+    assert await warehouse.stock(["A", "B", "C"]) == {
+        "A": StockLevel(10, 1),
+        "B": StockLevel(10),
+        "C": StockLevel(10, 1),
+    }
+    released = await warehouse.cancel(cancellation(placed.order_id))
+    assert released.lines == (OrderLine("A", 1), OrderLine("C", 1))
+
+
+async def test_an_order_whose_every_line_was_cancelled_first_is_rejected_as_cancelled(
+    warehouse,
+):
+    await warehouse.put_stock({"A": 10, "B": 10})
+    placed = order(("A", 3), ("B", 2))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 3), ("B", 9)))
+
+    outcome = await warehouse.reserve(placed)
+
+    assert (outcome.kind, outcome.reason, outcome.skus) == (
+        OutcomeKind.REJECTED,
+        RejectionReason.CANCELLED,
+        (),
+    )
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(10), "B": StockLevel(10)}
+
+
+async def test_what_a_tombstone_leaves_is_reserved_all_or_nothing(warehouse):
+    await warehouse.put_stock({"A": 1, "B": 1})
+    placed = order(("A", 3), ("B", 2))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 2)))
+
+    outcome = await warehouse.reserve(placed)
+
+    assert (outcome.kind, outcome.reason, outcome.skus) == (
+        OutcomeKind.REJECTED,
+        RejectionReason.INSUFFICIENT_STOCK,
+        ("B",),
+    )
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(1), "B": StockLevel(1)}
+
+
+async def test_a_tombstone_of_lines_becomes_one_of_the_whole_order(warehouse):
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 3))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+
+    whole = await warehouse.cancel(cancellation(placed.order_id))
+    after = await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+    outcome = await warehouse.reserve(placed)
+
+    assert (whole.kind, whole.status) == (CancelKind.TOMBSTONED, OrderStatus.CANCELLED)
+    assert (after.kind, after.status) == (CancelKind.IGNORED, OrderStatus.CANCELLED)
+    assert outcome.reason is RejectionReason.CANCELLED
+
+
+async def test_a_placed_tombstone_is_a_duplicate_of_the_order_the_second_time(warehouse):
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 3))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+    await warehouse.reserve(placed)
+
+    again = await warehouse.reserve(order(("A", 3), order_id=placed.order_id))
+
+    assert again.duplicate_of is DuplicateOf.ORDER
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 2)}
+
+
+async def test_shipping_a_reserved_order_takes_its_lines_out_of_the_warehouse(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
+    command = shipment(placed.order_id)
+
+    outcome = await warehouse.ship(command)
+
+    assert (outcome.kind, outcome.status, outcome.label) == (
+        ShipKind.SHIPPED,
+        OrderStatus.SHIPPED,
+        "shipped",
+    )
+    assert (outcome.order_id, outcome.event_id) == (placed.order_id, command.event_id)
+    assert outcome.lines == (OrderLine("A", 3), OrderLine("B", 2))
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(7), "B": StockLevel(8)}
+
+
+async def test_a_partly_cancelled_order_ships_what_it_still_holds(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
+    await warehouse.cancel(cancellation(placed.order_id, ("B", 2), ("A", 1)))
+
+    outcome = await warehouse.ship(shipment(placed.order_id))
+
+    assert outcome.lines == (OrderLine("A", 2),)
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(8), "B": StockLevel(10)}
+
+
+async def test_a_second_shipment_changes_nothing_and_the_same_one_is_a_duplicate(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3))
+    first = shipment(placed.order_id)
+    await warehouse.ship(first)
+
+    second = await warehouse.ship(shipment(placed.order_id))
+    again = await warehouse.ship(first)
+
+    assert (second.kind, second.status, second.lines, second.label) == (
+        ShipKind.IGNORED,
+        OrderStatus.SHIPPED,
+        (),
+        "ignored",
+    )
+    assert (again.kind, again.status, again.label) == (
+        ShipKind.DUPLICATE,
+        None,
+        "duplicate:event",
+    )
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(7)}
+
+
+async def test_a_shipment_before_its_order_is_not_reserved_and_ships_when_replayed(warehouse):
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 3))
+    early = shipment(placed.order_id)
+
+    outcome = await warehouse.ship(early)
+    await warehouse.reserve(placed)
+    replayed = await warehouse.ship(early)
+
+    assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
+        ShipKind.NOT_RESERVED,
+        None,
+        (),
+        "not_reserved",
+    )
+    assert replayed.kind is ShipKind.SHIPPED
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(7)}
+
+
+async def test_shipping_an_order_that_holds_nothing_is_not_reserved(warehouse):
+    await warehouse.put_stock({"A": 2})
+    rejected, released, tombstoned = order(("A", 5)), order(("A", 2)), order(("A", 1))
+    await warehouse.reserve(rejected)
+    await warehouse.reserve(released)
+    await warehouse.cancel(cancellation(released.order_id))
+    await warehouse.cancel(cancellation(tombstoned.order_id))
+
+    outcomes = [
+        await warehouse.ship(shipment(placed.order_id))
+        for placed in (rejected, released, tombstoned)
+    ]
+
+    assert [(outcome.kind, outcome.status) for outcome in outcomes] == [
+        (ShipKind.NOT_RESERVED, OrderStatus.REJECTED),
+        (ShipKind.NOT_RESERVED, OrderStatus.RELEASED),
+        (ShipKind.NOT_RESERVED, OrderStatus.CANCELLED),
+    ]
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(2)}
+
+
+async def test_an_order_placed_again_after_its_release_or_shipment_is_a_duplicate(warehouse):
+    released = await reserved_order(warehouse, ("A", 3))
+    shipped = order(("B", 2))
+    await warehouse.reserve(shipped)
+    await warehouse.cancel(cancellation(released.order_id))
+    await warehouse.ship(shipment(shipped.order_id))
+
+    again = [
+        await warehouse.reserve(order(("A", 1), order_id=released.order_id)),
+        await warehouse.reserve(order(("B", 1), order_id=shipped.order_id)),
+    ]
+
+    assert [outcome.duplicate_of for outcome in again] == [DuplicateOf.ORDER] * 2
+    assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(10), "B": StockLevel(8)}
+
+
+async def test_stock_can_be_lowered_to_what_remains_reserved_after_a_shipment(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3))
+    await warehouse.reserve(order(("A", 2)))
+    await warehouse.ship(shipment(placed.order_id))
+
+    await warehouse.put_stock({"A": 2})
+
+    assert await warehouse.stock(["A"]) == {"A": StockLevel(2, 2)}

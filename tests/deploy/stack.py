@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from fulfilment import cli
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
-from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import SUBSCRIBED_QUEUES
 from fulfilment.observability.metrics import Metrics
 from fulfilment.settings import ENV_PREFIX, Settings
 from fulfilment.worker.health import READINESS_CHECK_SECONDS, health_app
@@ -512,7 +512,11 @@ def check_probe_timeouts(stack: Stack) -> list[str]:
 
 
 def _policy_problems(where: str, policies: list[dict[str, Any]], delivery_limit: int) -> list[str]:
-    """``policies``: dicts with ``pattern`` and ``definition`` (either file's shape)."""
+    """``policies``: dicts with ``pattern`` and ``definition`` (either file's shape).
+
+    Every subscribed queue and every DLQ of the topology is governed by exactly one policy,
+    which repeats the arguments the worker declares it with.
+    """
     problems = []
     topology = Topology(delivery_limit=delivery_limit)
     expected = {
@@ -521,7 +525,8 @@ def _policy_problems(where: str, policies: list[dict[str, Any]], delivery_limit:
             for argument, value in (queue.arguments or {}).items()
             if argument in QUEUE_ARGUMENT_TO_POLICY_KEY
         }
-        for queue in (topology.main_queue(), topology.dead_letter_queue())
+        for subscribed in SUBSCRIBED_QUEUES
+        for queue in (topology.queue(subscribed), topology.dead_letter_queue(subscribed))
     }
     for queue, definition in expected.items():
         matching = [p for p in policies if re.search(p["pattern"], queue)]
@@ -569,8 +574,9 @@ def check_broker_consumer_timeout(stack: Stack) -> list[str]:
 
 
 def check_scaling(stack: Stack) -> list[str]:
-    """KEDA scales the worker Deployment on its queue, within bounds that the disruption
-    budget and the database's connections allow."""
+    """KEDA scales the worker Deployment on its queues (one trigger per subscribed queue, none
+    on a DLQ), within bounds that the disruption budget and the database's connections
+    allow."""
     problems = []
     deployment = worker_deployment(stack)
     pod = deployment["spec"]["template"]["spec"]
@@ -607,24 +613,36 @@ def check_scaling(stack: Stack) -> list[str]:
             problems.append(
                 f"k8s {where}: selector {selector} does not match the pods {pod_labels}"
             )
-    for trigger in scaled["triggers"]:
+    problems += _trigger_problems(stack, scaled["triggers"], settings.prefetch_count)
+    return problems
+
+
+def _trigger_problems(
+    stack: Stack, triggers: list[dict[str, Any]], prefetch_count: int
+) -> list[str]:
+    """One KEDA trigger per subscribed queue, each above the prefetch, with the broker's URL."""
+    problems = []
+    subscribed = [queue.name for queue in SUBSCRIBED_QUEUES]
+    triggered = [trigger["metadata"].get("queueName") for trigger in triggers]
+    if sorted(triggered) != sorted(subscribed):
+        problems.append(
+            f"k8s ScaledObject: triggers on queues {triggered}, the worker consumes {subscribed}"
+        )
+    secret_keys = {
+        name: set(doc["stringData"]) for (kind, name), doc in stack.k8s.items() if kind == "Secret"
+    }
+    for trigger in triggers:
         metadata = trigger["metadata"]
-        if trigger["type"] != "rabbitmq" or metadata.get("queueName") != MAIN_QUEUE:
-            problems.append(f"k8s ScaledObject: trigger is not on queue {MAIN_QUEUE!r}")
-        if (
-            metadata.get("mode") != "QueueLength"
-            or int(metadata.get("value", 0)) < settings.prefetch_count
-        ):
+        if trigger["type"] != "rabbitmq":
+            problems.append(
+                f"k8s ScaledObject: trigger on {metadata.get('queueName')} is not rabbitmq"
+            )
+        if metadata.get("mode") != "QueueLength" or int(metadata.get("value", 0)) < prefetch_count:
             problems.append(
                 f"k8s ScaledObject: target {metadata.get('value')} ready messages per replica is "
-                f"below the prefetch ({settings.prefetch_count})"
+                f"below the prefetch ({prefetch_count})"
             )
         auth = stack.resource("TriggerAuthentication", trigger["authenticationRef"]["name"])
-        secret_keys = {
-            name: set(doc["stringData"])
-            for (kind, name), doc in stack.k8s.items()
-            if kind == "Secret"
-        }
         problems.extend(
             f"k8s TriggerAuthentication: {ref} is not the worker's broker URL"
             for ref in auth["spec"]["secretTargetRef"]

@@ -150,6 +150,16 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "scaling on another queue": lambda s: s.resource("ScaledObject", "fulfilment-worker")["spec"][
         "triggers"
     ][0]["metadata"].update(queueName="fulfilment.order-placed.dlq"),
+    "no scaling on a queue the worker consumes": lambda s: s.resource(
+        "ScaledObject", "fulfilment-worker"
+    )["spec"]["triggers"].pop(),
+    "a new queue without its policy": lambda s: s.definitions["policies"].pop(),
+    "a new queue's policy with the first queue's dead-letter routing key": lambda s: s.resource(
+        "Policy", "fulfilment-order-shipped"
+    )["spec"]["definition"].update({"dead-letter-routing-key": "fulfilment.order-placed"}),
+    "a new dead-letter queue without its limit": lambda s: s.resource(
+        "Policy", "fulfilment-order-cancelled-dlq"
+    )["spec"]["definition"].pop("delivery-limit"),
     "scaling another deployment": lambda s: s.resource("ScaledObject", "fulfilment-worker")["spec"][
         "scaleTargetRef"
     ].update(name="fulfilment"),

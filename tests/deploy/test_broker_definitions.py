@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from stack import Stack, compose_environment, load_stack
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import Topology, declare_topology
 from services import service_unavailable
@@ -87,7 +87,7 @@ def test_definitions_log_users_in_and_govern_the_queues(amqp_url: str) -> None:
             queue: [
                 p["name"] for p in stack.definitions["policies"] if re.search(p["pattern"], queue)
             ]
-            for queue in (MAIN_QUEUE, DEAD_LETTER_QUEUE)
+            for queue in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES)
         }
         assert {queue: [policy_of.get(queue)] for queue in expected} == expected
     finally:

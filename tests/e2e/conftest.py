@@ -9,7 +9,7 @@ import aio_pika
 import pytest
 from harness import WorkerProcess
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
 
 @pytest.fixture
@@ -27,8 +27,11 @@ async def broker(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractRobustConn
     try:
         yield connection
     finally:
-        channel = await connection.channel()
-        for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+        for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
+            # A channel each: a queue that is missing closes the channel that asked for it.
+            channel = await connection.channel()
             with contextlib.suppress(Exception):
                 await (await channel.get_queue(name, ensure=True)).purge()
+            with contextlib.suppress(Exception):
+                await channel.close()
         await connection.close()

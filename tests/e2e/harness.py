@@ -148,6 +148,7 @@ async def publish(
     message_id: str | None = None,
     content_type: str | None = "application/json",
     headers: dict[str, Any] | None = None,
+    routing_key: str = ORDER_PLACED_ROUTING_KEY,
 ) -> None:
     """Publish to ``orders`` persistently, confirmed, failing on an unroutable message."""
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -163,7 +164,7 @@ async def publish(
                 headers=headers or {},
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             ),
-            routing_key=ORDER_PLACED_ROUTING_KEY,
+            routing_key=routing_key,
             mandatory=True,
         )
     finally:

@@ -25,34 +25,68 @@ def demo(env: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[st
     )
 
 
-async def stock_fingerprint(db: asyncpg.Connection) -> tuple[int, int, str]:
+async def stock_fingerprint(db: asyncpg.Connection) -> tuple[int, int, int, str]:
     row = await db.fetchrow(
-        "SELECT count(*), sum(reserved),"
-        " md5(string_agg(sku || ':' || reserved, ',' ORDER BY sku)) FROM stock_levels"
+        "SELECT count(*), sum(on_hand), sum(reserved),"
+        " md5(string_agg(sku || ':' || on_hand || ':' || reserved, ',' ORDER BY sku))"
+        " FROM stock_levels"
     )
-    return int(row[0]), int(row[1]), str(row[2])
+    return int(row[0]), int(row[1]), int(row[2]), str(row[3])
 
 
-async def test_the_demo_reserves_the_sample_and_a_second_run_changes_nothing(
+async def order_states(db: asyncpg.Connection) -> dict[str, int]:
+    rows = await db.fetch("SELECT status, count(*) FROM reservations GROUP BY status")
+    return {row["status"]: int(row["count"]) for row in rows}
+
+
+async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and_a_second_run_changes_nothing(  # noqa: E501
     worker_env: dict[str, str], db: asyncpg.Connection
 ) -> None:
     first = demo(worker_env, "--reset")
     assert first.returncode == 0, first.stderr[-2000:]
+    out = first.stdout
     assert (
-        "reconciled 170 published events: 170 processed, 0 in the dead-letter queue, 0 missing"
-        in first.stdout
+        "cancellations mapped to their order: 1 (not mapped: no customer 1, not negative 0,"
+        " no earlier order 30, not held 1, several orders 0)" in out
     )
     assert (
-        "this run's outcomes: rejected:insufficient_stock 31, rejected:unknown_sku 7, "
-        "reserved 132" in first.stdout
+        "2010-12-02: orders 143 (rejected 34, reserved 109), cancellations 0,"
+        " shipments 109 (shipped 109); units reserved 21096, released 0, shipped 21096;"
+        " stock now on hand 15412, reserved 0" in out
     )
-    assert "stock invariants               hold" in first.stdout
+    # C539949 cancels an order of 2 December that was rejected: nothing to give back.
+    assert (
+        "2010-12-23: orders 27 (rejected 4, reserved 23), cancellations 1 (cancel_ignored 1),"
+        " shipments 23 (shipped 23)" in out
+    )
+    assert "published 170 OrderPlaced, 1 OrderCancelled and 132 OrderShipped events" in out
+    assert (
+        "this run's outcomes\n"
+        "  order_placed: rejected:insufficient_stock 31, rejected:unknown_sku 7, reserved 132\n"
+        "  order_cancelled: ignored 1\n"
+        "  order_shipped: shipped 132\n"
+    ) in out
+    for kind, count in (("OrderPlaced", 170), ("OrderCancelled", 1), ("OrderShipped", 132)):
+        assert (
+            f"{kind}: reconciled {count} published events: {count} processed, 0 in the"
+            " dead-letter queue, 0 missing"
+        ) in out
+    assert "stock invariants               hold" in out
     before = await stock_fingerprint(db)
-    reservations = await db.fetchval("SELECT count(*) FROM reservations")
+    assert before[1:3] == (12214, 0)  # what the shipments left; nothing is still reserved
+    states = await order_states(db)
+    assert states == {"rejected": 38, "shipped": 132}
 
     second = demo(worker_env)
 
     assert second.returncode == 0, second.stderr[-2000:]
-    assert "this run's outcomes: duplicate:event 170" in second.stdout
+    assert "loaded 0 planned stock levels; 1368 SKUs kept the level they had" in second.stdout
+    assert (
+        "this run's outcomes\n"
+        "  order_placed: duplicate:event 170\n"
+        "  order_cancelled: duplicate:event 1\n"
+        "  order_shipped: duplicate:event 132\n"
+    ) in second.stdout
     assert await stock_fingerprint(db) == before
-    assert await db.fetchval("SELECT count(*) FROM reservations") == reservations == 170
+    assert await order_states(db) == states
+    assert await db.fetchval("SELECT count(*) FROM reservations") == 170

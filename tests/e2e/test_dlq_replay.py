@@ -42,6 +42,7 @@ def cli(env: dict[str, str], *args: str) -> str:
 
 
 def events(worker: WorkerProcess) -> dict[tuple[str, str], float]:
+    """The worker's ``OrderPlaced`` outcomes, by ``(outcome, reason)``."""
     with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/metrics", timeout=5) as answer:
         text = answer.read().decode()
     return {
@@ -49,7 +50,7 @@ def events(worker: WorkerProcess) -> dict[tuple[str, str], float]:
         for family in text_string_to_metric_families(text)
         if family.name == "fulfilment_events"
         for sample in family.samples
-        if sample.name == "fulfilment_events_total"
+        if sample.name == "fulfilment_events_total" and sample.labels["event"] == "order_placed"
     }
 
 

@@ -2,9 +2,10 @@
 
 The test starts Debian's ``prometheus`` binary on a free loopback port with a temporary
 configuration (scrape and rule evaluation every second, the repository's alert rules) and
-data folder, runs orders, rejections, a duplicate and malformed events through the worker,
-then runs every query of the Grafana dashboard against it. Without the binary it is skipped
-on a developer's machine and fails under ``CI=true`` (``.ci/run`` installs it).
+data folder, runs orders, rejections, a duplicate, malformed events, a cancel and shipments
+through the worker, then runs every query of the Grafana dashboard against it. Without the
+binary it is skipped on a developer's machine and fails under ``CI=true`` (``.ci/run``
+installs it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Awaitable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +29,15 @@ import asyncpg
 import pytest
 from harness import WorkerProcess, order_event, publish, spawn, wait_for
 
+from fulfilment.contracts.order_cancelled import order_cancelled_body
+from fulfilment.contracts.order_shipped import order_shipped_body
+from fulfilment.contracts.topology import ORDER_CANCELLED_ROUTING_KEY, ORDER_SHIPPED_ROUTING_KEY
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/alerts.yml"
 DASHBOARD = ROOT / "deploy/grafana/dashboards/fulfilment.json"
 DLQ = 'queue="fulfilment.order-placed.dlq"'
+SHIPPED_DLQ = 'queue="fulfilment.order-shipped.dlq"'
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -186,12 +194,17 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
     await run_traffic(broker, db)
 
     await wait_for(
-        lambda: scraped("sum(fulfilment_events_total)", 11), timeout=30, what="11 events scraped"
+        lambda: scraped("sum(fulfilment_events_total)", 14), timeout=30, what="14 events scraped"
     )
     await wait_for(
         lambda: scraped(f"max(fulfilment_queue_messages_ready{{{DLQ}}})", 2),
         timeout=30,
         what="the DLQ depth of 2 scraped",
+    )
+    await wait_for(
+        lambda: scraped(f"max(fulfilment_queue_messages_ready{{{SHIPPED_DLQ}}})", 1),
+        timeout=30,
+        what="the shipments' DLQ depth of 1 scraped",
     )
 
     # FastStream creates its series at the first message: a rate needs two samples of them.
@@ -201,7 +214,7 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
 
     by_outcome = {
         row["metric"]["outcome"]: float(row["value"][1])
-        for row in server.query("sum by (outcome) (fulfilment_events_total)")
+        for row in server.query('sum by (outcome) (fulfilment_events_total{event="order_placed"})')
     }
     assert by_outcome == {
         "reserved": 6,
@@ -210,11 +223,28 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
         "dead_lettered": 2,
         "requeued": 0,
     }
-    assert server.value('max(fulfilment_queue_consumers{queue="fulfilment.order-placed"})') == 1
+    handled = {
+        # Prometheus drops a label whose value is empty.
+        (row["metric"]["event"], row["metric"]["outcome"], row["metric"].get("reason", ""))
+        for row in server.query(
+            'fulfilment_events_total{event=~"order_cancelled|order_shipped"} > 0'
+        )
+    }
+    assert handled == {
+        ("order_cancelled", "released", ""),
+        ("order_shipped", "shipped", ""),
+        ("order_shipped", "dead_lettered", "order_not_reserved"),
+    }
+    for queue in (
+        "fulfilment.order-placed",
+        "fulfilment.order-cancelled",
+        "fulfilment.order-shipped",
+    ):
+        assert server.value(f'max(fulfilment_queue_consumers{{queue="{queue}"}})') == 1
     assert (server.value("max(fulfilment_dead_letters_oldest_age_seconds)") or 0) > 0
     assert server.value("max(fulfilment_stock_invariant_violations)") == 0
-    assert server.value("sum(faststream_received_processed_messages_total)") == 11
-    assert server.value("sum(fulfilment_handler_duration_seconds_count)") == 11
+    assert server.value("sum(faststream_received_processed_messages_total)") == 14
+    assert server.value("sum(fulfilment_handler_duration_seconds_count)") == 14
 
     answered: dict[str, list[dict[str, Any]]] = {}
     for title, expression in dashboard_queries():
@@ -230,20 +260,35 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
 async def run_traffic(
     broker: aio_pika.abc.AbstractRobustConnection, db: asyncpg.Connection
 ) -> None:
-    """6 reserved, 2 rejected (unknown SKU), 1 duplicate, 2 dead-lettered (malformed)."""
+    """Orders: 6 reserved, 2 rejected (unknown SKU), 1 duplicate, 2 dead-lettered (malformed);
+    then a cancel and a shipment of two reserved orders, and a shipment of an order that was
+    never placed (dead-lettered, order_not_reserved)."""
     await db.executemany(
         "INSERT INTO stock_levels (sku, on_hand) VALUES ($1, $2)", [("85123A", 100)]
     )
     duplicate, duplicate_id = order_event([("85123A", 1)])
+    reserved: list[uuid.UUID] = []
     for index in range(6):
         body, event_id = (duplicate, duplicate_id) if index == 0 else order_event([("85123A", 2)])
         await publish(broker, body, message_id=event_id)
+        reserved.append(uuid.uuid5(uuid.NAMESPACE_URL, f"order:{event_id}"))
     for _ in range(2):
         body, event_id = order_event([("NO-SUCH-SKU", 1)])
         await publish(broker, body, message_id=event_id)
     await publish(broker, duplicate, message_id=duplicate_id)
     for index in range(2):
         await publish(broker, b'{"version": 1, "lines": []}', message_id=f"malformed-{index}")
+
+    async def placed() -> bool:
+        return int(await db.fetchval("SELECT count(*) FROM reservations")) == 8
+
+    await wait_for(placed, what="the orders placed")
+    now = datetime.now(UTC)
+    cancel = order_cancelled_body(event_id=uuid.uuid4(), order_id=reserved[1], cancelled_at=now)
+    await publish(broker, cancel, routing_key=ORDER_CANCELLED_ROUTING_KEY)
+    for order_id in (reserved[2], uuid.uuid4()):
+        shipment = order_shipped_body(event_id=uuid.uuid4(), order_id=order_id, shipped_at=now)
+        await publish(broker, shipment, routing_key=ORDER_SHIPPED_ROUTING_KEY)
 
 
 async def check_alert_rules(server: Prometheus) -> None:

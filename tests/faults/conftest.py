@@ -17,7 +17,7 @@ import pytest
 from faultlib import Cluster
 from pydantic import SecretStr
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 
 FOLDER = Path(__file__).parent
@@ -56,5 +56,5 @@ async def broker(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractRobustConn
         # A fresh connection: a scenario may have restarted the broker under the first one.
         async with await aio_pika.connect(amqp_url) as cleanup:
             channel = await cleanup.channel()
-            for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+            for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
                 await channel.queue_delete(name)

@@ -21,14 +21,21 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.contracts import dead_letter as h
+from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
+from fulfilment.contracts.order_shipped import order_shipped_body
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
     DEAD_LETTER_QUEUE,
-    DEAD_LETTER_ROUTING_KEY,
+    DEAD_LETTER_QUEUES,
     MAIN_QUEUE,
+    ORDER_CANCELLED,
+    ORDER_PLACED,
     ORDER_PLACED_ROUTING_KEY,
+    ORDER_SHIPPED,
     ORDERS_EXCHANGE,
+    SUBSCRIBED_QUEUES,
+    SubscribedQueue,
 )
 from fulfilment.tools import dlq
 from fulfilment.worker.topology import Topology, declare_topology
@@ -67,7 +74,7 @@ async def audit(clean_database: str) -> AsyncIterator[AsyncEngine]:
 
 async def _purge(connection: aio_pika.abc.AbstractConnection) -> None:
     channel = await connection.channel()
-    for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+    for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
         await (await channel.get_queue(name)).purge()
     await channel.close()
 
@@ -91,11 +98,22 @@ async def put_service_dead_letter(
     failure_class: str = "permanent",
     exception_type: str = "MalformedEventError",
     dead_lettered_at: datetime | None = None,
+    queue: SubscribedQueue = ORDER_PLACED,
+    came_from: tuple[str, str] | None = None,
 ) -> None:
-    """A dead letter as the worker publishes it (see worker/dead_lettering.py)."""
+    """A dead letter as the worker publishes it (see worker/dead_lettering.py).
+
+    ``came_from`` is the ``(exchange, routing key)`` of its original headers; without it the
+    dead letter does not say (as those of earlier releases).
+    """
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
     moment = (dead_lettered_at or datetime.now(UTC)).isoformat()
+    original = (
+        {}
+        if came_from is None
+        else {h.ORIGINAL_EXCHANGE: came_from[0], h.ORIGINAL_ROUTING_KEY: came_from[1]}
+    )
     await exchange.publish(
         aio_pika.Message(
             body,
@@ -110,12 +128,13 @@ async def put_service_dead_letter(
                 h.DELIVERY_COUNT: 0,
                 h.ATTEMPTS: 1,
                 h.DEAD_LETTERED_AT: moment,
-                h.ORIGINAL_QUEUE: MAIN_QUEUE,
+                h.ORIGINAL_QUEUE: queue.name,
+                **original,
                 "x-delivery-count": 3,
                 "x-first-death-reason": "rejected",
             },
         ),
-        routing_key=DEAD_LETTER_ROUTING_KEY,
+        routing_key=queue.dead_letter_routing_key,
         mandatory=True,
     )
     await channel.close()
@@ -123,6 +142,7 @@ async def put_service_dead_letter(
 
 async def poison(connection: aio_pika.abc.AbstractConnection, body: bytes, message_id: str) -> None:
     """Let the broker dead-letter a message by its delivery limit, as crashing workers would."""
+    before = await depth(connection, DEAD_LETTER_QUEUE)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     orders = await channel.get_exchange(ORDERS_EXCHANGE)
     await orders.publish(
@@ -134,13 +154,14 @@ async def poison(connection: aio_pika.abc.AbstractConnection, body: bytes, messa
     for _ in range(DELIVERY_LIMIT * 4):
         message = await queue.get(no_ack=False, fail=False)
         if message is None:
-            if await depth(connection, DEAD_LETTER_QUEUE) >= 1:
+            # A message being requeued is briefly not there: only the DLQ growing says it left.
+            if await depth(connection, DEAD_LETTER_QUEUE) > before:
                 break
             await asyncio.sleep(0.1)
             continue
         await message.reject(requeue=True)
     await channel.close()
-    assert await depth(connection, DEAD_LETTER_QUEUE) >= 1, "the broker did not dead-letter it"
+    assert await depth(connection, DEAD_LETTER_QUEUE) > before, "the broker did not dead-letter it"
 
 
 async def depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int:
@@ -296,7 +317,7 @@ async def test_a_replay_carries_no_priority_or_reply_address_of_the_first_sender
             priority=9,
             headers={h.FAILURE_CLASS: "permanent", h.EXCEPTION_TYPE: "MalformedEventError"},
         ),
-        routing_key=DEAD_LETTER_ROUTING_KEY,
+        routing_key=ORDER_PLACED.dead_letter_routing_key,
         mandatory=True,
     )
     await channel.close()
@@ -394,3 +415,110 @@ async def test_the_cli_refuses_an_ambiguous_selection() -> None:
     with contextlib.suppress(ValueError):
         dlq.Selection.build([], None, everything=False)
         pytest.fail("no selection must be refused")
+
+
+def a_cancel() -> tuple[bytes, str]:
+    event_id = uuid.uuid4()
+    body = order_cancelled_body(
+        event_id=event_id, order_id=uuid.uuid4(), cancelled_at=datetime.now(UTC)
+    )
+    return body, str(event_id)
+
+
+def a_shipment() -> tuple[bytes, str]:
+    event_id = uuid.uuid4()
+    body = order_shipped_body(
+        event_id=event_id, order_id=uuid.uuid4(), shipped_at=datetime.now(UTC)
+    )
+    return body, str(event_id)
+
+
+async def test_list_groups_the_dead_letters_of_every_dlq_each_under_its_queue(connection) -> None:
+    placed, _ = an_event()
+    await put_service_dead_letter(connection, placed, message_id="p")
+    for index in range(2):
+        shipment, _ = a_shipment()
+        await put_service_dead_letter(
+            connection,
+            shipment,
+            message_id=f"s-{index}",
+            exception_type="EventRefusedError",
+            queue=ORDER_SHIPPED,
+        )
+
+    groups = await dlq.list_groups(connection)
+
+    assert [(group.queue, group.key, group.count) for group in groups] == [
+        (ORDER_SHIPPED.dead_letter_queue, "permanent/EventRefusedError", 2),
+        (DEAD_LETTER_QUEUE, "permanent/MalformedEventError", 1),
+    ]
+    only_shipped = await dlq.list_groups(connection, [ORDER_SHIPPED.dead_letter_queue])
+    assert [group.queue for group in only_shipped] == [ORDER_SHIPPED.dead_letter_queue]
+    rendered = dlq.render_groups(groups)
+    assert "3 dead letter(s)" in rendered
+    assert ORDER_SHIPPED.dead_letter_queue in rendered
+
+
+async def test_a_replay_sends_each_dead_letter_back_where_it_came_from(connection, audit) -> None:
+    cancel, cancel_id = a_cancel()
+    shipment, shipment_id = a_shipment()
+    # One says where it came from; the other does not, and goes where its DLQ's queue is bound.
+    await put_service_dead_letter(
+        connection,
+        cancel,
+        message_id=cancel_id,
+        queue=ORDER_CANCELLED,
+        came_from=(ORDERS_EXCHANGE, ORDER_CANCELLED.routing_key),
+    )
+    await put_service_dead_letter(connection, shipment, message_id=shipment_id, queue=ORDER_SHIPPED)
+
+    result = await dlq.replay(
+        connection,
+        dlq.Selection(everything=True),
+        audit=audit,
+        execute=True,
+        rate_per_second=100,
+        operator="ops",
+        comment=None,
+    )
+
+    assert (result.matched, result.done) == (2, 2)
+    assert [letter.queue for letter in result.letters] == [
+        ORDER_CANCELLED.dead_letter_queue,
+        ORDER_SHIPPED.dead_letter_queue,
+    ]
+    channel = await connection.channel()
+    replayed_cancel = await (await channel.get_queue(ORDER_CANCELLED.name)).get(no_ack=True)
+    replayed_shipment = await (await channel.get_queue(ORDER_SHIPPED.name)).get(no_ack=True)
+    await channel.close()
+    assert (replayed_cancel.body, replayed_cancel.message_id) == (cancel, cancel_id)
+    assert (replayed_shipment.body, replayed_shipment.message_id) == (shipment, shipment_id)
+    assert await depth(connection, MAIN_QUEUE) == 0
+    for name in DEAD_LETTER_QUEUES:
+        assert await eventually_depth(connection, name, 0)
+
+
+async def test_replay_and_purge_touch_only_the_queues_they_are_given(connection, audit) -> None:
+    placed, placed_id = an_event()
+    shipment, shipment_id = a_shipment()
+    await put_service_dead_letter(connection, placed, message_id=placed_id)
+    await put_service_dead_letter(connection, shipment, message_id=shipment_id, queue=ORDER_SHIPPED)
+
+    result = await dlq.purge(
+        connection,
+        dlq.Selection(everything=True),
+        audit=audit,
+        execute=True,
+        operator="ops",
+        comment=None,
+        queues=dlq.dead_letter_queues([ORDER_SHIPPED.name]),
+    )
+
+    assert (result.matched, result.done) == (1, 1)
+    assert [letter.description.event_id for letter in result.letters] == [shipment_id]
+    assert await eventually_depth(connection, ORDER_SHIPPED.dead_letter_queue, 0)
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    shown = await dlq.find(
+        connection, dlq.Selection(everything=True), [ORDER_SHIPPED.dead_letter_queue]
+    )
+    assert shown == []

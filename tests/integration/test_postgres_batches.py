@@ -1,4 +1,4 @@
-"""reserve_orders(): a batch in one transaction decides like its orders one after the other."""
+"""place_orders(): a batch in one transaction decides like its orders one after the other."""
 
 from __future__ import annotations
 
@@ -165,14 +165,14 @@ def test_offending_skus_are_in_code_point_order_on_a_database_of_another_collati
                 "INSERT INTO stock_levels (sku, on_hand) VALUES ('B', 1), ('a', 1), ('C', 5)"
             )
             one = await connection.fetchrow(
-                "SELECT outcome, reason, skus FROM reserve_orders('fulfilment', $1, $2, $3,"
+                "SELECT outcome, reason, skus FROM place_orders('fulfilment', $1, $2, $3,"
                 " ARRAY[1, 1, 1], ARRAY['a', 'C', 'B'], ARRAY[2, 1, 2])",
                 [uuid.uuid4()],
                 [uuid.uuid4()],
                 [PLACED_AT],
             )
             batch = await connection.fetch(
-                "SELECT outcome, reason, skus FROM reserve_orders('fulfilment', $1, $2, $3,"
+                "SELECT outcome, reason, skus FROM place_orders('fulfilment', $1, $2, $3,"
                 " ARRAY[1, 1, 1, 2, 2], ARRAY['a', 'C', 'B', 'b', 'A'], ARRAY[2, 1, 2, 1, 1])",
                 [uuid.uuid4(), uuid.uuid4()],
                 [uuid.uuid4(), uuid.uuid4()],

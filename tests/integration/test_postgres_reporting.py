@@ -29,8 +29,10 @@ async def test_an_empty_database_reports_nothing_and_holds_its_invariants(wareho
     report = await outcome_report(warehouse.engine)
 
     assert report.reserved == 0
-    assert report.rejected == {"insufficient_stock": 0, "unknown_sku": 0}
+    assert report.rejected == {"insufficient_stock": 0, "unknown_sku": 0, "cancelled": 0}
+    assert (report.released, report.shipped, report.cancelled) == (0, 0, 0)
     assert (report.duplicate_orders, report.inbox_total) == (0, 0)
+    assert report.processed == {}
     assert report.invariants == InvariantChecks(0, 0, (), 0, 0)
     assert report.ok
 
@@ -49,10 +51,11 @@ async def test_the_report_counts_each_kind_of_outcome(warehouse):
     report = await outcome_report(warehouse.engine)
 
     assert report.reserved == 2
-    assert report.rejected == {"insufficient_stock": 1, "unknown_sku": 1}
+    assert report.rejected == {"insufficient_stock": 1, "unknown_sku": 1, "cancelled": 0}
     assert report.duplicate_orders == 1
     # A redelivered event leaves no second trace: five events were processed.
     assert report.inbox_total == 5
+    assert report.processed == {"duplicate_order": 1, "rejected": 2, "reserved": 2}
     assert report.ok
 
 
@@ -61,9 +64,13 @@ async def test_the_report_is_plain_data_for_json(warehouse):
 
     assert asdict(report) == {
         "reserved": 0,
-        "rejected": {"insufficient_stock": 0, "unknown_sku": 0},
+        "rejected": {"insufficient_stock": 0, "unknown_sku": 0, "cancelled": 0},
+        "released": 0,
+        "shipped": 0,
+        "cancelled": 0,
         "duplicate_orders": 0,
         "inbox_total": 0,
+        "processed": {},
         "invariants": {
             "stock_out_of_bounds": 0,
             "reserved_mismatches": 0,

@@ -22,6 +22,8 @@ from services import throwaway_database
 pytestmark = pytest.mark.postgres
 
 CHECK_VIOLATION = "23514"
+FUNCTIONS = {"reserve_orders", "place_orders", "cancel_orders", "ship_orders"}
+"""The functions of the schema at head: reserve_orders() is kept for the previous release."""
 
 
 @pytest.fixture
@@ -112,7 +114,14 @@ async def test_the_database_refuses_a_negative_reservation_or_stock(engine):
 
 @pytest.mark.parametrize(
     ("status", "reason"),
-    [("reserved", "unknown_sku"), ("rejected", None), ("cancelled", None), ("rejected", "late")],
+    [
+        ("reserved", "unknown_sku"),
+        ("rejected", None),
+        ("lost", None),
+        ("rejected", "late"),
+        ("released", "cancelled"),
+        ("shipped", "insufficient_stock"),
+    ],
 )
 async def test_the_database_refuses_a_reason_that_does_not_fit_the_status(engine, status, reason):
     error = await _violation(
@@ -123,6 +132,51 @@ async def test_the_database_refuses_a_reason_that_does_not_fit_the_status(engine
     )
 
     assert sqlstate_of(error) == CHECK_VIOLATION
+
+
+@pytest.mark.parametrize(
+    ("status", "placed", "tombstone", "shipped"),
+    [
+        # A tombstone says what it cancelled, and has no placing event or time.
+        ("cancelled", False, None, False),
+        ("cancelled", True, "order", False),
+        ("cancelled", False, "some", False),
+        # Only a placed order has its event, and only a shipped one its shipping time.
+        ("reserved", False, None, False),
+        ("reserved", True, None, True),
+        ("shipped", True, None, False),
+    ],
+)
+async def test_the_database_refuses_a_row_that_does_not_fit_its_lifecycle_status(
+    engine, status, placed, tombstone, shipped
+):
+    error = await _violation(
+        engine,
+        "INSERT INTO reservations (order_id, status, event_id, placed_at, tombstone, shipped_at)"
+        " VALUES (gen_random_uuid(), :status, CASE WHEN :placed THEN gen_random_uuid() END,"
+        " CASE WHEN :placed THEN now() END, :tombstone, CASE WHEN :shipped THEN now() END)",
+        {"status": status, "placed": placed, "tombstone": tombstone, "shipped": shipped},
+    )
+
+    assert sqlstate_of(error) == CHECK_VIOLATION
+
+
+async def test_the_database_keeps_every_lifecycle_status(engine):
+    async with engine.begin() as connection:
+        await connection.execute(
+            sa.text(
+                "INSERT INTO reservations"
+                " (order_id, status, reason, event_id, placed_at, tombstone, shipped_at)"
+                " VALUES (gen_random_uuid(), 'cancelled', NULL, NULL, NULL, 'lines', NULL),"
+                " (gen_random_uuid(), 'rejected', 'cancelled', gen_random_uuid(), now(),"
+                "  'order', NULL),"
+                " (gen_random_uuid(), 'released', NULL, gen_random_uuid(), now(), NULL, NULL),"
+                " (gen_random_uuid(), 'shipped', NULL, gen_random_uuid(), now(), NULL, now())"
+            )
+        )
+        count = await connection.scalar(sa.text("SELECT count(*) FROM reservations"))
+
+    assert count == 4
 
 
 async def test_the_database_refuses_an_unknown_inbox_outcome(engine):
@@ -136,10 +190,10 @@ async def test_the_database_refuses_an_unknown_inbox_outcome(engine):
 
 
 async def _reserve(connection, event_id, order_id, skus, quantities):
-    """One order, alone in its call of reserve_orders()."""
+    """One order, alone in its call of place_orders()."""
     result = await connection.execute(
         sa.text(
-            "SELECT outcome, reason, skus FROM reserve_orders('fulfilment',"
+            "SELECT outcome, reason, skus FROM place_orders('fulfilment',"
             " CAST(:events AS uuid[]), CAST(:orders AS uuid[]), CAST(:placed AS timestamptz[]),"
             " CAST(:line_orders AS integer[]), CAST(:skus AS text[]),"
             " CAST(:quantities AS integer[]))"
@@ -156,7 +210,7 @@ async def _reserve(connection, event_id, order_id, skus, quantities):
     return tuple(result.one())
 
 
-async def test_reserve_orders_records_the_reservation_its_summed_lines_and_the_inbox(engine):
+async def test_place_orders_records_the_reservation_its_summed_lines_and_the_inbox(engine):
     reserved_order, rejected_order = uuid4(), uuid4()
     first_event, second_event, third_event = uuid4(), uuid4(), uuid4()
     async with engine.begin() as connection:
@@ -216,14 +270,14 @@ async def test_reserve_orders_records_the_reservation_its_summed_lines_and_the_i
         (1, [1], ["A"], [], "22023"),
     ],
 )
-async def test_reserve_orders_refuses_malformed_batches_and_writes_nothing(
+async def test_place_orders_refuses_malformed_batches_and_writes_nothing(
     engine, orders, line_orders, skus, quantities, sqlstate
 ):
     with pytest.raises(sa.exc.DBAPIError) as raised:
         async with engine.begin() as connection:
             await connection.execute(
                 sa.text(
-                    "SELECT * FROM reserve_orders('fulfilment', CAST(:events AS uuid[]),"
+                    "SELECT * FROM place_orders('fulfilment', CAST(:events AS uuid[]),"
                     " CAST(:orders AS uuid[]), CAST(:placed AS timestamptz[]),"
                     " CAST(:line_orders AS integer[]), CAST(:skus AS text[]),"
                     " CAST(:quantities AS integer[]))"
@@ -286,12 +340,12 @@ def test_downgrading_to_base_drops_everything_and_upgrading_restores_it():
         schema.migrate(url)
         assert asyncio.run(objects()) == (
             {"alembic_version", *metadata.tables},
-            {"reserve_orders"},
+            FUNCTIONS,
         )
         command.downgrade(schema.alembic_config(url), "base")
         assert asyncio.run(objects()) == ({"alembic_version"}, set())
         schema.migrate(url)
-        assert asyncio.run(objects())[1] == {"reserve_orders"}
+        assert asyncio.run(objects())[1] == FUNCTIONS
 
 
 async def _function_definitions(url):
@@ -326,3 +380,115 @@ def test_downgrading_0006_restores_reserve_order_as_0002_created_it():
         name: created[name] for name in created if name.startswith("reserve_orders(")
     }
     assert restored == created
+
+
+async def _schema_objects(url):
+    connection = await asyncpg.connect(
+        make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    try:
+        columns = await connection.fetch(
+            "SELECT table_name, column_name, is_nullable, data_type FROM information_schema.columns"
+            " WHERE table_schema = 'public' ORDER BY 1, 2"
+        )
+        checks = await connection.fetch(
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2"
+        )
+        return [tuple(row) for row in columns], [tuple(row) for row in checks]
+    finally:
+        await connection.close()
+
+
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0007_restores_the_schema_and_the_functions_of_0006():
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0006")
+        before = asyncio.run(_schema_objects(url)), asyncio.run(_function_definitions(url))
+        command.upgrade(config, "0007")
+        command.downgrade(config, "0006")
+        after = asyncio.run(_schema_objects(url)), asyncio.run(_function_definitions(url))
+
+    assert after == before
+
+
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0007_is_refused_while_an_order_of_the_lifecycle_is_stored():
+    async def tombstone(url):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            await connection.fetch(
+                "SELECT * FROM cancel_orders('fulfilment', $1, $2, $3, ARRAY[true],"
+                " '{}', '{}', '{}')",
+                [uuid4()],
+                [uuid4()],
+                [datetime(2010, 12, 1, tzinfo=UTC)],
+            )
+        finally:
+            await connection.close()
+
+    with throwaway_database("fulfilment_test") as url:
+        schema.migrate(url)
+        asyncio.run(tombstone(url))
+        with pytest.raises(sa.exc.DBAPIError, match="lifecycle are stored"):
+            command.downgrade(schema.alembic_config(url), "0006")
+        functions = {name.split("(")[0] for name in asyncio.run(_function_definitions(url))}
+
+    assert functions == FUNCTIONS
+
+
+async def test_a_worker_of_the_previous_release_keeps_reserving_on_the_migrated_schema(
+    clean_database,
+):
+    # During a rolling update, workers of the release before 0007 call reserve_orders() v1,
+    # which 0007 leaves as it was, against the new schema: it must still reserve, reject and
+    # answer duplicates, and take a tombstoned order for a duplicate of the order.
+    plain = (
+        make_url(clean_database).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    placed = datetime(2010, 12, 1, tzinfo=UTC)
+    connection = await asyncpg.connect(plain)
+    try:
+        await connection.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('A', 5)")
+        tombstoned = uuid4()
+        await connection.fetch(
+            "SELECT * FROM cancel_orders('fulfilment', $1, $2, $3, ARRAY[false],"
+            " ARRAY[1], ARRAY['A'], ARRAY[1])",
+            [uuid4()],
+            [tombstoned],
+            [placed],
+        )
+        reserved, short = uuid4(), uuid4()
+
+        rows = await connection.fetch(
+            "SELECT outcome, reason FROM reserve_orders('fulfilment', $1, $2, $3,"
+            " ARRAY[1, 2, 3], ARRAY['A', 'A', 'A'], ARRAY[3, 9, 1])",
+            [uuid4(), uuid4(), uuid4()],
+            [reserved, short, tombstoned],
+            [placed] * 3,
+        )
+        statuses = dict(await connection.fetch("SELECT order_id, status FROM reservations"))
+        stock = await connection.fetchrow("SELECT on_hand, reserved FROM stock_levels")
+        released = await connection.fetch(
+            "SELECT outcome, status FROM cancel_orders('fulfilment', $1, $2, $3, ARRAY[true],"
+            " '{}', '{}', '{}')",
+            [uuid4()],
+            [reserved],
+            [placed],
+        )
+    finally:
+        await connection.close()
+
+    assert [tuple(row) for row in rows] == [
+        ("reserved", None),
+        ("rejected", "insufficient_stock"),
+        ("duplicate", "order"),
+    ]
+    assert statuses == {reserved: "reserved", short: "rejected", tombstoned: "cancelled"}
+    assert tuple(stock) == (5, 3)
+    assert [tuple(row) for row in released] == [("released", "released")]

@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from fulfilment import __version__
 from fulfilment.cli import app, tool_options
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.settings import Settings
+from fulfilment.tools.dlq import dead_letter_queues
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample"
 NOWHERE_DATABASE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"
@@ -138,6 +140,25 @@ def test_a_dead_letter_command_without_a_selection_is_bad_input():
     assert result.exit_code == 2
     assert result.stderr == (
         "fulfilment: choose the dead letters with exactly one of --id, --group or --all\n"
+    )
+
+
+def test_a_dead_letter_queue_the_topology_does_not_have_is_bad_input():
+    result = fulfilment("dlq", "list", "--queue", "fulfilment.nope")
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "fulfilment: no dead-letter queue fulfilment.nope; the dead-letter queues are "
+        "fulfilment.order-placed.dlq, fulfilment.order-cancelled.dlq, "
+        "fulfilment.order-shipped.dlq\n"
+    )
+
+
+def test_a_dead_letter_queue_is_chosen_by_its_name_or_its_queue_s():
+    assert dead_letter_queues([]) == DEAD_LETTER_QUEUES
+    assert dead_letter_queues(["fulfilment.order-shipped.dlq", "fulfilment.order-placed"]) == (
+        "fulfilment.order-placed.dlq",
+        "fulfilment.order-shipped.dlq",
     )
 
 

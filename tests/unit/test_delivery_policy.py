@@ -43,6 +43,7 @@ from fulfilment.worker.dead_lettering import DeadLetterPublisher
 from fulfilment.worker.delivery import (
     DeliveryLimits,
     DeliveryPolicy,
+    EventRefusedError,
     Handled,
     Handler,
     parse_event,
@@ -309,6 +310,44 @@ async def test_an_unknown_error_dead_letters_as_unexpected_with_the_exception(
         assert line["event"] == "ping.dead_lettered"
         assert line["event_id"] == str(event_id)
         assert line["exc_info"] is not None
+
+
+async def test_a_refused_event_is_dead_lettered_as_permanent_under_its_own_reason(
+    monkeypatch, logs
+) -> None:
+    refusal = EventRefusedError("order_not_reserved", "order 42 cannot be shipped: it is released")
+    async for harness in _harness(failing(refusal), monkeypatch):
+        event_id = uuid.uuid4()
+        await harness.deliver(a_ping(event_id), message_id="m-4")
+
+        [letter] = harness.dead_letters
+        assert letter.headers["x-fulfilment-failure-class"] == "permanent"
+        assert letter.headers["x-fulfilment-reason"] == (
+            "order_not_reserved: order 42 cannot be shipped: it is released"
+        )
+        assert letter.headers["x-fulfilment-exception-type"] == "EventRefusedError"
+        assert letter.headers["x-fulfilment-original-queue"] == QUEUE.name
+        assert letter.message_id == "m-4"
+        assert harness.settled == ["ack"]
+        assert harness.outcomes() == ["dead_lettered:order_not_reserved"]
+        [line] = lines(logs)
+        assert line["event"] == "ping.dead_lettered"
+        assert line["outcome"] == "dead_lettered:order_not_reserved"
+        assert line["event_id"] == str(event_id)  # a well-formed event: its ids are logged
+        assert line["exc_info"] is None  # not a bug: no stack trace in the log
+
+
+async def test_each_outcome_is_counted_under_the_subscription_s_event(monkeypatch) -> None:
+    async for harness in _harness(handled, monkeypatch):
+        await harness.deliver(a_ping())
+
+        assert (
+            harness.metrics.registry.get_sample_value(
+                "fulfilment_events_total",
+                {"event": "ping", "outcome": "reserved", "reason": ""},
+            )
+            == 1
+        )
 
 
 async def test_a_transient_error_requeues_the_delivery_and_pauses_the_consumers(

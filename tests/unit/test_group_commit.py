@@ -1,4 +1,5 @@
-"""GroupCommit: concurrent reservations share transactions, and each caller gets its own answer."""
+"""GroupCommit: concurrent calls of one kind share transactions, and each caller gets its own
+answer."""
 
 from __future__ import annotations
 
@@ -54,10 +55,10 @@ class Database:
 
 async def test_a_call_alone_commits_alone_without_waiting_for_company():
     database = Database()
-    group = GroupCommit(database.commit_batch, pool_size=4, batch_max=32)
+    group = GroupCommit(pool_size=4, batch_max=32)
     command = order()
 
-    outcome = await asyncio.wait_for(group.reserve(command), timeout=1)
+    outcome = await asyncio.wait_for(group.run(database.commit_batch, command), timeout=1)
 
     assert outcome == reserved(command)
     assert database.batches == [[command]]
@@ -65,10 +66,12 @@ async def test_a_call_alone_commits_alone_without_waiting_for_company():
 
 async def test_calls_made_together_share_one_transaction_in_the_order_they_came():
     database = Database()
-    group = GroupCommit(database.commit_batch, pool_size=4, batch_max=32)
+    group = GroupCommit(pool_size=4, batch_max=32)
     commands = [order() for _ in range(10)]
 
-    outcomes = await asyncio.gather(*(group.reserve(command) for command in commands))
+    outcomes = await asyncio.gather(
+        *(group.run(database.commit_batch, command) for command in commands)
+    )
 
     assert outcomes == [reserved(command) for command in commands]
     assert database.batches == [commands]
@@ -76,10 +79,12 @@ async def test_calls_made_together_share_one_transaction_in_the_order_they_came(
 
 async def test_batches_hold_at_most_batch_max_orders_and_at_most_pool_size_run_at_once():
     database = Database()
-    group = GroupCommit(database.commit_batch, pool_size=2, batch_max=4)
+    group = GroupCommit(pool_size=2, batch_max=4)
     commands = [order() for _ in range(20)]
 
-    outcomes = await asyncio.gather(*(group.reserve(command) for command in commands))
+    outcomes = await asyncio.gather(
+        *(group.run(database.commit_batch, command) for command in commands)
+    )
 
     assert outcomes == [reserved(command) for command in commands]
     assert [len(batch) for batch in database.batches] == [4, 4, 4, 4, 4]
@@ -89,14 +94,14 @@ async def test_batches_hold_at_most_batch_max_orders_and_at_most_pool_size_run_a
 
 async def test_calls_arriving_while_all_transactions_run_wait_and_go_together():
     database = Database(seconds=0.05)
-    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
-    first = asyncio.create_task(group.reserve(order()))
+    group = GroupCommit(pool_size=1, batch_max=32)
+    first = asyncio.create_task(group.run(database.commit_batch, order()))
     await asyncio.sleep(0.01)  # the first transaction is running
     later = [order() for _ in range(5)]
-    tasks = [asyncio.create_task(group.reserve(command)) for command in later]
+    tasks = [asyncio.create_task(group.run(database.commit_batch, command)) for command in later]
     for _ in range(3):
         await asyncio.sleep(0.005)
-        tasks.append(asyncio.create_task(group.reserve(command := order())))
+        tasks.append(asyncio.create_task(group.run(database.commit_batch, command := order())))
         later.append(command)
 
     await asyncio.gather(first, *tasks)
@@ -108,10 +113,12 @@ async def test_calls_arriving_while_all_transactions_run_wait_and_go_together():
 async def test_a_transient_error_goes_to_every_order_of_the_batch():
     database = Database(failing_sku="X")
     database.error = TransientError("database unavailable for 5 s")
-    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
+    group = GroupCommit(pool_size=1, batch_max=32)
 
     results = await asyncio.gather(
-        group.reserve(order("A")), group.reserve(order("X")), return_exceptions=True
+        group.run(database.commit_batch, order("A")),
+        group.run(database.commit_batch, order("X")),
+        return_exceptions=True,
     )
 
     assert results == [database.error, database.error]
@@ -120,11 +127,11 @@ async def test_a_transient_error_goes_to_every_order_of_the_batch():
 
 async def test_another_error_is_narrowed_to_its_order_by_committing_the_batch_one_by_one():
     database = Database(failing_sku="X")
-    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
+    group = GroupCommit(pool_size=1, batch_max=32)
     commands = [order("A"), order("X"), order("B")]
 
     results = await asyncio.gather(
-        *(group.reserve(command) for command in commands), return_exceptions=True
+        *(group.run(database.commit_batch, command) for command in commands), return_exceptions=True
     )
 
     assert results == [reserved(commands[0]), database.error, reserved(commands[2])]
@@ -133,12 +140,12 @@ async def test_another_error_is_narrowed_to_its_order_by_committing_the_batch_on
 
 async def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_batch():
     database = Database(seconds=0.05)
-    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
-    first = asyncio.create_task(group.reserve(order()))
+    group = GroupCommit(pool_size=1, batch_max=32)
+    first = asyncio.create_task(group.run(database.commit_batch, order()))
     await asyncio.sleep(0.01)
     gone, kept = order(), order()
-    gone_task = asyncio.create_task(group.reserve(gone))
-    kept_task = asyncio.create_task(group.reserve(kept))
+    gone_task = asyncio.create_task(group.run(database.commit_batch, gone))
+    kept_task = asyncio.create_task(group.run(database.commit_batch, kept))
     await asyncio.sleep(0)
     gone_task.cancel()
 
@@ -155,10 +162,12 @@ async def test_orders_a_batch_left_without_an_outcome_get_an_error_instead_of_wa
         batches.append(list(commands))
         return [reserved(commands[0])]
 
-    group = GroupCommit(answers_one, pool_size=1, batch_max=32)
+    group = GroupCommit(pool_size=1, batch_max=32)
 
     results = await asyncio.wait_for(
-        asyncio.gather(group.reserve(order()), group.reserve(order()), return_exceptions=True),
+        asyncio.gather(
+            group.run(answers_one, order()), group.run(answers_one, order()), return_exceptions=True
+        ),
         timeout=1,
     )
 
@@ -169,8 +178,10 @@ async def test_orders_a_batch_left_without_an_outcome_get_an_error_instead_of_wa
 
 async def test_callers_of_a_batch_cancelled_while_it_retries_one_by_one_are_cancelled_too():
     database = Database(seconds=0.05, failing_sku="X")
-    group = GroupCommit(database.commit_batch, pool_size=1, batch_max=32)
-    callers = [asyncio.create_task(group.reserve(order(sku))) for sku in ("X", "A", "B")]
+    group = GroupCommit(pool_size=1, batch_max=32)
+    callers = [
+        asyncio.create_task(group.run(database.commit_batch, order(sku))) for sku in ("X", "A", "B")
+    ]
     while len(database.batches) < 3:  # the batch failed, X failed alone, A is committing
         await database.batch_started.wait()
         database.batch_started.clear()
@@ -183,7 +194,50 @@ async def test_callers_of_a_batch_cancelled_while_it_retries_one_by_one_are_canc
     assert all(isinstance(result, asyncio.CancelledError) for result in results[1:]), results
 
 
+async def test_each_batch_holds_one_kind_in_the_order_it_came_and_the_kinds_share_the_slots():
+    reservations, cancels = Database(seconds=0.02), Database(seconds=0.02)
+    group = GroupCommit(pool_size=2, batch_max=3)
+    calls = [
+        (reservations if kind == "r" else cancels, order())
+        for kind in ["r", "c", "r", "r", "c", "r", "c", "c", "r"]
+    ]
+
+    outcomes = await asyncio.gather(
+        *(group.run(database.commit_batch, command) for database, command in calls)
+    )
+
+    assert outcomes == [reserved(command) for _, command in calls]
+    reserved_calls = [command for database, command in calls if database is reservations]
+    cancel_calls = [command for database, command in calls if database is cancels]
+    assert reservations.batches == [reserved_calls[:3], reserved_calls[3:]]
+    assert cancels.batches == [cancel_calls[:3], cancel_calls[3:]]
+
+
+async def test_the_kinds_together_never_run_more_than_pool_size_batches():
+    kinds = [Database(seconds=0.01) for _ in range(3)]
+    running = most = 0
+    group = GroupCommit(pool_size=2, batch_max=2)
+
+    def counted(database):
+        async def commit_batch(commands):
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            try:
+                return await database.commit_batch(commands)
+            finally:
+                running -= 1
+
+        return commit_batch
+
+    commits = [counted(database) for database in kinds]
+    await asyncio.gather(*(group.run(commits[i % 3], order()) for i in range(30)))
+
+    assert most == 2
+    assert sum(len(database.batches) for database in kinds) == 15
+
+
 @pytest.mark.parametrize(("pool_size", "batch_max"), [(0, 1), (1, 0)])
 def test_a_pool_size_or_batch_max_below_one_is_refused(pool_size, batch_max):
     with pytest.raises(ValueError, match="must be >= 1"):
-        GroupCommit(Database().commit_batch, pool_size=pool_size, batch_max=batch_max)
+        GroupCommit(pool_size=pool_size, batch_max=batch_max)

@@ -111,34 +111,63 @@ def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
     metrics = new_metrics()
 
     samples = {
-        (sample.labels["outcome"], sample.labels["reason"]): sample.value
+        (sample.labels["event"], sample.labels["outcome"], sample.labels["reason"]): sample.value
         for family in metrics.registry.collect()
         if family.name == "fulfilment_events"
         for sample in family.samples
         if sample.name == "fulfilment_events_total"
     }
 
-    assert samples == {
-        ("reserved", ""): 0,
-        ("rejected", "insufficient_stock"): 0,
-        ("rejected", "unknown_sku"): 0,
-        ("duplicate", "event"): 0,
-        ("duplicate", "order"): 0,
+    # What the delivery policy adds to every event: dead letters by class, and requeues.
+    policy = {
         **{("dead_lettered", str(failure)): 0 for failure in SERVICE_FAILURE_CLASSES},
         ("requeued", "transient"): 0,
         ("requeued", "dead_letter_refused"): 0,
+    }
+    by_event = {
+        "order_placed": {
+            ("reserved", ""): 0,
+            ("rejected", "insufficient_stock"): 0,
+            ("rejected", "unknown_sku"): 0,
+            ("rejected", "cancelled"): 0,
+            ("duplicate", "event"): 0,
+            ("duplicate", "order"): 0,
+            **policy,
+        },
+        "order_cancelled": {
+            ("released", ""): 0,
+            ("partially_released", ""): 0,
+            ("tombstoned", ""): 0,
+            ("ignored", ""): 0,
+            ("cancel_after_ship", ""): 0,
+            ("duplicate", "event"): 0,
+            **policy,
+        },
+        "order_shipped": {
+            ("shipped", ""): 0,
+            ("ignored", ""): 0,
+            ("duplicate", "event"): 0,
+            ("dead_lettered", "order_not_reserved"): 0,
+            **policy,
+        },
+    }
+    assert samples == {
+        (event, outcome, reason): value
+        for event, outcomes in by_event.items()
+        for (outcome, reason), value in outcomes.items()
     }
 
 
 def test_the_bound_event_child_is_the_labelled_series() -> None:
     metrics = Metrics()
 
-    metrics.event("rejected", "unknown_sku").inc()
-    metrics.event("rejected", "unknown_sku").inc()
+    metrics.event("order_placed", "rejected", "unknown_sku").inc()
+    metrics.event("order_placed", "rejected", "unknown_sku").inc()
 
     assert (
         metrics.registry.get_sample_value(
-            "fulfilment_events_total", {"outcome": "rejected", "reason": "unknown_sku"}
+            "fulfilment_events_total",
+            {"event": "order_placed", "outcome": "rejected", "reason": "unknown_sku"},
         )
         == 2
     )

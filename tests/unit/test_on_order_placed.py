@@ -23,7 +23,7 @@ from fakes import InMemoryWarehouse
 from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY
+from fulfilment.contracts.topology import MAIN_QUEUE, ORDER_PLACED_ROUTING_KEY, SUBSCRIBED_QUEUES
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
 from fulfilment.main import Worker, build_worker
 from fulfilment.settings import Settings
@@ -76,15 +76,23 @@ async def _harness(
     topology = Topology(settings.delivery_limit)
     dead_letters: list[RabbitMessage] = []
 
-    @worker.broker.subscriber(
-        topology.dead_letter_queue(), topology.dead_letter_exchange(), decoder=raw_body
-    )
     async def capture(_body: bytes) -> None:
         # The worker's broker runs without FastDepends (apply_types=False).
         dead_letters.append(worker.broker.context.get_local("message"))
 
+    for subscribed in SUBSCRIBED_QUEUES:
+        worker.broker.subscriber(
+            topology.dead_letter_queue(subscribed),
+            topology.dead_letter_exchange(),
+            decoder=raw_body,
+        )(capture)
+
     async with TestRabbitBroker(worker.broker) as broker:
-        yield Harness(worker, warehouse, dead_letters, broker)
+        try:
+            yield Harness(worker, warehouse, dead_letters, broker)
+        finally:
+            # A test that paused the consumers leaves no task behind to resume them later.
+            await worker.consumer_pause.close()
 
 
 @pytest.fixture
@@ -199,7 +207,7 @@ async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved
     await warehouse.put_stock({"85123A": 10})
     body = a_body([("85123A", 1)])
     async for harness in _harness(warehouse, Settings(delivery_limit=3)):
-        [subscriber] = harness.worker.subscribers
+        [subscriber] = [s for s in harness.worker.subscribers if s.queue.name == MAIN_QUEUE]
 
         # Delivery 2 (the first redelivery) goes through; delivery 3 is poison, unprocessed.
         await deliver(subscriber, incoming(body, redelivered=True))

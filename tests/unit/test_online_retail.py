@@ -13,12 +13,15 @@ import pytest
 from fulfilment.contracts.order_placed import MAX_LINES, OrderPlacedV1
 from fulfilment.tools.online_retail import (
     NAMESPACE,
+    CancellationInvoice,
     OnlineRetailError,
     SkipCounts,
+    cancellation_event_id_for,
     csv_files,
     event_id_for,
     order_id_for,
     read_orders,
+    shipment_event_id_for,
 )
 
 HEADER = "InvoiceNo,StockCode,Description,Quantity,InvoiceDate,UnitPrice,CustomerID,Country\n"
@@ -93,6 +96,54 @@ def test_cancellations_non_positive_lines_and_emptied_invoices_are_skipped_and_c
     assert result.skipped == SkipCounts(
         cancelled_invoices=1, cancelled_lines=2, non_positive_lines=2, empty_invoices=1
     )
+
+
+def test_cancellations_are_read_as_recorded_with_their_customer_time_and_day(tmp_path):
+    day_one = write(tmp_path, "2010-12-01.csv", DAY_ONE)
+    day_two = write(tmp_path, "2010-12-02.csv", DAY_TWO)
+
+    result = read_orders([day_one, day_two])
+
+    assert result.cancellations == [
+        CancellationInvoice(
+            invoice_no="C536379",
+            cancelled_at=datetime(2010, 12, 1, 9, 41, tzinfo=LONDON),
+            lines=(("D", -1),),
+            source="2010-12-01.csv:4",
+            day="2010-12-01",
+            customer="14527.0",
+        ),
+        CancellationInvoice(
+            invoice_no="C537572",
+            cancelled_at=datetime(2010, 12, 7, 12, 0, tzinfo=LONDON),
+            lines=(("BANK CHARGES", -1), ("POST", -2)),
+            source="2010-12-02.csv:7",
+            day="2010-12-02",
+            customer=None,
+        ),
+    ]
+    assert result.days == ["2010-12-01", "2010-12-02"]
+
+
+def test_an_order_has_the_customer_all_its_lines_name_verbatim_or_none(tmp_path):
+    text = HEADER + (
+        "1,A,x,1,2010-12-01 08:00:00,1,17850.0,UK\n"
+        "1,B,x,1,2010-12-01 08:00:00,1,17850.0,UK\n"
+        "2,A,x,1,2010-12-01 08:01:00,1,,UK\n"
+        "3,A,x,1,2010-12-01 08:02:00,1,17850.0,UK\n"
+        "3,B,x,1,2010-12-01 08:02:00,1,12345.0,UK\n"
+        "4,A,x,1,2010-12-01 08:03:00,1,17850.0,UK\n"
+        "4,B,x,1,2010-12-01 08:03:00,1,,UK\n"
+    )
+
+    orders = read_orders([write(tmp_path, "2010-12-01.csv", text)]).orders
+
+    assert [(o.invoice_no, o.customer, o.day) for o in orders] == [
+        ("1", "17850.0", "2010-12-01"),
+        ("2", None, "2010-12-01"),
+        ("3", None, "2010-12-01"),  # two customers: none is the order's
+        ("4", None, "2010-12-01"),
+    ]
 
 
 def test_orders_come_in_file_order_then_first_appearance(tmp_path):
@@ -190,8 +241,18 @@ def test_ids_are_uuid5_of_the_invoice_number_under_the_documented_namespace():
 def test_event_and_order_ids_differ_and_belong_to_one_invoice_each():
     numbers = ["536365", "536366", "C536379", "536365A"]
     ids = [event_id_for(n) for n in numbers] + [order_id_for(n) for n in numbers]
+    ids += [cancellation_event_id_for(n) for n in numbers]
+    ids += [shipment_event_id_for(n) for n in numbers]
 
     assert len(set(ids)) == len(ids)
+
+
+def test_cancellation_and_shipment_ids_are_uuid5_of_their_own_invoice_number():
+    assert cancellation_event_id_for("C536391") == uuid5(NAMESPACE, "OrderCancelled:C536391")
+    assert shipment_event_id_for("536365") == uuid5(NAMESPACE, "OrderShipped:536365")
+    # Pinned like the OrderPlaced ids: a change would make a re-run apply them again.
+    assert str(cancellation_event_id_for("C536391")) == "7643806c-ec2d-5f93-8c8a-fb1cfdd9309c"
+    assert str(shipment_event_id_for("536365")) == "62f99ba7-8992-5b59-bc0e-ea6569a97beb"
 
 
 def test_an_invoice_number_in_two_files_is_an_error_naming_both(tmp_path):

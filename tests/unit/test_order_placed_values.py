@@ -204,7 +204,7 @@ def test_any_other_uuid_is_accepted_as_an_id_whatever_its_version() -> None:
 
 
 def test_the_largest_demand_of_one_sku_fits_the_integer_columns() -> None:
-    # reserve_orders() sums an order's lines of one SKU into an integer (reservation_lines.
+    # place_orders() sums an order's lines of one SKU into an integer (reservation_lines.
     # quantity); an order of MAX_LINES lines of the same SKU, each at MAX_QUANTITY, must fit.
     assert MAX_LINES * MAX_QUANTITY == MAX_UNITS_PER_SKU <= INTEGER_MAX
     lines = [{"sku": "85123A", "quantity": MAX_QUANTITY}] * MAX_LINES

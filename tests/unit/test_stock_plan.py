@@ -44,6 +44,8 @@ def order(number: str, *lines: tuple[str, int]) -> RetailOrder:
         placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=ZoneInfo("Europe/London")),
         lines=lines,
         source=f"test.csv:{number}",
+        day="test",
+        customer=None,
     )
 
 

@@ -104,6 +104,11 @@ class DeadLetterDescription:
         delivery_count: deliveries before the last one (the service's header, else the
             ``x-death`` count).
         original_queue: the queue it died in, or ``""``.
+        original_exchange: the exchange it was published to (the service's header, else the
+            first ``x-death`` exchange), or None when neither says. ``""`` is the default
+            exchange.
+        original_routing_key: the routing key it was published with (the service's header,
+            else the first of the first ``x-death`` routing keys), or None.
     """
 
     failure_class: FailureClass
@@ -113,6 +118,8 @@ class DeadLetterDescription:
     event_id: str | None
     delivery_count: int
     original_queue: str
+    original_exchange: str | None = None
+    original_routing_key: str | None = None
 
     @property
     def group(self) -> str:
@@ -146,6 +153,8 @@ def describe_dead_letter(
             event_id=event_id,
             delivery_count=_int(headers.get(DELIVERY_COUNT)),
             original_queue=_text(headers.get(ORIGINAL_QUEUE)),
+            original_exchange=_optional_text(headers.get(ORIGINAL_EXCHANGE)),
+            original_routing_key=_optional_text(headers.get(ORIGINAL_ROUTING_KEY)),
         )
     death = _first_death(headers)
     death_reason = _text(death.get("reason"))
@@ -169,6 +178,8 @@ def describe_dead_letter(
         event_id=event_id,
         delivery_count=_int(headers.get("x-delivery-count")) or count,
         original_queue=queue,
+        original_exchange=_optional_text(death.get("exchange")),
+        original_routing_key=_first_routing_key(death.get("routing-keys")),
     )
 
 
@@ -228,6 +239,16 @@ def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return "" if value is None else str(value)
+
+
+def _optional_text(value: object) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _first_routing_key(value: object) -> str | None:
+    if isinstance(value, list) and value:
+        return _text(value[0])
+    return None
 
 
 def _int(value: object) -> int:

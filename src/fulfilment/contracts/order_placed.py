@@ -7,7 +7,7 @@ quantity is 80,995 units (2,880 in its December 2010 files), well inside :data:`
 and :data:`MAX_QUANTITY`.
 
 Every value the model accepts is one PostgreSQL stores as it was sent, through asyncpg into the
-columns ``reserve_orders()`` writes (``migrations/``): a SKU holds no NUL (``text`` cannot),
+columns ``place_orders()`` writes (``migrations/``): a SKU holds no NUL (``text`` cannot),
 ``placed_at`` is an instant the driver can send, the summed demand of a SKU fits ``integer``.
 What storage cannot hold is refused here, so the worker dead-letters it as ``permanent`` on its
 first delivery with the reason, instead of failing in the database as ``unexpected``.
@@ -43,7 +43,7 @@ MAX_UNITS_PER_SKU = MAX_LINES * MAX_QUANTITY
 """Most units of one SKU an order can ask for (its lines of that SKU summed): 1,000,000,000.
 
 It must fit PostgreSQL's ``integer`` (2,147,483,647), the type of ``reservation_lines.quantity``
-and of the sums in ``reserve_orders()``; a unit test holds the two bounds together."""
+and of the sums in ``place_orders()``; a unit test holds the two bounds together."""
 
 MAX_SKU_LENGTH = 64
 """Characters per stock code; real codes run from ``D`` to ``gift_0001_40`` and ``BANK CHARGES``.
@@ -71,22 +71,22 @@ def _storable_sku(sku: str) -> str:
     return sku
 
 
-def _storable_instant(placed_at: datetime) -> datetime:
+def _storable_instant(instant: datetime) -> datetime:
     # asyncpg sends a timestamptz as its UTC instant: one before year 1 or after year 9999
     # has no Python datetime and fails in the driver, and the first and the last Python
     # instants are sent as PostgreSQL's -infinity and infinity, another value than was sent.
     try:
-        inside = EARLIEST_PLACED_AT < placed_at.astimezone(UTC) < LATEST_PLACED_AT
+        inside = EARLIEST_PLACED_AT < instant.astimezone(UTC) < LATEST_PLACED_AT
     except OverflowError:
         inside = False
     if not inside:
         refusal = PydanticCustomError(
-            "placed_at_out_of_range",
+            "instant_out_of_range",
             "must lie strictly between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z"
             " in UTC, the instants the database driver can store",
         )
         raise refusal
-    return placed_at
+    return instant
 
 
 def _minted(identifier: UUID) -> UUID:
@@ -109,9 +109,13 @@ Sku = Annotated[
 """A stock code: case-sensitive, inner spaces allowed, no leading or trailing white space,
 no NUL."""
 
-PlacedAt = Annotated[AwareDatetime, AfterValidator(_storable_instant)]
-"""When the order was placed: with a UTC offset (any, below 24 hours), and strictly between
-:data:`EARLIEST_PLACED_AT` and :data:`LATEST_PLACED_AT` once converted to UTC."""
+EventTime = Annotated[AwareDatetime, AfterValidator(_storable_instant)]
+"""When something happened to an order (``placed_at``, ``cancelled_at``, ``shipped_at``): with
+a UTC offset (any, below 24 hours), and strictly between :data:`EARLIEST_PLACED_AT` and
+:data:`LATEST_PLACED_AT` once converted to UTC."""
+
+PlacedAt = EventTime
+"""When the order was placed (:data:`EventTime`)."""
 
 MintedUuid = Annotated[UUID, AfterValidator(_minted)]
 """An id the producer minted: any UUID but the nil and the max one (RFC 9562, 5.9 and 5.10)."""
@@ -126,6 +130,10 @@ class OrderLineV1(BaseModel):
     quantity: Annotated[int, Field(ge=1, le=MAX_QUANTITY)]
 
 
+OrderLines = Annotated[list[OrderLineV1], Field(min_length=1, max_length=MAX_LINES)]
+"""The lines of an event: at least one, at most :data:`MAX_LINES`; a SKU may repeat."""
+
+
 class OrderPlacedV1(BaseModel):
     """The ``OrderPlaced`` event, version 1 (see ``docs`` in the README for an example)."""
 
@@ -136,7 +144,7 @@ class OrderPlacedV1(BaseModel):
     event_id: MintedUuid
     order_id: MintedUuid
     placed_at: PlacedAt
-    lines: Annotated[list[OrderLineV1], Field(min_length=1, max_length=MAX_LINES)]
+    lines: OrderLines
 
     def to_command(self) -> ReserveStock:
         """Translate to the domain command (pydantic does not cross into the application)."""

@@ -2,7 +2,15 @@
 
 The worker declares these objects at start (``fulfilment.worker.topology``); the operator tools
 only name them. Renaming one is a change of the external contract.
+
+:data:`SUBSCRIBED_QUEUES` lists every queue the worker consumes, each with its binding and its
+dead-letter queue: the worker declares, checks, subscribes and polls them from it, and the
+tools look into their dead-letter queues from it, so a new event is one more entry.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 ORDERS_EXCHANGE = "orders"
 ORDER_PLACED_ROUTING_KEY = "order.placed"
@@ -10,5 +18,62 @@ MAIN_QUEUE = "fulfilment.order-placed"
 DEAD_LETTER_EXCHANGE = "fulfilment.dlx"
 DEAD_LETTER_QUEUE = "fulfilment.order-placed.dlq"
 DEAD_LETTER_ROUTING_KEY = MAIN_QUEUE
-"""Dead letters are routed by the name of the queue they died in, so more queues can share
-the exchange later."""
+"""Dead letters are routed by the name of the queue they died in, so every queue's dead
+letters share the exchange and reach their own DLQ."""
+
+ORDER_CANCELLED_ROUTING_KEY = "order.cancelled"
+ORDER_CANCELLED_QUEUE = "fulfilment.order-cancelled"
+ORDER_CANCELLED_DEAD_LETTER_QUEUE = "fulfilment.order-cancelled.dlq"
+
+ORDER_SHIPPED_ROUTING_KEY = "order.shipped"
+ORDER_SHIPPED_QUEUE = "fulfilment.order-shipped"
+ORDER_SHIPPED_DEAD_LETTER_QUEUE = "fulfilment.order-shipped.dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribedQueue:
+    """A queue the worker consumes, bound to ``orders``, with its dead-letter queue.
+
+    Attributes:
+        event: the event it carries, in snake case (``order_placed``): the name of its
+            subscription, the prefix of its log lines and the ``event`` label of
+            ``fulfilment_events_total``.
+        routing_key: its binding to :data:`ORDERS_EXCHANGE` (``order.placed``).
+        name: the quorum queue (``fulfilment.order-placed``).
+        dead_letter_queue: its DLQ (``fulfilment.order-placed.dlq``), bound to
+            :data:`DEAD_LETTER_EXCHANGE` with :attr:`dead_letter_routing_key`.
+    """
+
+    event: str
+    routing_key: str
+    name: str
+    dead_letter_queue: str
+
+    @property
+    def dead_letter_routing_key(self) -> str:
+        """The routing key of its dead letters: the queue's own name.
+
+        The broker uses it (the queue's ``x-dead-letter-routing-key``) and so does the service
+        when it dead-letters a delivery itself, so both reach :attr:`dead_letter_queue`.
+        """
+        return self.name
+
+
+ORDER_PLACED = SubscribedQueue(
+    "order_placed", ORDER_PLACED_ROUTING_KEY, MAIN_QUEUE, DEAD_LETTER_QUEUE
+)
+ORDER_CANCELLED = SubscribedQueue(
+    "order_cancelled",
+    ORDER_CANCELLED_ROUTING_KEY,
+    ORDER_CANCELLED_QUEUE,
+    ORDER_CANCELLED_DEAD_LETTER_QUEUE,
+)
+ORDER_SHIPPED = SubscribedQueue(
+    "order_shipped", ORDER_SHIPPED_ROUTING_KEY, ORDER_SHIPPED_QUEUE, ORDER_SHIPPED_DEAD_LETTER_QUEUE
+)
+
+SUBSCRIBED_QUEUES = (ORDER_PLACED, ORDER_CANCELLED, ORDER_SHIPPED)
+"""Every queue the worker consumes, in the order it declares them."""
+
+DEAD_LETTER_QUEUES = tuple(queue.dead_letter_queue for queue in SUBSCRIBED_QUEUES)
+"""Every dead-letter queue, in the same order."""

@@ -7,8 +7,8 @@ rejected with ``unknown_sku``; otherwise one whose demand exceeds what is availa
 business outcome, not an error: it is recorded and acknowledged like a reservation.
 
 :func:`decide` is the specification of the rule, and the in-memory warehouse of the tests runs
-it. Production runs the PL/pgSQL function ``reserve_orders()``
-(``migrations/sql/reserve_orders/``), an implementation of the same rule that reserves a batch
+it. Production runs the PL/pgSQL function ``place_orders()``
+(``migrations/sql/place_orders/``), an implementation of the same rule that reserves a batch
 of orders in one round trip instead of reading stock, deciding here and writing back. The
 property test ``test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_other``
 (``tests/integration/test_postgres_batches.py``) holds the two to the same answers, so a change
@@ -91,6 +91,9 @@ class RejectionReason(StrEnum):
 
     UNKNOWN_SKU = "unknown_sku"
     INSUFFICIENT_STOCK = "insufficient_stock"
+    CANCELLED = "cancelled"
+    """Cancelled before it was placed, whole or every line of it: nothing remained to reserve
+    (``fulfilment.domain.lifecycle.apply_placed``; :func:`decide` never answers it)."""
 
 
 class DuplicateOf(StrEnum):
@@ -143,7 +146,7 @@ class Decision:
 def decide(demand: Mapping[str, int], stock: Mapping[str, StockLevel]) -> Decision:
     """Apply the reservation rule to an aggregated demand and the current stock of its SKUs.
 
-    The specification of the rule; ``reserve_orders()`` implements it in PostgreSQL (see the
+    The specification of the rule; ``place_orders()`` implements it in PostgreSQL (see the
     module's docstring).
 
     Args:

@@ -1,12 +1,12 @@
 """The service's Prometheus metrics, on a registry of its own (never the global one).
 
-Label sets are small and fixed: an outcome and a reason drawn from closed lists, never an
-order id, event id or SKU (each label value is a time series kept forever by Prometheus).
-Children of labelled counters are bound once, here, so that the hot path increments a child
-found in a dict instead of building a label tuple under a lock per message, and so that every
-counter series exists at 0 from the start (``rate()`` and the alert ratios need the zero).
-The gauges the background monitors set are the other way round: absent until measured, and
-absent again while their monitor cannot measure (:meth:`Metrics.forget_queues`,
+Label sets are small and fixed: an event, an outcome and a reason drawn from closed lists,
+never an order id, event id or SKU (each label value is a time series kept forever by
+Prometheus). Children of labelled counters are bound once, here, so that the hot path
+increments a child found in a dict instead of building a label tuple under a lock per message,
+and so that every counter series exists at 0 from the start (``rate()`` and the alert ratios
+need the zero). The gauges the background monitors set are the other way round: absent until
+measured, and absent again while their monitor cannot measure (:meth:`Metrics.forget_queues`,
 :meth:`Metrics.forget_invariants`), because a stale value would hide the outage.
 
 FastStream's own middleware (``faststream_*`` metrics) registers on the same registry, and so do
@@ -17,7 +17,7 @@ prometheus-client's process, platform and garbage-collector collectors (``proces
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -30,8 +30,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from fulfilment.domain.model import DuplicateOf, OutcomeKind, RejectionReason
 
 LATENCY_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Handler latency buckets, 5 ms to 30 s (the handler deadline is 10 s)."""
@@ -56,8 +54,8 @@ MONITOR_CHECKS = ("queues", "invariants", "consumer")
 
 DEAD_LETTER_AGE = "fulfilment_dead_letters_oldest_age_seconds"
 DEAD_LETTER_AGE_HELP = (
-    "Age of the oldest message in the dead-letter queue, in seconds; 0 when empty, absent "
-    "while the queue monitor cannot read the queue."
+    "Age of the oldest message in the dead-letter queues, in seconds; 0 when empty, absent "
+    "while the queue monitor cannot read the queues."
 )
 
 
@@ -72,8 +70,11 @@ class Metrics:
         registry: where to register; a fresh ``CollectorRegistry`` when None. Never the global
             one, which already holds the process collectors (registering twice raises).
         version: the service's version, exported as ``fulfilment_build_info{version}`` = 1.
+        event_outcomes: per event (the ``event`` label: ``order_placed``, ...), the
+            ``(outcome, reason)`` pairs its handler can return, bound at 0.
         dead_letter_classes: failure classes the worker writes, bound at 0 as ``reason`` of
-            ``outcome="dead_lettered"``.
+            ``outcome="dead_lettered"`` for every event of ``event_outcomes``, as are
+            ``requeued``/``transient`` and ``requeued``/``dead_letter_refused``.
         database_retry_errors: the closed list of ``error`` labels of retried database errors
             (the PostgreSQL adapter's, which knows the errors), bound at 0.
     """
@@ -83,6 +84,7 @@ class Metrics:
         registry: CollectorRegistry | None = None,
         *,
         version: str = "",
+        event_outcomes: Mapping[str, Iterable[tuple[str, str]]] | None = None,
         dead_letter_classes: Iterable[str] = (),
         database_retry_errors: Iterable[str] = (),
     ) -> None:
@@ -92,9 +94,10 @@ class Metrics:
         GCCollector(registry=self.registry)
         self.events = Counter(
             "fulfilment_events_total",
-            "OrderPlaced deliveries by final outcome: reserved, rejected, duplicate or "
-            "dead_lettered, with the rejection reason, duplicate kind or failure class.",
-            ["outcome", "reason"],
+            "Deliveries by event and final outcome (reserved, rejected, released, shipped, "
+            "duplicate, dead_lettered, ...), with the rejection reason, duplicate kind or "
+            "failure class.",
+            ["event", "outcome", "reason"],
             registry=self.registry,
         )
         self.handler_duration = Histogram(
@@ -169,27 +172,25 @@ class Metrics:
         )
         self.build_info.labels(version or "unknown").set(1)
 
-        self._events: dict[tuple[str, str], Counter] = {}
-        for outcome, reason in [
-            (str(OutcomeKind.RESERVED), ""),
-            *((str(OutcomeKind.REJECTED), str(reason)) for reason in RejectionReason),
-            *((str(OutcomeKind.DUPLICATE), str(kind)) for kind in DuplicateOf),
-            *((DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes),
-            (REQUEUED, REQUEUED_TRANSIENT),
-            (REQUEUED, REQUEUED_DEAD_LETTER_REFUSED),
-        ]:
-            self.event(outcome, reason)
+        self._events: dict[tuple[str, str, str], Counter] = {}
+        failures = [(DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes]
+        requeued = [(REQUEUED, REQUEUED_TRANSIENT), (REQUEUED, REQUEUED_DEAD_LETTER_REFUSED)]
+        for event, outcomes in (event_outcomes or {}).items():
+            for outcome, reason in [*outcomes, *failures, *requeued]:
+                self.event(event, outcome, reason)
         self._retries = {
             label: self.database_retries.labels(label) for label in database_retry_errors
         }
         for check in MONITOR_CHECKS:
             self.monitor_errors.labels(check)
 
-    def event(self, outcome: str, reason: str) -> Counter:
-        """The ``fulfilment_events_total`` child of ``(outcome, reason)``, bound once."""
-        child = self._events.get((outcome, reason))
+    def event(self, event: str, outcome: str, reason: str) -> Counter:
+        """The ``fulfilment_events_total`` child of ``(event, outcome, reason)``, bound once."""
+        child = self._events.get((event, outcome, reason))
         if child is None:
-            child = self._events[outcome, reason] = self.events.labels(outcome, reason)
+            child = self._events[event, outcome, reason] = self.events.labels(
+                event, outcome, reason
+            )
         return child
 
     def count_database_retry(self, error: str) -> None:
@@ -204,15 +205,15 @@ class Metrics:
         child.inc()
 
     def set_oldest_dead_letter(self, dead_lettered_at: float | None) -> None:
-        """Remember when the DLQ's oldest message was dead-lettered (Unix seconds), or None.
+        """Remember when the DLQs' oldest message was dead-lettered (Unix seconds), or None.
 
-        None means the DLQ is empty (age 0). The age is computed at each scrape, so it keeps
+        None means every DLQ is empty (age 0). The age is computed at each scrape, so it keeps
         growing between two polls.
         """
         self._dead_letter_age.measured(dead_lettered_at)
 
     def forget_queues(self) -> None:
-        """Remove the queue series (depth, consumers, the DLQ's oldest age) until the next poll."""
+        """Remove every queue's series (depth, consumers, the DLQs' oldest age) until a poll."""
         self.queue_ready.clear()
         self.queue_consumers.clear()
         self._dead_letter_age.forget()

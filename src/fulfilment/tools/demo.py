@@ -1,10 +1,24 @@
 """``fulfilment demo``: the main job on real data, from an empty database to a reconciled report.
 
-Steps: create and migrate the database; plan and load stock from the data; start the worker
-as a child process and wait until it is ready; publish one event per invoice; wait until the
-queue is drained; stop the worker with SIGTERM (it finishes in-flight work and exits 0); then
-reconcile every published event against the inbox and the dead-letter queue and print the
-report.
+Steps: create and migrate the database; plan stock from the data and load it for the SKUs
+that have no stock level yet; start the worker as a child process and wait until it is
+ready; play the data day by day (``fulfilment.tools.retail_lifecycle``): each day's orders and
+mapped cancellations in time order, one run of one kind at a time, each run settled before
+the next is sent, then the ``OrderShipped`` of every order of the day still reserved, settled
+too; stop the worker with SIGTERM (it finishes in-flight work and exits 0); then reconcile
+every published event of the three kinds against the inbox and the dead-letter queues and
+print the report.
+
+Settled means that the worker has answered every delivery of the run: its
+``fulfilment_events_total`` for that event (``/metrics``) grew by as many since the run was
+published, whatever the answer (applied, a duplicate, dead-lettered; a requeued delivery is
+not an answer, it comes again). The inbox cannot say it, as a second run's events are in it
+before they are delivered. The demo reads which orders are still reserved only then, and
+the day's outcomes from the inbox (an event not in it was dead-lettered).
+
+Stock is loaded only for SKUs without a level, so that a second run keeps what the first
+one's shipments took out of ``on_hand`` (a second run re-sends the same events and changes
+nothing); ``--reset`` empties everything first, and the whole plan is loaded.
 """
 
 from __future__ import annotations
@@ -20,37 +34,68 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment.adapters.postgres.admin import (
+    StockTotals,
     ensure_database,
+    inbox_outcomes,
+    order_statuses,
     reset_tables,
+    stock_totals,
     warehouse_session,
 )
-from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.adapters.rabbitmq import UnroutableError, connect, queue_state
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
-from fulfilment.tools.command import CommandError, Echo, ToolOptions, read_order_files
-from fulfilment.tools.online_retail import ReadResult
-from fulfilment.tools.publish import publish_orders
+from fulfilment.adapters.rabbitmq import UnroutableError, connect
+from fulfilment.contracts.topology import (
+    DEAD_LETTER_QUEUES,
+    ORDER_CANCELLED,
+    ORDER_PLACED,
+    ORDER_SHIPPED,
+    SUBSCRIBED_QUEUES,
+)
+from fulfilment.observability.metrics import REQUEUED
+from fulfilment.tools.command import (
+    CommandError,
+    Echo,
+    ToolOptions,
+    match_read_cancellations,
+    read_order_files,
+)
+from fulfilment.tools.online_retail import ReadResult, RetailOrder
+from fulfilment.tools.publish import publish_in_order
 from fulfilment.tools.report import collect_report, reconcile, render_report
+from fulfilment.tools.retail_lifecycle import (
+    CancellationMatch,
+    RetailCancellation,
+    RetailDay,
+    RetailEvent,
+    RetailShipment,
+    plan_days,
+)
 from fulfilment.tools.stock_plan import plan_stock
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
 
+    from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+
 READY_WAIT_SECONDS = 60.0
 """How long the worker may take to report ready before the demo gives up."""
-DRAIN_POLL_SECONDS = 0.5
-"""Interval between two looks at the queue while waiting for it to drain."""
-DRAIN_EMPTY_LOOKS = 2
-"""Looks in a row that must find the queue empty: nothing ready and nothing arriving."""
-DRAIN_STALL_SECONDS = 120.0
-"""The demo fails if the queue's depth does not fall for this long."""
+SETTLE_POLL_SECONDS = 0.05
+"""Interval between two looks at the worker's metrics while a run settles: a run of a few
+events takes the worker a few milliseconds, and the demo waits for about 220 runs on the 20
+days."""
+SETTLE_STALL_SECONDS = 120.0
+"""The demo fails if the worker answers nothing more of a run for this long."""
+PROGRESS_SECONDS = 5.0
+"""A run that takes longer than this to settle says so, then again at this interval."""
 
 
 class DemoError(CommandError):
@@ -65,7 +110,7 @@ async def demo_command(
     stop_grace_seconds: float,
     echo: Echo,
 ) -> int:
-    """Run the demo over the orders of ``data`` (a file or folder of Online Retail CSVs).
+    """Run the demo over the events of ``data`` (a file or folder of Online Retail CSVs).
 
     ``reset`` empties the service's tables and queues first; ``stop_grace_seconds`` is how long
     the worker may take to stop after SIGTERM before it is killed (the orchestrator's grace
@@ -78,17 +123,19 @@ async def demo_command(
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     read = read_order_files([data])
+    match = match_read_cancellations(read)
     try:
         return await _demo(
-            options, read, reset=reset, stop_grace_seconds=stop_grace_seconds, echo=echo
+            options, read, match, reset=reset, stop_grace_seconds=stop_grace_seconds, echo=echo
         )
     except UnroutableError as error:
         raise CommandError(str(error)) from error
 
 
-async def _demo(
+async def _demo(  # noqa: PLR0913 - the read data and the command's options, passed through
     options: ToolOptions,
     read: ReadResult,
+    match: CancellationMatch,
     *,
     reset: bool,
     stop_grace_seconds: float,
@@ -104,22 +151,24 @@ async def _demo(
     await asyncio.to_thread(migrate, database_url)
     echo("database migrated to head")
 
+    days = plan_days(read.days, read.orders, match.cancellations)
+    echo(
+        f"read {len(read.orders)} orders and {len(read.cancellations)} cancellation invoices"
+        f" from {len(days)} days (skipped: {read.skipped.describe()}); cancellations mapped to"
+        f" their order: {len(match.cancellations)} (not mapped: {match.describe()})"
+    )
     levels = plan_stock(read.orders)
     async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
         if reset:
             await reset_tables(warehouse)
             await _purge_queues(amqp_url)
             echo("emptied the service's tables and queues")
-        try:
-            await warehouse.put_stock(levels)
-        except StockBelowReservedError as error:
-            msg = (
-                f"the database already holds reservations that this data's stock plan would "
-                f"undercut ({error}); run the demo with --reset (make demo RESET=1) to start "
-                "empty, or point FULFILMENT_DATABASE_URL at another database"
-            )
-            raise DemoError(msg) from error
-    echo(f"loaded {len(levels)} planned stock levels")
+        loaded = await _load_missing_stock(warehouse, levels)
+    kept = len(levels) - loaded
+    echo(
+        f"loaded {loaded} planned stock levels"
+        + (f"; {kept} SKUs kept the level they had (--reset starts from the plan)" if kept else "")
+    )
 
     # A port of its own: whatever else answers on FULFILMENT_HTTP_PORT is not this worker.
     port = _free_port()
@@ -136,27 +185,213 @@ async def _demo(
         echo(f"worker started (pid {process.pid}, port {port}, log {log_path})")
         try:
             await _wait_ready(port, process, log_path)
-            async with connect(amqp_url) as connection:
-                published = await publish_orders(connection, read.orders)
-                echo(f"published {published} events (skipped: {read.skipped.describe()})")
-                await _wait_drained(connection, echo)
-            echo("this run's outcomes: " + await asyncio.to_thread(_run_outcomes, port))
+            async with (
+                connect(amqp_url) as connection,
+                warehouse_session(options.database, consumer=options.consumer) as warehouse,
+            ):
+                player = _Player(
+                    connection=connection,
+                    warehouse=warehouse,
+                    consumer=options.consumer,
+                    worker=_Worker(process, port, log_path),
+                    echo=echo,
+                )
+                for day in days:
+                    await player.play(day)
+            echo(player.published())
+            echo("this run's outcomes\n" + await asyncio.to_thread(_run_outcomes, port))
         finally:
             code = await _stop(process, stop_grace_seconds)
     echo(f"worker stopped with exit code {code}")
 
-    reconciliation = await reconcile(options, [order.event_id for order in read.orders])
-    echo(reconciliation.describe())
+    reconciled = True
+    for kind, events in (
+        ("OrderPlaced", read.orders),
+        ("OrderCancelled", match.cancellations),
+        ("OrderShipped", player.shipments),
+    ):
+        reconciliation = await reconcile(options, [event.event_id for event in events])
+        echo(f"{kind}: {reconciliation.describe()}")
+        reconciled = reconciled and reconciliation.ok
     document = await collect_report(options)
     echo(render_report(document))
     echo(f"wall time {time.monotonic() - started:.1f} s")
-    return 0 if reconciliation.ok and code == 0 and document["invariants"]["ok"] else 1
+    return 0 if reconciled and code == 0 and document["invariants"]["ok"] else 1
+
+
+async def _load_missing_stock(warehouse: PostgresWarehouse, levels: Mapping[str, int]) -> int:
+    """Load the planned level of each SKU that has none; return how many were loaded."""
+    known = await warehouse.stock(levels)
+    missing = {sku: units for sku, units in levels.items() if sku not in known}
+    await warehouse.put_stock(missing)
+    return len(missing)
+
+
+@dataclass
+class _DayCounts:
+    """What the service answered to one day's events, and how the stock moved."""
+
+    outcomes: dict[str, Counter[str]] = field(
+        default_factory=lambda: {"orders": Counter(), "cancellations": Counter()}
+    )
+    shipments: Counter[str] = field(default_factory=Counter)
+    reserved: int = 0
+    """Units the day's orders reserved (``reserved`` went up by this in their runs)."""
+    released: int = 0
+    """Units the day's cancellations released."""
+    shipped: int = 0
+    """Units the day's shipments took out of ``on_hand``."""
+
+
+class _Player:
+    """Plays the days one after the other through the worker, and remembers what it sent."""
+
+    def __init__(
+        self,
+        *,
+        connection: AbstractConnection,
+        warehouse: PostgresWarehouse,
+        consumer: str,
+        worker: _Worker,
+        echo: Echo,
+    ) -> None:
+        self._connection = connection
+        self._warehouse = warehouse
+        self._consumer = consumer
+        self._worker = worker
+        self._echo = echo
+        self.sent: Counter[str] = Counter()
+        self.shipments: list[RetailShipment] = []
+
+    def published(self) -> str:
+        """One line: the events published, by kind."""
+        return (
+            f"published {self.sent[ORDER_PLACED.event]} OrderPlaced,"
+            f" {self.sent[ORDER_CANCELLED.event]} OrderCancelled and"
+            f" {self.sent[ORDER_SHIPPED.event]} OrderShipped events"
+        )
+
+    async def play(self, day: RetailDay) -> None:
+        """Send the day's runs and its shipments, each settled; echo one line for the day."""
+        counts = _DayCounts()
+        for run in day.runs():
+            before = await stock_totals(self._warehouse)
+            outcomes = await self._send(day, run)
+            after = await stock_totals(self._warehouse)
+            if isinstance(run[0], RetailOrder):
+                counts.outcomes["orders"].update(outcomes)
+                counts.reserved += after.reserved - before.reserved
+            else:
+                counts.outcomes["cancellations"].update(outcomes)
+                counts.released += before.reserved - after.reserved
+        statuses = await order_statuses(self._warehouse, [order.order_id for order in day.orders])
+        shipments = day.shipments(statuses)
+        before = await stock_totals(self._warehouse)
+        counts.shipments.update(await self._send(day, shipments))
+        after = await stock_totals(self._warehouse)
+        counts.shipped = before.on_hand - after.on_hand
+        self.shipments += shipments
+        self._echo(_day_line(day, counts, after))
+
+    async def _send(self, day: RetailDay, events: Sequence[RetailEvent]) -> list[str]:
+        """Publish ``events`` (of one kind), wait until settled; their inbox outcomes, in no order.
+
+        An event that is not in the inbox once settled counts as ``dead_lettered``.
+        """
+        if not events:
+            return []
+        event = _EVENT[type(events[0])]
+        answered = (await self._worker.answered())[event]
+        await publish_in_order(self._connection, events)
+        self.sent[event] += len(events)
+        await self._settle(day, event, answered + len(events))
+        outcomes = await inbox_outcomes(
+            self._warehouse, self._consumer, [event.event_id for event in events]
+        )
+        return [*outcomes.values(), *["dead_lettered"] * (len(events) - len(outcomes))]
+
+    async def _settle(self, day: RetailDay, event: str, answered: int) -> None:
+        """Wait until the worker has answered ``answered`` deliveries of ``event`` in all."""
+        last, changed = -1, time.monotonic()
+        said = changed
+        while (now_answered := (await self._worker.answered())[event]) < answered:
+            now = time.monotonic()
+            if now_answered != last:
+                last, changed = now_answered, now
+            if now - changed > SETTLE_STALL_SECONDS:
+                msg = (
+                    f"{day.name}: the worker answered nothing more of the {event} events for"
+                    f" {SETTLE_STALL_SECONDS:g} s ({answered - now_answered} waiting;"
+                    f" log: {self._worker.log})"
+                )
+                raise DemoError(msg)
+            if now - said > PROGRESS_SECONDS:
+                self._echo(f"{day.name}: waiting for {answered - now_answered} {event} events")
+                said = now
+            await asyncio.sleep(SETTLE_POLL_SECONDS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Worker:
+    """The demo's worker process, seen through its ``/metrics``."""
+
+    process: asyncio.subprocess.Process
+    port: int
+    log: Path
+
+    async def answered(self) -> Counter[str]:
+        """Deliveries the worker has settled, per event (the ``event`` label).
+
+        Every final answer counts (applied, duplicate, dead-lettered); a ``requeued`` delivery
+        is not one: it comes again.
+
+        Raises:
+            DemoError: the worker has exited.
+        """
+        if self.process.returncode is not None:
+            msg = f"the worker exited with code {self.process.returncode} (log: {self.log})"
+            raise DemoError(msg)
+        answered: Counter[str] = Counter()
+        for (event, outcome, _), count in (
+            await asyncio.to_thread(_events_total, self.port)
+        ).items():
+            if outcome != REQUEUED:
+                answered[event] += count
+        return answered
+
+
+_EVENT: dict[type, str] = {
+    RetailOrder: ORDER_PLACED.event,
+    RetailCancellation: ORDER_CANCELLED.event,
+    RetailShipment: ORDER_SHIPPED.event,
+}
+"""The ``event`` label of each kind of event the demo sends."""
+
+
+def _day_line(day: RetailDay, counts: _DayCounts, totals: StockTotals) -> str:
+    """E.g. ``2010-12-01: orders 143 (rejected 23, reserved 120), cancellations 2 (...), ...``."""
+    parts = [
+        _counted("orders", len(day.orders), counts.outcomes["orders"]),
+        _counted("cancellations", len(day.cancellations), counts.outcomes["cancellations"]),
+        _counted("shipments", counts.shipments.total(), counts.shipments),
+    ]
+    return (
+        f"{day.name}: {', '.join(parts)}; units reserved {counts.reserved},"
+        f" released {counts.released}, shipped {counts.shipped};"
+        f" stock now on hand {totals.on_hand}, reserved {totals.reserved}"
+    )
+
+
+def _counted(what: str, total: int, outcomes: Counter[str]) -> str:
+    if not total:
+        return f"{what} 0"
+    return f"{what} {total} (" + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) + ")"
 
 
 async def _purge_queues(amqp_url: str) -> None:
     async with connect(amqp_url) as connection:
         channel = await connection.channel()
-        for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+        for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
             with contextlib.suppress(Exception):
                 queue = await channel.get_queue(name, ensure=True)
                 await queue.purge()
@@ -185,25 +420,6 @@ def _http_ok(url: str) -> bool:
             return 200 <= int(response.status) < 300  # noqa: PLR2004 - the 2xx range
     except (urllib.error.URLError, OSError):
         return False
-
-
-async def _wait_drained(connection: AbstractConnection, echo: Echo) -> None:
-    last_depth, last_change, last_echo = -1, time.monotonic(), 0.0
-    quiet = 0
-    while quiet < DRAIN_EMPTY_LOOKS:
-        state = await queue_state(connection, MAIN_QUEUE)
-        depth = state.ready if state else 0
-        now = time.monotonic()
-        if depth != last_depth:
-            last_depth, last_change = depth, now
-        if now - last_change > DRAIN_STALL_SECONDS:
-            msg = f"the queue stayed at {depth} messages for {DRAIN_STALL_SECONDS:g} s"
-            raise DemoError(msg)
-        if now - last_echo > 5:  # noqa: PLR2004 - a progress line every 5 s
-            echo(f"waiting for the queue to drain: {depth} ready")
-            last_echo = now
-        quiet = quiet + 1 if depth == 0 else 0
-        await asyncio.sleep(DRAIN_POLL_SECONDS)
 
 
 async def _stop(process: asyncio.subprocess.Process, grace_seconds: float) -> int:
@@ -237,18 +453,38 @@ def _first_error(log: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def _run_outcomes(port: int) -> str:
-    """``fulfilment_events_total`` of the demo's worker, read from its ``/metrics``."""
+def _events_total(port: int) -> Counter[tuple[str, str, str]]:
+    """``fulfilment_events_total`` of the demo's worker by ``(event, outcome, reason)``.
+
+    Read from its ``/metrics``; series at 0 are left out.
+    """
     url = f"http://127.0.0.1:{port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
-    counts: dict[str, int] = {}
+    counts: Counter[tuple[str, str, str]] = Counter()
     for family in text_string_to_metric_families(text):
         if family.name != "fulfilment_events":
             continue
         for sample in family.samples:
             if sample.name == "fulfilment_events_total" and sample.value:
-                outcome, reason = sample.labels["outcome"], sample.labels["reason"]
-                label = f"{outcome}:{reason}" if reason else outcome
-                counts[label] = counts.get(label, 0) + int(sample.value)
-    return ", ".join(f"{label} {count}" for label, count in sorted(counts.items())) or "none"
+                labels = sample.labels
+                counts[labels["event"], labels["outcome"], labels["reason"]] += int(sample.value)
+    return counts
+
+
+def _run_outcomes(port: int) -> str:
+    """The worker's outcomes, one line per event that had a delivery, in the topology's order.
+
+    E.g. ``  order_placed: rejected:unknown_sku 7, reserved 132``; ``  none`` without any.
+    """
+    by_event: dict[str, Counter[str]] = {}
+    for (event, outcome, reason), count in _events_total(port).items():
+        by_event.setdefault(event, Counter())[f"{outcome}:{reason}" if reason else outcome] += count
+    order = [queue.event for queue in SUBSCRIBED_QUEUES]
+    lines = [
+        f"  {event}: " + ", ".join(f"{label} {count}" for label, count in sorted(by.items()))
+        for event, by in sorted(
+            by_event.items(), key=lambda item: order.index(item[0]) if item[0] in order else 9
+        )
+    ]
+    return "\n".join(lines) or "  none"

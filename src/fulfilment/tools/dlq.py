@@ -1,14 +1,19 @@
-"""``fulfilment dlq``: look into the dead-letter queue, replay or purge its messages.
+"""``fulfilment dlq``: look into the dead-letter queues, replay or purge their messages.
 
-- :func:`list_groups` and :func:`find` read the DLQ without removing anything.
-- :func:`replay` publishes selected dead letters back to ``orders`` with ``order.placed``:
-  body, ``message_id`` and the other properties unchanged (so the inbox answers an event
-  already applied as a counted duplicate) but the priority and reply address, dropped, the
-  broker's and the service's ``x-*`` headers stripped, ``x-fulfilment-replay-id`` and
-  ``x-fulfilment-replayed-at`` added. Each message is
-  published with publisher confirms and ``mandatory``, written to ``dead_letter_audit``, and
-  only then acknowledged, i.e. removed from the DLQ. A crash in between leaves it in the DLQ
-  as well (replaying it again is a counted duplicate), never in neither.
+Every operation works on the DLQs it is given (``queues``), all of them by default
+(``contracts.topology.DEAD_LETTER_QUEUES``), one after the other.
+
+- :func:`list_groups` and :func:`find` read the DLQs without removing anything.
+- :func:`replay` publishes selected dead letters back to the exchange and routing key they
+  were first published with (:meth:`DeadLetter.replay_target`: ``orders`` with
+  ``order.placed``, ``order.cancelled`` or ``order.shipped``): body, ``message_id`` and the
+  other properties unchanged (so the inbox answers an event already applied as a counted
+  duplicate) but the priority and reply address, dropped, the broker's and the service's
+  ``x-*`` headers stripped, ``x-fulfilment-replay-id`` and ``x-fulfilment-replayed-at`` added.
+  Each message is published with publisher confirms and ``mandatory``, written to
+  ``dead_letter_audit``, and only then acknowledged, i.e. removed from the DLQ. A crash in
+  between leaves it in the DLQ as well (replaying it again is a counted duplicate), never in
+  neither.
 - :func:`purge` writes the audit row (body and headers included) and then removes the
   message.
 
@@ -46,12 +51,14 @@ from fulfilment.contracts.dead_letter import (
     replay_headers,
 )
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    ORDER_PLACED_ROUTING_KEY,
+    DEAD_LETTER_QUEUES,
     ORDERS_EXCHANGE,
+    SUBSCRIBED_QUEUES,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
     from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -61,6 +68,9 @@ CONFIRM_SECONDS = 10.0
 
 REASON_WIDTH = 70
 """Characters of a reason shown in the ``list`` table."""
+
+QUEUE_WIDTH = max(len(name) for name in DEAD_LETTER_QUEUES)
+"""Characters of the ``list`` table's DLQ column: the longest DLQ name."""
 
 
 class ReplayStoppedError(Exception):
@@ -74,23 +84,66 @@ class ReplayStoppedError(Exception):
         self.done = done
 
 
+def dead_letter_queues(names: Collection[str]) -> tuple[str, ...]:
+    """The DLQs that ``names`` choose, in the topology's order; all of them when none is given.
+
+    A name is a dead-letter queue (``fulfilment.order-shipped.dlq``) or the queue whose DLQ
+    it is (``fulfilment.order-shipped``).
+
+    Raises:
+        ValueError: a name is neither; the message lists the dead-letter queues.
+    """
+    if not names:
+        return DEAD_LETTER_QUEUES
+    by_name = {queue.name: queue.dead_letter_queue for queue in SUBSCRIBED_QUEUES}
+    by_name |= {name: name for name in DEAD_LETTER_QUEUES}
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        msg = (
+            f"no dead-letter queue {', '.join(unknown)}; "
+            f"the dead-letter queues are {', '.join(DEAD_LETTER_QUEUES)}"
+        )
+        raise ValueError(msg)
+    chosen = {by_name[name] for name in names}
+    return tuple(name for name in DEAD_LETTER_QUEUES if name in chosen)
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """One message of the DLQ and what its headers say."""
+    """One message of a DLQ (``queue``) and what its headers say."""
 
     message: AbstractIncomingMessage
     description: DeadLetterDescription
+    queue: str
 
     @classmethod
-    def of(cls, message: AbstractIncomingMessage) -> DeadLetter:
-        """Describe ``message`` (see ``fulfilment.contracts.dead_letter``)."""
-        return cls(message, describe_dead_letter(message.headers, message.body))
+    def of(cls, message: AbstractIncomingMessage, queue: str) -> DeadLetter:
+        """Describe ``message``, read from the DLQ ``queue`` (``contracts.dead_letter``)."""
+        return cls(message, describe_dead_letter(message.headers, message.body), queue)
+
+    def replay_target(self) -> tuple[str, str]:
+        """``(exchange, routing key)`` to replay it to: where it was first published.
+
+        Read from its ``x-fulfilment-original-exchange`` and ``-routing-key`` (or, for a
+        message the broker dead-lettered, from ``x-death``); without them (a dead letter
+        written by hand, or by an older release), ``orders`` and the routing key of the queue
+        whose DLQ holds it.
+        """
+        described = self.description
+        if described.original_exchange is not None and described.original_routing_key:
+            return described.original_exchange, described.original_routing_key
+        for subscribed in SUBSCRIBED_QUEUES:
+            if subscribed.dead_letter_queue == self.queue:
+                return ORDERS_EXCHANGE, subscribed.routing_key
+        msg = f"{self.queue} is not a dead-letter queue of the topology"
+        raise ValueError(msg)
 
     def to_document(self, *, body_limit: int = 4_000) -> dict[str, Any]:
-        """A JSON-ready view: the description, all headers, and the body (clipped)."""
+        """A JSON-ready view: the DLQ, the description, all headers, and the body (clipped)."""
         described = self.description
         body = self.message.body.decode("utf-8", "replace")
         return {
+            "queue": self.queue,
             "group": described.group,
             "failure_class": str(described.failure_class),
             "exception_type": described.exception_type,
@@ -141,11 +194,12 @@ class Selection:
 
 @dataclass(slots=True)
 class Group:
-    """Dead letters sharing a failure class and exception type."""
+    """Dead letters of one DLQ (``queue``) sharing a failure class and exception type."""
 
     key: str
     failure_class: str
     exception_type: str
+    queue: str
     count: int = 0
     oldest: datetime | None = None
     example_reason: str = ""
@@ -175,25 +229,37 @@ class RunResult:
     letters: list[DeadLetter] = field(default_factory=list)
 
 
-async def list_groups(connection: AbstractConnection) -> list[Group]:
-    """The DLQ's messages grouped by ``<failure class>/<exception type>``, largest first."""
-    groups: dict[str, Group] = {}
-    for message in await peek_messages(connection, DEAD_LETTER_QUEUE):
-        letter = DeadLetter.of(message)
-        described = letter.description
-        group = groups.get(described.group)
-        if group is None:
-            group = groups[described.group] = Group(
-                described.group, str(described.failure_class), described.exception_type
-            )
-        group.add(letter)
-    return sorted(groups.values(), key=lambda group: (-group.count, group.key))
+async def list_groups(
+    connection: AbstractConnection, queues: Sequence[str] = DEAD_LETTER_QUEUES
+) -> list[Group]:
+    """The messages of ``queues`` grouped per DLQ by ``<failure class>/<exception type>``.
+
+    Largest groups first, then by group and DLQ.
+    """
+    groups: dict[tuple[str, str], Group] = {}
+    for queue in queues:
+        for message in await peek_messages(connection, queue):
+            letter = DeadLetter.of(message, queue)
+            described = letter.description
+            group = groups.get((queue, described.group))
+            if group is None:
+                group = groups[queue, described.group] = Group(
+                    described.group, str(described.failure_class), described.exception_type, queue
+                )
+            group.add(letter)
+    return sorted(groups.values(), key=lambda group: (-group.count, group.key, group.queue))
 
 
-async def find(connection: AbstractConnection, selection: Selection) -> list[DeadLetter]:
-    """The DLQ's messages chosen by ``selection``, in queue order, left in the queue."""
+async def find(
+    connection: AbstractConnection,
+    selection: Selection,
+    queues: Sequence[str] = DEAD_LETTER_QUEUES,
+) -> list[DeadLetter]:
+    """The messages of ``queues`` chosen by ``selection``, in queue order, left in place."""
     letters = [
-        DeadLetter.of(message) for message in await peek_messages(connection, DEAD_LETTER_QUEUE)
+        DeadLetter.of(message, queue)
+        for queue in queues
+        for message in await peek_messages(connection, queue)
     ]
     return [letter for letter in letters if selection.matches(letter)]
 
@@ -207,13 +273,15 @@ async def replay(  # noqa: PLR0913 - each option of the command, by name
     rate_per_second: float,
     operator: str,
     comment: str | None,
+    queues: Sequence[str] = DEAD_LETTER_QUEUES,
     on_each: Callable[[DeadLetter], object] = lambda _: None,
 ) -> RunResult:
-    """Replay the chosen dead letters to ``orders``/``order.placed`` (see the module's text).
+    """Replay the chosen dead letters to where they came from (see the module's text).
 
     Args:
         connection: to the broker.
         selection: which dead letters.
+        queues: the DLQs to take them from, one after the other.
         audit: engine of the database holding ``dead_letter_audit``; required to execute.
         execute: False for a dry run that only lists what would be replayed.
         rate_per_second: most messages published per second.
@@ -234,23 +302,24 @@ async def replay(  # noqa: PLR0913 - each option of the command, by name
     limiter = AsyncLimiter(rate_per_second, 1.0)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     try:
-        async with claim_messages(connection, DEAD_LETTER_QUEUE) as claim:
-            while (message := await claim.next()) is not None:
-                letter = DeadLetter.of(message)
-                if not selection.matches(letter):
-                    continue  # held until the claim ends, then back in its place
-                result.matched += 1
-                result.letters.append(letter)
-                if not execute:
+        for queue in queues:
+            async with claim_messages(connection, queue) as claim:
+                while (message := await claim.next()) is not None:
+                    letter = DeadLetter.of(message, queue)
+                    if not selection.matches(letter):
+                        continue  # held until the claim ends, then back in its place
+                    result.matched += 1
+                    result.letters.append(letter)
+                    if not execute:
+                        on_each(letter)
+                        continue
+                    async with limiter:
+                        await _republish(channel, letter, result)
+                    assert audit is not None  # noqa: S101 - checked above
+                    await record(audit, _entry(letter, result, operator, comment))
+                    await claim.remove(message)
+                    result.done += 1
                     on_each(letter)
-                    continue
-                async with limiter:
-                    await _republish(channel, letter, result)
-                assert audit is not None  # noqa: S101 - checked above
-                await record(audit, _entry(letter, result, operator, comment))
-                await claim.remove(message)
-                result.done += 1
-                on_each(letter)
     finally:
         if not channel.is_closed:
             await channel.close()
@@ -265,9 +334,10 @@ async def purge(  # noqa: PLR0913 - each option of the command, by name
     execute: bool,
     operator: str,
     comment: str | None,
+    queues: Sequence[str] = DEAD_LETTER_QUEUES,
     on_each: Callable[[DeadLetter], object] = lambda _: None,
 ) -> RunResult:
-    """Remove the chosen dead letters for good, each after its audit row is committed.
+    """Remove the chosen dead letters of ``queues`` for good, each after its audit row.
 
     The audit row keeps the body and headers, so a purged message can still be read.
 
@@ -279,19 +349,20 @@ async def purge(  # noqa: PLR0913 - each option of the command, by name
     if execute and audit is None:
         msg = "purging needs the audit database"
         raise ValueError(msg)
-    async with claim_messages(connection, DEAD_LETTER_QUEUE) as claim:
-        while (message := await claim.next()) is not None:
-            letter = DeadLetter.of(message)
-            if not selection.matches(letter):
-                continue
-            result.matched += 1
-            result.letters.append(letter)
-            if execute:
-                assert audit is not None  # noqa: S101 - checked above
-                await record(audit, _entry(letter, result, operator, comment))
-                await claim.remove(message)
-                result.done += 1
-            on_each(letter)
+    for queue in queues:
+        async with claim_messages(connection, queue) as claim:
+            while (message := await claim.next()) is not None:
+                letter = DeadLetter.of(message, queue)
+                if not selection.matches(letter):
+                    continue
+                result.matched += 1
+                result.letters.append(letter)
+                if execute:
+                    assert audit is not None  # noqa: S101 - checked above
+                    await record(audit, _entry(letter, result, operator, comment))
+                    await claim.remove(message)
+                    result.done += 1
+                on_each(letter)
     return result
 
 
@@ -315,12 +386,13 @@ async def _republish(
         type=original.type,
         app_id=original.app_id,
     )
+    exchange, routing_key = letter.replay_target()
     try:
         await publish_confirmed(
             channel,
             message,
-            exchange=ORDERS_EXCHANGE,
-            routing_key=ORDER_PLACED_ROUTING_KEY,
+            exchange=exchange,
+            routing_key=routing_key,
             timeout_seconds=CONFIRM_SECONDS,
         )
     except UnroutableError as error:
@@ -353,21 +425,24 @@ def _entry(letter: DeadLetter, result: RunResult, operator: str, comment: str | 
 
 
 def render_groups(groups: list[Group], *, now: datetime | None = None) -> str:
-    """The ``dlq list`` table: one line per group with its count, oldest age and a reason."""
+    """The ``dlq list`` table: a line per group of a DLQ (count, oldest age, a reason)."""
     if not groups:
-        return "the dead-letter queue is empty"
+        return "the dead-letter queues are empty"
     moment = now or datetime.now(UTC)
     total = sum(group.count for group in groups)
     oldest = min((group.oldest for group in groups if group.oldest), default=None)
     lines = [
         f"{total} dead letter(s), oldest {age(oldest, moment)}",
-        f"{'GROUP':<44} {'COUNT':>5}  {'OLDEST':>8}  REASON",
+        f"{'QUEUE':<{QUEUE_WIDTH}} {'GROUP':<44} {'COUNT':>5}  {'OLDEST':>8}  REASON",
     ]
     for group in groups:
         reason = " ".join(group.example_reason.split())
         if len(reason) > REASON_WIDTH:
             reason = reason[: REASON_WIDTH - 1] + "…"
-        lines.append(f"{group.key:<44} {group.count:>5}  {age(group.oldest, moment):>8}  {reason}")
+        lines.append(
+            f"{group.queue:<{QUEUE_WIDTH}} {group.key:<44} {group.count:>5}  "
+            f"{age(group.oldest, moment):>8}  {reason}"
+        )
     return "\n".join(lines)
 
 
@@ -377,6 +452,7 @@ def render_letter(letter: DeadLetter) -> str:
     lines = [
         f"{key}: {document[key]}"
         for key in (
+            "queue",
             "group",
             "reason",
             "event_id",

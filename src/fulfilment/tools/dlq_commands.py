@@ -1,18 +1,20 @@
 """``fulfilment dlq``: the sub-commands list, show, replay and purge (see ``tools.dlq``).
 
-Each connects to the services it needs, runs one operation of ``tools.dlq`` and echoes its
-result; replay and purge echo each dead letter as they go, and a summary.
+Each connects to the services it needs, runs one operation of ``tools.dlq`` on the chosen
+dead-letter queues (``queues``: every one by default) and echoes its result; replay and purge
+echo each dead letter as they go, and a summary.
 """
 
 from __future__ import annotations
 
 import getpass
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.rabbitmq import connect
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dlq import (
     DeadLetter,
@@ -42,19 +44,26 @@ RunOnDeadLetters: TypeAlias = (
 ``on_each``."""
 
 
-async def list_command(amqp_url: str, *, as_json: bool, echo: Echo) -> None:
+async def list_command(
+    amqp_url: str,
+    *,
+    as_json: bool,
+    echo: Echo,
+    queues: Sequence[str] = DEAD_LETTER_QUEUES,
+) -> None:
     """``fulfilment dlq list``: echo the groups of :func:`list_groups`, as a table or JSON.
 
     Raises:
         BrokerUnavailableError: RabbitMQ does not answer.
     """
     async with connect(amqp_url) as connection:
-        groups = await list_groups(connection)
+        groups = await list_groups(connection, queues)
     if not as_json:
         echo(render_groups(groups))
         return
     document = [
         {
+            "queue": group.queue,
             "group": group.key,
             "failure_class": group.failure_class,
             "exception_type": group.exception_type,
@@ -68,8 +77,14 @@ async def list_command(amqp_url: str, *, as_json: bool, echo: Echo) -> None:
     echo(json.dumps(document, indent=2))
 
 
-async def show_command(
-    amqp_url: str, selection: Selection, *, limit: int, as_json: bool, echo: Echo
+async def show_command(  # noqa: PLR0913 - each option of the command, by name
+    amqp_url: str,
+    selection: Selection,
+    *,
+    limit: int,
+    as_json: bool,
+    echo: Echo,
+    queues: Sequence[str] = DEAD_LETTER_QUEUES,
 ) -> None:
     """``fulfilment dlq show``: echo at most ``limit`` chosen dead letters, as text or JSON.
 
@@ -77,7 +92,7 @@ async def show_command(
         BrokerUnavailableError: RabbitMQ does not answer.
     """
     async with connect(amqp_url) as connection:
-        letters = (await find(connection, selection))[:limit]
+        letters = (await find(connection, selection, queues))[:limit]
     if as_json:
         echo(json.dumps([letter.to_document() for letter in letters], indent=2))
     elif not letters:
@@ -95,6 +110,7 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     operator: str | None,
     comment: str | None,
     echo: Echo,
+    queues: Sequence[str] = DEAD_LETTER_QUEUES,
 ) -> None:
     """``fulfilment dlq replay``: :func:`replay`, echoing each dead letter and a summary.
 
@@ -116,6 +132,7 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
                 rate_per_second=rate_per_second,
                 operator=_operator(operator),
                 comment=comment,
+                queues=queues,
                 on_each=on_each,
             ),
             execute=execute,
@@ -136,6 +153,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
     operator: str | None,
     comment: str | None,
     echo: Echo,
+    queues: Sequence[str] = DEAD_LETTER_QUEUES,
 ) -> None:
     """``fulfilment dlq purge``: :func:`purge`, echoing each dead letter and a summary.
 
@@ -154,6 +172,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
             execute=execute,
             operator=_operator(operator),
             comment=comment,
+            queues=queues,
             on_each=on_each,
         ),
         execute=execute,
@@ -176,7 +195,8 @@ async def _on_dead_letters(
     def each(letter: DeadLetter) -> None:
         described = letter.description
         done = {"replay": "replayed", "purge": "purged"}[verb] if execute else f"{verb} (dry run)"
-        echo(f"{done}: {described.event_id or letter.message.message_id}  {described.group}")
+        name = described.event_id or letter.message.message_id
+        echo(f"{done}: {name}  {described.group}  ({letter.queue})")
 
     async with connect(options.amqp_url) as connection:
         if not execute:

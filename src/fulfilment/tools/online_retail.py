@@ -5,16 +5,19 @@ The files are the real order lines of a UK gift-ware shop, one file per trading 
 
     InvoiceNo,StockCode,Description,Quantity,InvoiceDate,UnitPrice,CustomerID,Country
 
-Only ``InvoiceNo``, ``StockCode``, ``Quantity`` and ``InvoiceDate`` are used. ``Description``,
-``UnitPrice``, ``CustomerID`` (empty, or a float such as ``17850.0``) and ``Country`` are not
-read, so their oddities never stop a file. The rules below were checked against the 20 files of
+Only ``InvoiceNo``, ``StockCode``, ``Quantity``, ``InvoiceDate`` and ``CustomerID`` (empty, or a
+float such as ``17850.0``: see "Customers") are used. ``Description``, ``UnitPrice`` and
+``Country`` are not read, and ``CustomerID`` is never checked, so their oddities never stop a
+file. The rules below were checked against the 20 files of
 December 2010 (42,481 lines, 2,025 invoice numbers); the figures quoted are theirs.
 
 Identity
     ``event_id`` and ``order_id`` are UUIDv5 of the invoice number under :data:`NAMESPACE`, with
     different names (:func:`event_id_for`, :func:`order_id_for`), so that publishing a file
     twice re-sends the same events and the service's inbox absorbs them (product contract,
-    "Command line").
+    "Command line"). The ``OrderCancelled`` of a cancellation invoice and the ``OrderShipped``
+    of an order take theirs from their own invoice number the same way
+    (:func:`cancellation_event_id_for`, :func:`shipment_event_id_for`).
 
 Time
     ``InvoiceDate`` is UK wall-clock time without a zone. It is read in ``Europe/London``
@@ -28,7 +31,16 @@ Time
 
 Cancellations
     An ``InvoiceNo`` starting with ``C`` (326 invoices, 728 lines) cancels an earlier order; it
-    is not an ``OrderPlaced``. It is skipped and counted (:class:`SkipCounts`).
+    is not an ``OrderPlaced``. It is read as a :class:`CancellationInvoice`, with its lines as
+    recorded (negative quantities), and counted among what no ``OrderPlaced`` carries
+    (:class:`SkipCounts`). It names no invoice: which order it cancels, if any can be told, is
+    decided by ``fulfilment.tools.retail_lifecycle``.
+
+Customers
+    ``CustomerID`` is kept as text, verbatim (``"17850.0"``), only to tell which orders a
+    cancellation may cancel. An invoice has a customer when all its lines name the same
+    non-empty one (every invoice of the data does, or has none on any line: 18 cancellations
+    and 229 published orders have none); otherwise it has none, and the file is still read.
 
 Non-positive lines
     A line with quantity <= 0 in a normal invoice (70 lines; stock adjustments such as
@@ -114,7 +126,7 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
 _INTEGER = re.compile(r"-?\d+")  # int() would also take "+6", " 6" and "6_000"
-_INVOICE, _SKU, _QUANTITY, _DATE_COLUMN = 0, 1, 3, 4
+_INVOICE, _SKU, _QUANTITY, _DATE_COLUMN, _CUSTOMER = 0, 1, 3, 4, 6
 
 
 class OnlineRetailError(ValueError):
@@ -135,6 +147,23 @@ def order_id_for(invoice_no: str) -> UUID:
     return uuid5(NAMESPACE, f"order:{invoice_no}")
 
 
+def cancellation_event_id_for(invoice_no: str) -> UUID:
+    """The ``event_id`` of the ``OrderCancelled`` of cancellation invoice ``invoice_no``.
+
+    UUIDv5 of the cancellation's own number (``"C536391"``), not of the order it cancels: two
+    cancellations of one order are two events.
+    """
+    return uuid5(NAMESPACE, f"OrderCancelled:{invoice_no}")
+
+
+def shipment_event_id_for(invoice_no: str) -> UUID:
+    """The ``event_id`` of the ``OrderShipped`` of invoice ``invoice_no`` (UUIDv5).
+
+    An order ships once (everything it still holds), so one id per order is enough.
+    """
+    return uuid5(NAMESPACE, f"OrderShipped:{invoice_no}")
+
+
 @dataclass(frozen=True, slots=True)
 class RetailOrder:
     """One invoice of the data, as one ``OrderPlaced`` v1 event.
@@ -146,6 +175,8 @@ class RetailOrder:
         placed_at: the earliest ``InvoiceDate`` of the invoice, aware, in ``Europe/London``.
         lines: ``(sku, quantity)`` pairs in file order; quantity >= 1; a SKU may repeat.
         source: ``"<file name>:<line>"`` of the invoice's first line, for messages and logs.
+        day: the name of its file without the suffix (``"2010-12-01"``): one file is one day.
+        customer: its ``CustomerID`` as written (``"17850.0"``), or None (see "Customers").
     """
 
     invoice_no: str
@@ -154,6 +185,8 @@ class RetailOrder:
     placed_at: datetime
     lines: tuple[tuple[str, int], ...]
     source: str
+    day: str
+    customer: str | None
 
     def body(self) -> bytes:
         """The UTF-8 JSON body that checkout would publish for this order.
@@ -168,6 +201,28 @@ class RetailOrder:
             placed_at=self.placed_at,
             lines=list(self.lines),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CancellationInvoice:
+    """One cancellation invoice of the data (a number starting with ``C``), as recorded.
+
+    Attributes:
+        invoice_no: its number, e.g. ``"C536391"``.
+        cancelled_at: the earliest ``InvoiceDate`` of its lines, aware, in ``Europe/London``.
+        lines: ``(sku, quantity)`` pairs in file order, quantities as recorded: negative in
+            every cancellation of the data, but not checked here; a SKU may repeat.
+        source: ``"<file name>:<line>"`` of its first line.
+        day: the name of its file without the suffix.
+        customer: its ``CustomerID`` as written, or None (see "Customers").
+    """
+
+    invoice_no: str
+    cancelled_at: datetime
+    lines: tuple[tuple[str, int], ...]
+    source: str
+    day: str
+    customer: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,15 +256,19 @@ class SkipCounts:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    """The orders read from some files, and what was skipped.
+    """The orders read from some files, the cancellations, and what was skipped.
 
     Attributes:
         orders: one per published invoice, in file order, then order of first appearance.
-        skipped: the counts of what was not published.
+        skipped: the counts of what no ``OrderPlaced`` carries (cancellations included).
+        cancellations: every cancellation invoice, in the same order as ``orders``.
+        days: the day (file name without the suffix) of each file read, in reading order.
     """
 
     orders: list[RetailOrder]
     skipped: SkipCounts
+    cancellations: list[CancellationInvoice] = field(default_factory=list)
+    days: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -220,6 +279,15 @@ class _Invoice:
     source: str
     placed_at: datetime
     lines: list[tuple[str, int, str]] = field(default_factory=list)  # sku, quantity, place
+    customers: set[str] = field(default_factory=set)
+
+    @property
+    def customer(self) -> str | None:
+        """The one ``CustomerID`` all its lines name, or None (see "Customers")."""
+        if len(self.customers) != 1:
+            return None
+        (customer,) = self.customers
+        return customer or None
 
 
 def csv_files(path: Path) -> list[Path]:
@@ -259,6 +327,7 @@ def read_orders(paths: Sequence[Path]) -> ReadResult:
     """
     zone = ZoneInfo(UK_TIME_ZONE)
     orders: list[RetailOrder] = []
+    cancellations: list[CancellationInvoice] = []
     first_seen: dict[str, str] = {}
     cancelled_invoices = cancelled_lines = non_positive_lines = empty_invoices = 0
     for path in paths:
@@ -274,23 +343,40 @@ def read_orders(paths: Sequence[Path]) -> ReadResult:
             if invoice.number.startswith(CANCELLATION_PREFIX):
                 cancelled_invoices += 1
                 cancelled_lines += len(invoice.lines)
+                cancellations.append(_cancellation(invoice, path.stem))
                 continue
             kept = [line for line in invoice.lines if line[1] > 0]
             non_positive_lines += len(invoice.lines) - len(kept)
             if not kept:
                 empty_invoices += 1
                 continue
-            orders.append(_order(invoice, kept))
+            orders.append(_order(invoice, kept, path.stem))
     skipped = SkipCounts(
         cancelled_invoices=cancelled_invoices,
         cancelled_lines=cancelled_lines,
         non_positive_lines=non_positive_lines,
         empty_invoices=empty_invoices,
     )
-    return ReadResult(orders=orders, skipped=skipped)
+    return ReadResult(
+        orders=orders,
+        skipped=skipped,
+        cancellations=cancellations,
+        days=[path.stem for path in paths],
+    )
 
 
-def _order(invoice: _Invoice, lines: list[tuple[str, int, str]]) -> RetailOrder:
+def _cancellation(invoice: _Invoice, day: str) -> CancellationInvoice:
+    return CancellationInvoice(
+        invoice_no=invoice.number,
+        cancelled_at=invoice.placed_at,
+        lines=tuple((sku, quantity) for sku, quantity, _ in invoice.lines),
+        source=invoice.source,
+        day=day,
+        customer=invoice.customer,
+    )
+
+
+def _order(invoice: _Invoice, lines: list[tuple[str, int, str]], day: str) -> RetailOrder:
     """Check the lines that will be published against the event contract, and build the order."""
     if len(lines) > MAX_LINES:
         msg = (
@@ -315,6 +401,8 @@ def _order(invoice: _Invoice, lines: list[tuple[str, int, str]]) -> RetailOrder:
         placed_at=invoice.placed_at,
         lines=tuple((sku, quantity) for sku, quantity, _ in lines),
         source=invoice.source,
+        day=day,
+        customer=invoice.customer,
     )
 
 
@@ -333,6 +421,7 @@ def _read_invoices(path: Path, zone: ZoneInfo) -> list[_Invoice]:
             invoice = invoices[number] = _Invoice(number, place, placed_at)
         invoice.placed_at = min(invoice.placed_at, placed_at)
         invoice.lines.append((row[_SKU], quantity, place))
+        invoice.customers.add(row[_CUSTOMER])
     return list(invoices.values())
 
 

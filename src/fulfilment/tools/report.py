@@ -1,18 +1,28 @@
-"""``fulfilment report`` and ``reconcile``: what happened to the orders; does the stock add up."""
+"""``fulfilment report`` and ``reconcile``: what happened to the orders; does the stock add up.
+
+Both read every queue of the topology (``contracts.topology.SUBSCRIBED_QUEUES``) and every
+dead-letter queue: the events of all three kinds (``OrderPlaced``, ``OrderCancelled``,
+``OrderShipped``) share the inbox, and each kind has its own DLQ.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_session
 from fulfilment.adapters.postgres.outcomes import outcome_report
-from fulfilment.adapters.rabbitmq import browse_dead_letters, connect, queue_state
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.adapters.rabbitmq import (
+    DeadLetterSummary,
+    browse_dead_letters,
+    connect,
+    queue_state,
+)
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions, read_order_files
 
 
@@ -49,32 +59,52 @@ async def reconcile_command(options: ToolOptions, files: Sequence[Path], *, echo
 async def collect_report(options: ToolOptions) -> dict[str, Any]:
     """The report as a JSON-ready document.
 
-    Shape: ``{"outcomes": {...}, "dead_lettered": {"total", "by_reason": [{"class",
-    "reason", "count"}]}, "pending": {"ready", "consumers"}, "invariants": {..., "ok"}}``.
+    Shape: ``{"outcomes": {"reserved", "rejected": {reason: count}, "released", "shipped",
+    "cancelled", "duplicate_orders", "inbox_total", "processed": {outcome: count}},
+    "dead_lettered": {"total", "by_queue": {dlq: count}, "by_reason": [{"queue", "class",
+    "reason", "count"}]}, "pending": {"ready", "consumers", "by_queue": {queue: {"ready",
+    "consumers"}}}, "invariants": {..., "ok"}}``: orders per state and events per outcome
+    (``fulfilment.adapters.postgres.outcomes``); ``pending.ready`` is the ready messages of
+    all subscribed queues and ``pending.consumers`` the fewest consumers any of them has.
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
         outcomes = await outcome_report(warehouse.engine)
+    by_reason: list[dict[str, Any]] = []
+    dead_by_queue: dict[str, int] = {}
+    pending: dict[str, dict[str, int]] = {}
     async with connect(options.amqp_url) as connection:
-        main = await queue_state(connection, MAIN_QUEUE)
-        dead = await browse_dead_letters(connection, DEAD_LETTER_QUEUE)
-        dead_state = await queue_state(connection, DEAD_LETTER_QUEUE)
+        for subscribed in SUBSCRIBED_QUEUES:
+            state = await queue_state(connection, subscribed.name)
+            pending[subscribed.name] = {
+                "ready": state.ready if state else 0,
+                "consumers": state.consumers if state else 0,
+            }
+        for name in DEAD_LETTER_QUEUES:
+            # The depth first: browsed messages count as ready again only a moment after the
+            # browsing channel has closed.
+            dead_state = await queue_state(connection, name)
+            dead_by_queue[name] = dead_state.ready if dead_state else 0
+            dead = await browse_dead_letters(connection, name)
+            by_reason += [
+                {"queue": name, "class": failure_class, "reason": reason, "count": count}
+                for (failure_class, reason), count in sorted(dead.by_reason.items())
+            ]
     details = asdict(outcomes)
     invariants = details.pop("invariants", {})
     return {
         "outcomes": details,
         "dead_lettered": {
-            "total": dead_state.ready if dead_state else 0,
-            "by_reason": [
-                {"class": failure_class, "reason": reason, "count": count}
-                for (failure_class, reason), count in sorted(dead.by_reason.items())
-            ],
+            "total": sum(dead_by_queue.values()),
+            "by_queue": dead_by_queue,
+            "by_reason": by_reason,
         },
         "pending": {
-            "ready": main.ready if main else 0,
-            "consumers": main.consumers if main else 0,
+            "ready": sum(queue["ready"] for queue in pending.values()),
+            "consumers": min(queue["consumers"] for queue in pending.values()),
+            "by_queue": pending,
         },
         "invariants": {**invariants, "ok": outcomes.ok},
     }
@@ -87,11 +117,15 @@ def render_report(document: dict[str, Any]) -> str:
     dead = document["dead_lettered"]
     lines.append(f"dead-lettered{dead['total']:>25}")
     lines += [
-        f"  {row['class']}: {row['reason'] or '-'}  {row['count']}" for row in dead["by_reason"]
+        f"  {row['queue']}  {row['class']}: {row['reason'] or '-'}  {row['count']}"
+        for row in dead["by_reason"]
     ]
     pending = document["pending"]
-    lines.append(f"pending (ready in queue){pending['ready']:>14}")
-    lines.append(f"consumers attached{pending['consumers']:>20}")
+    lines.append(f"pending (ready in queues){pending['ready']:>13}")
+    lines += [
+        f"  {name:<28}{queue['ready']} ready, {queue['consumers']} consumer(s)"
+        for name, queue in pending["by_queue"].items()
+    ]
     invariants = document["invariants"]
     lines.append("stock invariants               " + ("hold" if invariants["ok"] else "BROKEN"))
     lines += [f"  {key:<28}{_value(value)}" for key, value in invariants.items() if key != "ok"]
@@ -110,10 +144,12 @@ def _value(value: object) -> str:
 class Reconciliation:
     """Where each published event ended (product promise 1), and the stock invariants.
 
-    Every event id must be in exactly one place: ``processed`` (the inbox: reserved, rejected
-    or duplicate of an order) or ``dead_lettered`` (the DLQ). ``missing`` ones are lost;
-    ``twice`` ones are both processed and in the DLQ (a dead letter whose original was
-    processed after all, e.g. a replayed copy): not applied twice, but worth a look.
+    Every event id, of any kind, must be in exactly one place: ``processed`` (the inbox: an
+    order reserved, rejected or a duplicate of an order; a cancel or a shipment applied or
+    ignored) or ``dead_lettered`` (in one of the DLQs; ``dead_lettered_by_queue`` says
+    which). ``missing`` ones are lost; ``twice`` ones are both processed and dead-lettered (a
+    dead letter whose original was processed after all, e.g. a replayed copy): not applied
+    twice, but worth a look.
     """
 
     published: int
@@ -125,6 +161,8 @@ class Reconciliation:
     reserved_mismatches: int
     """SKUs whose ``reserved`` is not the sum of their reserved orders' lines: an order applied
     twice (or lost half-way) would show here."""
+    dead_lettered_by_queue: dict[str, int] = field(default_factory=dict)
+    """The published events in each DLQ, every DLQ named."""
 
     @property
     def ok(self) -> bool:
@@ -142,9 +180,10 @@ class Reconciliation:
 
 
 async def reconcile(options: ToolOptions, event_ids: Collection[UUID]) -> Reconciliation:
-    """Check every id of ``event_ids`` against the inbox and the DLQ, and the invariants.
+    """Check every id of ``event_ids`` against the inbox and the DLQs, and the invariants.
 
-    The inbox is that of ``options.consumer``.
+    The ids may be of events of any kind. The inbox is that of ``options.consumer``; every
+    DLQ of the topology is read (without removing anything).
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
@@ -153,9 +192,15 @@ async def reconcile(options: ToolOptions, event_ids: Collection[UUID]) -> Reconc
     async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
         processed = await processed_event_ids(warehouse, options.consumer, published)
         outcomes = await outcome_report(warehouse.engine)
+    dead: dict[str, DeadLetterSummary] = {}
     async with connect(options.amqp_url) as connection:
-        dead = await browse_dead_letters(connection, DEAD_LETTER_QUEUE)
-    dead_ids = {UUID(value) for value in dead.event_ids if _is_uuid(value)} & published
+        for name in DEAD_LETTER_QUEUES:
+            dead[name] = await browse_dead_letters(connection, name)
+    dead_in = {
+        name: {UUID(value) for value in summary.event_ids if _is_uuid(value)} & published
+        for name, summary in dead.items()
+    }
+    dead_ids = frozenset().union(*dead_in.values())
     return Reconciliation(
         published=len(published),
         processed=len(processed),
@@ -164,6 +209,7 @@ async def reconcile(options: ToolOptions, event_ids: Collection[UUID]) -> Reconc
         twice=frozenset(processed & dead_ids),
         invariants_hold=outcomes.ok,
         reserved_mismatches=outcomes.invariants.reserved_mismatches,
+        dead_lettered_by_queue={name: len(ids) for name, ids in dead_in.items()},
     )
 
 

@@ -20,11 +20,12 @@ if TYPE_CHECKING:
 
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from fulfilment.domain.lifecycle import CancelOrder, CancelOutcome, ShipOrder, ShipOutcome
     from fulfilment.domain.model import ReservationOutcome, ReserveStock, StockLevel
 
 
 class CrashingWarehouse(Warehouse):
-    """``inner``, killing the process at the crash points of ``plan`` around a reservation.
+    """``inner``, killing the process at the crash points of ``plan`` around each transition.
 
     Args:
         inner: the warehouse every call goes to.
@@ -58,6 +59,24 @@ class CrashingWarehouse(Warehouse):
                 await connection.execute(statement, arguments)
                 crash(CrashPoint.IN_TRANSACTION, command)
         outcome = await self._inner.reserve(command)
+        if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
+            crash(CrashPoint.AFTER_COMMIT, command)
+        return outcome
+
+    async def cancel(self, command: CancelOrder) -> CancelOutcome:
+        """``inner.cancel(command)``, unless a crash point of the plan kills the process."""
+        if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
+            crash(CrashPoint.BEFORE_TRANSACTION, command)
+        outcome = await self._inner.cancel(command)
+        if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
+            crash(CrashPoint.AFTER_COMMIT, command)
+        return outcome
+
+    async def ship(self, command: ShipOrder) -> ShipOutcome:
+        """``inner.ship(command)``, unless a crash point of the plan kills the process."""
+        if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
+            crash(CrashPoint.BEFORE_TRANSACTION, command)
+        outcome = await self._inner.ship(command)
         if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
             crash(CrashPoint.AFTER_COMMIT, command)
         return outcome

@@ -10,8 +10,10 @@ contract, promise 1):
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
   reason, confirmed, then acknowledged: ``permanent`` for a body that can never be the event
   (not JSON by its content type, over :data:`MAX_BODY_BYTES`, or refused by the handler with
-  :class:`MalformedEventError`), ``poison`` for a message redelivered up to the delivery limit
-  (it crashes or stalls workers), ``unexpected`` for any other error (a bug);
+  :class:`MalformedEventError`) and for an event the handler refuses as it stands
+  (:class:`EventRefusedError`, e.g. the shipment of an order that is not reserved), ``poison``
+  for a message redelivered up to the delivery limit (it crashes or stalls workers),
+  ``unexpected`` for any other error (a bug);
 * a transient failure past the retry budget (:class:`TransientError`) or the handler deadline:
   sent back to the queue (``basic.reject`` with requeue) while the consumers pause until the
   database answers (``worker.consumer_control.ConsumerPause``);
@@ -29,7 +31,8 @@ contract, promise 1):
 
 Each delivery writes one log line (``<name>.handled``, ``<name>.dead_lettered`` or
 ``<name>.requeued``, ``name`` being the subscription's), and one ``<name>.dead_letter_refused``
-per refused attempt while it is held, and counts one outcome in ``fulfilment_events_total``.
+per refused attempt while it is held, and counts one outcome in ``fulfilment_events_total``,
+under the subscription's name as its ``event`` label.
 """
 
 from __future__ import annotations
@@ -102,13 +105,33 @@ class MalformedEventError(Exception):
     """The body can never become the subscription's event; ``str(error)`` says why, in one line."""
 
 
+class EventRefusedError(Exception):
+    """A well-formed event that the handler refuses as things stand: dead-lettered ``permanent``.
+
+    Unlike a malformed body, the event may apply later, once what it needs exists, and then an
+    operator replays it (the shipment of an order that is not reserved yet is the example).
+    Raised after the use case ran and changed nothing.
+
+    Args:
+        reason: a fixed label from the handler's closed list (``order_not_reserved``): the
+            ``reason`` of ``fulfilment_events_total{outcome="dead_lettered"}`` and the start of
+            the dead letter's ``x-fulfilment-reason``.
+        detail: the rest of that header, one line for operators (which order, in which state).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class Handled:
     """What a handler made of one event: the policy logs it and counts it, once.
 
     ``outcome`` is the log line's label (``reserved``, ``rejected:unknown_sku``,
     ``duplicate:event``); ``labels`` are the ``(outcome, reason)`` of
-    ``fulfilment_events_total``, from the fixed lists of ``observability.metrics``;
+    ``fulfilment_events_total`` (its ``event`` label is the subscription's name), from the
+    handler's fixed list (``worker.subscribers``), bound at 0 by ``observability.metrics``;
     ``latency_since`` is the moment the event happened, from which the end-to-end latency is
     observed, or None to observe none (a duplicate); ``log_fields`` are more fields of the log
     line, such as the SKUs an order was rejected for.
@@ -125,7 +148,8 @@ class Handled:
 Handler = Callable[[bytes], Awaitable[Handled]]
 """An event's handler: the raw body in, what it made of the event out.
 
-It raises :class:`MalformedEventError` for a body that can never be its event, and
+It raises :class:`MalformedEventError` for a body that can never be its event,
+:class:`EventRefusedError` for an event it refuses as things stand, and
 :class:`TransientError` when the store failed past its retry budget; anything else it raises
 is dead-lettered as ``unexpected``.
 """
@@ -231,15 +255,17 @@ def subscribe(
 ) -> RabbitSubscriber:
     """Subscribe ``handler`` to ``queue`` (bound to ``exchange``) under the policy.
 
-    ``name`` prefixes the log lines (``order_placed`` → ``order_placed.handled``) and titles
-    the subscriber (``on_order_placed``). The subscriber has its own channel with
-    ``policy.prefetch_count`` unacknowledged deliveries, which is also its concurrency:
-    FastStream runs one task per delivery and has no other limit on RabbitMQ.
-    ``REJECT_ON_ERROR`` is explicit even though it is FastStream's default, because the
-    dead-letter guarantees above depend on it. ``no_reply`` turns off FastStream's RPC
-    replies: a sender's ``reply_to`` would otherwise make FastStream publish the handler's
-    return value (an empty message) to the address after the event was handled, and reject
-    the delivery into the DLQ when that publish failed.
+    ``name`` prefixes the log lines (``order_placed`` → ``order_placed.handled``), titles
+    the subscriber (``on_order_placed``) and is the ``event`` label of the outcomes it
+    counts. The service's dead letters of the queue are published with the queue's own
+    ``x-dead-letter-routing-key`` (its name when it has none), the key the broker uses too.
+    The subscriber has its own channel with ``policy.prefetch_count`` unacknowledged
+    deliveries, which is also its concurrency: FastStream runs one task per delivery and has
+    no other limit on RabbitMQ. ``REJECT_ON_ERROR`` is explicit even though it is FastStream's
+    default, because the dead-letter guarantees above depend on it. ``no_reply`` turns off
+    FastStream's RPC replies: a sender's ``reply_to`` would otherwise make FastStream publish
+    the handler's return value (an empty message) to the address after the event was handled,
+    and reject the delivery into the DLQ when that publish failed.
     """
     broker = policy.broker
     subscriber = broker.subscriber(
@@ -251,7 +277,14 @@ def subscribe(
         decoder=raw_body,
         title=f"on_{name}",
     )
-    subscription = _Subscription(policy, handler, name=name, queue=queue.name)
+    arguments = queue.arguments or {}
+    subscription = _Subscription(
+        policy,
+        handler,
+        name=name,
+        queue=queue.name,
+        dead_letter_routing_key=str(arguments.get("x-dead-letter-routing-key", queue.name)),
+    )
 
     async def on_delivery(_body: bytes) -> None:
         # The broker runs without FastDepends (apply_types=False, see main), so the delivery
@@ -265,11 +298,13 @@ def subscribe(
 
 
 class _Subscription:
-    """One subscription's delivery policy: its handler, queue and log line names."""
+    """One subscription's delivery policy: its handler, queue, event label and log line names."""
 
     __slots__ = (
         "_dead_letter_refused",
+        "_dead_letter_routing_key",
         "_dead_lettered",
+        "_event",
         "_gate",
         "_handled",
         "_handler",
@@ -278,7 +313,15 @@ class _Subscription:
         "_requeued",
     )
 
-    def __init__(self, policy: DeliveryPolicy, handler: Handler, *, name: str, queue: str) -> None:
+    def __init__(
+        self,
+        policy: DeliveryPolicy,
+        handler: Handler,
+        *,
+        name: str,
+        queue: str,
+        dead_letter_routing_key: str,
+    ) -> None:
         self._policy = policy
         self._handler = handler
         self._queue = queue
@@ -287,6 +330,8 @@ class _Subscription:
         # attempt with it; first deliveries share the gate and run concurrently up to the
         # prefetch. Only the handler: publishing (or holding) a dead letter runs beside others.
         self._gate = aiorwlock.RWLock()
+        self._dead_letter_routing_key = dead_letter_routing_key
+        self._event = name
         self._handled = f"{name}.handled"
         self._dead_lettered = f"{name}.dead_lettered"
         self._dead_letter_refused = f"{name}.dead_letter_refused"
@@ -323,7 +368,7 @@ class _Subscription:
             duration_ms = round((time.perf_counter() - started) * 1000, 1)
             if isinstance(result, Handled):
                 handled = result
-                metrics.event(*handled.labels).inc()
+                metrics.event(self._event, *handled.labels).inc()
                 if handled.latency_since is not None:
                     metrics.end_to_end_latency.observe(
                         max(0.0, (datetime.now(UTC) - handled.latency_since).total_seconds())
@@ -337,19 +382,19 @@ class _Subscription:
                     duration_ms=duration_ms,
                 )
                 return
-            if isinstance(result, str) or result.failure_class is not FailureClass.PERMANENT:
+            if isinstance(result, str) or not isinstance(result.error, MalformedEventError):
                 # Not refused as malformed, so the body is an event: say which one (its ids are
                 # read again here, off the path of handled deliveries).
                 log = log.bind(**_ids(raw.body))
             if isinstance(result, str):
                 policy.pause(result)
-                metrics.event(REQUEUED, REQUEUED_TRANSIENT).inc()
+                metrics.event(self._event, REQUEUED, REQUEUED_TRANSIENT).inc()
                 log.warning(self._requeued, reason=result, duration_ms=duration_ms)
                 raise RejectMessage(requeue=True)
             failure = result
             held_seconds = await self._dead_letter(message, failure, log)
             if held_seconds is None:
-                metrics.event(REQUEUED, REQUEUED_DEAD_LETTER_REFUSED).inc()
+                metrics.event(self._event, REQUEUED, REQUEUED_DEAD_LETTER_REFUSED).inc()
                 log.error(
                     self._requeued,
                     reason=(
@@ -361,10 +406,16 @@ class _Subscription:
                     duration_ms=round((time.perf_counter() - started) * 1000, 1),
                 )
                 raise RejectMessage(requeue=True)
-            metrics.event(DEAD_LETTERED, failure.failure_class).inc()
+            # A refused event counts under its own reason, the others under their class.
+            label = (
+                failure.error.reason
+                if isinstance(failure.error, EventRefusedError)
+                else str(failure.failure_class)
+            )
+            metrics.event(self._event, DEAD_LETTERED, label).inc()
             log.warning(
                 self._dead_lettered,
-                outcome=f"{DEAD_LETTERED}:{failure.failure_class}",
+                outcome=f"{DEAD_LETTERED}:{label}",
                 reason=failure.reason,
                 duration_ms=duration_ms,
                 **({"held_seconds": round(held_seconds, 1)} if held_seconds else {}),
@@ -392,7 +443,7 @@ class _Subscription:
                     if poison is not None:
                         return poison
                 return await self._handler(body)
-        except MalformedEventError as error:
+        except (MalformedEventError, EventRefusedError) as error:
             return Failure(FailureClass.PERMANENT, str(error), error)
         except TransientError as error:
             return f"database: {error}"
@@ -452,7 +503,7 @@ class _Subscription:
                 try:
                     await policy.publish_dead_letter(
                         dead_letter_message(message, failure, queue=self._queue),
-                        routing_key=self._queue,
+                        routing_key=self._dead_letter_routing_key,
                         timeout_seconds=limits.dead_letter_publish_seconds,
                     )
                 except DEAD_LETTER_REFUSALS as error:

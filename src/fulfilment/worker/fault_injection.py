@@ -2,20 +2,21 @@
 
 The worker kills itself with SIGKILL (no cleanup, no ack, no rollback: a crash, an OOM kill or
 a node loss look the same to the broker and the database) at one of these points of a
-delivery:
+delivery of any event (an order placed, cancelled or shipped):
 
 ``before_transaction``
     the event is validated (and a redelivery counted), nothing is written yet.
 ``in_transaction``
-    the reservation's writes are done (inbox row, reservation, stock) but not committed. The
-    reservation is one statement, so a client can only die inside it or after it; the armed
+    the event's writes are done (inbox row, reservation, stock) but not committed. Each
+    transition is one statement, so a client can only die inside it or after it; the armed
     path runs that statement in an explicit transaction and pauses before ``COMMIT``, and the
     database's ``client_connection_check_interval`` aborts the orphaned transaction.
 ``after_commit``
-    the reservation is committed, the delivery is not acknowledged yet.
+    the transaction is committed, the delivery is not acknowledged yet.
 
 The setting is a comma-separated list of ``point:probability`` (each delivery draws once per
-point), plus ``poison_sku:<SKU>`` to crash on every delivery of an order holding that SKU:
+point), plus ``poison_sku:<SKU>`` to crash on every delivery of an order, or a cancel of lines,
+holding that SKU:
 ``FULFILMENT_FAULT_INJECTION="before_transaction:0.01,after_commit:0.01,poison_sku:POISON"``.
 
 This module is the plan, which the settings validate; ``worker.crashing_warehouse`` carries it
@@ -33,7 +34,11 @@ from enum import StrEnum
 
 import structlog
 
+from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import ReserveStock
+
+Command = ReserveStock | CancelOrder | ShipOrder
+"""A command of the warehouse that a crash point can interrupt."""
 
 logger = structlog.get_logger("fulfilment.faults")
 
@@ -58,10 +63,11 @@ class FaultPlan:
         """True when any crash can happen."""
         return bool(self.poison_skus) or any(p > 0 for p in self.probabilities.values())
 
-    def crashes_at(self, point: CrashPoint, command: ReserveStock) -> bool:
+    def crashes_at(self, point: CrashPoint, command: Command) -> bool:
         """Whether this delivery of ``command`` crashes at ``point`` (draws at random)."""
+        lines = () if isinstance(command, ShipOrder) else command.lines or ()
         if point is CrashPoint.BEFORE_TRANSACTION and any(
-            line.sku in self.poison_skus for line in command.lines
+            line.sku in self.poison_skus for line in lines
         ):
             return True
         probability = self.probabilities.get(point, 0.0)
@@ -95,7 +101,7 @@ def parse_fault_plan(text: str) -> FaultPlan:
     return FaultPlan(probabilities, frozenset(poison))
 
 
-def crash(point: CrashPoint, command: ReserveStock) -> None:
+def crash(point: CrashPoint, command: Command) -> None:
     """Kill this process with SIGKILL, after one log line saying where."""
     logger.warning("fault.crash", point=str(point), event_id=str(command.event_id))
     os.kill(os.getpid(), signal.SIGKILL)

@@ -1,7 +1,8 @@
 """Background tasks of a worker, and the supervisor that keeps them running.
 
-- :func:`poll_queues`: depth and consumers of the main queue and the DLQ, by a passive
-  declare (cheap: no message is touched), and the age of the DLQ's oldest message.
+- :func:`poll_queues`: depth and consumers of every subscribed queue and its DLQ
+  (``contracts.topology.SUBSCRIBED_QUEUES``), by a passive declare (cheap: no message is
+  touched), and the age of the oldest message of the DLQs.
 - :func:`check_invariants`: the stock invariants of ``fulfilment report``.
 - :func:`background`: runs every such task (and any later one: the consumer watchdog, a relay,
   a pruner) under :func:`supervise`, so that no task dies silently.
@@ -29,7 +30,7 @@ from sqlalchemy import text
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq import QueueState, peek_head, queue_state
 from fulfilment.contracts.dead_letter import describe_dead_letter
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -104,6 +105,8 @@ class BackgroundTask:
 class _DeadLetterHead:
     depth: int = 0
     read_at: float = float("-inf")
+    dead_lettered_at: float | None = None
+    """When the DLQ's head was dead-lettered (Unix seconds); None while the DLQ is empty."""
 
 
 def queue_monitor(amqp_url: str, metrics: Metrics, *, interval_seconds: float) -> BackgroundTask:
@@ -119,40 +122,46 @@ async def poll_queues(amqp_url: str, metrics: Metrics, *, interval_seconds: floa
     """Poll the queues every ``interval_seconds`` on a connection of its own, until cancelled.
 
     Sets ``fulfilment_queue_messages_ready{queue}``, ``fulfilment_queue_consumers{queue}`` and
-    the DLQ's oldest age. Each poll has :data:`QUEUE_POLL_TIME_LIMIT_SECONDS`. Raises whatever
-    a poll failed with (``OSError``, ``TimeoutError``, AMQP errors, aiormq's ``RuntimeError``
-    on a connection the broker closed, ...), after closing its connection: its supervisor
-    removes the queue series (a stale "1 consumer" would hide an outage) and starts it again.
+    the oldest age of the DLQs. Each poll has :data:`QUEUE_POLL_TIME_LIMIT_SECONDS`. Raises
+    whatever a poll failed with (``OSError``, ``TimeoutError``, AMQP errors, aiormq's
+    ``RuntimeError`` on a connection the broker closed, ...), after closing its connection: its
+    supervisor removes the queue series of every queue (a stale "1 consumer" would hide an
+    outage) and starts it again.
     """
-    head = _DeadLetterHead()
+    heads = {name: _DeadLetterHead() for name in DEAD_LETTER_QUEUES}
     connection = await aio_pika.connect(amqp_url, timeout=CONNECT_SECONDS)
     try:
         while True:
             async with asyncio.timeout(QUEUE_POLL_TIME_LIMIT_SECONDS):
-                await poll_once(connection, metrics, head)
+                await poll_once(connection, metrics, heads)
             await asyncio.sleep(interval_seconds)
     finally:
         await _closed(connection)
 
 
 async def poll_once(
-    connection: AbstractConnection, metrics: Metrics, head: _DeadLetterHead
+    connection: AbstractConnection, metrics: Metrics, heads: dict[str, _DeadLetterHead]
 ) -> None:
-    """One poll of both queues (see :func:`poll_queues`); a missing queue counts as empty."""
-    for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+    """One poll of every queue (see :func:`poll_queues`); a missing queue counts as empty.
+
+    ``heads`` holds what is known of each DLQ's head; the age gauge is the oldest of them.
+    """
+    for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
         state = await queue_state(connection, name) or QueueState(name, ready=0, consumers=0)
         metrics.queue_ready.labels(name).set(state.ready)
         metrics.queue_consumers.labels(name).set(state.consumers)
-        if name == DEAD_LETTER_QUEUE:
-            await _refresh_dead_letter_head(connection, metrics, head, state.ready)
+        if name in heads:
+            await _refresh_dead_letter_head(connection, heads[name], name, state.ready)
+    oldest = [head.dead_lettered_at for head in heads.values() if head.dead_lettered_at]
+    metrics.set_oldest_dead_letter(min(oldest, default=None))
 
 
 async def _refresh_dead_letter_head(
-    connection: AbstractConnection, metrics: Metrics, head: _DeadLetterHead, depth: int
+    connection: AbstractConnection, head: _DeadLetterHead, queue: str, depth: int
 ) -> None:
     previous, head.depth = head.depth, depth
     if depth == 0:
-        metrics.set_oldest_dead_letter(None)
+        head.dead_lettered_at = None
         return
     now = time.monotonic()
     if (
@@ -161,7 +170,7 @@ async def _refresh_dead_letter_head(
         and now - head.read_at < DEAD_LETTER_HEAD_REFRESH_SECONDS
     ):
         return
-    message = await peek_head(connection, DEAD_LETTER_QUEUE)
+    message = await peek_head(connection, queue)
     head.read_at = now
     if message is None:  # taken meanwhile (a replay, a purge): look again at the next poll
         head.depth = 0
@@ -169,7 +178,7 @@ async def _refresh_dead_letter_head(
     moment = (
         describe_dead_letter(message.headers, message.body).dead_lettered_at or message.timestamp
     )
-    metrics.set_oldest_dead_letter(moment.timestamp() if moment else time.time())
+    head.dead_lettered_at = moment.timestamp() if moment else time.time()
 
 
 async def _closed(connection: AbstractConnection) -> None:

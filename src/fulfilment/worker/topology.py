@@ -1,12 +1,18 @@
 """The RabbitMQ topology of the product contract, and its safe declaration at start.
 
-| name                          | kind                    | notes                                  |
-|-------------------------------|-------------------------|----------------------------------------|
-| ``orders``                    | topic exchange, durable | owned upstream; declared identically   |
-| ``fulfilment.order-placed``   | quorum queue            | bound with ``order.placed``; delivery  |
-|                               |                         | limit, DLX, at-least-once dead-letters |
-| ``fulfilment.dlx``            | direct exchange         | the dead-letter exchange               |
-| ``fulfilment.order-placed.dlq`` | quorum queue          | never consumed automatically           |
+| name                             | kind                    | notes                               |
+|----------------------------------|-------------------------|-------------------------------------|
+| ``orders``                       | topic exchange, durable | owned upstream; declared identically|
+| ``fulfilment.order-placed``      | quorum queue            | bound with ``order.placed``         |
+| ``fulfilment.order-cancelled``   | quorum queue            | bound with ``order.cancelled``      |
+| ``fulfilment.order-shipped``     | quorum queue            | bound with ``order.shipped``        |
+| ``fulfilment.dlx``               | direct exchange         | the dead-letter exchange            |
+| ``<queue>.dlq``                  | quorum queue            | one per queue, bound with the       |
+|                                  |                         | queue's name; never consumed        |
+
+Every subscribed queue (``contracts.topology.SUBSCRIBED_QUEUES``) has the same arguments: the
+delivery limit, the dead-letter exchange, at-least-once dead-lettering, and its own name as
+the dead-letter routing key, so that its dead letters reach its own DLQ.
 
 Declaring an existing queue with other arguments fails with ``PRECONDITION_FAILED``, which
 would crash-loop a pod with a stack trace; :func:`declare_topology` turns it into one line that
@@ -26,11 +32,9 @@ from faststream.rabbit import ExchangeType, QueueType, RabbitExchange, RabbitQue
 
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUE,
-    DEAD_LETTER_ROUTING_KEY,
-    MAIN_QUEUE,
-    ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
+    SUBSCRIBED_QUEUES,
+    SubscribedQueue,
 )
 
 logger = structlog.get_logger("fulfilment.topology")
@@ -62,34 +66,34 @@ class Topology:
     delivery_limit: int
 
     def orders_exchange(self) -> RabbitExchange:
-        """``orders``: where checkout publishes ``OrderPlaced``."""
+        """``orders``: where the shop publishes the events the worker consumes."""
         return RabbitExchange(ORDERS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
 
-    def main_queue(self) -> RabbitQueue:
-        """``fulfilment.order-placed`` with its delivery limit and dead-lettering arguments.
+    def queue(self, subscribed: SubscribedQueue) -> RabbitQueue:
+        """The quorum queue of ``subscribed`` with its delivery limit and dead-lettering.
 
         At-least-once dead-lettering needs ``x-overflow: reject-publish``; without it RabbitMQ
         silently falls back to at-most-once (RabbitMQ docs, "Dead Lettering", quorum queues).
         """
         return RabbitQueue(
-            MAIN_QUEUE,
+            subscribed.name,
             queue_type=QueueType.QUORUM,
-            routing_key=ORDER_PLACED_ROUTING_KEY,
+            routing_key=subscribed.routing_key,
             arguments={
                 "x-delivery-limit": self.delivery_limit,
                 "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE,
-                "x-dead-letter-routing-key": DEAD_LETTER_ROUTING_KEY,
+                "x-dead-letter-routing-key": subscribed.dead_letter_routing_key,
                 "x-dead-letter-strategy": "at-least-once",
                 "x-overflow": "reject-publish",
             },
         )
 
     def dead_letter_exchange(self) -> RabbitExchange:
-        """``fulfilment.dlx``: the dead-letter exchange of the main queue."""
+        """``fulfilment.dlx``: the dead-letter exchange of every subscribed queue."""
         return RabbitExchange(DEAD_LETTER_EXCHANGE, type=ExchangeType.DIRECT, durable=True)
 
-    def dead_letter_queue(self) -> RabbitQueue:
-        """``fulfilment.order-placed.dlq``: held for operators; nothing consumes it by itself.
+    def dead_letter_queue(self, subscribed: SubscribedQueue) -> RabbitQueue:
+        """The DLQ of ``subscribed``: held for operators; nothing consumes it by itself.
 
         ``x-overflow: reject-publish``: a length cap put on the DLQ later (an operator policy's
         ``max-length``, which cannot set the overflow) makes the broker refuse a new dead
@@ -99,9 +103,9 @@ class Topology:
         letters and replay".
         """
         return RabbitQueue(
-            DEAD_LETTER_QUEUE,
+            subscribed.dead_letter_queue,
             queue_type=QueueType.QUORUM,
-            routing_key=DEAD_LETTER_ROUTING_KEY,
+            routing_key=subscribed.dead_letter_routing_key,
             arguments={
                 "x-delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT,
                 "x-overflow": "reject-publish",
@@ -138,7 +142,9 @@ def explain_precondition_failure(error: BaseException) -> str:
 async def declare_topology(amqp_url: str, topology: Topology) -> None:
     """Declare every exchange and queue of ``topology`` and their bindings, idempotently.
 
-    Each object is declared on a channel of its own, so a refused declaration is reported for
+    That is both exchanges, and every subscribed queue (``SUBSCRIBED_QUEUES``) with its DLQ,
+    so a queue declared with other arguments stops the start whichever queue it is. Each
+    object is declared on a channel of its own, so a refused declaration is reported for
     what it is instead of as a closed channel.
 
     Raises:
@@ -148,15 +154,17 @@ async def declare_topology(amqp_url: str, topology: Topology) -> None:
     connection = await aio_pika.connect(amqp_url, timeout=10)
     try:
         dlx = await _declare_exchange(connection, topology.dead_letter_exchange())
-        dlq = await _declare_queue(
-            connection,
-            topology.dead_letter_queue(),
-            may_lack=DEAD_LETTER_QUEUE_LATER_ARGUMENTS,
-        )
-        await _bind(connection, dlq, dlx, DEAD_LETTER_ROUTING_KEY)
         orders = await _declare_exchange(connection, topology.orders_exchange())
-        main = await _declare_queue(connection, topology.main_queue())
-        await _bind(connection, main, orders, ORDER_PLACED_ROUTING_KEY)
+        for subscribed in SUBSCRIBED_QUEUES:
+            # The DLQ first, so that no dead letter of the queue is ever unroutable.
+            dlq = await _declare_queue(
+                connection,
+                topology.dead_letter_queue(subscribed),
+                may_lack=DEAD_LETTER_QUEUE_LATER_ARGUMENTS,
+            )
+            await _bind(connection, dlq, dlx, subscribed.dead_letter_routing_key)
+            queue = await _declare_queue(connection, topology.queue(subscribed))
+            await _bind(connection, queue, orders, subscribed.routing_key)
     finally:
         await connection.close()
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass
 from uuid import UUID
 
 import asyncpg
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from fulfilment.adapters.postgres.engine import DatabaseOptions, create_engine
 from fulfilment.adapters.postgres.errors import DatabaseRefusedError, connection_failure
-from fulfilment.adapters.postgres.tables import inbox_messages
+from fulfilment.adapters.postgres.tables import inbox_messages, reservations, stock_levels
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.domain.lifecycle import OrderStatus
 
 CONNECT_SECONDS = 5.0
 """How long the command line waits for PostgreSQL before calling it unreachable."""
@@ -108,11 +110,66 @@ async def processed_event_ids(
 
 
 async def reset_tables(warehouse: PostgresWarehouse) -> None:
-    """Empty the inbox, reservations, stock levels and redelivery counts (``demo --reset``)."""
+    """Empty the inbox, reservations, tombstone lines, stock levels and redelivery counts.
+
+    For ``demo --reset``.
+    """
     async with warehouse.engine.begin() as connection:
         await connection.execute(
             text(
-                "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
-                " delivery_attempts"
+                "TRUNCATE inbox_messages, reservation_lines, reservations, tombstone_lines,"
+                " stock_levels, delivery_attempts"
             )
         )
+
+
+async def inbox_outcomes(
+    warehouse: PostgresWarehouse, consumer: str, event_ids: Collection[UUID]
+) -> dict[UUID, str]:
+    """``inbox_messages.outcome`` of those of ``event_ids`` the inbox of ``consumer`` holds.
+
+    The outcome is that of the event's first processing (``reserved``, ``released``,
+    ``shipped``...): a duplicate delivery changes nothing, its row included.
+    """
+    if not event_ids:
+        return {}
+    query = select(inbox_messages.c.event_id, inbox_messages.c.outcome).where(
+        inbox_messages.c.consumer == consumer,
+        inbox_messages.c.event_id.in_(bindparam("ids", expanding=True)),
+    )
+    async with warehouse.engine.connect() as connection:
+        rows = await connection.execute(query, {"ids": list(event_ids)})
+        return {row.event_id: row.outcome for row in rows}
+
+
+async def order_statuses(
+    warehouse: PostgresWarehouse, order_ids: Collection[UUID]
+) -> dict[UUID, OrderStatus]:
+    """The status of those of ``order_ids`` that have a ``reservations`` row."""
+    if not order_ids:
+        return {}
+    query = select(reservations.c.order_id, reservations.c.status).where(
+        reservations.c.order_id.in_(bindparam("ids", expanding=True))
+    )
+    async with warehouse.engine.connect() as connection:
+        rows = await connection.execute(query, {"ids": list(order_ids)})
+        return {row.order_id: OrderStatus(row.status) for row in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class StockTotals:
+    """Units summed over every SKU of ``stock_levels``."""
+
+    on_hand: int
+    reserved: int
+
+
+async def stock_totals(warehouse: PostgresWarehouse) -> StockTotals:
+    """``on_hand`` and ``reserved`` summed over every SKU (0 and 0 without stock levels)."""
+    query = select(
+        func.coalesce(func.sum(stock_levels.c.on_hand), 0),
+        func.coalesce(func.sum(stock_levels.c.reserved), 0),
+    )
+    async with warehouse.engine.connect() as connection:
+        on_hand, reserved = (await connection.execute(query)).one()
+        return StockTotals(on_hand=int(on_hand), reserved=int(reserved))

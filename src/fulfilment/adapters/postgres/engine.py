@@ -2,7 +2,7 @@
 
 The engine serves everything but the hot path (stock loads, reports, health, monitors,
 redelivery counts). The reservations run on a plain asyncpg pool (:func:`create_pool`): one
-``reserve_orders()`` call per batch of orders, without SQLAlchemy's execution machinery, which
+``place_orders()`` call per batch of orders, without SQLAlchemy's execution machinery, which
 cost the worker more CPU per delivery than asyncpg itself (README, "Performance").
 """
 

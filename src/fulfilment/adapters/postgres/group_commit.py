@@ -1,11 +1,14 @@
-"""Group commit: the reservations waiting at the same moment share one transaction.
+"""Group commit: the events of one kind waiting at the same moment share one transaction.
 
-One transaction per order costs PostgreSQL a commit, a snapshot and the function's statements
-for every order, and costs the worker a round trip. :class:`GroupCommit` lets at most
+One transaction per event costs PostgreSQL a commit, a snapshot and the function's statements
+for every event, and costs the worker a round trip. :class:`GroupCommit` lets at most
 ``pool_size`` transactions run at once; calls arriving while they run wait, and the next
-free slot takes every waiting call, up to ``batch_max``, into one ``reserve_orders()``
-transaction. Under light load a call finds a free slot and runs alone, so nothing waits for a
-batch to fill; under load the batches grow by themselves (README, "Performance").
+free slot takes the oldest waiting call and every call of the same kind waiting behind it, up
+to ``batch_max``, into one transaction of that kind (``place_orders()``,
+``cancel_orders()`` or ``ship_orders()``). Under light load a call finds a free slot and runs
+alone, so nothing waits for a batch to fill; under load the batches grow by themselves
+(README, "Performance"). The kinds share the slots, so the transactions running at once never
+outnumber the connections of the pool.
 """
 
 from __future__ import annotations
@@ -14,98 +17,121 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from fulfilment.application.ports import TransientError
-from fulfilment.domain.model import ReservationOutcome, ReserveStock
 
 __all__ = ["CommitBatch", "GroupCommit", "UnreadableOutcomesError"]
 
-CommitBatch = Callable[[Sequence[ReserveStock]], Awaitable[Sequence[ReservationOutcome]]]
-"""Reserves the given orders in one transaction; one outcome per order, in their order."""
+CommandT = TypeVar("CommandT")
+OutcomeT = TypeVar("OutcomeT")
+
+CommitBatch = Callable[[Sequence[CommandT]], Awaitable[Sequence[OutcomeT]]]
+"""Applies the given commands of one kind in one transaction; one outcome per command, in
+their order (e.g. ``CommitBatch[ReserveStock, ReservationOutcome]``)."""
 
 
 class UnreadableOutcomesError(RuntimeError):
     """A batch committed, but its outcomes could not be read (a bug, not a database failure).
 
-    Every order of the batch gets this error. It is not retried order by order: the orders
-    are already committed, and committing them again would only answer ``duplicate``.
+    Every command of the batch gets this error. It is not retried command by command: the
+    batch is already committed, and committing it again would only answer ``duplicate``.
     """
 
 
 @dataclass(slots=True)
-class _Waiting:
-    command: ReserveStock
-    answer: asyncio.Future[ReservationOutcome]
+class _Waiting(Generic[CommandT, OutcomeT]):
+    commit_batch: CommitBatch[CommandT, OutcomeT]
+    command: CommandT
+    answer: asyncio.Future[OutcomeT]
 
 
 class GroupCommit:
-    """Runs concurrent :meth:`reserve` calls as few transactions of ``commit_batch``.
+    """Runs concurrent :meth:`run` calls as few transactions, one kind of command in each.
 
     Args:
-        commit_batch: commits a batch and returns its outcomes (see :data:`CommitBatch`); it
-            retries transient errors itself and then raises ``TransientError``.
-        pool_size: most batches committing at once (>= 1); each holds one connection of the
-            reservations' pool (``FULFILMENT_DATABASE_POOL_SIZE``).
-        batch_max: most orders in one batch (>= 1); 1 turns batching off
+        pool_size: most batches committing at once (>= 1), of all kinds; each holds one
+            connection of the reservations' pool (``FULFILMENT_DATABASE_POOL_SIZE``).
+        batch_max: most commands in one batch (>= 1); 1 turns batching off
             (``FULFILMENT_RESERVATION_BATCH_MAX``).
 
     Raises:
         ValueError: ``pool_size`` or ``batch_max`` is below 1.
 
-    Each caller gets the outcome of its own order, or the error of its own order:
+    A kind is a ``commit_batch`` function: the calls passing the same one (``==``) may share
+    a batch, in the order they came. Each caller gets the outcome of its own command, or the
+    error of its own command:
 
     * ``TransientError``, :class:`UnreadableOutcomesError`, and any error of a batch of one
-      go to every order of the batch;
-    * any other error of a larger batch may come from one order's data, so its orders are
+      go to every command of the batch;
+    * any other error of a larger batch may come from one command's data, so its commands are
       committed again one by one and each gets its own outcome or error.
 
     A caller cancelled while waiting is dropped from the batch; one cancelled while its batch
-    commits may still have its order reserved, which the inbox turns into a ``duplicate`` on
+    commits may still have its command applied, which the inbox turns into a ``duplicate`` on
     redelivery.
     """
 
-    def __init__(self, commit_batch: CommitBatch, *, pool_size: int, batch_max: int) -> None:
+    def __init__(self, *, pool_size: int, batch_max: int) -> None:
         if pool_size < 1 or batch_max < 1:
             msg = f"pool_size and batch_max must be >= 1, not {pool_size}, {batch_max}"
             raise ValueError(msg)
-        self._commit_batch = commit_batch
         self._pool_size = pool_size
         self._batch_max = batch_max
-        self._waiting: deque[_Waiting] = deque()
+        self._waiting: deque[_Waiting[Any, Any]] = deque()
         self._running: set[asyncio.Task[None]] = set()
         self._start_scheduled = False
 
-    async def reserve(self, command: ReserveStock) -> ReservationOutcome:
-        """Reserve ``command`` in the next batch; raises what its batch (or it alone) raised."""
+    async def run(
+        self, commit_batch: CommitBatch[CommandT, OutcomeT], command: CommandT
+    ) -> OutcomeT:
+        """Apply ``command`` in the next batch of ``commit_batch``.
+
+        Returns its outcome; raises what its batch (or it alone) raised, see the class.
+        """
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(command, loop.create_future())
-        self._waiting.append(waiting)
+        answer: asyncio.Future[OutcomeT] = loop.create_future()
+        self._waiting.append(_Waiting(commit_batch, command, answer))
         if not self._start_scheduled and len(self._running) < self._pool_size:
             # Deliveries read from one socket read run in this same loop iteration; starting
             # on the next one lets them share the transaction instead of the first going alone.
             self._start_scheduled = True
             loop.call_soon(self._start)
-        return await waiting.answer
+        return await answer
 
     def _start(self) -> None:
         self._start_scheduled = False
         while self._waiting and len(self._running) < self._pool_size:
-            batch: list[_Waiting] = []
-            while self._waiting and len(batch) < self._batch_max:
-                waiting = self._waiting.popleft()
-                if not waiting.answer.done():
-                    batch.append(waiting)
+            batch = self._next_batch()
             if not batch:
                 return
             task = asyncio.create_task(self._commit(batch))
             self._running.add(task)
             task.add_done_callback(self._finished)
 
+    def _next_batch(self) -> list[_Waiting[Any, Any]]:
+        """The oldest waiting call and those of its kind behind it, up to ``batch_max``.
+
+        Calls of other kinds keep their places in the queue.
+        """
+        batch: list[_Waiting[Any, Any]] = []
+        others: list[_Waiting[Any, Any]] = []
+        while self._waiting and len(batch) < self._batch_max:
+            waiting = self._waiting.popleft()
+            if waiting.answer.done():
+                continue
+            if not batch or waiting.commit_batch == batch[0].commit_batch:
+                batch.append(waiting)
+            else:
+                others.append(waiting)
+        self._waiting.extendleft(reversed(others))
+        return batch
+
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._start()
 
-    async def _commit(self, batch: list[_Waiting]) -> None:
+    async def _commit(self, batch: list[_Waiting[Any, Any]]) -> None:
         try:
             await self._answer(batch)
         except asyncio.CancelledError:
@@ -114,9 +140,9 @@ class GroupCommit:
                 waiting.answer.cancel()
             raise
 
-    async def _answer(self, batch: list[_Waiting]) -> None:
+    async def _answer(self, batch: list[_Waiting[Any, Any]]) -> None:
         try:
-            outcomes = await self._commit_batch([waiting.command for waiting in batch])
+            outcomes = await batch[0].commit_batch([waiting.command for waiting in batch])
         except (TransientError, UnreadableOutcomesError) as error:
             _fail(batch, error)
             return
@@ -124,8 +150,8 @@ class GroupCommit:
             if len(batch) == 1:
                 _fail(batch, error)
                 return
-            # One order's data (a constraint it breaks) fails the whole transaction; alone,
-            # each order gets its own outcome or error. This runs in the batch's slot, so it
+            # One command's data (a constraint it breaks) fails the whole transaction; alone,
+            # each command gets its own outcome or error. This runs in the batch's slot, so it
             # takes no more connections than the batch did.
             for waiting in batch:
                 if not waiting.answer.done():
@@ -139,7 +165,7 @@ class GroupCommit:
                 waiting.answer.set_result(outcome)
 
 
-def _fail(batch: Sequence[_Waiting], error: BaseException) -> None:
+def _fail(batch: Sequence[_Waiting[Any, Any]], error: BaseException) -> None:
     for waiting in batch:
         if not waiting.answer.done():
             waiting.answer.set_exception(error)

@@ -13,6 +13,7 @@ from fulfilment.adapters.postgres.tables import (
     reservations,
     stock_levels,
 )
+from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.domain.model import RejectionReason
 
 MISMATCH_EXAMPLES = 10
@@ -30,9 +31,12 @@ class InvariantChecks:
             orders' ``reservation_lines`` (either side missing counts as 0).
         reserved_mismatch_examples: up to :data:`MISMATCH_EXAMPLES` of those SKUs, in
             code-point order.
-        inbox_unaccounted: inbox rows minus (reservations + ``duplicate_order`` inbox rows);
-            0 when every processed event left exactly one trace. Assumes one consumer name per
-            database, as deployed.
+        inbox_unaccounted: the inbox rows that placed, released or shipped an order minus the
+            orders they did that to (placed: every order but a tombstone; released; shipped);
+            0 when every such event left exactly one trace. Each order is placed by one event,
+            and released or shipped by at most one (later ones are ignored), so a difference is
+            an event lost half-way or applied twice. Assumes one consumer name per database, as
+            deployed.
         orphan_lines: ``reservation_lines`` rows whose order has no reservation (the check
             of the foreign key that migration 0005 dropped).
     """
@@ -56,21 +60,32 @@ class InvariantChecks:
 
 @dataclass(frozen=True, slots=True)
 class OutcomeReport:
-    """What happened to the events that reached the database.
+    """What happened to the events that reached the database: orders per state, and more.
 
     Attributes:
-        reserved: orders reserved.
-        rejected: orders rejected, per reason (``insufficient_stock``, ``unknown_sku``; both
-            keys always present).
+        reserved: orders that hold stock (``reserved``).
+        rejected: orders rejected, per reason (``insufficient_stock``, ``unknown_sku``,
+            ``cancelled``; every key always present).
+        released: orders cancelled until they held nothing.
+        shipped: orders shipped: their lines left the warehouse.
+        cancelled: tombstones: orders cancelled before their ``OrderPlaced`` came.
         duplicate_orders: events for an order that an earlier event had already placed.
-        inbox_total: events processed (rows of ``inbox_messages``).
+        inbox_total: events processed, of every kind (rows of ``inbox_messages``).
+        processed: those events per recorded outcome (``reserved``, ``rejected``,
+            ``duplicate_order``, ``released``, ``partially_released``, ``tombstoned``,
+            ``cancel_ignored``, ``cancel_after_ship``, ``shipped``, ``ship_ignored``: the
+            values of ``inbox_messages.outcome`` that occur).
         invariants: the stock and inbox checks.
     """
 
     reserved: int
     rejected: dict[str, int]
+    released: int
+    shipped: int
+    cancelled: int
     duplicate_orders: int
     inbox_total: int
+    processed: dict[str, int]
     invariants: InvariantChecks
 
     @property
@@ -106,22 +121,28 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
             reservations.c.status, reservations.c.reason
         )
     )
-    reserved = 0
+    orders = dict.fromkeys(OrderStatus, 0)
     rejected = {str(reason): 0 for reason in RejectionReason}
-    reservations_total = 0
     for status, reason, count in by_status:
-        reservations_total += count
-        if status == "reserved":
-            reserved += count
-        else:
+        orders[OrderStatus(status)] += count
+        if status == OrderStatus.REJECTED:
             rejected[reason] = rejected.get(reason, 0) + count
 
     outcomes = await connection.execute(
         sa.select(inbox_messages.c.outcome, sa.func.count()).group_by(inbox_messages.c.outcome)
     )
-    by_outcome: dict[str, int] = dict(outcomes.all())
+    by_outcome: dict[str, int] = dict(sorted(outcomes.all()))
     inbox_total = sum(by_outcome.values())
     duplicate_orders = by_outcome.get("duplicate_order", 0)
+    # Every order but a tombstone was placed by one event, recorded reserved or rejected; a
+    # released or shipped order was released or shipped by one event, recorded so.
+    placed_orders = sum(orders.values()) - orders[OrderStatus.CANCELLED]
+    unaccounted = (
+        by_outcome.get("reserved", 0) + by_outcome.get("rejected", 0) - placed_orders
+    ) + sum(
+        by_outcome.get(status, 0) - orders[status]
+        for status in (OrderStatus.RELEASED, OrderStatus.SHIPPED)
+    )
 
     out_of_bounds = await connection.scalar(
         sa.select(sa.func.count()).where(
@@ -164,15 +185,19 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
     ).all()
 
     return OutcomeReport(
-        reserved=reserved,
+        reserved=orders[OrderStatus.RESERVED],
         rejected=rejected,
+        released=orders[OrderStatus.RELEASED],
+        shipped=orders[OrderStatus.SHIPPED],
+        cancelled=orders[OrderStatus.CANCELLED],
         duplicate_orders=duplicate_orders,
         inbox_total=inbox_total,
+        processed=by_outcome,
         invariants=InvariantChecks(
             stock_out_of_bounds=out_of_bounds or 0,
             reserved_mismatches=mismatches[0].total if mismatches else 0,
             reserved_mismatch_examples=tuple(row.sku for row in mismatches),
-            inbox_unaccounted=inbox_total - reservations_total - duplicate_orders,
+            inbox_unaccounted=unaccounted,
             orphan_lines=orphan_lines or 0,
         ),
     )

@@ -39,6 +39,36 @@ stock_levels = sa.Table(
 )
 """Units per SKU: ``on_hand`` in the warehouse, ``reserved`` of them promised to orders."""
 
+INBOX_OUTCOMES = (
+    "reserved",
+    "rejected",
+    "duplicate_order",
+    "released",
+    "partially_released",
+    "tombstoned",
+    "cancel_ignored",
+    "cancel_after_ship",
+    "shipped",
+    "ship_ignored",
+)
+"""Every ``inbox_messages.outcome``: an ``OrderPlaced`` was ``reserved``, ``rejected`` or a
+``duplicate_order``; an ``OrderCancelled`` ``released`` or ``partially_released`` stock, left
+a tombstone (``tombstoned``), changed nothing (``cancel_ignored``) or came after the shipment
+(``cancel_after_ship``); an ``OrderShipped`` ``shipped`` the order or changed nothing
+(``ship_ignored``). A shipment of an order that is not reserved is not recorded (migration
+0007)."""
+
+ORDER_STATUSES = ("reserved", "rejected", "released", "shipped", "cancelled")
+"""Every ``reservations.status`` (``fulfilment.domain.lifecycle.OrderStatus``)."""
+
+REJECTION_REASONS = ("insufficient_stock", "unknown_sku", "cancelled")
+"""Every ``reservations.reason`` (``fulfilment.domain.model.RejectionReason``)."""
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(value) for value in values)})"
+
+
 inbox_messages = sa.Table(
     "inbox_messages",
     metadata,
@@ -53,18 +83,16 @@ inbox_messages = sa.Table(
         server_default=sa.text("now()"),
     ),
     sa.PrimaryKeyConstraint("consumer", "event_id", name="inbox_messages_pkey"),
-    sa.CheckConstraint(
-        "outcome IN ('reserved', 'rejected', 'duplicate_order')",
-        name="inbox_messages_outcome_valid",
-    ),
+    sa.CheckConstraint(_one_of("outcome", INBOX_OUTCOMES), name="inbox_messages_outcome_valid"),
 )
-"""One row per processed event and consumer: the idempotency record of ``reserve``."""
+"""One row per processed event and consumer, of every kind: the idempotency record of
+``reserve``, ``cancel`` and ``ship``."""
 
 reservations = sa.Table(
     "reservations",
     metadata,
     sa.Column("order_id", sa.Uuid, primary_key=True),
-    sa.Column("event_id", sa.Uuid, nullable=False),
+    sa.Column("event_id", sa.Uuid, nullable=True),
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column(
@@ -73,24 +101,46 @@ reservations = sa.Table(
         nullable=False,
         server_default=sa.text("'{}'::text[]"),
     ),
-    sa.Column("placed_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("placed_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column(
         "created_at",
         sa.DateTime(timezone=True),
         nullable=False,
         server_default=sa.text("now()"),
     ),
+    sa.Column("tombstone", sa.Text, nullable=True),
+    sa.Column("cancelled_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("shipped_at", sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint("order_id", name="reservations_pkey"),
     sa.UniqueConstraint("event_id", name="reservations_event_id_key"),
-    sa.CheckConstraint("status IN ('reserved', 'rejected')", name="reservations_status_valid"),
+    sa.CheckConstraint(_one_of("status", ORDER_STATUSES), name="reservations_status_valid"),
+    sa.CheckConstraint(_one_of("reason", REJECTION_REASONS), name="reservations_reason_valid"),
     sa.CheckConstraint(
-        "reason IN ('insufficient_stock', 'unknown_sku')", name="reservations_reason_valid"
+        "(reason IS NOT NULL) = (status = 'rejected')", name="reservations_reason_iff_rejected"
     ),
     sa.CheckConstraint(
-        "(reason IS NULL) = (status = 'reserved')", name="reservations_reason_iff_rejected"
+        "(event_id IS NULL) = (status = 'cancelled')"
+        " AND (placed_at IS NULL) = (status = 'cancelled')",
+        name="reservations_placed_unless_cancelled",
+    ),
+    sa.CheckConstraint("tombstone IN ('order', 'lines')", name="reservations_tombstone_valid"),
+    sa.CheckConstraint(
+        "status <> 'cancelled' OR tombstone IS NOT NULL",
+        name="reservations_cancelled_has_tombstone",
+    ),
+    sa.CheckConstraint(
+        "(shipped_at IS NOT NULL) = (status = 'shipped')",
+        name="reservations_shipped_at_iff_shipped",
     ),
 )
-"""One row per order: reserved, or rejected with a reason and the offending ``skus``."""
+"""One row per order (migration 0007 for the lifecycle).
+
+``status``: ``reserved``; ``rejected`` with a ``reason`` and the offending ``skus``;
+``released`` (cancelled until nothing remained); ``shipped`` (at ``shipped_at``); or
+``cancelled``, a tombstone: cancels came before the ``OrderPlaced``, which has not come yet
+(``event_id`` and ``placed_at`` are NULL until it does). ``tombstone`` says what those early
+cancels cancelled, ``order`` or ``lines`` (summed in ``tombstone_lines``), and stays once the
+order is placed; ``cancelled_at`` is the time of the last cancel that changed the order."""
 
 reservation_lines = sa.Table(
     "reservation_lines",
@@ -101,10 +151,27 @@ reservation_lines = sa.Table(
     sa.PrimaryKeyConstraint("order_id", "sku", name="reservation_lines_pkey"),
     sa.CheckConstraint("quantity > 0", name="reservation_lines_quantity_positive"),
 )
-"""The demand of each order per SKU (lines of the same SKU summed), reserved or rejected.
+"""The lines of each order per SKU (lines of the same SKU summed), by its status: what a
+``reserved`` order holds (partial cancels shrink them, and drop a line that reaches 0), what a
+``shipped`` one shipped, what a ``rejected`` one asked for (after its tombstone); none for a
+``released`` or ``cancelled`` order.
 
 No foreign key to ``reservations`` (dropped by migration 0005, which says why): the
 reservation functions write an order's reservation and its lines in one transaction."""
+
+tombstone_lines = sa.Table(
+    "tombstone_lines",
+    metadata,
+    sa.Column("order_id", sa.Uuid, primary_key=True),
+    sa.Column("sku", sa.Text, primary_key=True),
+    sa.Column("quantity", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("order_id", "sku", name="tombstone_lines_pkey"),
+    sa.CheckConstraint("quantity > 0", name="tombstone_lines_quantity_positive"),
+)
+"""Units per SKU that cancels of an order's lines cancelled before its ``OrderPlaced`` came
+(the order's ``tombstone`` is ``lines``), summed (``bigint``: repeated cancels may add past
+``integer``); ``place_orders()`` reserves what they leave. Written only under the order's
+``reservations`` row lock; no foreign key, like ``reservation_lines``."""
 
 delivery_attempts = sa.Table(
     "delivery_attempts",

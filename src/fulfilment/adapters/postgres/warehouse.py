@@ -16,8 +16,18 @@ from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOut
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
 from fulfilment.application.ports import Warehouse
+from fulfilment.domain.lifecycle import (
+    CancelKind,
+    CancelOrder,
+    CancelOutcome,
+    OrderStatus,
+    ShipKind,
+    ShipOrder,
+    ShipOutcome,
+)
 from fulfilment.domain.model import (
     DuplicateOf,
+    OrderLine,
     OutcomeKind,
     RejectionReason,
     ReservationOutcome,
@@ -46,8 +56,8 @@ DEFAULT_BATCH_MAX = 32
 _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
 
-_RESERVE_ORDERS = sa.text(
-    "SELECT ordinal, outcome, reason, skus FROM reserve_orders("
+_PLACE_ORDERS = sa.text(
+    "SELECT ordinal, outcome, reason, skus FROM place_orders("
     ":consumer, :event_ids, :order_ids, :placed_at, :line_orders, :line_skus, :line_quantities)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
@@ -58,12 +68,47 @@ _RESERVE_ORDERS = sa.text(
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
 )
-"""One statement, one round trip (``migrations/sql/reserve_orders/``), through the engine."""
+"""One statement, one round trip (``migrations/sql/place_orders/``), through the engine."""
 
-_RESERVE_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, reason, skus FROM reserve_orders($1, $2, $3, $4, $5, $6, $7)"
+_PLACE_ORDERS_ON_POOL = (
+    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7)"
 )
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
+
+_CANCEL_ORDERS = sa.text(
+    "SELECT ordinal, outcome, status, skus, quantities FROM cancel_orders(:consumer,"
+    " :event_ids, :order_ids, :cancelled_at, :whole, :line_orders, :line_skus, :line_quantities)"
+).bindparams(
+    sa.bindparam("consumer", type_=sa.Text),
+    sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("order_ids", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("cancelled_at", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
+    sa.bindparam("whole", type_=postgresql.ARRAY(sa.Boolean)),
+    sa.bindparam("line_orders", type_=_INTEGER_ARRAY),
+    sa.bindparam("line_skus", type_=_TEXT_ARRAY),
+    sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
+)
+"""A batch of cancels in one statement (``migrations/sql/cancel_orders/``), through the engine."""
+
+_CANCEL_ORDERS_ON_POOL = (
+    "SELECT ordinal, outcome, status, skus, quantities"
+    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8)"
+)
+
+_SHIP_ORDERS = sa.text(
+    "SELECT ordinal, outcome, status, skus, quantities"
+    " FROM ship_orders(:consumer, :event_ids, :order_ids, :shipped_at)"
+).bindparams(
+    sa.bindparam("consumer", type_=sa.Text),
+    sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("order_ids", type_=postgresql.ARRAY(sa.Uuid)),
+    sa.bindparam("shipped_at", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
+)
+"""A batch of shipments in one statement (``migrations/sql/ship_orders/``), through the engine."""
+
+_SHIP_ORDERS_ON_POOL = (
+    "SELECT ordinal, outcome, status, skus, quantities FROM ship_orders($1, $2, $3, $4)"
+)
 
 # The column keeps the name message_key although it holds the event id (as text, the form
 # both releases write): workers of the previous release still write it under that name during
@@ -76,7 +121,7 @@ _COUNT_REDELIVERY = sa.text(
     " RETURNING a.redeliveries"
 )
 
-# Rows are upserted in code-point order, the lock order of reserve_orders, so that a stock load
+# Rows are upserted in code-point order, the lock order of place_orders, so that a stock load
 # and reservations running at once wait for each other instead of deadlocking. Existing rows
 # whose reserved units exceed the new on_hand are skipped by the WHERE (and so not returned).
 _PUT_STOCK = sa.text(
@@ -107,14 +152,17 @@ class PostgresWarehouse(Warehouse):
         retry_budget_seconds: total time each call may spend retrying transient errors
             (``FULFILMENT_RETRY_BUDGET_SECONDS``); see ``adapters.postgres.retry``.
         on_retry: called with the error before each retry, e.g. to count retries in a metric.
-        pool: the asyncpg pool of :meth:`reserve` (``adapters.postgres.engine.create_pool``),
-            not owned; without one, reservations take a connection of ``engine``. Either way a
-            batch of reservations is one ``reserve_orders()`` call in autocommit; the pool
-            skips SQLAlchemy's execution machinery (16 % of the worker's CPU in a profile).
-        pool_size: most reservation transactions running at once, each on a connection of its
-            own: the size of ``pool`` (``FULFILMENT_DATABASE_POOL_SIZE``).
-        batch_max: most orders one transaction reserves
-            (``FULFILMENT_RESERVATION_BATCH_MAX``); 1 commits every order on its own.
+        pool: the asyncpg pool of :meth:`reserve`, :meth:`cancel` and :meth:`ship`
+            (``adapters.postgres.engine.create_pool``), not owned; without one, they take a
+            connection of ``engine``. Either way a batch of events is one call of
+            ``place_orders()``, ``cancel_orders()`` or ``ship_orders()`` in autocommit; the
+            pool skips SQLAlchemy's execution machinery (16 % of the worker's CPU in a
+            profile).
+        pool_size: most such transactions running at once, of the three kinds together, each
+            on a connection of its own: the size of ``pool``
+            (``FULFILMENT_DATABASE_POOL_SIZE``).
+        batch_max: most events one transaction applies
+            (``FULFILMENT_RESERVATION_BATCH_MAX``); 1 commits every event on its own.
 
     Every method retries transient errors under the same policy and then raises
     :class:`~fulfilment.application.ports.TransientError`; other database errors propagate.
@@ -133,26 +181,34 @@ class PostgresWarehouse(Warehouse):
     ) -> None:
         self._engine = engine
         self._pool = pool
-        # A single autocommit statement: the reserve_orders function body is the transaction,
+        # A single autocommit statement: the place_orders function body is the transaction,
         # and no BEGIN/COMMIT round trips surround it.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._consumer = consumer
         self._retry_budget_seconds = retry_budget_seconds
         self._on_retry = on_retry
-        self._group_commit = GroupCommit(
-            self._commit_batch, pool_size=pool_size, batch_max=batch_max
-        )
+        self._group_commit = GroupCommit(pool_size=pool_size, batch_max=batch_max)
 
-    async def _commit_batch(self, commands: Sequence[ReserveStock]) -> list[ReservationOutcome]:
-        """Reserve ``commands`` in one ``reserve_orders()`` call (see ``group_commit``)."""
-        parameters = _arguments(self._consumer, commands)
+    async def _batch_rows(
+        self,
+        on_pool: str,
+        statement: sa.TextClause,
+        parameters: dict[str, Any],
+        *,
+        operation: str,
+        size: int,
+    ) -> Sequence[Sequence[Any]]:
+        """One call of a batch function under the retry policy: its rows, one per event.
+
+        Raises ``UnreadableOutcomesError`` unless the rows are ordinals 1 to ``size``.
+        """
 
         async def attempt() -> Sequence[Sequence[Any]]:
             if self._pool is not None:
                 async with self._pool.acquire(timeout=self._retry_budget_seconds) as connection:
                     try:
                         rows: list[Sequence[Any]] = await connection.fetch(
-                            _RESERVE_ORDERS_ON_POOL, *parameters.values()
+                            on_pool, *parameters.values()
                         )
                     except (asyncpg.InterfaceError, OSError):
                         # The connection, not the server, failed (a failover kills connections
@@ -163,25 +219,91 @@ class PostgresWarehouse(Warehouse):
                         raise
                     return rows
             async with self._autocommit.connect() as connection:
-                result = await connection.execute(_RESERVE_ORDERS, parameters)
+                result = await connection.execute(statement, parameters)
                 return result.all()
 
         rows = await call_with_retry(
             attempt,
-            operation="reserve",
+            operation=operation,
             budget_seconds=self._retry_budget_seconds,
             on_retry=self._on_retry,
         )
         ordinals = [row[0] for row in rows]
-        if ordinals != list(range(1, len(commands) + 1)):
-            msg = f"ordinals {ordinals[:10]} for {len(commands)} orders"
+        if ordinals != list(range(1, size + 1)):
+            msg = f"ordinals {ordinals[:10]} for {size} events"
             raise UnreadableOutcomesError(msg)
+        return rows
+
+    async def _reserve_batch(self, commands: Sequence[ReserveStock]) -> list[ReservationOutcome]:
+        """Reserve ``commands`` in one ``place_orders()`` call (see ``group_commit``)."""
+        rows = await self._batch_rows(
+            _PLACE_ORDERS_ON_POOL,
+            _PLACE_ORDERS,
+            _arguments(self._consumer, commands),
+            operation="reserve",
+            size=len(commands),
+        )
         try:
             return [
                 _to_outcome(command, outcome, reason, skus)
                 for command, (_, outcome, reason, skus) in zip(commands, rows, strict=True)
             ]
         except ValueError as error:  # an outcome, reason or SKU list this code does not know
+            raise UnreadableOutcomesError(str(error)) from error
+
+    async def _cancel_batch(self, commands: Sequence[CancelOrder]) -> list[CancelOutcome]:
+        """Apply ``commands`` in one ``cancel_orders()`` call (see ``group_commit``)."""
+        rows = await self._batch_rows(
+            _CANCEL_ORDERS_ON_POOL,
+            _CANCEL_ORDERS,
+            _cancel_arguments(self._consumer, commands),
+            operation="cancel",
+            size=len(commands),
+        )
+        try:
+            return [
+                CancelOutcome(
+                    CancelKind(outcome),
+                    command.order_id,
+                    command.event_id,
+                    _lines(skus, quantities),
+                    None if status is None else OrderStatus(status),
+                )
+                for command, (_, outcome, status, skus, quantities) in zip(
+                    commands, rows, strict=True
+                )
+            ]
+        except ValueError as error:  # an outcome, status or line this code does not know
+            raise UnreadableOutcomesError(str(error)) from error
+
+    async def _ship_batch(self, commands: Sequence[ShipOrder]) -> list[ShipOutcome]:
+        """Apply ``commands`` in one ``ship_orders()`` call (see ``group_commit``)."""
+        rows = await self._batch_rows(
+            _SHIP_ORDERS_ON_POOL,
+            _SHIP_ORDERS,
+            {
+                "consumer": self._consumer,
+                "event_ids": [command.event_id for command in commands],
+                "order_ids": [command.order_id for command in commands],
+                "shipped_at": [command.shipped_at for command in commands],
+            },
+            operation="ship",
+            size=len(commands),
+        )
+        try:
+            return [
+                ShipOutcome(
+                    ShipKind(outcome),
+                    command.order_id,
+                    command.event_id,
+                    _lines(skus, quantities),
+                    None if status is None else OrderStatus(status),
+                )
+                for command, (_, outcome, status, skus, quantities) in zip(
+                    commands, rows, strict=True
+                )
+            ]
+        except ValueError as error:  # an outcome, status or line this code does not know
             raise UnreadableOutcomesError(str(error)) from error
 
     async def count_redelivery(self, event_id: UUID) -> int:
@@ -210,7 +332,7 @@ class PostgresWarehouse(Warehouse):
         return self._engine
 
     async def reserve(self, command: ReserveStock) -> ReservationOutcome:
-        """Reserve ``command``'s demand in a ``reserve_orders()`` transaction (group commit).
+        """Reserve ``command``'s demand in a ``place_orders()`` transaction (group commit).
 
         The orders reserved at the same moment share the transaction (``group_commit``); each
         gets the outcome it would get in a transaction of its own after the calls before it.
@@ -227,7 +349,35 @@ class PostgresWarehouse(Warehouse):
         if not command.lines:
             msg = f"order {command.order_id} has no lines"
             raise ValueError(msg)
-        return await self._group_commit.reserve(command)
+        return await self._group_commit.run(self._reserve_batch, command)
+
+    async def cancel(self, command: CancelOrder) -> CancelOutcome:
+        """Cancel ``command``'s order in a ``cancel_orders()`` transaction (group commit).
+
+        The cancels waiting at the same moment share the transaction, as reservations do
+        (``group_commit``); each gets the outcome it would get in a transaction of its own
+        after the calls before it. A dropped connection after the commit makes the retry
+        answer ``duplicate``, as for :meth:`reserve`.
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+            ValueError: the command cancels lines, but names none.
+        """
+        if command.lines is not None and not command.lines:
+            msg = f"the cancel of order {command.order_id} names no lines"
+            raise ValueError(msg)
+        return await self._group_commit.run(self._cancel_batch, command)
+
+    async def ship(self, command: ShipOrder) -> ShipOutcome:
+        """Ship ``command``'s order in a ``ship_orders()`` transaction (group commit).
+
+        Batched like :meth:`cancel`. A ``not_reserved`` shipment leaves no inbox row, so a
+        retry (or a replay) decides it again.
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+        """
+        return await self._group_commit.run(self._ship_batch, command)
 
     async def put_stock(self, on_hand: Mapping[str, int]) -> None:
         """Upsert ``on_hand`` per SKU in one transaction; ``reserved`` is never changed.
@@ -288,16 +438,16 @@ class PostgresWarehouse(Warehouse):
 def reserve_orders_statement(
     consumer: str, commands: Sequence[ReserveStock]
 ) -> tuple[sa.TextClause, dict[str, Any]]:
-    """``reserve_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
+    """``place_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
 
     For a connection of the engine (``connection.execute(statement, arguments)``), in a
     transaction of the caller's; every command must have at least one line.
     """
-    return _RESERVE_ORDERS, _arguments(consumer, commands)
+    return _PLACE_ORDERS, _arguments(consumer, commands)
 
 
 def _arguments(consumer: str, commands: Sequence[ReserveStock]) -> dict[str, Any]:
-    """The arguments of ``reserve_orders()``, by name and in its order."""
+    """The arguments of ``place_orders()``, by name and in its order."""
     line_orders: list[int] = []
     line_skus: list[str] = []
     line_quantities: list[int] = []
@@ -316,6 +466,32 @@ def _arguments(consumer: str, commands: Sequence[ReserveStock]) -> dict[str, Any
         "line_skus": line_skus,
         "line_quantities": line_quantities,
     }
+
+
+def _cancel_arguments(consumer: str, commands: Sequence[CancelOrder]) -> dict[str, Any]:
+    """The arguments of ``cancel_orders()``, by name and in its order."""
+    line_orders: list[int] = []
+    line_skus: list[str] = []
+    line_quantities: list[int] = []
+    for ordinal, command in enumerate(commands, start=1):
+        cancelled = command.cancelled() or {}
+        line_orders.extend([ordinal] * len(cancelled))
+        line_skus.extend(cancelled)
+        line_quantities.extend(cancelled.values())
+    return {
+        "consumer": consumer,
+        "event_ids": [command.event_id for command in commands],
+        "order_ids": [command.order_id for command in commands],
+        "cancelled_at": [command.cancelled_at for command in commands],
+        "whole": [command.lines is None for command in commands],
+        "line_orders": line_orders,
+        "line_skus": line_skus,
+        "line_quantities": line_quantities,
+    }
+
+
+def _lines(skus: Sequence[str], quantities: Sequence[int]) -> tuple[OrderLine, ...]:
+    return tuple(OrderLine(sku, quantity) for sku, quantity in zip(skus, quantities, strict=True))
 
 
 def _to_outcome(

@@ -1,0 +1,143 @@
+"""``fulfilment report`` and ``reconcile`` against the real RabbitMQ and PostgreSQL.
+
+No worker runs: orders are reserved through the PostgreSQL warehouse, dead letters are put in
+the DLQs as the worker writes them, and the tools read every queue and DLQ of the topology.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import aio_pika
+import pytest
+from pydantic import SecretStr
+
+from builders import order
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.cli import tool_options
+from fulfilment.contracts import dead_letter as h
+from fulfilment.contracts.order_shipped import order_shipped_body
+from fulfilment.contracts.topology import (
+    DEAD_LETTER_EXCHANGE,
+    DEAD_LETTER_QUEUES,
+    ORDER_SHIPPED,
+    SUBSCRIBED_QUEUES,
+)
+from fulfilment.settings import Settings
+from fulfilment.tools.command import ToolOptions
+from fulfilment.tools.report import collect_report, reconcile, render_report
+from fulfilment.worker.topology import Topology, declare_topology
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
+
+DELIVERY_LIMIT = 5  # the e2e harness's limit: one topology per test vhost
+
+
+@pytest.fixture
+async def options(clean_database: str, amqp_url: str) -> AsyncIterator[ToolOptions]:
+    await declare_topology(amqp_url, Topology(DELIVERY_LIMIT))
+    await _purge(amqp_url)
+    try:
+        yield tool_options(
+            Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(amqp_url))
+        )
+    finally:
+        await _purge(amqp_url)
+
+
+async def _purge(amqp_url: str) -> None:
+    async with await aio_pika.connect(amqp_url) as connection:
+        channel = await connection.channel()
+        for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
+            await (await channel.get_queue(name)).purge()
+
+
+async def refused_shipment(amqp_url: str) -> uuid.UUID:
+    """A shipment dead-lettered as the worker does when its order is not reserved."""
+    event_id = uuid.uuid4()
+    body = order_shipped_body(
+        event_id=event_id, order_id=uuid.uuid4(), shipped_at=datetime.now(UTC)
+    )
+    async with await aio_pika.connect(amqp_url) as connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
+        await exchange.publish(
+            aio_pika.Message(
+                body,
+                message_id=str(event_id),
+                content_type="application/json",
+                headers={
+                    h.FAILURE_CLASS: "permanent",
+                    h.EXCEPTION_TYPE: "EventRefusedError",
+                    h.REASON: "order_not_reserved: order x cannot be shipped: it is released",
+                    h.ORIGINAL_QUEUE: ORDER_SHIPPED.name,
+                },
+            ),
+            routing_key=ORDER_SHIPPED.dead_letter_routing_key,
+            mandatory=True,
+        )
+    return event_id
+
+
+async def test_reconcile_finds_events_of_every_kind_in_the_inbox_or_in_any_dlq(
+    options: ToolOptions, amqp_url: str
+) -> None:
+    engine = create_engine(options.database)
+    try:
+        warehouse = PostgresWarehouse(engine, consumer=options.consumer, retry_budget_seconds=2)
+        await warehouse.put_stock({"A": 10})
+        placed = order(("A", 2))
+        await warehouse.reserve(placed)
+    finally:
+        await engine.dispose()
+    refused = await refused_shipment(amqp_url)
+    lost = uuid.uuid4()
+
+    result = await reconcile(options, [placed.event_id, refused, lost])
+
+    assert (result.published, result.processed, result.dead_lettered) == (3, 1, 1)
+    assert result.missing == frozenset({lost})
+    assert result.dead_lettered_by_queue == {
+        "fulfilment.order-placed.dlq": 0,
+        "fulfilment.order-cancelled.dlq": 0,
+        "fulfilment.order-shipped.dlq": 1,
+    }
+    assert result.invariants_hold
+
+
+async def test_the_report_counts_every_dlq_and_every_queue(
+    options: ToolOptions, amqp_url: str
+) -> None:
+    await refused_shipment(amqp_url)
+
+    document = await collect_report(options)
+
+    assert document["dead_lettered"] == {
+        "total": 1,
+        "by_queue": {
+            "fulfilment.order-placed.dlq": 0,
+            "fulfilment.order-cancelled.dlq": 0,
+            "fulfilment.order-shipped.dlq": 1,
+        },
+        "by_reason": [
+            {
+                "queue": "fulfilment.order-shipped.dlq",
+                "class": "permanent",
+                "reason": "order_not_reserved",
+                "count": 1,
+            }
+        ],
+    }
+    assert document["pending"] == {
+        "ready": 0,
+        "consumers": 0,
+        "by_queue": {queue.name: {"ready": 0, "consumers": 0} for queue in SUBSCRIBED_QUEUES},
+    }
+    outcomes = document["outcomes"]
+    assert (outcomes["released"], outcomes["shipped"], outcomes["cancelled"]) == (0, 0, 0)
+    rendered = render_report(document)
+    assert "fulfilment.order-shipped.dlq  permanent: order_not_reserved  1" in rendered
+    assert "stock invariants               hold" in rendered
