@@ -19,6 +19,7 @@ import pytest
 from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
 from builders import order
+from deliveries import in_memory_dead_letters
 from fakes import InMemoryWarehouse
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
@@ -97,7 +98,12 @@ class Harness:
 async def harness() -> AsyncIterator[Harness]:
     warehouse = InMemoryWarehouse()
     await warehouse.put_stock({"85123A": 10, "71053": 10})
-    worker = build_worker(Settings(), warehouse=warehouse, database_ping=_no_database)
+    worker = build_worker(
+        Settings(),
+        warehouse=warehouse,
+        database_ping=_no_database,
+        dead_letter_publisher=in_memory_dead_letters,
+    )
     topology = Topology(5)
     dead_letters: list[tuple[str, RabbitMessage]] = []
 
