@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from fakes import InMemoryWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.main import build_worker, new_metrics
 from fulfilment.observability.metrics import Metrics
 from fulfilment.settings import Settings
@@ -229,8 +230,9 @@ def test_the_dead_letter_age_grows_between_polls_and_is_zero_when_empty() -> Non
 
 def test_the_queue_series_are_absent_rather_than_stale_once_forgotten() -> None:
     metrics = Metrics()
-    metrics.queue_ready.labels("fulfilment.order-placed.dlq").set(1)
-    metrics.queue_consumers.labels("fulfilment.order-placed").set(1)
+    for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
+        metrics.queue_ready.labels(name).set(1)
+        metrics.queue_consumers.labels(name).set(1)
     metrics.set_oldest_dead_letter(time.time() - 90)
 
     metrics.forget_queues()
