@@ -45,7 +45,7 @@ def metric_updates(rounds: int) -> tuple[float, float]:
     def bound() -> None:
         begin_delivery()
         metrics.in_flight.inc()
-        metrics.event("reserved", "").inc()
+        metrics.event("order_placed", "reserved", "").inc()
         metrics.end_to_end_latency.observe(0.02)
         metrics.in_flight.dec()
         metrics.handler_duration.observe(0.01)
@@ -53,7 +53,7 @@ def metric_updates(rounds: int) -> tuple[float, float]:
     def looked_up() -> None:
         begin_delivery()
         metrics.in_flight.inc()
-        metrics.events.labels("reserved", "").inc()
+        metrics.events.labels("order_placed", "reserved", "").inc()
         metrics.end_to_end_latency.observe(0.02)
         metrics.in_flight.dec()
         metrics.handler_duration.observe(0.01)
