@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from fulfilment.adapters.rabbitmq import OutgoingEvent, browse_dead_letters, connect
+from fulfilment.cli import tool_options
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.settings import Settings
 from fulfilment.tools.report import Reconciliation, reconcile
@@ -228,7 +229,8 @@ async def run_capped(
         classes = (await browse_dead_letters(connection, DEAD_LETTER_QUEUE)).by_reason
     settings = Settings(database_url=SecretStr(database_url), amqp_url=SecretStr(url))
     result = await reconcile(
-        settings, [order.event_id for order in valid] + [uuid.UUID(e.message_id) for e in malformed]
+        tool_options(settings),
+        [order.event_id for order in valid] + [uuid.UUID(e.message_id) for e in malformed],
     )
     # FulfilmentDeadLettersMissing: dead letters published minus the growth of the DLQ (empty
     # at the start), as Prometheus computes it from the same two series.
