@@ -452,6 +452,8 @@ async def test_list_groups_the_dead_letters_of_every_dlq_each_under_its_queue(co
         (ORDER_SHIPPED.dead_letter_queue, "permanent/EventRefusedError", 2),
         (DEAD_LETTER_QUEUE, "permanent/MalformedEventError", 1),
     ]
+    # A look returns the messages as its channel closes; the queue counts them a moment later.
+    assert await eventually_depth(connection, ORDER_SHIPPED.dead_letter_queue, 2)
     only_shipped = await dlq.list_groups(connection, [ORDER_SHIPPED.dead_letter_queue])
     assert [group.queue for group in only_shipped] == [ORDER_SHIPPED.dead_letter_queue]
     rendered = dlq.render_groups(groups)
