@@ -162,13 +162,22 @@ async def _at_least(value: Awaitable[float], minimum: float) -> bool:
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
-    """``(panel title, expression)`` of every dashboard target, Grafana's variables filled in."""
+    """``(panel title, expression)`` of every dashboard target, Grafana's variables filled in:
+    the rate interval, and each selector variable with its "All" value."""
     dashboard = json.loads(DASHBOARD.read_text())
-    return [
-        (panel["title"], target["expr"].replace("$__rate_interval", "1m"))
-        for panel in dashboard["panels"]
-        for target in panel.get("targets", [])
-    ]
+    values = {"$__rate_interval": "1m"} | {
+        f"${variable['name']}": variable["allValue"]
+        for variable in dashboard["templating"]["list"]
+        if variable.get("includeAll")
+    }
+    queries = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for name, value in values.items():
+                expr = expr.replace(name, value)
+            queries.append((panel["title"], expr))
+    return queries
 
 
 async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_prometheus(

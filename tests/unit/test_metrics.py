@@ -108,6 +108,21 @@ def test_the_dashboard_panels_have_unique_ids_and_use_the_datasource_variable() 
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
+def test_every_dashboard_query_selects_the_chosen_namespace_and_pods() -> None:
+    # Two deployments scraped by one Prometheus must not add up in one panel.
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {variable["name"] for variable in dashboard["templating"]["list"]}
+    assert {"namespace", "pod"} <= variables
+    selector = re.compile(r"\b(?:fulfilment|faststream)_[a-z_]+\{([^}]*)\}")
+    for expression in dashboard_expressions():
+        bare = METRIC_NAME.findall(expression)
+        selected = selector.findall(expression)
+        assert len(selected) == len(bare), expression
+        for labels in selected:
+            assert 'namespace=~"$namespace"' in labels, expression
+            assert 'pod=~"$pod"' in labels, expression
+
+
 def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
     metrics = new_metrics()
 
