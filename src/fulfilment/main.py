@@ -153,7 +153,10 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     a channel of the broker's connection of their own (``DeadLetterChannel``).
     """
     metrics = metrics or new_metrics()
-    topology = Topology(delivery_limit=settings.delivery_limit)
+    topology = Topology(
+        delivery_limit=settings.delivery_limit,
+        quorum_initial_group_size=settings.quorum_initial_group_size,
+    )
     amqp_url = settings.amqp_url.get_secret_value()
     broker = RabbitBroker(
         amqp_url,
@@ -385,6 +388,7 @@ async def run_worker(settings: Settings) -> int:
         database_pool_size=settings.database_pool_size,
         reservation_batch_max=settings.reservation_batch_max,
         delivery_limit=settings.delivery_limit,
+        quorum_initial_group_size=settings.quorum_initial_group_size,
         handler_deadline_seconds=settings.handler_deadline_seconds,
         graceful_timeout_seconds=settings.graceful_timeout_seconds,
         http_port=settings.http_port,

@@ -73,6 +73,14 @@ class Settings(BaseSettings):
     (RabbitMQ 4.3 stopped counting crash returns); the broker's own limit is the backstop. Set
     explicitly because RabbitMQ 4.0 changed the default to 20."""
 
+    quorum_initial_group_size: int = Field(default=3, ge=1)
+    """``x-quorum-initial-group-size`` of every quorum queue the worker declares: how many
+    members (replicas on distinct nodes) RabbitMQ gives a queue when it creates it, at most the
+    nodes the cluster has then (a single node: 1). 3 matches a three-node cluster, which keeps
+    its queues through the loss of one node. Odd: a group of 2n members survives no more lost
+    members than one of 2n - 1. Read by RabbitMQ only at creation; a queue that exists keeps
+    its members (README, "Topology and delivery limit")."""
+
     handler_deadline_seconds: Seconds = 10.0
     """Longest time one delivery may take from receipt to the reservation's commit."""
 
@@ -163,6 +171,17 @@ class Settings(BaseSettings):
                 return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
         msg = "must start with postgresql:// or postgresql+asyncpg://"
         raise ValueError(msg)
+
+    @field_validator("quorum_initial_group_size")
+    @classmethod
+    def _odd_group(cls, value: int) -> int:
+        if value % 2 == 0:
+            msg = (
+                f"must be odd: a group of {value} members survives no more lost members than "
+                f"one of {value - 1}"
+            )
+            raise ValueError(msg)
+        return value
 
     @field_validator("fault_injection")
     @classmethod

@@ -106,3 +106,18 @@ def test_the_env_file_s_settings_are_read_and_other_keys_left_alone(tmp_path: Pa
         "FULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_TEST_AMQP_URL=amqp://elsewhere/\nPGHOST=db\n"
     )
     assert load_settings().prefetch_count == 8
+
+
+@pytest.mark.parametrize(("value", "problem"), [("2", "must be odd"), ("0", "greater than")])
+def test_an_even_or_empty_quorum_group_is_refused_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str, problem: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_QUORUM_INITIAL_GROUP_SIZE", value)
+    with pytest.raises(SettingsError, match=rf"^FULFILMENT_QUORUM_INITIAL_GROUP_SIZE: .*{problem}"):
+        load_settings()
+
+
+def test_the_quorum_group_defaults_to_a_three_node_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().quorum_initial_group_size == 3
+    monkeypatch.setenv("FULFILMENT_QUORUM_INITIAL_GROUP_SIZE", "5")
+    assert load_settings().quorum_initial_group_size == 5

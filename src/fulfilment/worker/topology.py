@@ -14,21 +14,26 @@ Every subscribed queue (``contracts.topology.SUBSCRIBED_QUEUES``) has the same a
 delivery limit, the dead-letter exchange, at-least-once dead-lettering, and its own name as
 the dead-letter routing key, so that its dead letters reach its own DLQ.
 
-Declaring an existing queue with other arguments fails with ``PRECONDITION_FAILED``, which
-would crash-loop a pod with a stack trace; :func:`declare_topology` turns it into one line that
-names the queue, the argument, and both values.
+Every quorum queue is declared with an explicit initial group size (its members when RabbitMQ
+creates it). Declaring an existing queue with other arguments fails with
+``PRECONDITION_FAILED``, which would crash-loop a pod with a stack trace; :func:`declare_topology`
+turns it into one line that names the queue, the argument, and both values. The one exception
+is the initial group size, which RabbitMQ reads only when it creates the queue: a queue created
+without it, or with another, runs as it is, so it is declared again with its own value and the
+difference is logged (README, "Topology and delivery limit").
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import aio_pika
 import aiormq.exceptions
 import structlog
 from faststream.rabbit import ExchangeType, QueueType, RabbitExchange, RabbitQueue
+from faststream.rabbit.schemas.queue import QuorumQueueArgs
 
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
@@ -38,6 +43,10 @@ from fulfilment.contracts.topology import (
 )
 
 logger = structlog.get_logger("fulfilment.topology")
+
+INITIAL_GROUP_SIZE: Final = "x-quorum-initial-group-size"
+"""The argument RabbitMQ reads once, when it creates a quorum queue, for how many members to
+start (``rabbit_quorum_queue:start_cluster``, 3.10): at most the nodes the cluster has then."""
 
 DEAD_LETTER_QUEUE_DELIVERY_LIMIT = 1_000_000
 """Set explicitly on the DLQ because RabbitMQ 4.0+ gives every quorum queue a limit of 20, and
@@ -61,9 +70,14 @@ class TopologyMismatchError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """The exchanges and queues of one deployment; ``delivery_limit`` is deliveries per message."""
+    """The exchanges and queues of one deployment.
+
+    ``delivery_limit`` is deliveries per message; ``quorum_initial_group_size`` the members
+    each quorum queue starts with (3: the cluster's nodes; a single node caps it at 1).
+    """
 
     delivery_limit: int
+    quorum_initial_group_size: int = 3
 
     def orders_exchange(self) -> RabbitExchange:
         """``orders``: where the shop publishes the events the worker consumes."""
@@ -75,9 +89,8 @@ class Topology:
         At-least-once dead-lettering needs ``x-overflow: reject-publish``; without it RabbitMQ
         silently falls back to at-most-once (RabbitMQ docs, "Dead Lettering", quorum queues).
         """
-        return RabbitQueue(
+        return self.quorum_queue(
             subscribed.name,
-            queue_type=QueueType.QUORUM,
             routing_key=subscribed.routing_key,
             arguments={
                 "x-delivery-limit": self.delivery_limit,
@@ -102,14 +115,27 @@ class Topology:
         wins over the argument on quorum queues (RabbitMQ 3.10, verified): README, "Dead
         letters and replay".
         """
-        return RabbitQueue(
+        return self.quorum_queue(
             subscribed.dead_letter_queue,
-            queue_type=QueueType.QUORUM,
             routing_key=subscribed.dead_letter_routing_key,
             arguments={
                 "x-delivery-limit": DEAD_LETTER_QUEUE_DELIVERY_LIMIT,
                 "x-overflow": "reject-publish",
             },
+        )
+
+    def quorum_queue(
+        self, name: str, *, routing_key: str, arguments: QuorumQueueArgs
+    ) -> RabbitQueue:
+        """A durable quorum queue with ``arguments`` and the deployment's initial group size.
+
+        Every quorum queue of the service is built here, so each gets the same group size.
+        """
+        return RabbitQueue(
+            name,
+            queue_type=QueueType.QUORUM,
+            routing_key=routing_key,
+            arguments={**arguments, INITIAL_GROUP_SIZE: self.quorum_initial_group_size},
         )
 
 
@@ -119,6 +145,30 @@ _INEQUIVALENT = re.compile(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Inequivalent:
+    """One argument of an existing object that differs from the declaration's (``none``: absent)."""
+
+    kind: str
+    name: str
+    argument: str
+    expected: str
+    actual: str
+
+
+def _inequivalent(error: BaseException) -> _Inequivalent | None:
+    """What RabbitMQ's refusal says, or None for a refusal of another kind.
+
+    From "inequivalent arg ... received the value '5' ... but current is none".
+    """
+    match = _INEQUIVALENT.search(str(error).replace("\n", " "))
+    if match is None:
+        return None
+    actual = match["actual"].strip().strip("'")
+    actual = re.sub(r"^the value '?([^' ]+)'?.*$", r"\1", actual)
+    return _Inequivalent(match["kind"], match["name"], match["arg"], match["expected"], actual)
+
+
 def explain_precondition_failure(error: BaseException) -> str:
     """One line describing a ``PRECONDITION_FAILED`` declare error, for operators.
 
@@ -126,15 +176,13 @@ def explain_precondition_failure(error: BaseException) -> str:
     service expects 5: ...`` from RabbitMQ's "inequivalent arg 'x-delivery-limit' for queue
     ... received the value '5' ... but current is none".
     """
-    text = str(error).replace("\n", " ")
-    match = _INEQUIVALENT.search(text)
-    if match is None:
+    found = _inequivalent(error)
+    if found is None:
+        text = str(error).replace("\n", " ")
         return f"the broker refused the topology: {text}"
-    actual = match["actual"].strip().strip("'")
-    actual = re.sub(r"^the value '?([^' ]+)'?.*$", r"\1", actual)
     return (
-        f"{match['kind']} '{match['name']}' exists with {match['arg']}={actual}, "
-        f"the service expects {match['expected']}: make the settings match the broker, or "
+        f"{found.kind} '{found.name}' exists with {found.argument}={found.actual}, "
+        f"the service expects {found.expected}: make the settings match the broker, or "
         "drain and delete the queue (README, 'Topology and delivery limit')"
     )
 
@@ -194,39 +242,64 @@ async def _declare_queue(
     *,
     may_lack: frozenset[str] = frozenset(),
 ) -> str:
-    """Declare ``spec``; an existing queue lacking only arguments of ``may_lack`` is accepted."""
+    """Declare ``spec``, checking every argument against an existing queue.
+
+    Two differences are accepted with a warning, and the queue declared again without them:
+    an argument of ``may_lack`` that the existing queue lacks (added by a later version; a
+    broker policy sets the same), and the initial group size, which RabbitMQ reads only when
+    it creates the queue, so the queue keeps the members it got then.
+    """
     arguments: dict[str, Any] = dict(spec.arguments or {})
     while True:
         channel = await connection.channel()
         try:
             await channel.declare_queue(spec.name, durable=spec.durable, arguments=arguments)
         except aiormq.exceptions.ChannelPreconditionFailed as error:
-            lacking = _lacking_argument(error)
-            if lacking not in may_lack or lacking not in arguments:
+            found = _inequivalent(error)
+            if (
+                found is not None
+                and found.argument == INITIAL_GROUP_SIZE
+                and INITIAL_GROUP_SIZE in arguments
+            ):
+                _keep_initial_group_size(spec.name, found, arguments)
+            elif found is not None and found.actual == "none" and found.argument in may_lack:
+                logger.warning(
+                    "topology.argument_missing",
+                    queue=spec.name,
+                    argument=found.argument,
+                    expected=arguments.pop(found.argument),
+                    reason=(
+                        "the queue was declared without it by an earlier version; the broker "
+                        "policy of deploy/ and k8s/ sets the same (README, 'Topology and "
+                        "delivery limit')"
+                    ),
+                )
+            else:
                 raise TopologyMismatchError(explain_precondition_failure(error)) from error
-            logger.warning(
-                "topology.argument_missing",
-                queue=spec.name,
-                argument=lacking,
-                expected=arguments.pop(lacking),
-                reason=(
-                    "the queue was declared without it by an earlier version; the broker "
-                    "policy of deploy/ and k8s/ sets the same (README, 'Topology and delivery "
-                    "limit')"
-                ),
-            )
         else:
             return spec.name
         finally:
             await _close_quietly(channel)
 
 
-def _lacking_argument(error: BaseException) -> str | None:
-    """The argument a ``PRECONDITION_FAILED`` says the existing queue lacks, if that is all."""
-    match = _INEQUIVALENT.search(str(error).replace("\n", " "))
-    if match is None or match["actual"].strip().strip("'") != "none":
-        return None
-    return match["arg"]
+def _keep_initial_group_size(queue: str, found: _Inequivalent, arguments: dict[str, Any]) -> None:
+    """Declare the queue again with the group size it was created with, and say so."""
+    logger.warning(
+        "topology.initial_group_size_kept",
+        queue=queue,
+        declared_with=found.actual,
+        configured=found.expected,
+        reason=(
+            f"queue '{queue}' was created with {INITIAL_GROUP_SIZE}={found.actual}, "
+            f"not {found.expected}; RabbitMQ reads it only at creation, so the queue keeps "
+            "its members: see them with `rabbitmq-queues quorum_status`, add one with "
+            "`rabbitmq-queues grow` (README, 'Topology and delivery limit')"
+        ),
+    )
+    if found.actual == "none":
+        del arguments[INITIAL_GROUP_SIZE]
+    else:
+        arguments[INITIAL_GROUP_SIZE] = int(found.actual)
 
 
 async def _bind(
