@@ -7,7 +7,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 DATA ?= data/sample/online-retail
 RESET ?=
 
-.PHONY: help demo test test-faults test-fast lint typecheck format services install clean bench check-deploy
+.PHONY: help demo test test-faults test-cluster rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,18 @@ test-faults: install services ## The fault suite alone; writes FIGURES and print
 	rm -f $(FIGURES)
 	FULFILMENT_TEST_FAULT_FIGURES=$(abspath $(FIGURES)) $(UV) run pytest tests/faults -m faults
 	@scripts/guarantees-table $(FIGURES)
+
+CLUSTER_FIGURES ?= cluster-figures.jsonl
+
+# Needs Debian's rabbitmq-server and haproxy (.ci/run installs haproxy); the cluster's nodes,
+# proxy and data live in a temporary folder, and the machine's own broker is left alone.
+test-cluster: install services ## The cluster suite: workers on a private 3-node RabbitMQ behind HAProxy, nodes failing under load; writes CLUSTER_FIGURES and prints the table
+	rm -f $(CLUSTER_FIGURES)
+	FULFILMENT_TEST_FAULT_FIGURES=$(abspath $(CLUSTER_FIGURES)) $(UV) run pytest tests/cluster -m cluster
+	@scripts/guarantees-table $(CLUSTER_FIGURES)
+
+rabbitmq-cluster: install ## Start the suite's private 3-node RabbitMQ cluster and HAProxy, print their addresses, stop on Ctrl-C
+	$(UV) run python tests/cluster/rabbit_cluster.py
 
 test-fast: install ## Unit tests that need no service (in-memory fake, no database or broker)
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
