@@ -15,6 +15,7 @@ import json
 import re
 import shlex
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,43 @@ QUEUE_ARGUMENT_TO_POLICY_KEY = {
 }
 """Queue argument -> policy key of the same setting (RabbitMQ docs, "Policies")."""
 
+# x-quorum-initial-group-size has no policy key: RabbitMQ reads it only when it creates a queue
+# (3.10 knows "initial-cluster-size" for streams only, and refuses it on quorum queues).
+
 POLICY_SPEC_FIELDS = {"name", "vhost", "pattern", "applyTo", "priority", "definition"}
 POLICY_REQUIRED_FIELDS = {"name", "pattern", "definition", "rabbitmqClusterReference"}
 POLICY_APPLY_TO = {"queues", "classic_queues", "quorum_queues", "streams", "exchanges", "all"}
 """The fields of the Messaging Topology Operator's ``Policy`` (rabbitmq.com/v1beta1) CRD."""
+
+RABBITMQ_CLUSTER_FIELDS: dict[str, set[str]] = {
+    "spec": {
+        "replicas",
+        "image",
+        "imagePullSecrets",
+        "service",
+        "persistence",
+        "resources",
+        "affinity",
+        "tolerations",
+        "rabbitmq",
+        "tls",
+        "override",
+        "skipPostDeploySteps",
+        "terminationGracePeriodSeconds",
+        "secretBackend",
+    },
+    "rabbitmq": {"additionalPlugins", "additionalConfig", "advancedConfig", "envConfig"},
+    "tls": {"secretName", "caSecretName", "disableNonTLSListeners"},
+    "persistence": {"storageClassName", "storage"},
+    "service": {"type", "annotations"},
+}
+"""The fields of the Cluster Operator's ``RabbitmqCluster`` (rabbitmq.com/v1beta1) spec and of
+its parts this repository sets (``RabbitmqClusterSpec`` of the operator's API): no package
+ships a model of that CRD. ``affinity`` and ``resources`` are Kubernetes' own types."""
+
+PARTITION_HANDLING = "pause_minority"
+"""The partition handling of every broker the service is deployed with, and the one the
+cluster suite (tests/cluster) proved."""
 
 
 @dataclass
@@ -66,6 +100,7 @@ class Stack:
     kustomization: dict[str, Any]
     definitions: dict[str, Any]
     rabbitmq_conf: dict[str, str]
+    haproxy_cfg: str
     prometheus: dict[str, Any]
     alerts: dict[str, Any]
     grafana_datasources: dict[str, Any]
@@ -91,11 +126,7 @@ def load_stack(root: Path = ROOT) -> Stack:
             if doc.get("kind") != "Kustomization":
                 k8s[(doc["kind"], doc["metadata"]["name"])] = doc
     parser = DockerfileParser(path=str(root / "Dockerfile"))
-    conf = {}
-    for line in (root / "deploy/rabbitmq/rabbitmq.conf").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            conf[key.strip()] = value.strip()
+    conf = _conf_lines((root / "deploy/rabbitmq/rabbitmq.conf").read_text())
     return Stack(
         dockerfile=[i for i in parser.structure if i["instruction"] != "COMMENT"],
         dockerignore=(root / ".dockerignore").read_text().splitlines(),
@@ -105,6 +136,7 @@ def load_stack(root: Path = ROOT) -> Stack:
         kustomization=yaml.safe_load((root / "k8s/kustomization.yaml").read_text()),
         definitions=json.loads((root / "deploy/rabbitmq/definitions.json").read_text()),
         rabbitmq_conf=conf,
+        haproxy_cfg=(root / "deploy/rabbitmq/haproxy.cfg").read_text(),
         prometheus=yaml.safe_load((root / "deploy/prometheus/prometheus.yml").read_text()),
         alerts=yaml.safe_load((root / "deploy/prometheus/alerts.yml").read_text()),
         grafana_datasources=yaml.safe_load(
@@ -559,6 +591,114 @@ def check_rabbitmq_policies(stack: Stack) -> list[str]:
     return problems
 
 
+def _conf_lines(text: str) -> dict[str, str]:
+    """``key = value`` lines of a rabbitmq.conf text (comments and blank lines left out)."""
+    conf = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def rabbitmq_cluster(stack: Stack) -> dict[str, Any]:
+    (doc,) = [doc for (kind, _), doc in stack.k8s.items() if kind == "RabbitmqCluster"]
+    return doc
+
+
+def check_rabbitmq_cluster(stack: Stack) -> list[str]:
+    """The RabbitmqCluster sets only fields its CRD has, runs as many nodes as each quorum
+    queue has members, and is the broker the worker's URL, the policies and the settings name."""
+    doc = rabbitmq_cluster(stack)
+    spec = doc["spec"]
+    problems = [
+        f"k8s RabbitmqCluster: {part} has no field {field!r}"
+        for part, fields in RABBITMQ_CLUSTER_FIELDS.items()
+        for field in (spec if part == "spec" else spec.get(part, {}))
+        if field not in fields
+    ]
+    pod = worker_deployment(stack)["spec"]["template"]["spec"]
+    env = k8s_environment(stack, pod)
+    settings = effective_settings(env)
+    if spec.get("replicas", 1) != settings.quorum_initial_group_size:
+        problems.append(
+            f"k8s: RabbitmqCluster replicas {spec.get('replicas', 1)} != "
+            f"FULFILMENT_QUORUM_INITIAL_GROUP_SIZE {settings.quorum_initial_group_size}: "
+            "every node must hold a member of each queue"
+        )
+    name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
+    for (kind, policy), policy_doc in stack.k8s.items():
+        reference = (
+            policy_doc["spec"].get("rabbitmqClusterReference", {}) if kind == "Policy" else {}
+        )
+        if kind == "Policy" and (
+            reference.get("name") != name
+            or reference.get("namespace", policy_doc["metadata"]["namespace"]) != namespace
+        ):
+            problems.append(f"k8s Policy {policy}: not on the RabbitmqCluster {namespace}/{name}")
+    url = urllib.parse.urlsplit(env["FULFILMENT_AMQP_URL"])
+    scheme = "amqps" if spec.get("tls", {}).get("secretName") else "amqp"
+    if url.hostname != f"{name}.{namespace}.svc" or url.scheme != scheme:
+        problems.append(
+            f"k8s Secret: FULFILMENT_AMQP_URL reaches {url.scheme}://{url.hostname}, the "
+            f"RabbitmqCluster's Service is {scheme}://{name}.{namespace}.svc"
+        )
+    conf = _conf_lines(spec.get("rabbitmq", {}).get("additionalConfig", ""))
+    timeout = int(conf.get("consumer_timeout", "1800000")) / 1000
+    if timeout != settings.broker_consumer_timeout_seconds:
+        problems.append(
+            f"k8s RabbitmqCluster: consumer_timeout is {timeout:g} s, the worker assumes "
+            f"{settings.broker_consumer_timeout_seconds:g} s"
+        )
+    if conf.get("cluster_partition_handling") != PARTITION_HANDLING:
+        problems.append(
+            f"k8s RabbitmqCluster: cluster_partition_handling is not {PARTITION_HANDLING}"
+        )
+    return problems
+
+
+def check_compose_rabbitmq_cluster(stack: Stack) -> list[str]:
+    """Compose runs as many clustered nodes as each quorum queue has members, all behind the
+    one address the workers use."""
+    services = stack.compose["services"]
+    nodes = sorted(
+        service["hostname"]
+        for name, service in services.items()
+        if name.startswith("rabbitmq-") and "hostname" in service
+    )
+    problems = []
+    settings = effective_settings(compose_environment(stack, "worker"))
+    if len(nodes) != settings.quorum_initial_group_size:
+        problems.append(
+            f"docker-compose.yml: {len(nodes)} RabbitMQ nodes, the worker declares queues of "
+            f"{settings.quorum_initial_group_size} members"
+        )
+    discovered = sorted(
+        value.removeprefix("rabbit@")
+        for key, value in stack.rabbitmq_conf.items()
+        if key.startswith("cluster_formation.classic_config.nodes.")
+    )
+    if discovered != nodes:
+        problems.append(
+            f"deploy/rabbitmq/rabbitmq.conf: clusters {discovered}, compose runs nodes {nodes}"
+        )
+    proxied = sorted(
+        re.findall(r"^\s*server \S+ ([\w.-]+):5672\b", stack.haproxy_cfg, re.MULTILINE)
+    )
+    if proxied != nodes:
+        problems.append(f"deploy/rabbitmq/haproxy.cfg: proxies {proxied}, compose runs {nodes}")
+    host = urllib.parse.urlsplit(compose_environment(stack, "worker")["FULFILMENT_AMQP_URL"])
+    if host.hostname != "rabbitmq" or "haproxy.cfg" not in str(services["rabbitmq"]["volumes"]):
+        problems.append(
+            "docker-compose.yml worker: FULFILMENT_AMQP_URL is not the proxy `rabbitmq`"
+        )
+    if stack.rabbitmq_conf.get("cluster_partition_handling") != PARTITION_HANDLING:
+        problems.append(
+            f"deploy/rabbitmq/rabbitmq.conf: cluster_partition_handling is not {PARTITION_HANDLING}"
+        )
+    return problems
+
+
 def check_broker_consumer_timeout(stack: Stack) -> list[str]:
     """The compose broker's consumer_timeout is the one the worker is told about."""
     settings = effective_settings(compose_environment(stack, "worker"))
@@ -834,6 +974,8 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_http_paths,
     check_probe_timeouts,
     check_rabbitmq_policies,
+    check_rabbitmq_cluster,
+    check_compose_rabbitmq_cluster,
     check_broker_consumer_timeout,
     check_scaling,
     check_commands_and_image,

@@ -144,6 +144,33 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "policy field the operator does not know": lambda s: s.resource(
         "Policy", "fulfilment-order-placed"
     )["spec"].update(apply_to="queues"),
+    "cluster replicas other than the group size": lambda s: s.resource(
+        "RabbitmqCluster", "rabbitmq"
+    )["spec"].update(replicas=5),
+    "group size in the settings only": lambda s: _configmap(s).update(
+        FULFILMENT_QUORUM_INITIAL_GROUP_SIZE="5"
+    ),
+    "a cluster field the operator does not know": lambda s: s.resource(
+        "RabbitmqCluster", "rabbitmq"
+    )["spec"].update(nodes=3),
+    "policy on another cluster": lambda s: s.resource("Policy", "fulfilment-order-placed")["spec"][
+        "rabbitmqClusterReference"
+    ].update(name="rabbit"),
+    "broker URL past the cluster's Service": lambda s: s.resource("Secret", "fulfilment")[
+        "stringData"
+    ].update(FULFILMENT_AMQP_URL="amqps://u:p@rabbitmq.rabbitmq.svc:5671/"),
+    "cluster consumer timeout below the assumed one": lambda s: s.resource(
+        "RabbitmqCluster", "rabbitmq"
+    )["spec"]["rabbitmq"].update(additionalConfig="consumer_timeout = 5000\n"),
+    "a compose node left out of the cluster": lambda s: s.rabbitmq_conf.pop(
+        "cluster_formation.classic_config.nodes.3"
+    ),
+    "a compose node the proxy does not know": lambda s: setattr(
+        s, "haproxy_cfg", s.haproxy_cfg.replace("rabbitmq-3:5672", "rabbitmq-4:5672")
+    ),
+    "compose partitions handled otherwise": lambda s: s.rabbitmq_conf.update(
+        cluster_partition_handling="autoheal"
+    ),
     "broker consumer timeout below the assumed one": lambda s: s.rabbitmq_conf.update(
         consumer_timeout="5000"
     ),

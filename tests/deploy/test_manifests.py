@@ -3,8 +3,9 @@
 Built-in kinds are checked with kubernetes-validate's bundled (strict) schemas of the
 Kubernetes versions below; the custom resources of KEDA and the Prometheus Operator with
 the pydantic models generated from their CRDs (cloudcoil), read back to catch fields the
-CRD does not have. The Messaging Topology Operator's Policy has no packaged schema: its
-fields are checked by ``stack.check_rabbitmq_policies``.
+CRD does not have. The Messaging Topology Operator's Policy and the Cluster Operator's
+RabbitmqCluster have no packaged schema: their fields are checked by
+``stack.check_rabbitmq_policies`` and ``stack.check_rabbitmq_cluster``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ CUSTOM_RESOURCES: dict[tuple[str, str], Any] = {
     ("monitoring.coreos.com/v1", "PodMonitor"): PodMonitor,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PrometheusRule,
 }
-CHECKED_ELSEWHERE = {("rabbitmq.com/v1beta1", "Policy")}
+CHECKED_ELSEWHERE = {
+    ("rabbitmq.com/v1beta1", "Policy"),
+    ("rabbitmq.com/v1beta1", "RabbitmqCluster"),
+}
 
 STACK = load_stack()
 DOCUMENTS = [
