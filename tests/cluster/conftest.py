@@ -42,6 +42,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item not in left_out]
 
 
+STARTED_IN: list[float] = []
+"""Seconds the session's cluster took to start, for the summary."""
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how long the private cluster took to come up (three nodes, joined, proxy)."""
+    for seconds in STARTED_IN:
+        terminalreporter.write_line(f"private RabbitMQ cluster up in {seconds:.1f} s")
+
+
 @pytest.fixture(scope="session")
 def rabbit_cluster() -> Iterator[RabbitCluster]:
     """Three clustered RabbitMQ nodes behind HAProxy, for the session; removed at the end."""
@@ -54,6 +64,7 @@ def rabbit_cluster() -> Iterator[RabbitCluster]:
     except ClusterError as error:
         cluster.stop()
         service_unavailable("the private RabbitMQ cluster", error)
+    STARTED_IN.append(cluster.started_in)
     try:
         yield cluster
     finally:
