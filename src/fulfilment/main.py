@@ -158,91 +158,33 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         quorum_initial_group_size=settings.quorum_initial_group_size,
     )
     amqp_url = settings.amqp_url.get_secret_value()
-    broker = RabbitBroker(
-        amqp_url,
-        # on_return_raises: an unroutable dead letter must raise, not vanish (mandatory=True
-        # alone only hands back the Basic.Return frame).
-        default_channel=Channel(on_return_raises=True),
-        graceful_timeout=settings.graceful_timeout_seconds,
-        app_id=f"fulfilment-{__version__}",
-        logger=logging.getLogger("faststream"),
-        # FastStream's per-message "Received"/"Processed" lines go to DEBUG: the service
-        # writes its own single line per message.
-        log_level=logging.DEBUG,
-        # No FastDepends: its Context fields run in a thread pool, one hop per delivery; the
-        # delivery policy takes the message from FastStream's context instead (worker.delivery).
-        apply_types=False,
-        middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
-    )
+    broker = _broker(settings, metrics)
     consumer_pause = ConsumerPause(database_ping)
-    dead_letter_channel = DeadLetterChannel(broker.connect)
     policy = DeliveryPolicy(
         broker,
         metrics=metrics,
-        limits=DeliveryLimits(
-            handler_deadline_seconds=settings.handler_deadline_seconds,
-            # What is left of the graceful timeout once the deadline has passed.
-            dead_letter_publish_seconds=settings.graceful_timeout_seconds
-            - settings.handler_deadline_seconds,
-            delivery_limit=settings.delivery_limit,
-            # A delivery is received, handled (up to the deadline), and its dead letter tried
-            # (up to the publish timeout) before it is held: held this long, it is still settled
-            # before the broker's consumer timeout closes its channel.
-            dead_letter_hold_seconds=max(
-                0.0,
-                settings.broker_consumer_timeout_seconds - 2 * settings.graceful_timeout_seconds,
-            ),
-        ),
+        limits=delivery_limits(settings),
         count_redelivery=warehouse.count_redelivery,
         pause=consumer_pause.trip,
         prefetch_count=settings.prefetch_count,
         publish_dead_letter=(
             dead_letter_publisher(broker)
             if dead_letter_publisher is not None
-            else dead_letter_channel.publish
+            else DeadLetterChannel(broker.connect).publish
         ),
     )
     orders = topology.orders_exchange()
-    subscribers = (
-        subscribe(
-            policy,
-            topology.queue(ORDER_PLACED),
-            orders,
-            lambda body: on_order_placed(body, warehouse=warehouse),
-            name=ORDER_PLACED.event,
-        ),
-        subscribe(
-            policy,
-            topology.queue(ORDER_CANCELLED),
-            orders,
-            lambda body: on_order_cancelled(body, warehouse=warehouse),
-            name=ORDER_CANCELLED.event,
-        ),
-        subscribe(
-            policy,
-            topology.queue(ORDER_SHIPPED),
-            orders,
-            lambda body: on_order_shipped(body, warehouse=warehouse),
-            name=ORDER_SHIPPED.event,
-        ),
+    subscribers = tuple(
+        subscribe(policy, topology.queue(queue), orders, handler, name=queue.event)
+        for queue, handler in (
+            (ORDER_PLACED, lambda body: on_order_placed(body, warehouse=warehouse)),
+            (ORDER_CANCELLED, lambda body: on_order_cancelled(body, warehouse=warehouse)),
+            (ORDER_SHIPPED, lambda body: on_order_shipped(body, warehouse=warehouse)),
+        )
     )
     consumer_pause.attach(subscribers)
 
-    async def declare() -> None:
-        for check in startup_checks:
-            await check()
-        try:
-            await declare_topology(amqp_url, topology)
-        except TopologyMismatchError as error:
-            logger.error("worker.topology_mismatch", reason=str(error))  # noqa: TRY400 - one line, no trace
-            raise StartRefusedError(str(error)) from error
-        except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as error:
-            failure = broker_connection_failure(amqp_url, error)
-            raise _service_stops_start(
-                failure,
-                refused=isinstance(failure, BrokerRefusedError),
-                events=("worker.broker_refused", "worker.broker_unreachable"),
-            ) from error
+    declare = _start_up(amqp_url, topology, startup_checks)
 
     async def cancel_consumers_first() -> None:
         await consumer_pause.close()
@@ -263,19 +205,11 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         [*monitors, BackgroundTask("consumer", watchdog.run)], metrics
     )
 
-    async def freeze_startup_objects() -> None:
-        # The modules, models and app built at start-up are most of the heap and live until
-        # exit; frozen, the collector's full passes skip them. Unfrozen, each full pass
-        # walked them all, stopping the event loop for 50-160 ms every few seconds under load,
-        # the tail of the end-to-end latency (README, "Performance").
-        gc.collect()
-        gc.freeze()
-
     app = FastStream(
         broker,
         logger=logging.getLogger("faststream"),
         # Frozen before the broker starts consuming, so no delivery's objects are frozen.
-        on_startup=[declare, freeze_startup_objects],
+        on_startup=[declare, _freeze_startup_objects],
         after_startup=[start_monitors],
         on_shutdown=[stop_monitors, cancel_consumers_first],
         after_shutdown=list(after_shutdown),
@@ -294,6 +228,81 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         broker=broker,
         subscribers=subscribers,
         metrics=metrics,
+    )
+
+
+def _start_up(
+    amqp_url: str, topology: Topology, startup_checks: Sequence[Callable[[], Awaitable[None]]]
+) -> Callable[[], Awaitable[None]]:
+    """The start-up hook: ``startup_checks``, then the topology declared and checked.
+
+    It raises :class:`StartRefusedError` (after one log line) on a topology mismatch or a
+    broker that refuses or does not answer.
+    """
+
+    async def declare() -> None:
+        for check in startup_checks:
+            await check()
+        try:
+            await declare_topology(amqp_url, topology)
+        except TopologyMismatchError as error:
+            logger.error("worker.topology_mismatch", reason=str(error))  # noqa: TRY400 - one line, no trace
+            raise StartRefusedError(str(error)) from error
+        except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as error:
+            failure = broker_connection_failure(amqp_url, error)
+            raise _service_stops_start(
+                failure,
+                refused=isinstance(failure, BrokerRefusedError),
+                events=("worker.broker_refused", "worker.broker_unreachable"),
+            ) from error
+
+    return declare
+
+
+async def _freeze_startup_objects() -> None:
+    # The modules, models and app built at start-up are most of the heap and live until
+    # exit; frozen, the collector's full passes skip them. Unfrozen, each full pass
+    # walked them all, stopping the event loop for 50-160 ms every few seconds under load,
+    # the tail of the end-to-end latency (README, "Performance").
+    gc.collect()
+    gc.freeze()
+
+
+def _broker(settings: Settings, metrics: Metrics) -> RabbitBroker:
+    """The worker's broker: not connected yet; FastStream's metrics on ``metrics.registry``."""
+    return RabbitBroker(
+        settings.amqp_url.get_secret_value(),
+        # on_return_raises: an unroutable dead letter must raise, not vanish (mandatory=True
+        # alone only hands back the Basic.Return frame).
+        default_channel=Channel(on_return_raises=True),
+        graceful_timeout=settings.graceful_timeout_seconds,
+        app_id=f"fulfilment-{__version__}",
+        logger=logging.getLogger("faststream"),
+        # FastStream's per-message "Received"/"Processed" lines go to DEBUG: the service
+        # writes its own single line per message.
+        log_level=logging.DEBUG,
+        # No FastDepends: its Context fields run in a thread pool, one hop per delivery; the
+        # delivery policy takes the message from FastStream's context instead (worker.delivery).
+        apply_types=False,
+        middlewares=[RabbitPrometheusMiddleware(registry=metrics.registry, app_name="fulfilment")],
+    )
+
+
+def delivery_limits(settings: Settings) -> DeliveryLimits:
+    """The bounds of one delivery, from the settings (times in seconds)."""
+    return DeliveryLimits(
+        handler_deadline_seconds=settings.handler_deadline_seconds,
+        # What is left of the graceful timeout once the deadline has passed.
+        dead_letter_publish_seconds=settings.graceful_timeout_seconds
+        - settings.handler_deadline_seconds,
+        delivery_limit=settings.delivery_limit,
+        # A delivery is received, handled (up to the deadline), and its dead letter tried
+        # (up to the publish timeout) before it is held: held this long, it is still settled
+        # before the broker's consumer timeout closes its channel.
+        dead_letter_hold_seconds=max(
+            0.0,
+            settings.broker_consumer_timeout_seconds - 2 * settings.graceful_timeout_seconds,
+        ),
     )
 
 
