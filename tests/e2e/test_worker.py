@@ -166,7 +166,9 @@ async def test_sigterm_under_load_loses_nothing_and_dead_letters_nothing(
     db: asyncpg.Connection,
     amqp_url: str,
 ) -> None:
-    orders = 600
+    # Enough that a worker on an idle machine (over 2,000 orders/s) is still draining when
+    # SIGTERM arrives.
+    orders = 4_000
     await put_stock(db, {f"SKU{i:03d}": 1_000_000 for i in range(20)})
     await declare_topology(
         amqp_url, Topology(delivery_limit=int(FAST_SETTINGS["FULFILMENT_DELIVERY_LIMIT"]))

@@ -48,7 +48,8 @@ async def test_repeated_sigterm_under_load_finishes_in_flight_work_and_spends_no
     settings: Settings,
     amqp_url: str,
 ) -> None:
-    orders = synthetic_orders(3_000, seed=41)
+    # Enough for at least three stops while the backlog drains, also on an idle machine.
+    orders = synthetic_orders(10_000, seed=41)
     await put_stock(db, AMPLE_STOCK)
     await declare(amqp_url, LIMIT)
     await publish(broker, orders)
