@@ -175,7 +175,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     )
     orders = topology.orders_exchange()
     subscribers = tuple(
-        subscribe(policy, topology.queue(queue), orders, handler, name=queue.event)
+        subscribe(policy, topology.consumed_queue(queue), orders, handler, name=queue.event)
         for queue, handler in (
             (ORDER_PLACED, lambda body: on_order_placed(body, warehouse=warehouse)),
             (ORDER_CANCELLED, lambda body: on_order_cancelled(body, warehouse=warehouse)),

@@ -101,6 +101,21 @@ class Topology:
             },
         )
 
+    def consumed_queue(self, subscribed: SubscribedQueue) -> RabbitQueue:
+        """The queue of ``subscribed`` as its subscriber attaches to it: passively.
+
+        :func:`declare_topology` has declared, checked and bound it at start, keeping an
+        existing queue's initial group size; a second declaration with every argument (the
+        subscriber's, and aio-pika's after each reconnect) would be refused with
+        ``PRECONDITION_FAILED`` for a queue created before that argument existed.
+        """
+        return RabbitQueue(
+            subscribed.name,
+            queue_type=QueueType.QUORUM,
+            routing_key=subscribed.routing_key,
+            declare=False,
+        )
+
     def dead_letter_exchange(self) -> RabbitExchange:
         """``fulfilment.dlx``: the dead-letter exchange of every subscribed queue."""
         return RabbitExchange(DEAD_LETTER_EXCHANGE, type=ExchangeType.DIRECT, durable=True)
