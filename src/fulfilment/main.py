@@ -24,7 +24,7 @@ import structlog
 import uvicorn
 import uvloop
 from faststream import FastStream
-from faststream.rabbit import Channel, RabbitBroker
+from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
 from faststream.rabbit.prometheus import RabbitPrometheusMiddleware
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
@@ -67,7 +67,12 @@ from fulfilment.worker.subscribers import (
     on_order_placed,
     on_order_shipped,
 )
-from fulfilment.worker.topology import Topology, TopologyMismatchError, declare_topology
+from fulfilment.worker.topology import (
+    Topology,
+    TopologyMismatchError,
+    declare_topology,
+    use_declared_arguments,
+)
 
 if TYPE_CHECKING:
     from faststream.rabbit.subscriber import RabbitSubscriber
@@ -175,7 +180,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     )
     orders = topology.orders_exchange()
     subscribers = tuple(
-        subscribe(policy, topology.consumed_queue(queue), orders, handler, name=queue.event)
+        subscribe(policy, topology.queue(queue), orders, handler, name=queue.event)
         for queue, handler in (
             (ORDER_PLACED, lambda body: on_order_placed(body, warehouse=warehouse)),
             (ORDER_CANCELLED, lambda body: on_order_cancelled(body, warehouse=warehouse)),
@@ -184,7 +189,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     )
     consumer_pause.attach(subscribers)
 
-    declare = _start_up(amqp_url, topology, startup_checks)
+    declare = _start_up(amqp_url, topology, startup_checks, [s.queue for s in subscribers])
 
     async def cancel_consumers_first() -> None:
         await consumer_pause.close()
@@ -232,9 +237,14 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
 
 
 def _start_up(
-    amqp_url: str, topology: Topology, startup_checks: Sequence[Callable[[], Awaitable[None]]]
+    amqp_url: str,
+    topology: Topology,
+    startup_checks: Sequence[Callable[[], Awaitable[None]]],
+    consumed: Sequence[RabbitQueue],
 ) -> Callable[[], Awaitable[None]]:
     """The start-up hook: ``startup_checks``, then the topology declared and checked.
+
+    The arguments each queue was accepted with go to the subscribers' queues ``consumed``.
 
     It raises :class:`StartRefusedError` (after one log line) on a topology mismatch or a
     broker that refuses or does not answer.
@@ -244,7 +254,7 @@ def _start_up(
         for check in startup_checks:
             await check()
         try:
-            await declare_topology(amqp_url, topology)
+            declared = await declare_topology(amqp_url, topology)
         except TopologyMismatchError as error:
             logger.error("worker.topology_mismatch", reason=str(error))  # noqa: TRY400 - one line, no trace
             raise StartRefusedError(str(error)) from error
@@ -255,6 +265,7 @@ def _start_up(
                 refused=isinstance(failure, BrokerRefusedError),
                 events=("worker.broker_refused", "worker.broker_unreachable"),
             ) from error
+        use_declared_arguments(consumed, declared)
 
     return declare
 

@@ -24,8 +24,9 @@ from faultlib import (
 )
 from harness import WorkerProcess, put_stock
 
-from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import MAIN_QUEUE, ORDER_PLACED
 from fulfilment.settings import Settings
+from fulfilment.worker.topology import INITIAL_GROUP_SIZE, Topology
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -140,6 +141,40 @@ async def test_a_consumer_cancelled_by_the_broker_comes_back_within_30_seconds(
         f"queue deleted under the consumer; it was back in {resumed:.1f} s",
         result,
     )
+
+
+async def test_a_queue_created_before_the_group_size_setting_is_consumed_and_comes_back(
+    cluster: Cluster,
+    db: asyncpg.Connection,
+    broker: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings,
+) -> None:
+    # The main queue as a release before FULFILMENT_QUORUM_INITIAL_GROUP_SIZE declared it.
+    await put_stock(db, AMPLE_STOCK)
+    arguments = dict(Topology(LIMIT).queue(ORDER_PLACED).arguments or {})
+    del arguments[INITIAL_GROUP_SIZE]
+    channel = await broker.channel()
+    await channel.declare_queue(MAIN_QUEUE, durable=True, arguments=arguments)
+    await channel.close()
+
+    (worker,) = cluster.start(1, wait_ready=True)
+    assert any(
+        line.get("event") == "topology.initial_group_size_kept" for line in worker.log_lines()
+    )
+    # aio-pika declares the queue again, with what the broker accepted at start, when the
+    # broker cancels the consumer: the consumer comes back on the queue the worker kept.
+    channel = await broker.channel()
+    await channel.queue_delete(MAIN_QUEUE)
+    await channel.close()
+    await asyncio.sleep(0.5)
+    await _ready_within(worker, 30)
+
+    orders = synthetic_orders(200, seed=24)
+    await publish(broker, orders)
+    await run_until_settled(cluster, db, broker, len(orders), timeout=60, restart=False)
+    assert worker.process is not None
+    assert worker.process.poll() is None
+    await assert_reconciled(settings, orders)
 
 
 async def test_a_consumer_that_cannot_come_back_makes_the_worker_exit_1(

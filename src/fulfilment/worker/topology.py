@@ -26,8 +26,9 @@ difference is logged (README, "Topology and delivery limit").
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import aio_pika
 import aiormq.exceptions
@@ -58,6 +59,10 @@ DEAD_LETTER_QUEUE_LATER_ARGUMENTS = frozenset({"x-overflow"})
 them is accepted, with a warning: RabbitMQ cannot add an argument to a queue in place, and
 re-creating the DLQ means moving every dead letter out of it first (README, "Topology and
 delivery limit"); the shipped broker policy sets the same overflow on such a queue."""
+
+
+DeclaredArguments: TypeAlias = dict[str, dict[str, Any]]
+"""The arguments each subscribed queue was declared with at start, by queue name."""
 
 
 class TopologyMismatchError(Exception):
@@ -99,21 +104,6 @@ class Topology:
                 "x-dead-letter-strategy": "at-least-once",
                 "x-overflow": "reject-publish",
             },
-        )
-
-    def consumed_queue(self, subscribed: SubscribedQueue) -> RabbitQueue:
-        """The queue of ``subscribed`` as its subscriber attaches to it: passively.
-
-        :func:`declare_topology` has declared, checked and bound it at start, keeping an
-        existing queue's initial group size; a second declaration with every argument (the
-        subscriber's, and aio-pika's after each reconnect) would be refused with
-        ``PRECONDITION_FAILED`` for a queue created before that argument existed.
-        """
-        return RabbitQueue(
-            subscribed.name,
-            queue_type=QueueType.QUORUM,
-            routing_key=subscribed.routing_key,
-            declare=False,
         )
 
     def dead_letter_exchange(self) -> RabbitExchange:
@@ -202,7 +192,7 @@ def explain_precondition_failure(error: BaseException) -> str:
     )
 
 
-async def declare_topology(amqp_url: str, topology: Topology) -> None:
+async def declare_topology(amqp_url: str, topology: Topology) -> DeclaredArguments:
     """Declare every exchange and queue of ``topology`` and their bindings, idempotently.
 
     That is both exchanges, and every subscribed queue (``SUBSCRIBED_QUEUES``) with its DLQ,
@@ -210,26 +200,47 @@ async def declare_topology(amqp_url: str, topology: Topology) -> None:
     object is declared on a channel of its own, so a refused declaration is reported for
     what it is instead of as a closed channel.
 
+    Returns the arguments each subscribed queue was accepted with, by queue name: the
+    contract's, except an initial group size the queue kept from its creation. The
+    subscribers declare their queues with exactly these (:func:`use_declared_arguments`).
+
     Raises:
         TopologyMismatchError: an object exists with other arguments (``PRECONDITION_FAILED``).
         aio_pika.exceptions.AMQPConnectionError: the broker cannot be reached.
     """
+    declared: DeclaredArguments = {}
     connection = await aio_pika.connect(amqp_url, timeout=10)
     try:
         dlx = await _declare_exchange(connection, topology.dead_letter_exchange())
         orders = await _declare_exchange(connection, topology.orders_exchange())
         for subscribed in SUBSCRIBED_QUEUES:
             # The DLQ first, so that no dead letter of the queue is ever unroutable.
-            dlq = await _declare_queue(
-                connection,
-                topology.dead_letter_queue(subscribed),
-                may_lack=DEAD_LETTER_QUEUE_LATER_ARGUMENTS,
-            )
-            await _bind(connection, dlq, dlx, subscribed.dead_letter_routing_key)
-            queue = await _declare_queue(connection, topology.queue(subscribed))
-            await _bind(connection, queue, orders, subscribed.routing_key)
+            dlq = topology.dead_letter_queue(subscribed)
+            await _declare_queue(connection, dlq, may_lack=DEAD_LETTER_QUEUE_LATER_ARGUMENTS)
+            await _bind(connection, dlq.name, dlx, subscribed.dead_letter_routing_key)
+            spec = topology.queue(subscribed)
+            declared[spec.name] = await _declare_queue(connection, spec)
+            await _bind(connection, spec.name, orders, subscribed.routing_key)
     finally:
         await connection.close()
+    return declared
+
+
+def use_declared_arguments(queues: Iterable[RabbitQueue], declared: DeclaredArguments) -> None:
+    """Give each of ``queues`` (the subscribers' own) the arguments its queue was accepted with.
+
+    Called at start, after :func:`declare_topology` and before the subscribers declare their
+    queues. aio-pika declares a queue again with the arguments it was first declared with
+    when the broker cancels its consumer (the queue was deleted) and after each reconnect:
+    with the contract's full set, a queue that kept an older initial group size would be
+    refused with ``PRECONDITION_FAILED`` there, and its consumer would not come back; with no
+    arguments (a passive declaration), a deleted queue would not be created again.
+
+    Raises:
+        KeyError: one of ``queues`` is not a subscribed queue of ``declared``.
+    """
+    for queue in queues:
+        queue.arguments = dict(declared[queue.name])
 
 
 async def _declare_exchange(
@@ -256,8 +267,10 @@ async def _declare_queue(
     spec: RabbitQueue,
     *,
     may_lack: frozenset[str] = frozenset(),
-) -> str:
+) -> dict[str, Any]:
     """Declare ``spec``, checking every argument against an existing queue.
+
+    Returns the arguments the queue was accepted with.
 
     Two differences are accepted with a warning, and the queue declared again without them:
     an argument of ``may_lack`` that the existing queue lacks (added by a later version; a
@@ -292,7 +305,7 @@ async def _declare_queue(
             else:
                 raise TopologyMismatchError(explain_precondition_failure(error)) from error
         else:
-            return spec.name
+            return arguments
         finally:
             await _close_quietly(channel)
 
