@@ -32,12 +32,15 @@ stock_levels = sa.Table(
         nullable=False,
         server_default=sa.text("now()"),
     ),
+    sa.Column("shipped", sa.BigInteger, nullable=False, server_default=sa.text("0")),
     sa.PrimaryKeyConstraint("sku", name="stock_levels_pkey"),
     sa.CheckConstraint(
         "0 <= reserved AND reserved <= on_hand", name="stock_levels_reserved_within_on_hand"
     ),
+    sa.CheckConstraint("shipped >= 0", name="stock_levels_shipped_not_negative"),
 )
-"""Units per SKU: ``on_hand`` in the warehouse, ``reserved`` of them promised to orders."""
+"""Units per SKU: ``on_hand`` in the warehouse, ``reserved`` of them promised to orders, and
+``shipped``, the units that left with shipments (migration 0008)."""
 
 INBOX_OUTCOMES = (
     "reserved",
@@ -195,6 +198,41 @@ delivery_attempts = sa.Table(
     sa.CheckConstraint("redeliveries > 0", name="delivery_attempts_redeliveries_positive"),
 )
 """Redeliveries the service counted per message (migration 0003), for its own delivery limit."""
+
+OUTBOX_ROUTING_KEYS = ("stock.reserved", "stock.rejected", "stock.released", "stock.shipped")
+"""Every ``outbox.routing_key``: the result events of the product contract."""
+
+outbox = sa.Table(
+    "outbox",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("event_id", sa.Uuid, nullable=False),
+    sa.Column("order_id", sa.Uuid, nullable=False),
+    sa.Column("routing_key", sa.Text, nullable=False),
+    sa.Column("body", postgresql.JSONB, nullable=False),
+    sa.Column("traceparent", sa.Text, nullable=True),
+    sa.Column(
+        "created_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
+    sa.PrimaryKeyConstraint("id", name="outbox_pkey"),
+    sa.UniqueConstraint("event_id", name="outbox_event_id_key"),
+    sa.CheckConstraint(
+        "routing_key IN ('stock.reserved', 'stock.rejected', 'stock.released', 'stock.shipped')",
+        name="outbox_routing_key_valid",
+    ),
+    sa.Index("outbox_unpublished_idx", "id", postgresql_where=sa.text("published_at IS NULL")),
+    sa.Index(
+        "outbox_published_at_idx",
+        "published_at",
+        postgresql_where=sa.text("published_at IS NOT NULL"),
+    ),
+)
+"""One row per result event (migration 0008), written in the transaction of the status change
+it reports; ``id`` is the publishing order, ``published_at`` set once the broker confirmed."""
 
 dead_letter_audit = sa.Table(
     "dead_letter_audit",
