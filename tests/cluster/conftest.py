@@ -9,6 +9,8 @@ afterwards.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -92,10 +94,15 @@ async def cluster_broker(cluster_url: str) -> AsyncIterator[aio_pika.abc.Abstrac
     finally:
         if not connection.is_closed:
             await connection.close()
-        async with await aio_pika.connect(cluster_url) as cleanup:
-            channel = await cleanup.channel()
-            for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
-                await channel.queue_delete(name)
+        await delete_service_queues(cluster_url)
+
+
+async def delete_service_queues(cluster_url: str) -> None:
+    """Delete the service's queues that the scenarios declare, on a fresh connection."""
+    async with await aio_pika.connect(cluster_url) as cleanup:
+        channel = await cleanup.channel()
+        for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+            await channel.queue_delete(name)
 
 
 @pytest.fixture
@@ -106,7 +113,9 @@ def cluster_settings(clean_database: str, cluster_url: str) -> Settings:
 
 @pytest.fixture
 def workers(clean_database: str, cluster_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    """Worker processes on the session's database and the cluster's one address."""
+    """Worker processes on the session's database and the cluster's one address; killed
+    afterwards, and the queues deleted then (a running worker declares a deleted queue again,
+    undoing ``cluster_broker``'s deletion, which comes first)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
     env.update(FAST_SETTINGS)
     env["FULFILMENT_DATABASE_URL"] = clean_database
@@ -115,3 +124,6 @@ def workers(clean_database: str, cluster_url: str, tmp_path: Path) -> Iterator[C
     running = Cluster(env, tmp_path)
     yield running
     running.kill_all()
+    # In a thread of its own: the test's event loop is pytest-asyncio's, not this one's.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread:
+        thread.submit(asyncio.run, delete_service_queues(cluster_url)).result()

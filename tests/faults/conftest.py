@@ -9,6 +9,8 @@ which the README's "Guarantees" table is written from.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -31,12 +33,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def cluster(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Cluster]:
+def cluster(worker_env: dict[str, str], tmp_path: Path, amqp_url: str) -> Iterator[Cluster]:
+    """Worker processes of a scenario; killed afterwards, and the queues deleted then.
+
+    A worker declares its queue again when it is deleted under its consumer, so the ``broker``
+    fixture's deletion, which comes first, may be undone while the workers still run.
+    """
     env = dict(worker_env)
     env["FULFILMENT_LOG_LEVEL"] = "INFO"
     running = Cluster(env, tmp_path)
     yield running
     running.kill_all()
+    # In a thread of its own: the test's event loop is pytest-asyncio's, not this one's.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread:
+        thread.submit(asyncio.run, delete_service_queues(amqp_url)).result()
 
 
 @pytest.fixture
@@ -53,8 +63,13 @@ async def broker(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractRobustConn
         yield connection
     finally:
         await connection.close()
-        # A fresh connection: a scenario may have restarted the broker under the first one.
-        async with await aio_pika.connect(amqp_url) as cleanup:
-            channel = await cleanup.channel()
-            for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
-                await channel.queue_delete(name)
+        await delete_service_queues(amqp_url)
+
+
+async def delete_service_queues(amqp_url: str) -> None:
+    """Delete every queue of the service on the session's vhost."""
+    # A fresh connection: a scenario may have restarted the broker under the test's own.
+    async with await aio_pika.connect(amqp_url) as cleanup:
+        channel = await cleanup.channel()
+        for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
+            await channel.queue_delete(name)
