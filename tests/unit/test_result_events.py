@@ -1,7 +1,8 @@
 """The published result events: the contract's example bodies pass, broken ones are refused.
 
-The bodies are written as the SQL functions write them (``jsonb``: keys in any order,
-``occurred_at`` with microseconds and an offset), one per routing key.
+The bodies (``builders.RESULT_EVENT_EXAMPLES``) are written as the SQL functions write them
+(``jsonb``: keys in any order, ``occurred_at`` with microseconds and an offset), one per
+routing key.
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from builders import CAUSATION_ID, EVENT_ID, ORDER_ID, RESULT_EVENT_EXAMPLES
 from fulfilment.contracts.result_events import (
     RESULT_EVENTS,
-    STOCK_REJECTED_ROUTING_KEY,
-    STOCK_RELEASED_ROUTING_KEY,
-    STOCK_RESERVED_ROUTING_KEY,
-    STOCK_SHIPPED_ROUTING_KEY,
     StockRejectedV1,
     StockReleasedV1,
     StockReservedV1,
@@ -30,41 +28,7 @@ from fulfilment.contracts.result_events import (
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.domain.model import RejectionReason
 
-EVENT_ID = "3d0c2b7e-1f4a-4c55-9b0e-7a1d2c3e4f50"
-CAUSATION_ID = "6f1c0d2e-8f0b-4b7e-9a57-2f1f0c6b9e11"
-ORDER_ID = "0b6e3c9a-55d4-4f7e-8a59-0c1d2e3f4a5b"
-OCCURRED_AT = "2026-11-30T10:15:02.123456+00:00"
-
-COMMON: dict[str, Any] = {
-    "version": 1,
-    "event_id": EVENT_ID,
-    "causation_id": CAUSATION_ID,
-    "order_id": ORDER_ID,
-    "occurred_at": OCCURRED_AT,
-}
-
-EXAMPLES: dict[str, dict[str, Any]] = {
-    STOCK_RESERVED_ROUTING_KEY: {
-        **COMMON,
-        "lines": [{"sku": "71053", "quantity": 6}, {"sku": "85123A", "quantity": 12}],
-    },
-    STOCK_REJECTED_ROUTING_KEY: {
-        **COMMON,
-        "reason": "insufficient_stock",
-        "skus": ["85123A"],
-    },
-    STOCK_RELEASED_ROUTING_KEY: {
-        **COMMON,
-        "lines": [{"sku": "85123A", "quantity": 2}],
-        "order_status": "reserved",
-    },
-    STOCK_SHIPPED_ROUTING_KEY: {
-        **COMMON,
-        "lines": [{"sku": "71053", "quantity": 6}, {"sku": "85123A", "quantity": 10}],
-    },
-}
-"""One body per routing key, as ``place_orders()``, ``cancel_orders()`` and ``ship_orders()``
-write them into the outbox."""
+EXAMPLES = RESULT_EVENT_EXAMPLES
 
 
 def body(routing_key: str, **changes: Any) -> bytes:
