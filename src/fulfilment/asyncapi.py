@@ -127,7 +127,12 @@ def documentation_app() -> FastStream:
             persist=True,
             mandatory=True,
             title=routing_key,
-            description=(event.__doc__ or "").strip(),
+            description=(
+                f"{(event.__doc__ or '').strip()} Published to the topic exchange "
+                f"{EVENTS_EXCHANGE} with {routing_key}, persistent, from the outbox: at least "
+                "once (the same event_id again), in commit order per order; AMQP message_id "
+                "= event_id, type = the routing key, correlation_id = order_id."
+            ),
             schema=event,
         )
 
