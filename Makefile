@@ -7,7 +7,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 DATA ?= data/sample/online-retail
 RESET ?=
 
-.PHONY: help demo test test-faults test-cluster rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy
+.PHONY: help asyncapi demo test test-faults test-cluster rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -18,6 +18,9 @@ help: ## List the targets
 
 install: $(if $(filter .tools/bin/uv,$(UV)),.tools/bin/uv) ## Install the locked dependencies into .venv
 	$(UV) sync --frozen
+
+asyncapi: install ## Write docs/asyncapi.json, the messaging contract (consumed and published events), from the code
+	$(UV) run python -m fulfilment.asyncapi docs/asyncapi.json
 
 services: ## Start RabbitMQ and PostgreSQL if they are down (local install or docker compose)
 	@scripts/ensure-services

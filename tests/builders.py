@@ -1,11 +1,19 @@
-"""Test data: the commands the warehouse tests apply, and the worker's parse of a body."""
+"""Test data: the commands the warehouse tests apply, the worker's parse of a body, and
+example result events."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID, uuid4
 
 from fulfilment.contracts.order_placed import OrderPlacedV1
+from fulfilment.contracts.result_events import (
+    STOCK_REJECTED_ROUTING_KEY,
+    STOCK_RELEASED_ROUTING_KEY,
+    STOCK_RESERVED_ROUTING_KEY,
+    STOCK_SHIPPED_ROUTING_KEY,
+)
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine, ReserveStock
 from fulfilment.worker.delivery import check_body, parse_event
@@ -18,6 +26,46 @@ CANCELLED_AT = datetime(2010, 12, 1, 9, 41, tzinfo=UTC)
 
 SHIPPED_AT = datetime(2010, 12, 2, 7, 5, tzinfo=UTC)
 """When the test orders were shipped."""
+
+EVENT_ID = "3d0c2b7e-1f4a-4c55-9b0e-7a1d2c3e4f50"
+"""The ``event_id`` of the example result events."""
+CAUSATION_ID = "6f1c0d2e-8f0b-4b7e-9a57-2f1f0c6b9e11"
+"""Their ``causation_id``: the ``event_id`` of the product contract's example order."""
+ORDER_ID = "0b6e3c9a-55d4-4f7e-8a59-0c1d2e3f4a5b"
+"""Their ``order_id``: the example order's."""
+OCCURRED_AT = "2026-11-30T10:15:02.123456+00:00"
+"""Their ``occurred_at``, as PostgreSQL writes a ``timestamptz`` into ``jsonb``."""
+
+_COMMON: dict[str, Any] = {
+    "version": 1,
+    "event_id": EVENT_ID,
+    "causation_id": CAUSATION_ID,
+    "order_id": ORDER_ID,
+    "occurred_at": OCCURRED_AT,
+}
+
+RESULT_EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
+    STOCK_RESERVED_ROUTING_KEY: {
+        **_COMMON,
+        "lines": [{"sku": "71053", "quantity": 6}, {"sku": "85123A", "quantity": 12}],
+    },
+    STOCK_REJECTED_ROUTING_KEY: {
+        **_COMMON,
+        "reason": "insufficient_stock",
+        "skus": ["85123A"],
+    },
+    STOCK_RELEASED_ROUTING_KEY: {
+        **_COMMON,
+        "lines": [{"sku": "85123A", "quantity": 2}],
+        "order_status": "reserved",
+    },
+    STOCK_SHIPPED_ROUTING_KEY: {
+        **_COMMON,
+        "lines": [{"sku": "71053", "quantity": 6}, {"sku": "85123A", "quantity": 10}],
+    },
+}
+"""One body per routing key, as ``place_orders()``, ``cancel_orders()`` and ``ship_orders()``
+write them into the outbox."""
 
 
 def order(

@@ -29,6 +29,10 @@ ORDER_SHIPPED_ROUTING_KEY = "order.shipped"
 ORDER_SHIPPED_QUEUE = "fulfilment.order-shipped"
 ORDER_SHIPPED_DEAD_LETTER_QUEUE = "fulfilment.order-shipped.dlq"
 
+EVENTS_EXCHANGE = "fulfilment.events"
+"""The topic exchange (durable) the result events are published to, owned and declared by
+the service; their routing keys and models are in ``contracts.result_events``."""
+
 
 @dataclass(frozen=True, slots=True)
 class SubscribedQueue:

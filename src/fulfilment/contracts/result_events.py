@@ -1,0 +1,180 @@
+"""The result events the service publishes to ``fulfilment.events``, version 1.
+
+What the service decided about an order, one event per change of a reservation's status and
+per partial cancel that releases stock (product contract, "Result events"). The bodies are
+built in SQL by the functions that make the change (``place_orders()``, ``cancel_orders()``,
+``ship_orders()``), written to the outbox in the same transaction and published by the relay
+as they were written, with the routing key of the event's model (:data:`RESULT_EVENTS`).
+
+These models are the published contract: consumers (and the service's own tests) validate a
+body with :func:`parse_result_event`, and ``docs/asyncapi.json`` publishes their JSON schemas
+(``fulfilment.asyncapi``). They are as strict as the input models (``contracts.order_placed``):
+strict JSON, ``version`` the integer 1, ids that are minted UUIDs, ``occurred_at`` with a UTC
+offset, lines and SKUs in the order the SQL writes them, each SKU once. Unknown fields are
+ignored, so that the service can add one before every consumer knows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import pairwise
+from typing import Annotated, ClassVar, Literal, TypeAlias
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from fulfilment.contracts.order_placed import MintedUuid, Sku
+from fulfilment.domain.model import RejectionReason
+
+STOCK_RESERVED_ROUTING_KEY = "stock.reserved"
+STOCK_REJECTED_ROUTING_KEY = "stock.rejected"
+STOCK_RELEASED_ROUTING_KEY = "stock.released"
+STOCK_SHIPPED_ROUTING_KEY = "stock.shipped"
+
+
+def _ascending_skus(skus: list[str]) -> list[str]:
+    # The SQL sorts with COLLATE "C", byte order, which for UTF-8 is the code point order that
+    # Python compares strings by; strictly ascending also says each SKU is there once.
+    if any(earlier >= later for earlier, later in pairwise(skus)):
+        refusal = PydanticCustomError(
+            "skus_not_ascending", "must be sorted by SKU (code point order), each SKU once"
+        )
+        raise refusal
+    return skus
+
+
+def _ascending_lines(lines: list[StockLineV1]) -> list[StockLineV1]:
+    _ascending_skus([line.sku for line in lines])
+    return lines
+
+
+class StockLineV1(BaseModel):
+    """Units of one SKU in a result event: reserved, released or shipped by it."""
+
+    model_config = ConfigDict(
+        strict=True,
+        frozen=True,
+        extra="ignore",
+        title="StockLine v1",
+        use_attribute_docstrings=True,
+    )
+
+    sku: Sku
+    quantity: Annotated[int, Field(ge=1)]
+    """Units, summed over the order's lines of the SKU; at least 1."""
+
+
+StockLines = Annotated[list[StockLineV1], Field(min_length=1), AfterValidator(_ascending_lines)]
+"""At least one line, one per SKU, sorted by SKU."""
+
+Skus = Annotated[list[Sku], Field(min_length=1), AfterValidator(_ascending_skus)]
+"""At least one SKU, each once, sorted."""
+
+
+class ResultEventV1(BaseModel):
+    """The fields every result event carries.
+
+    The docstring under each field is its description in the published JSON schema
+    (``use_attribute_docstrings``).
+    """
+
+    ROUTING_KEY: ClassVar[str]
+    """The routing key on ``fulfilment.events``, also the message's AMQP ``type``."""
+
+    model_config = ConfigDict(
+        strict=True, frozen=True, extra="ignore", use_attribute_docstrings=True
+    )
+
+    version: Literal[1]
+    """The contract's version: the integer 1."""
+    event_id: MintedUuid
+    """Minted with the event and the same on every publication of it (the relay publishes at
+    least once): the consumer's idempotency key, also the AMQP ``message_id``."""
+    causation_id: MintedUuid
+    """The ``event_id`` of the input event (``OrderPlaced``, ``OrderCancelled``,
+    ``OrderShipped``) whose change this event reports."""
+    order_id: MintedUuid
+    """The order; also the AMQP ``correlation_id``."""
+    occurred_at: AwareDatetime
+    """When the change's transaction ran, ISO 8601 with a UTC offset."""
+
+
+class StockReservedV1(ResultEventV1):
+    """``stock.reserved``: the order's lines are reserved (its status became ``reserved``)."""
+
+    ROUTING_KEY: ClassVar[str] = STOCK_RESERVED_ROUTING_KEY
+    # The title names the event in a refusal's reason and in the AsyncAPI document.
+    model_config = ConfigDict(title="StockReserved v1")
+
+    lines: StockLines
+    """What was reserved, merged per SKU."""
+
+
+class StockRejectedV1(ResultEventV1):
+    """``stock.rejected``: the order was rejected, nothing reserved (status ``rejected``)."""
+
+    ROUTING_KEY: ClassVar[str] = STOCK_REJECTED_ROUTING_KEY
+    model_config = ConfigDict(title="StockRejected v1")
+
+    reason: RejectionReason
+    """``insufficient_stock``, ``unknown_sku`` (which wins when both apply), or ``cancelled``:
+    cancelled before it was placed, so that nothing remained to reserve."""
+    skus: Skus
+    """The SKUs short of stock or unknown; for ``cancelled``, the SKUs the order asked for."""
+
+
+class StockReleasedV1(ResultEventV1):
+    """``stock.released``: a cancel gave reserved units back, of the whole order or a part."""
+
+    ROUTING_KEY: ClassVar[str] = STOCK_RELEASED_ROUTING_KEY
+    model_config = ConfigDict(title="StockReleased v1")
+
+    lines: StockLines
+    """What this cancel released."""
+    order_status: Literal["released", "reserved"]
+    """The order's status after it: ``released`` when it holds nothing any more, ``reserved``
+    when lines remain (a partial cancel)."""
+
+
+class StockShippedV1(ResultEventV1):
+    """``stock.shipped``: the order left the warehouse with every unit it held."""
+
+    ROUTING_KEY: ClassVar[str] = STOCK_SHIPPED_ROUTING_KEY
+    model_config = ConfigDict(title="StockShipped v1")
+
+    lines: StockLines
+    """What was shipped: ``on_hand`` and ``reserved`` went down by these units."""
+
+
+ResultEvent: TypeAlias = StockReservedV1 | StockRejectedV1 | StockReleasedV1 | StockShippedV1
+"""Any result event."""
+
+RESULT_EVENTS: Mapping[str, type[ResultEvent]] = {
+    model.ROUTING_KEY: model
+    for model in (StockReservedV1, StockRejectedV1, StockReleasedV1, StockShippedV1)
+}
+"""Every result event's model by its routing key, in the order of the product contract."""
+
+
+class UnknownRoutingKeyError(ValueError):
+    """A routing key that names no result event; ``str(error)`` names it and the known ones."""
+
+
+def parse_result_event(routing_key: str, body: bytes | str) -> ResultEvent:
+    """Validate a published body (UTF-8 JSON) as the result event its routing key names.
+
+    For consumers of ``fulfilment.events`` and the service's tests: the routing key (equal to
+    the AMQP ``type``) picks the model of :data:`RESULT_EVENTS`.
+
+    Raises:
+        UnknownRoutingKeyError: ``routing_key`` is none of ``stock.reserved``,
+            ``stock.rejected``, ``stock.released``, ``stock.shipped``.
+        pydantic.ValidationError: the body breaks that event's contract (a missing field, a
+            time without offset, an unknown reason, a quantity of 0, unsorted lines ...).
+    """
+    model = RESULT_EVENTS.get(routing_key)
+    if model is None:
+        known = ", ".join(RESULT_EVENTS)
+        msg = f"routing key {routing_key!r} names no result event (known: {known})"
+        raise UnknownRoutingKeyError(msg)
+    return model.model_validate_json(body)
