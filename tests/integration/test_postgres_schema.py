@@ -508,10 +508,14 @@ def test_downgrading_0009_restores_the_functions_of_0008():
 
     assert after == before
     assert sorted(upgraded) == [
-        "cancel_orders(text,uuid[],uuid[],timestamp with time zone[],boolean[],integer[],"
-        "text[],integer[],text[])",
-        "place_orders(text,uuid[],uuid[],timestamp with time zone[],integer[],text[],integer[],"
-        "text[])",
+        (
+            "cancel_orders(text,uuid[],uuid[],timestamp with time zone[],boolean[],integer[],"
+            "text[],integer[],text[])"
+        ),
+        (
+            "place_orders(text,uuid[],uuid[],timestamp with time zone[],integer[],text[],"
+            "integer[],text[])"
+        ),
         "reserve_orders(text,uuid[],uuid[],timestamp with time zone[],integer[],text[],integer[])",
         "ship_orders(text,uuid[],uuid[],timestamp with time zone[],text[])",
     ]
