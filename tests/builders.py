@@ -69,7 +69,10 @@ write them into the outbox."""
 
 
 def order(
-    *lines: tuple[str, int], event_id: UUID | None = None, order_id: UUID | None = None
+    *lines: tuple[str, int],
+    event_id: UUID | None = None,
+    order_id: UUID | None = None,
+    traceparent: str | None = None,
 ) -> ReserveStock:
     """A ``ReserveStock`` of ``(sku, quantity)`` lines; new ids unless given."""
     return ReserveStock(
@@ -77,11 +80,15 @@ def order(
         order_id=order_id or uuid4(),
         placed_at=PLACED_AT,
         lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
+        traceparent=traceparent,
     )
 
 
 def cancellation(
-    order_id: UUID, *lines: tuple[str, int], event_id: UUID | None = None
+    order_id: UUID,
+    *lines: tuple[str, int],
+    event_id: UUID | None = None,
+    traceparent: str | None = None,
 ) -> CancelOrder:
     """A ``CancelOrder`` of ``order_id``: of its ``(sku, quantity)`` lines, or whole without."""
     return CancelOrder(
@@ -89,12 +96,20 @@ def cancellation(
         order_id=order_id,
         cancelled_at=CANCELLED_AT,
         lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines) if lines else None,
+        traceparent=traceparent,
     )
 
 
-def shipment(order_id: UUID, *, event_id: UUID | None = None) -> ShipOrder:
+def shipment(
+    order_id: UUID, *, event_id: UUID | None = None, traceparent: str | None = None
+) -> ShipOrder:
     """A ``ShipOrder`` of ``order_id``; a new event id unless given."""
-    return ShipOrder(event_id=event_id or uuid4(), order_id=order_id, shipped_at=SHIPPED_AT)
+    return ShipOrder(
+        event_id=event_id or uuid4(),
+        order_id=order_id,
+        shipped_at=SHIPPED_AT,
+        traceparent=traceparent,
+    )
 
 
 def parse_order_placed(body: bytes, content_type: str | None) -> OrderPlacedV1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from uuid import UUID
 
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
@@ -51,6 +52,45 @@ SHIP_INBOX_OUTCOMES = {ShipKind.SHIPPED: "shipped", ShipKind.IGNORED: "ship_igno
 
 
 @dataclass(frozen=True)
+class RecordedEvent:
+    """A result event as the outbox holds it, less what is minted with the row.
+
+    ``body`` is the message without ``event_id`` and ``occurred_at`` (a new UUID and the
+    transaction's time, which no two warehouses share); ``traceparent`` the trace context of
+    the input event that caused it.
+    """
+
+    routing_key: str
+    body: Mapping[str, Any]
+    traceparent: str | None = None
+
+    @property
+    def order_id(self) -> str:
+        """The ``order_id`` of the body."""
+        return str(self.body["order_id"])
+
+
+def result_body(command: ReserveStock | CancelOrder | ShipOrder, **fields: Any) -> dict[str, Any]:
+    """The body of the result event ``command`` caused, less ``event_id`` and ``occurred_at``.
+
+    ``fields`` are its kind's own (``lines`` as order lines, ``reason``, ``skus``,
+    ``order_status``), as the product contract's "Result events" gives them.
+    """
+    body: dict[str, Any] = {
+        "version": 1,
+        "causation_id": str(command.event_id),
+        "order_id": str(command.order_id),
+    }
+    for name, value in fields.items():
+        body[name] = (
+            [{"sku": line.sku, "quantity": line.quantity} for line in value]
+            if name == "lines"
+            else value
+        )
+    return body
+
+
+@dataclass(frozen=True)
 class Reservation:
     """What the fake keeps per order, like a row of ``reservations`` with its lines.
 
@@ -85,7 +125,10 @@ class InMemoryWarehouse(Warehouse):
     the way the database's row locks do. ``inbox`` maps each key to its outcome label
     (``reserved``, ``rejected``, ``duplicate_order``, and those of
     :data:`CANCEL_INBOX_OUTCOMES` and :data:`SHIP_INBOX_OUTCOMES`, as the database's column
-    does). Every transition is the one of ``fulfilment.domain.lifecycle``.
+    does). Every transition is the one of ``fulfilment.domain.lifecycle``. ``result_events``
+    lists the result events in the order they were written, as the functions write them to the
+    outbox: one per change of a reservation's status and per partial release, none for a
+    tombstone, a duplicate or an event that changes nothing.
     """
 
     def __init__(self, *, consumer: str = "fulfilment") -> None:
@@ -94,6 +137,7 @@ class InMemoryWarehouse(Warehouse):
         self.inbox: dict[tuple[str, UUID], str] = {}
         self.reservations: dict[UUID, Reservation] = {}
         self.redeliveries: dict[tuple[str, UUID], int] = {}
+        self.result_events: list[RecordedEvent] = []
         self._lock = asyncio.Lock()
 
     async def count_redelivery(self, event_id: UUID) -> int:
@@ -134,6 +178,12 @@ class InMemoryWarehouse(Warehouse):
                 placement.state.tombstone,
             )
             self.inbox[key] = "reserved" if reason is None else "rejected"
+            if reason is None:
+                self._record("stock.reserved", command, lines=as_lines(placement.state.lines))
+            else:
+                # A rejection as cancelled names every SKU the order asked for.
+                named = sorted(demand) if reason is RejectionReason.CANCELLED else skus
+                self._record("stock.rejected", command, reason=str(reason), skus=list(named))
             return ReservationOutcome(
                 kind=OutcomeKind.RESERVED if reason is None else OutcomeKind.REJECTED,
                 order_id=command.order_id,
@@ -168,6 +218,13 @@ class InMemoryWarehouse(Warehouse):
                 else existing.after(cancellation.state)
             )
             self.inbox[key] = CANCEL_INBOX_OUTCOMES[cancellation.kind]
+            if cancellation.lines:
+                self._record(
+                    "stock.released",
+                    command,
+                    lines=as_lines(cancellation.lines),
+                    order_status=str(cancellation.state.status),
+                )
             return CancelOutcome(
                 cancellation.kind,
                 command.order_id,
@@ -191,6 +248,8 @@ class InMemoryWarehouse(Warehouse):
             if existing is not None and shipment.state is not None:
                 self.reservations[command.order_id] = existing.after(shipment.state)
             self.inbox[key] = SHIP_INBOX_OUTCOMES[shipment.kind]
+            if shipment.lines:
+                self._record("stock.shipped", command, lines=as_lines(shipment.lines))
             return ShipOutcome(
                 shipment.kind,
                 command.order_id,
@@ -217,6 +276,13 @@ class InMemoryWarehouse(Warehouse):
 
     async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
         return {sku: self.levels[sku] for sku in skus if sku in self.levels}
+
+    def _record(
+        self, routing_key: str, command: ReserveStock | CancelOrder | ShipOrder, **fields: Any
+    ) -> None:
+        self.result_events.append(
+            RecordedEvent(routing_key, result_body(command, **fields), command.traceparent)
+        )
 
     @staticmethod
     def _duplicate(command: ReserveStock, of: DuplicateOf) -> ReservationOutcome:

@@ -17,6 +17,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import aio_pika
@@ -182,9 +183,9 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     subscribers = tuple(
         subscribe(policy, topology.queue(queue), orders, handler, name=queue.event)
         for queue, handler in (
-            (ORDER_PLACED, lambda body: on_order_placed(body, warehouse=warehouse)),
-            (ORDER_CANCELLED, lambda body: on_order_cancelled(body, warehouse=warehouse)),
-            (ORDER_SHIPPED, lambda body: on_order_shipped(body, warehouse=warehouse)),
+            (ORDER_PLACED, partial(on_order_placed, warehouse=warehouse)),
+            (ORDER_CANCELLED, partial(on_order_cancelled, warehouse=warehouse)),
+            (ORDER_SHIPPED, partial(on_order_shipped, warehouse=warehouse)),
         )
     )
     consumer_pause.attach(subscribers)

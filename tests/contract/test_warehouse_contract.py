@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from datetime import datetime
 
 import pytest
+import sqlalchemy as sa
 from pydantic import SecretStr
 
 from builders import cancellation, order, shipment
-from fakes import InMemoryWarehouse
+from fakes import InMemoryWarehouse, RecordedEvent, result_body
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
@@ -650,3 +653,197 @@ async def test_stock_can_be_lowered_to_what_remains_reserved_after_a_shipment(wa
     await warehouse.put_stock({"A": 2})
 
     assert await warehouse.stock(["A"]) == {"A": StockLevel(2, 2)}
+
+
+# Result events (product contract, "Result events"): one per status change and per partial
+# release, in the transaction of the change; none for a tombstone, a duplicate or a no-op.
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+"""A W3C trace context, as an input delivery's ``traceparent`` header carries it."""
+
+_OUTBOX = sa.text(
+    "SELECT event_id, order_id, routing_key, body, traceparent, published_at"
+    " FROM outbox ORDER BY id"
+)
+
+
+async def result_events(warehouse):
+    """The result events ``warehouse`` wrote, in the order it wrote them.
+
+    From PostgreSQL, each row is also checked for what no two warehouses share: its
+    ``event_id`` is a UUID, the same as the body's and unique; its ``order_id`` column is the
+    body's; ``occurred_at`` carries an offset; and nothing is published yet.
+    """
+    if isinstance(warehouse, InMemoryWarehouse):
+        return list(warehouse.result_events)
+    async with warehouse.engine.connect() as connection:
+        rows = (await connection.execute(_OUTBOX)).all()
+    events = []
+    for event_id, order_id, routing_key, stored, traceparent, published_at in rows:
+        body = dict(stored)
+        assert body.pop("event_id") == str(event_id)
+        assert body["order_id"] == str(order_id)
+        assert datetime.fromisoformat(body.pop("occurred_at")).utcoffset() is not None
+        assert published_at is None
+        events.append(RecordedEvent(routing_key, body, traceparent))
+    assert len({row.event_id for row in rows}) == len(rows)
+    return events
+
+
+def lines(*pairs):
+    return tuple(OrderLine(sku, quantity) for sku, quantity in pairs)
+
+
+async def test_a_reservation_writes_stock_reserved_with_its_lines_merged_and_sorted(warehouse):
+    await warehouse.put_stock({"b": 10, "B": 10, "A": 10})
+    command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4), traceparent=TRACEPARENT)
+
+    await warehouse.reserve(command)
+
+    assert await result_events(warehouse) == [
+        RecordedEvent(
+            "stock.reserved",
+            result_body(command, lines=lines(("A", 2), ("B", 3), ("b", 5))),
+            TRACEPARENT,
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stock", "reason", "skus"),
+    [
+        ({"A": 1, "B": 1, "C": 9}, "insufficient_stock", ["A", "B"]),
+        ({"A": 9}, "unknown_sku", ["B", "C"]),
+    ],
+    ids=["insufficient_stock", "unknown_sku"],
+)
+async def test_a_rejection_writes_stock_rejected_with_its_reason_and_skus(
+    warehouse, stock, reason, skus
+):
+    await warehouse.put_stock(stock)
+    command = order(("C", 2), ("B", 2), ("A", 2))
+
+    await warehouse.reserve(command)
+
+    assert await result_events(warehouse) == [
+        RecordedEvent("stock.rejected", result_body(command, reason=reason, skus=skus))
+    ]
+
+
+async def test_duplicates_of_an_event_or_an_order_write_no_result_event(warehouse):
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 1))
+    await warehouse.reserve(placed)
+    cancel = cancellation(placed.order_id, ("A", 1))
+    await warehouse.cancel(cancel)
+    before = await result_events(warehouse)
+
+    await warehouse.reserve(placed)
+    await warehouse.reserve(order(("A", 1), order_id=placed.order_id))
+    await warehouse.cancel(cancel)
+
+    assert [event.routing_key for event in before] == ["stock.reserved", "stock.released"]
+    assert await result_events(warehouse) == before
+
+
+async def test_a_partial_cancel_and_the_last_one_write_stock_released_with_the_status(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
+    partial = cancellation(placed.order_id, ("B", 5), ("Z", 1), traceparent=TRACEPARENT)
+    whole = cancellation(placed.order_id)
+
+    await warehouse.cancel(partial)
+    await warehouse.cancel(whole)
+
+    assert (await result_events(warehouse))[1:] == [
+        RecordedEvent(
+            "stock.released",
+            result_body(partial, lines=lines(("B", 2)), order_status="reserved"),
+            TRACEPARENT,
+        ),
+        RecordedEvent(
+            "stock.released", result_body(whole, lines=lines(("A", 3)), order_status="released")
+        ),
+    ]
+
+
+async def test_cancels_that_change_nothing_write_no_result_event(warehouse):
+    await warehouse.put_stock({"A": 2})
+    held = order(("A", 1))
+    rejected = order(("A", 5))
+    shipped = order(("A", 1))
+    for command in (held, rejected, shipped):
+        await warehouse.reserve(command)
+    await warehouse.ship(shipment(shipped.order_id))
+    before = await result_events(warehouse)
+
+    await warehouse.cancel(cancellation(held.order_id, ("B", 1)))
+    await warehouse.cancel(cancellation(rejected.order_id))
+    await warehouse.cancel(cancellation(shipped.order_id))
+
+    assert [event.routing_key for event in before] == [
+        "stock.reserved",
+        "stock.rejected",
+        "stock.reserved",
+        "stock.shipped",
+    ]
+    assert await result_events(warehouse) == before
+
+
+async def test_a_tombstone_writes_nothing_and_its_order_what_remains_of_it(warehouse):
+    await warehouse.put_stock({"A": 10, "B": 10})
+    partly = order(("A", 3), ("B", 2))
+    wholly = order(("B", 1), ("A", 1))
+    await warehouse.cancel(cancellation(partly.order_id, ("A", 1)))
+    await warehouse.cancel(cancellation(partly.order_id, ("B", 2)))
+    await warehouse.cancel(cancellation(wholly.order_id))
+    assert await result_events(warehouse) == []
+
+    await warehouse.reserve(partly)
+    await warehouse.reserve(wholly)
+
+    assert await result_events(warehouse) == [
+        RecordedEvent("stock.reserved", result_body(partly, lines=lines(("A", 2)))),
+        RecordedEvent("stock.rejected", result_body(wholly, reason="cancelled", skus=["A", "B"])),
+    ]
+
+
+async def test_an_order_whose_lines_were_all_cancelled_first_is_rejected_naming_them(warehouse):
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 3), ("B", 1), ("A", 1))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 4), ("B", 1)))
+
+    await warehouse.reserve(placed)
+
+    assert await result_events(warehouse) == [
+        RecordedEvent("stock.rejected", result_body(placed, reason="cancelled", skus=["A", "B"]))
+    ]
+
+
+async def test_a_shipment_writes_stock_shipped_with_what_left_and_nothing_after(warehouse):
+    placed = await reserved_order(warehouse, ("B", 2), ("A", 3))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+    first = shipment(placed.order_id, traceparent=TRACEPARENT)
+
+    await warehouse.ship(first)
+    await warehouse.ship(shipment(placed.order_id))
+    await warehouse.ship(first)
+    await warehouse.ship(shipment(uuid.uuid4()))
+
+    assert (await result_events(warehouse))[2:] == [
+        RecordedEvent(
+            "stock.shipped", result_body(first, lines=lines(("A", 2), ("B", 2))), TRACEPARENT
+        )
+    ]
+
+
+async def test_every_event_of_a_batch_gets_its_own_row_and_trace_context(warehouse):
+    await warehouse.put_stock({"A": 100})
+    traces = [f"00-{i:032x}-{i:016x}-01" for i in range(1, 11)]
+    commands = [order(("A", 1), traceparent=trace) for trace in traces]
+
+    await asyncio.gather(*(warehouse.reserve(command) for command in commands))
+
+    events = await result_events(warehouse)
+    assert sorted((event.order_id, event.traceparent) for event in events) == sorted(
+        (str(command.order_id), command.traceparent) for command in commands
+    )

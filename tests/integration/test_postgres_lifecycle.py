@@ -29,6 +29,7 @@ Three promises, each a property test on the real database:
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections import Counter
 from itertools import groupby
@@ -168,7 +169,7 @@ class Database:
         self.pool = await create_pool(self._options)
         await self.pool.execute(
             "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
-            " tombstone_lines"
+            " tombstone_lines, outbox"
         )
         self.warehouse = PostgresWarehouse(
             self._engine,
@@ -209,6 +210,14 @@ class Database:
             for row in rows
         }
         return stock, inbox, orders
+
+    async def result_events(self):
+        """The outbox in publishing order: (order id, routing key, body) per row."""
+        rows = await self.pool.fetch(
+            "SELECT event_id, order_id, routing_key, body FROM outbox ORDER BY id"
+        )
+        assert len({row["event_id"] for row in rows}) == len(rows)
+        return [(row["order_id"], row["routing_key"], json.loads(row["body"])) for row in rows]
 
 
 def _by_order(rows) -> dict[uuid.UUID, dict[str, int]]:
@@ -297,14 +306,51 @@ def test_with_enough_stock_every_equivalent_arrival_order_gives_the_in_order_res
             await database.warehouse.put_stock(stock)
             outcomes = await _apply_in_runs(database.warehouse, events)
             await _apply_in_runs(database.warehouse, _replays(events, outcomes))
-            return await database.state()
+            return await database.state(), await database.result_events()
 
     _run(the_in_order_sequence())
-    levels, _, rows = _run(as_they_arrive())
+    (levels, inbox, rows), result_events = _run(as_they_arrive())
     expected_levels, _, expected_rows = _fake_state(in_order)
 
     assert levels == expected_levels
     assert _holdings(rows) == _holdings(expected_rows)
+    told = _holdings_told(result_events)
+    assert told == {
+        order_id: held for order_id, held in _holdings(rows).items() if order_id in told
+    }
+    # Only orders that never held anything nor were rejected (tombstones) told nothing.
+    assert {order_id for order_id, row in rows.items() if row[0] != "cancelled"} == set(told)
+    assert {uuid.UUID(body["causation_id"]) for _, _, body in result_events} <= set(inbox)
+
+
+def _holdings_told(result_events) -> dict[uuid.UUID, tuple[str, dict[str, int]]]:
+    """Per order, what its result events say it holds, read in publishing order.
+
+    Fails unless each order's events follow the table: a ``stock.reserved`` or
+    ``stock.rejected`` first, then releases of units it held, each with the status it left,
+    and at most one ``stock.shipped`` of everything it still held, last.
+    """
+    told: dict[uuid.UUID, tuple[str, dict[str, int]]] = {}
+    for order_id, routing_key, body in result_events:
+        lines = {line["sku"]: line["quantity"] for line in body.get("lines", [])}
+        status, held = told.get(order_id, (None, {}))
+        if routing_key in {"stock.reserved", "stock.rejected"}:
+            assert status is None, (order_id, routing_key, status)
+            told[order_id] = ("reserved", lines) if lines else ("nothing", {})
+            continue
+        assert status == "reserved", (order_id, routing_key, status)
+        if routing_key == "stock.shipped":
+            assert lines == held
+            told[order_id] = ("shipped", lines)
+            continue
+        assert routing_key == "stock.released"
+        assert lines
+        assert all(0 < units <= held.get(sku, 0) for sku, units in lines.items())
+        remaining = {sku: units - lines.get(sku, 0) for sku, units in held.items()}
+        remaining = {sku: units for sku, units in remaining.items() if units > 0}
+        assert body["order_status"] == ("reserved" if remaining else "released")
+        told[order_id] = ("reserved", remaining) if remaining else ("nothing", {})
+    return told
 
 
 def _holdings(rows) -> dict[uuid.UUID, tuple[str, dict[str, int]]]:

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from builders import order
+from builders import order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.outcomes import InvariantChecks, outcome_report
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
@@ -33,7 +33,7 @@ async def test_an_empty_database_reports_nothing_and_holds_its_invariants(wareho
     assert (report.released, report.shipped, report.cancelled) == (0, 0, 0)
     assert (report.duplicate_orders, report.inbox_total) == (0, 0)
     assert report.processed == {}
-    assert report.invariants == InvariantChecks(0, 0, (), 0, 0)
+    assert report.invariants == InvariantChecks(0, 0, (), 0, 0, 0, ())
     assert report.ok
 
 
@@ -71,12 +71,15 @@ async def test_the_report_is_plain_data_for_json(warehouse):
         "duplicate_orders": 0,
         "inbox_total": 0,
         "processed": {},
+        "outbox": {"unpublished": 0, "published": 0},
         "invariants": {
             "stock_out_of_bounds": 0,
             "reserved_mismatches": 0,
             "reserved_mismatch_examples": (),
             "inbox_unaccounted": 0,
             "orphan_lines": 0,
+            "shipped_mismatches": 0,
+            "shipped_mismatch_examples": (),
         },
     }
 
@@ -153,3 +156,55 @@ async def test_stock_beyond_its_bounds_is_reported_if_the_check_was_ever_lifted(
         await connection.rollback()
 
     assert report.invariants.stock_out_of_bounds == 2
+
+
+async def test_shipped_units_hold_for_every_shipment_and_a_difference_is_reported(warehouse):
+    await warehouse.put_stock({"A": 10, "B": 10, "C": 10})
+    first, second = order(("A", 2), ("B", 1)), order(("A", 3))
+    for command in (first, second):
+        await warehouse.reserve(command)
+        await warehouse.ship(shipment(command.order_id))
+    assert (await outcome_report(warehouse.engine)).ok
+    async with warehouse.engine.begin() as connection:
+        # on_hand went down by one unit more than the shipped lines (A), and a SKU no shipped
+        # order holds counts a shipped unit (C).
+        await connection.execute(
+            sa.text("UPDATE stock_levels SET shipped = shipped + 1 WHERE sku IN ('A', 'C')")
+        )
+
+    report = await outcome_report(warehouse.engine)
+
+    assert report.invariants.shipped_mismatches == 2
+    assert report.invariants.shipped_mismatch_examples == ("A", "C")
+    assert report.invariants.reserved_mismatches == 0
+    assert not report.ok
+
+
+async def test_shipped_lines_not_counted_in_shipped_units_are_reported(warehouse):
+    await warehouse.put_stock({"A": 10})
+    command = order(("A", 2))
+    await warehouse.reserve(command)
+    await warehouse.ship(shipment(command.order_id))
+    async with warehouse.engine.begin() as connection:
+        await connection.execute(sa.text("UPDATE stock_levels SET shipped = 0"))
+
+    report = await outcome_report(warehouse.engine)
+
+    assert report.invariants.shipped_mismatch_examples == ("A",)
+    assert not report.ok
+
+
+async def test_the_report_counts_the_outbox_rows_published_and_not(warehouse):
+    await warehouse.put_stock({"A": 10})
+    for _ in range(3):
+        await warehouse.reserve(order(("A", 1)))
+    async with warehouse.engine.begin() as connection:
+        await connection.execute(
+            sa.text(
+                "UPDATE outbox SET published_at = now() WHERE id = (SELECT min(id) FROM outbox)"
+            )
+        )
+
+    report = await outcome_report(warehouse.engine)
+
+    assert report.outbox == {"unpublished": 2, "published": 1}

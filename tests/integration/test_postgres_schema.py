@@ -492,3 +492,71 @@ async def test_a_worker_of_the_previous_release_keeps_reserving_on_the_migrated_
     assert statuses == {reserved: "reserved", short: "rejected", tombstoned: "cancelled"}
     assert tuple(stock) == (5, 3)
     assert [tuple(row) for row in released] == [("released", "released")]
+
+
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0009_restores_the_functions_of_0008():
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0008")
+        before = asyncio.run(_function_definitions(url))
+        command.upgrade(config, "0009")
+        upgraded = asyncio.run(_function_definitions(url))
+        command.downgrade(config, "0008")
+        after = asyncio.run(_function_definitions(url))
+
+    assert after == before
+    assert sorted(upgraded) == [
+        (
+            "cancel_orders(text,uuid[],uuid[],timestamp with time zone[],boolean[],integer[],"
+            "text[],integer[],text[])"
+        ),
+        (
+            "place_orders(text,uuid[],uuid[],timestamp with time zone[],integer[],text[],"
+            "integer[],text[])"
+        ),
+        "reserve_orders(text,uuid[],uuid[],timestamp with time zone[],integer[],text[],integer[])",
+        "ship_orders(text,uuid[],uuid[],timestamp with time zone[],text[])",
+    ]
+
+
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_a_worker_of_the_previous_release_writes_result_events_once_0009_is_in():
+    # During the rolling update of 0009, workers of the previous release keep the statements
+    # they prepared against v1 (asyncpg prepares each once per connection) and pass v1's
+    # arguments: PostgreSQL plans them again against v2, whose new parameter defaults to NULL.
+    placed = datetime(2010, 12, 1, tzinfo=UTC)
+
+    async def across_the_upgrade(url, config):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            await connection.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('A', 5)")
+            statement = await connection.prepare(
+                "SELECT ordinal, outcome, reason, skus"
+                " FROM place_orders('fulfilment', $1, $2, $3, $4, $5, $6)"
+            )
+            before = [
+                tuple(row)
+                for row in await statement.fetch([uuid4()], [uuid4()], [placed], [1], ["A"], [1])
+            ]
+            await asyncio.to_thread(command.upgrade, config, "0009")
+            after = [
+                tuple(row)
+                for row in await statement.fetch([uuid4()], [uuid4()], [placed], [1], ["A"], [1])
+            ]
+            outbox = await connection.fetch("SELECT routing_key, traceparent FROM outbox")
+        finally:
+            await connection.close()
+        return before, after, [tuple(row) for row in outbox]
+
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0008")
+        before, after, outbox = asyncio.run(across_the_upgrade(url, config))
+
+    assert before == after == [(1, "reserved", None, [])]
+    assert outbox == [("stock.reserved", None)]

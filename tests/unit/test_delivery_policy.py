@@ -15,7 +15,7 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -45,7 +45,6 @@ from fulfilment.worker.delivery import (
     DeliveryPolicy,
     EventRefusedError,
     Handled,
-    Handler,
     parse_event,
     raw_body,
     subscribe,
@@ -84,7 +83,11 @@ async def handled(body: bytes) -> Handled:
     )
 
 
-def failing(error: BaseException) -> Handler:
+BodyHandler = Callable[[bytes], Awaitable[Handled]]
+"""A test's handler: the body in (the harness records the trace context it was given)."""
+
+
+def failing(error: BaseException) -> BodyHandler:
     async def handler(body: bytes) -> Handled:
         parse_event(PingV1, body)
         raise error
@@ -120,6 +123,7 @@ class Harness:
     metrics: Metrics
     pause: ConsumerPause
     calls: list[bytes]
+    traces: list[str | None]
     dead_letters: list[RabbitMessage]
     settled: list[str]
     dlq: Dlq
@@ -153,7 +157,7 @@ async def _database_down() -> None:
 
 
 async def _harness(
-    handler: Handler,
+    handler: BodyHandler,
     monkeypatch: pytest.MonkeyPatch,
     *,
     deadline_seconds: float = 5.0,
@@ -167,6 +171,7 @@ async def _harness(
     metrics = new_metrics()
     pause = ConsumerPause(_database_down)
     calls: list[bytes] = []
+    traces: list[str | None] = []
     dead_letters: list[RabbitMessage] = []
     redeliveries: Counter[uuid.UUID] = Counter()
 
@@ -174,8 +179,9 @@ async def _harness(
         redeliveries[event_id] += 1
         return redeliveries[event_id]
 
-    async def counted(body: bytes) -> Handled:
+    async def counted(body: bytes, traceparent: str | None) -> Handled:
         calls.append(body)
+        traces.append(traceparent)
         return await handler(body)
 
     policy = DeliveryPolicy(
@@ -209,7 +215,15 @@ async def _harness(
         async with TestRabbitBroker(broker):
             try:
                 yield Harness(
-                    subscriber, metrics, pause, calls, dead_letters, settled, dlq, redeliveries
+                    subscriber,
+                    metrics,
+                    pause,
+                    calls,
+                    traces,
+                    dead_letters,
+                    settled,
+                    dlq,
+                    redeliveries,
                 )
             finally:
                 await pause.close()
@@ -589,3 +603,53 @@ async def test_a_redelivery_counts_the_brokers_deliveries_and_keeps_the_replay_h
         assert first.headers["x-fulfilment-delivery-count"] == 3
         assert first.headers["x-fulfilment-replay-id"] == "run-1"
         assert second.headers["x-fulfilment-delivery-count"] == 1  # unreadable: at least 1
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"traceparent": TRACEPARENT}, TRACEPARENT),
+        ({"traceparent": TRACEPARENT.encode()}, TRACEPARENT),
+        ({"traceparent": "01-" + TRACEPARENT[3:] + "-later"}, "01-" + TRACEPARENT[3:] + "-later"),
+        ({}, None),
+        (None, None),
+        ({"traceparent": 7}, None),
+        ({"traceparent": TRACEPARENT.upper()}, None),
+        ({"traceparent": TRACEPARENT + "-later"}, None),
+        ({"traceparent": "ff-" + TRACEPARENT[3:]}, None),
+        ({"traceparent": "00-" + "0" * 32 + TRACEPARENT[35:]}, None),
+        ({"traceparent": TRACEPARENT[:36] + "0" * 16 + "-01"}, None),
+        ({"traceparent": "00-abc-def-01"}, None),
+    ],
+    ids=[
+        "valid",
+        "bytes",
+        "later-version",
+        "absent",
+        "no-headers",
+        "not-text",
+        "upper-case",
+        "appended-to-00",
+        "version-ff",
+        "zero-trace-id",
+        "zero-parent-id",
+        "short",
+    ],
+)
+def test_the_trace_context_is_the_traceparent_header_when_it_is_valid_w3c(
+    headers, expected
+) -> None:
+    assert delivery.trace_context(headers) == expected
+
+
+async def test_the_handler_gets_the_delivery_s_trace_context(monkeypatch) -> None:
+    async for harness in _harness(handled, monkeypatch):
+        await harness.deliver(a_ping(), headers={"traceparent": TRACEPARENT})
+        await harness.deliver(a_ping(), headers={"traceparent": "not a trace context"})
+        await harness.deliver(a_ping())
+
+        assert harness.traces == [TRACEPARENT, None, None]
+        assert harness.settled == ["ack", "ack", "ack"]

@@ -316,3 +316,22 @@ async def test_the_ship_handler_refuses_an_order_it_cannot_ship_naming_the_order
 async def test_the_handlers_refuse_a_body_that_is_not_their_event(handler: Any, title: str) -> None:
     with pytest.raises(MalformedEventError, match=f"invalid {title}"):
         await handler(b'{"version": 1}', warehouse=InMemoryWarehouse())
+
+
+async def test_the_handlers_hand_the_trace_context_to_the_result_events() -> None:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"A": 10})
+    placed = order(("A", 2), traceparent="00-" + "1" * 32 + "-" + "1" * 16 + "-01")
+    await warehouse.reserve(placed)
+    cancel_trace, ship_trace = "00-" + "2" * 32 + "-" + "2" * 16 + "-01", None
+
+    await on_order_cancelled(
+        cancelled(placed.order_id, [("A", 1)]), cancel_trace, warehouse=warehouse
+    )
+    await on_order_shipped(shipped(placed.order_id), ship_trace, warehouse=warehouse)
+
+    assert [(event.routing_key, event.traceparent) for event in warehouse.result_events] == [
+        ("stock.reserved", placed.traceparent),
+        ("stock.released", cancel_trace),
+        ("stock.shipped", None),
+    ]

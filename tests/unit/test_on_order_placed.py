@@ -281,3 +281,15 @@ async def test_the_handler_refuses_a_body_that_is_not_an_order_placed_v1() -> No
             % (str(uuid.uuid4()).encode(), str(uuid.uuid4()).encode()),
             warehouse=InMemoryWarehouse(),
         )
+
+
+async def test_the_worker_hands_the_delivery_s_traceparent_to_the_result_event() -> None:
+    warehouse = InMemoryWarehouse()
+    await warehouse.put_stock({"85123A": 10})
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async for harness in _harness(warehouse, Settings()):
+        await harness.publish(a_body([("85123A", 1)]), headers={"traceparent": traceparent})
+        await harness.publish(a_body([("85123A", 1)]))
+
+        assert harness.outcomes() == ["reserved:", "reserved:"]
+        assert [event.traceparent for event in warehouse.result_events] == [traceparent, None]

@@ -48,6 +48,17 @@ would not take their dead letter for as long as a delivery can be held (``reason
 REQUEUED_TRANSIENT = "transient"
 REQUEUED_DEAD_LETTER_REFUSED = "dead_letter_refused"
 
+INVARIANTS = (
+    "stock_out_of_bounds",
+    "reserved_mismatches",
+    "inbox_unaccounted",
+    "orphan_lines",
+    "shipped_mismatches",
+)
+"""The ``invariant`` label values of :attr:`Metrics.stock_invariant_violations`: the checks of
+``fulfilment.adapters.postgres.outcomes.InvariantChecks`` (``shipped_mismatches``: on hand went
+down by other than exactly the shipped lines)."""
+
 MONITOR_CHECKS = ("queues", "invariants", "consumer")
 """The ``check`` label values of :attr:`Metrics.monitor_errors`: the worker's background tasks
 (``worker.monitors``), the consumer watchdog included."""
@@ -152,8 +163,10 @@ class Metrics:
         self.registry.register(self._dead_letter_age)
         self.stock_invariant_violations = Gauge(
             "fulfilment_stock_invariant_violations",
-            "Rows breaking a stock invariant at the last check (must stay 0); absent while the "
-            "invariant check cannot read the database.",
+            "Rows breaking a stock invariant at the last check (must stay 0): SKUs out of "
+            "bounds, SKUs whose reserved or shipped units differ from their orders' lines, "
+            "unaccounted inbox rows, orphan lines; absent while the invariant check cannot "
+            "read the database.",
             ["invariant"],
             registry=self.registry,
         )

@@ -63,9 +63,11 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
     "cancelled", "duplicate_orders", "inbox_total", "processed": {outcome: count}},
     "dead_lettered": {"total", "by_queue": {dlq: count}, "by_reason": [{"queue", "class",
     "reason", "count"}]}, "pending": {"ready", "consumers", "by_queue": {queue: {"ready",
-    "consumers"}}}, "invariants": {..., "ok"}}``: orders per state and events per outcome
-    (``fulfilment.adapters.postgres.outcomes``); ``pending.ready`` is the ready messages of
-    all subscribed queues and ``pending.consumers`` the fewest consumers any of them has.
+    "consumers"}}}, "outbox": {"unpublished", "published"}, "invariants": {..., "ok"}}``:
+    orders per state and events per outcome (``fulfilment.adapters.postgres.outcomes``), the
+    outbox's result events waiting for the relay and published; ``pending.ready`` is the
+    ready messages of all subscribed queues and ``pending.consumers`` the fewest consumers
+    any of them has.
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
@@ -94,6 +96,7 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
             ]
     details = asdict(outcomes)
     invariants = details.pop("invariants", {})
+    outbox_rows = details.pop("outbox", {})
     return {
         "outcomes": details,
         "dead_lettered": {
@@ -106,6 +109,7 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
             "consumers": min(queue["consumers"] for queue in pending.values()),
             "by_queue": pending,
         },
+        "outbox": outbox_rows,
         "invariants": {**invariants, "ok": outcomes.ok},
     }
 
@@ -126,6 +130,9 @@ def render_report(document: dict[str, Any]) -> str:
         f"  {name:<28}{queue['ready']} ready, {queue['consumers']} consumer(s)"
         for name, queue in pending["by_queue"].items()
     ]
+    outbox_rows = document["outbox"]
+    lines.append("outbox (result events)")
+    lines += [f"  {key:<28}{value}" for key, value in outbox_rows.items()]
     invariants = document["invariants"]
     lines.append("stock invariants               " + ("hold" if invariants["ok"] else "BROKEN"))
     lines += [f"  {key:<28}{_value(value)}" for key, value in invariants.items() if key != "ok"]

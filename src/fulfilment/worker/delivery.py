@@ -1,10 +1,10 @@
 """The delivery policy: what every subscriber does with a delivery, whatever its event.
 
-A handler (one per event, ``worker.subscribers``) is a plain function of the raw body: it
-parses the body (:func:`parse_event`), calls its use case and returns what it made of the
-event (:class:`Handled`). Everything else is the policy's, the same for every subscription
-made with :func:`subscribe`, and every delivery ends in exactly one of these (product
-contract, promise 1):
+A handler (one per event, ``worker.subscribers``) is a plain function of the raw body and the
+delivery's trace context (:func:`trace_context`): it parses the body (:func:`parse_event`),
+calls its use case and returns what it made of the event (:class:`Handled`). Everything else
+is the policy's, the same for every subscription made with :func:`subscribe`, and every
+delivery ends in exactly one of these (product contract, promise 1):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
@@ -38,6 +38,7 @@ under the subscription's name as its ``event`` label.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -145,8 +146,10 @@ class Handled:
     log_fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Handler = Callable[[bytes], Awaitable[Handled]]
-"""An event's handler: the raw body in, what it made of the event out.
+Handler = Callable[[bytes, str | None], Awaitable[Handled]]
+"""An event's handler: the raw body and the delivery's W3C trace context
+(:func:`trace_context`, None without one) in, what it made of the event out. The trace
+context goes with the event's command to the result events it causes (``outbox.traceparent``).
 
 It raises :class:`MalformedEventError` for a body that can never be its event,
 :class:`EventRefusedError` for an event it refuses as things stand, and
@@ -238,6 +241,39 @@ def _describe(error: ValidationError, limit: int = 5) -> str:
     if more > 0:
         problems.append(f"and {more} more")
     return f"invalid {error.title}: " + "; ".join(problems)
+
+
+TRACEPARENT_HEADER = "traceparent"
+"""The AMQP header of an input delivery that carries its W3C trace context."""
+
+# W3C Trace Context, "traceparent Header": version-trace_id-parent_id-flags in lower-case hex.
+# Version ff is invalid; a later version may append fields after a dash, which a reader of
+# version 00 ignores (but keeps: the header is passed on as it came).
+_TRACEPARENT = re.compile(
+    r"(?!ff)(?P<version>[0-9a-f]{2})-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+    r"(?P<rest>-.*)?",
+    re.ASCII,
+)
+
+
+def trace_context(headers: Mapping[str, object] | None) -> str | None:
+    """The delivery's ``traceparent`` header, when it is a valid W3C trace context.
+
+    Returns None without one, and for one that is not a string or breaks the W3C Trace
+    Context format (``00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>``, ids not all
+    zero, version not ``ff``, nothing appended to version ``00``): the specification asks a
+    receiver to ignore a malformed ``traceparent``, so the event is handled without one
+    rather than refused.
+    """
+    value = (headers or {}).get(TRACEPARENT_HEADER)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", errors="replace")
+    if not isinstance(value, str):
+        return None
+    match = _TRACEPARENT.fullmatch(value)
+    if match is None or (match["version"] == "00" and match["rest"] is not None):
+        return None
+    return value
 
 
 async def raw_body(message: AbstractIncomingMessage) -> bytes:
@@ -442,7 +478,7 @@ class _Subscription:
                     poison = await self._count_redelivery(body)
                     if poison is not None:
                         return poison
-                return await self._handler(body)
+                return await self._handler(body, trace_context(raw.headers))
         except (MalformedEventError, EventRefusedError) as error:
             return Failure(FailureClass.PERMANENT, str(error), error)
         except TransientError as error:

@@ -31,6 +31,7 @@ from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq import QueueState, peek_head, queue_state
 from fulfilment.contracts.dead_letter import describe_dead_letter
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from fulfilment.observability.metrics import INVARIANTS
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -220,11 +221,15 @@ async def check_invariants(
                     )
                     report = await outcome_report(snapshot)
         checks = report.invariants
-        violations = metrics.stock_invariant_violations
-        violations.labels("stock_out_of_bounds").set(checks.stock_out_of_bounds)
-        violations.labels("reserved_mismatches").set(checks.reserved_mismatches)
-        violations.labels("inbox_unaccounted").set(abs(checks.inbox_unaccounted))
-        violations.labels("orphan_lines").set(checks.orphan_lines)
+        counts = {
+            "stock_out_of_bounds": checks.stock_out_of_bounds,
+            "reserved_mismatches": checks.reserved_mismatches,
+            "inbox_unaccounted": abs(checks.inbox_unaccounted),
+            "orphan_lines": checks.orphan_lines,
+            "shipped_mismatches": checks.shipped_mismatches,
+        }
+        for invariant in INVARIANTS:
+            metrics.stock_invariant_violations.labels(invariant).set(counts[invariant])
         if not checks.ok:
             logger.error("monitor.invariants_broken", **dataclasses.asdict(checks))
         await asyncio.sleep(interval_seconds)

@@ -110,15 +110,16 @@ async def processed_event_ids(
 
 
 async def reset_tables(warehouse: PostgresWarehouse) -> None:
-    """Empty the inbox, reservations, tombstone lines, stock levels and redelivery counts.
+    """Empty the inbox, reservations, tombstone lines, stock levels, redelivery counts, outbox.
 
-    For ``demo --reset``.
+    For ``demo --reset``. The outbox goes too, published or not: its result events tell of
+    the orders removed.
     """
     async with warehouse.engine.begin() as connection:
         await connection.execute(
             text(
                 "TRUNCATE inbox_messages, reservation_lines, reservations, tombstone_lines,"
-                " stock_levels, delivery_attempts"
+                " stock_levels, delivery_attempts, outbox"
             )
         )
 

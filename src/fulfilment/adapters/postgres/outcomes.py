@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -9,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fulfilment.adapters.postgres.tables import (
     inbox_messages,
+    outbox,
     reservation_lines,
     reservations,
     stock_levels,
@@ -39,6 +41,13 @@ class InvariantChecks:
             deployed.
         orphan_lines: ``reservation_lines`` rows whose order has no reservation (the check
             of the foreign key that migration 0005 dropped).
+        shipped_mismatches: SKUs whose ``shipped`` (the units ``ship_orders()`` took out of
+            ``on_hand``) differs from the units of the shipped orders' ``reservation_lines``
+            (either side missing counts as 0): ``on_hand`` went down by other than exactly the
+            shipped lines. During a rolling update from a release before migration 0009, the
+            SKUs its workers ship differ until they are gone.
+        shipped_mismatch_examples: up to :data:`MISMATCH_EXAMPLES` of those SKUs, in
+            code-point order.
     """
 
     stock_out_of_bounds: int
@@ -46,6 +55,8 @@ class InvariantChecks:
     reserved_mismatch_examples: tuple[str, ...]
     inbox_unaccounted: int
     orphan_lines: int
+    shipped_mismatches: int
+    shipped_mismatch_examples: tuple[str, ...]
 
     @property
     def ok(self) -> bool:
@@ -55,6 +66,7 @@ class InvariantChecks:
             and self.reserved_mismatches == 0
             and self.inbox_unaccounted == 0
             and self.orphan_lines == 0
+            and self.shipped_mismatches == 0
         )
 
 
@@ -75,6 +87,8 @@ class OutcomeReport:
             ``duplicate_order``, ``released``, ``partially_released``, ``tombstoned``,
             ``cancel_ignored``, ``cancel_after_ship``, ``shipped``, ``ship_ignored``: the
             values of ``inbox_messages.outcome`` that occur).
+        outbox: rows of the outbox of result events, ``unpublished`` (waiting for the relay)
+            and ``published`` (confirmed by the broker, kept until the relay's retention).
         invariants: the stock and inbox checks.
     """
 
@@ -86,6 +100,7 @@ class OutcomeReport:
     duplicate_orders: int
     inbox_total: int
     processed: dict[str, int]
+    outbox: dict[str, int]
     invariants: InvariantChecks
 
     @property
@@ -161,28 +176,18 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
         )
     )
 
-    demand = (
-        sa.select(
-            reservation_lines.c.sku,
-            sa.func.sum(reservation_lines.c.quantity).label("units"),
-        )
-        .join(reservations, reservations.c.order_id == reservation_lines.c.order_id)
-        .where(reservations.c.status == "reserved")
-        .group_by(reservation_lines.c.sku)
-        .cte("demand")
+    mismatches = await _lines_mismatching(connection, OrderStatus.RESERVED, stock_levels.c.reserved)
+    shipped_mismatches = await _lines_mismatching(
+        connection, OrderStatus.SHIPPED, stock_levels.c.shipped
     )
-    sku = sa.func.coalesce(stock_levels.c.sku, demand.c.sku).collate("C").label("sku")
-    mismatches = (
-        await connection.execute(
-            sa.select(sku, sa.func.count().over().label("total"))
-            .select_from(stock_levels.join(demand, demand.c.sku == stock_levels.c.sku, full=True))
-            .where(
-                sa.func.coalesce(stock_levels.c.reserved, 0) != sa.func.coalesce(demand.c.units, 0)
-            )
-            .order_by(sku)
-            .limit(MISMATCH_EXAMPLES)
+    published = await connection.execute(
+        sa.select(outbox.c.published_at.is_not(None), sa.func.count()).group_by(
+            outbox.c.published_at.is_not(None)
         )
-    ).all()
+    )
+    outbox_rows = {"unpublished": 0, "published": 0}
+    for is_published, count in published:
+        outbox_rows["published" if is_published else "unpublished"] = count
 
     return OutcomeReport(
         reserved=orders[OrderStatus.RESERVED],
@@ -193,11 +198,43 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
         duplicate_orders=duplicate_orders,
         inbox_total=inbox_total,
         processed=by_outcome,
+        outbox=outbox_rows,
         invariants=InvariantChecks(
             stock_out_of_bounds=out_of_bounds or 0,
             reserved_mismatches=mismatches[0].total if mismatches else 0,
             reserved_mismatch_examples=tuple(row.sku for row in mismatches),
             inbox_unaccounted=unaccounted,
             orphan_lines=orphan_lines or 0,
+            shipped_mismatches=shipped_mismatches[0].total if shipped_mismatches else 0,
+            shipped_mismatch_examples=tuple(row.sku for row in shipped_mismatches),
         ),
     )
+
+
+async def _lines_mismatching(
+    connection: AsyncConnection, status: OrderStatus, units: sa.Column[int]
+) -> Sequence[sa.Row[str, int]]:
+    """The SKUs whose ``units`` of ``stock_levels`` differ from the lines of ``status`` orders.
+
+    Up to :data:`MISMATCH_EXAMPLES` rows ``(sku, total)`` in code-point order, ``total``
+    counting them all.
+    """
+    lines = (
+        sa.select(
+            reservation_lines.c.sku,
+            sa.func.sum(reservation_lines.c.quantity).label("units"),
+        )
+        .join(reservations, reservations.c.order_id == reservation_lines.c.order_id)
+        .where(reservations.c.status == str(status))
+        .group_by(reservation_lines.c.sku)
+        .cte("lines")
+    )
+    sku = sa.func.coalesce(stock_levels.c.sku, lines.c.sku).collate("C").label("sku")
+    result = await connection.execute(
+        sa.select(sku, sa.func.count().over().label("total"))
+        .select_from(stock_levels.join(lines, lines.c.sku == stock_levels.c.sku, full=True))
+        .where(sa.func.coalesce(units, 0) != sa.func.coalesce(lines.c.units, 0))
+        .order_by(sku)
+        .limit(MISMATCH_EXAMPLES)
+    )
+    return result.all()

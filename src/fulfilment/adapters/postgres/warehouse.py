@@ -39,7 +39,9 @@ __all__ = [
     "MAX_ON_HAND",
     "PostgresWarehouse",
     "StockBelowReservedError",
+    "cancel_orders_statement",
     "reserve_orders_statement",
+    "ship_orders_statement",
 ]
 
 MAX_ON_HAND = INTEGER_MAX
@@ -57,8 +59,8 @@ _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
 
 _PLACE_ORDERS = sa.text(
-    "SELECT ordinal, outcome, reason, skus FROM place_orders("
-    ":consumer, :event_ids, :order_ids, :placed_at, :line_orders, :line_skus, :line_quantities)"
+    "SELECT ordinal, outcome, reason, skus FROM place_orders(:consumer, :event_ids, :order_ids,"
+    " :placed_at, :line_orders, :line_skus, :line_quantities, :traceparents)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
     sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
@@ -67,17 +69,19 @@ _PLACE_ORDERS = sa.text(
     sa.bindparam("line_orders", type_=_INTEGER_ARRAY),
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
+    sa.bindparam("traceparents", type_=_TEXT_ARRAY),
 )
 """One statement, one round trip (``migrations/sql/place_orders/``), through the engine."""
 
 _PLACE_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7)"
+    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7, $8)"
 )
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
 
 _CANCEL_ORDERS = sa.text(
     "SELECT ordinal, outcome, status, skus, quantities FROM cancel_orders(:consumer,"
-    " :event_ids, :order_ids, :cancelled_at, :whole, :line_orders, :line_skus, :line_quantities)"
+    " :event_ids, :order_ids, :cancelled_at, :whole, :line_orders, :line_skus, :line_quantities,"
+    " :traceparents)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
     sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
@@ -87,27 +91,29 @@ _CANCEL_ORDERS = sa.text(
     sa.bindparam("line_orders", type_=_INTEGER_ARRAY),
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
+    sa.bindparam("traceparents", type_=_TEXT_ARRAY),
 )
 """A batch of cancels in one statement (``migrations/sql/cancel_orders/``), through the engine."""
 
 _CANCEL_ORDERS_ON_POOL = (
     "SELECT ordinal, outcome, status, skus, quantities"
-    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8)"
+    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 )
 
 _SHIP_ORDERS = sa.text(
     "SELECT ordinal, outcome, status, skus, quantities"
-    " FROM ship_orders(:consumer, :event_ids, :order_ids, :shipped_at)"
+    " FROM ship_orders(:consumer, :event_ids, :order_ids, :shipped_at, :traceparents)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
     sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
     sa.bindparam("order_ids", type_=postgresql.ARRAY(sa.Uuid)),
     sa.bindparam("shipped_at", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
+    sa.bindparam("traceparents", type_=_TEXT_ARRAY),
 )
 """A batch of shipments in one statement (``migrations/sql/ship_orders/``), through the engine."""
 
 _SHIP_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, status, skus, quantities FROM ship_orders($1, $2, $3, $4)"
+    "SELECT ordinal, outcome, status, skus, quantities FROM ship_orders($1, $2, $3, $4, $5)"
 )
 
 # The column keeps the name message_key although it holds the event id (as text, the form
@@ -281,12 +287,7 @@ class PostgresWarehouse(Warehouse):
         rows = await self._batch_rows(
             _SHIP_ORDERS_ON_POOL,
             _SHIP_ORDERS,
-            {
-                "consumer": self._consumer,
-                "event_ids": [command.event_id for command in commands],
-                "order_ids": [command.order_id for command in commands],
-                "shipped_at": [command.shipped_at for command in commands],
-            },
+            _ship_arguments(self._consumer, commands),
             operation="ship",
             size=len(commands),
         )
@@ -446,6 +447,26 @@ def reserve_orders_statement(
     return _PLACE_ORDERS, _arguments(consumer, commands)
 
 
+def cancel_orders_statement(
+    consumer: str, commands: Sequence[CancelOrder]
+) -> tuple[sa.TextClause, dict[str, Any]]:
+    """``cancel_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
+
+    As :func:`reserve_orders_statement`; a command that cancels lines must name at least one.
+    """
+    return _CANCEL_ORDERS, _cancel_arguments(consumer, commands)
+
+
+def ship_orders_statement(
+    consumer: str, commands: Sequence[ShipOrder]
+) -> tuple[sa.TextClause, dict[str, Any]]:
+    """``ship_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
+
+    As :func:`reserve_orders_statement`.
+    """
+    return _SHIP_ORDERS, _ship_arguments(consumer, commands)
+
+
 def _arguments(consumer: str, commands: Sequence[ReserveStock]) -> dict[str, Any]:
     """The arguments of ``place_orders()``, by name and in its order."""
     line_orders: list[int] = []
@@ -465,6 +486,7 @@ def _arguments(consumer: str, commands: Sequence[ReserveStock]) -> dict[str, Any
         "line_orders": line_orders,
         "line_skus": line_skus,
         "line_quantities": line_quantities,
+        "traceparents": [command.traceparent for command in commands],
     }
 
 
@@ -487,6 +509,18 @@ def _cancel_arguments(consumer: str, commands: Sequence[CancelOrder]) -> dict[st
         "line_orders": line_orders,
         "line_skus": line_skus,
         "line_quantities": line_quantities,
+        "traceparents": [command.traceparent for command in commands],
+    }
+
+
+def _ship_arguments(consumer: str, commands: Sequence[ShipOrder]) -> dict[str, Any]:
+    """The arguments of ``ship_orders()``, by name and in its order."""
+    return {
+        "consumer": consumer,
+        "event_ids": [command.event_id for command in commands],
+        "order_ids": [command.order_id for command in commands],
+        "shipped_at": [command.shipped_at for command in commands],
+        "traceparents": [command.traceparent for command in commands],
     }
 
 

@@ -1,0 +1,92 @@
+"""The ``in_transaction`` crash point of every kind of event, on the real database.
+
+The point runs the event's function in a transaction of its own and kills the process before
+``COMMIT``; here ``crash`` raises instead of killing, so the test sees what PostgreSQL kept.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from pydantic import SecretStr
+
+from builders import cancellation, order, shipment
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.composition import database_options
+from fulfilment.domain.lifecycle import CancelKind, ShipKind
+from fulfilment.domain.model import OutcomeKind, StockLevel
+from fulfilment.settings import Settings
+from fulfilment.worker import crashing_warehouse
+from fulfilment.worker.crashing_warehouse import CrashingWarehouse
+from fulfilment.worker.fault_injection import CrashPoint, FaultPlan
+
+pytestmark = pytest.mark.postgres
+
+
+class Crashed(Exception):  # noqa: N818 - stands for the SIGKILL of the process
+    """Raised where the crash point would kill the process."""
+
+
+@pytest.fixture
+async def warehouses(clean_database, monkeypatch):
+    """The PostgreSQL warehouse, and it wrapped with an ``in_transaction`` crash every time."""
+    crashes: list[tuple[CrashPoint, object]] = []
+
+    def crash(point, command):
+        crashes.append((point, command))
+        raise Crashed
+
+    monkeypatch.setattr(crashing_warehouse, "crash", crash)
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    inner = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+    plan = FaultPlan({CrashPoint.IN_TRANSACTION: 1.0})
+    crashing = CrashingWarehouse(inner, plan, engine=engine, consumer="fulfilment")
+    try:
+        yield inner, crashing, crashes
+    finally:
+        await engine.dispose()
+
+
+async def _written(inner):
+    """The inbox's event ids, and the last ``outbox.id`` handed out (committed or not)."""
+    async with inner.engine.connect() as connection:
+        inbox = set(
+            (await connection.execute(sa.text("SELECT event_id FROM inbox_messages"))).scalars()
+        )
+        last_id = (
+            await connection.execute(
+                sa.text("SELECT last_value FROM pg_sequences WHERE sequencename LIKE 'outbox_id%'")
+            )
+        ).scalar_one()
+    return inbox, last_id
+
+
+@pytest.mark.parametrize("kind", ["reserve", "cancel", "ship"])
+async def test_a_crash_in_the_transaction_of_any_event_leaves_nothing_of_it(warehouses, kind):
+    inner, crashing, crashes = warehouses
+    await inner.put_stock({"A": 10})
+    placed = order(("A", 3))
+    if kind != "reserve":
+        assert (await inner.reserve(placed)).kind is OutcomeKind.RESERVED
+    command = {
+        "reserve": placed,
+        "cancel": cancellation(placed.order_id, ("A", 1)),
+        "ship": shipment(placed.order_id),
+    }[kind]
+    inbox_before, last_id_before = await _written(inner)
+
+    with pytest.raises(Crashed):
+        await getattr(crashing, kind)(command)
+
+    assert crashes == [(CrashPoint.IN_TRANSACTION, command)]
+    inbox_after, last_id_after = await _written(inner)
+    # The function ran to its outbox row (an identity value is not given back by a rollback),
+    # and nothing of it was committed.
+    assert last_id_after == (last_id_before or 0) + 1
+    assert inbox_after == inbox_before
+    assert command.event_id not in inbox_after
+    reserved = 0 if kind == "reserve" else 3
+    assert await inner.stock(["A"]) == {"A": StockLevel(10, reserved)}
+    applied = await getattr(inner, kind)(command)
+    assert applied.kind in {OutcomeKind.RESERVED, CancelKind.PARTIALLY_RELEASED, ShipKind.SHIPPED}
