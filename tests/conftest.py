@@ -96,7 +96,7 @@ async def clean_database(database_url: str) -> str:
     try:
         await connection.execute(
             "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
-            " tombstone_lines, delivery_attempts CASCADE"
+            " tombstone_lines, delivery_attempts, outbox CASCADE"
         )
     finally:
         await connection.close()
