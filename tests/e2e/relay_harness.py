@@ -145,7 +145,7 @@ class RelayProcess(WorkerProcess):
             return {}
 
     def metric(self, name: str, labels: str = "") -> float:
-        """The value of one series of ``/metrics``; ``labels`` as written (``reason="returned"``)."""
+        """The value of a series of ``/metrics``; ``labels`` as written: ``reason="returned"``."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as page:
             text = page.read().decode()
         series = f"{name}{{{labels}}}" if labels else name
