@@ -14,10 +14,12 @@ import asyncpg
 import pytest
 from harness import wait_for
 from relay_harness import (
-    OutboxEvent,
     RelayProcess,
+    assert_in_order_per_order,
     bind_events_queue,
     insert_outbox,
+    lifecycle_rows,
+    spawn_relay,
     take,
     unpublished,
 )
@@ -38,39 +40,6 @@ def relays() -> Iterator[list[RelayProcess]]:
     yield started
     for relay in started:
         relay.stop_quietly()
-
-
-def spawn_relay(
-    relays: list[RelayProcess], env: dict[str, str], tmp_path: Path, *, wait_ready: bool = True
-) -> RelayProcess:
-    relay = RelayProcess(dict(env), tmp_path / f"relay-{len(relays)}.log")
-    relays.append(relay)
-    relay.start(wait_ready=wait_ready)
-    return relay
-
-
-def lifecycle_rows(orders: int) -> list[tuple[uuid.UUID, str]]:
-    """Rows of ``orders`` orders, interleaved: reserved, released, shipped for each."""
-    ids = [uuid.uuid4() for _ in range(orders)]
-    return [
-        (order_id, key)
-        for key in ("stock.reserved", "stock.released", "stock.shipped")
-        for order_id in ids
-    ]
-
-
-def assert_in_order_per_order(
-    messages: list[aio_pika.abc.AbstractIncomingMessage], events: list[OutboxEvent]
-) -> None:
-    """Per order, the first arrival of each event follows the outbox's order (``events``)."""
-    first_seen: list[str] = []
-    for message in messages:
-        if message.message_id not in first_seen:
-            first_seen.append(str(message.message_id))
-    assert sorted(first_seen) == sorted(str(event.event_id) for event in events)
-    for order_id in {event.order_id for event in events}:
-        expected = [str(e.event_id) for e in events if e.order_id == order_id]
-        assert [m for m in first_seen if m in expected] == expected
 
 
 async def test_each_outbox_row_arrives_on_fulfilment_events_with_its_properties_in_id_order(
