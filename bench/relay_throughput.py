@@ -1,8 +1,9 @@
 """How fast one relay empties a backlog of outbox rows, and its commit-to-confirm lag.
 
 Writes ROWS outbox rows of ROWS / 3 orders (reserved, released, shipped each) into a
-throwaway migrated database, runs the relay in this process against the local RabbitMQ (a
-queue bound to ``fulfilment.events`` takes the events), and prints rows per second until the
+throwaway migrated database, runs the relay in this process against the RabbitMQ of
+``FULFILMENT_TEST_AMQP_URL`` (the local one by default; a queue bound to
+``fulfilment.events`` takes the events), and prints rows per second until the
 last one is marked, and the lag percentiles of ``fulfilment_outbox_publish_lag_seconds``.
 
 Run: ``uv run python bench/relay_throughput.py [rows] [batch size]`` (defaults 30000, 100).
