@@ -132,7 +132,8 @@ class Relay:
     def ready(self) -> bool:
         """Connected to both services, and either holding the lock or standing by."""
         checks = self.readiness()
-        return bool(checks["broker"]) and bool(checks["database"]) and self.role != "connecting"
+        connected = bool(checks["broker"]) and bool(checks["database"])
+        return connected and self.role is not Role.CONNECTING
 
     async def run(self) -> None:
         """Connect, stand by, publish; connect again after any loss, until stopped.
