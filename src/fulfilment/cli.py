@@ -99,6 +99,12 @@ dlq_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(dlq_app, name="dlq")
+outbox_app = typer.Typer(
+    cls=Group,
+    no_args_is_help=True,
+    help="The outbox of result events: ``fulfilment outbox prune``.",
+)
+app.add_typer(outbox_app, name="outbox")
 
 T = TypeVar("T")
 
@@ -182,6 +188,36 @@ def worker() -> None:
     from fulfilment.main import main  # noqa: PLC0415 - keeps the other commands' start fast
 
     main()
+
+
+@app.command(cls=Command)
+def relay() -> None:
+    """Publish the outbox's result events to ``fulfilment.events`` until SIGTERM or SIGINT.
+
+    One replica at a time publishes (it holds a PostgreSQL advisory lock); the others stand by.
+    """
+    from fulfilment.relay_main import main  # noqa: PLC0415 - keeps the other commands' start fast
+
+    main()
+
+
+@outbox_app.command("prune", cls=Command)
+def outbox_prune() -> None:
+    """Delete published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS``.
+
+    In transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay.
+    """
+    from fulfilment.tools.outbox import prune_command  # noqa: PLC0415 - see the module's text
+
+    settings = settings_or_exit()
+    run(
+        prune_command(
+            tool_options(settings),
+            retention_seconds=settings.outbox_retention_seconds,
+            batch_size=settings.outbox_prune_batch_size,
+            echo=typer.echo,
+        )
+    )
 
 
 @app.command(cls=Command)

@@ -139,6 +139,29 @@ class Settings(BaseSettings):
     """How often each worker checks the stock invariants for
     ``fulfilment_stock_invariant_violations``: one read of the stock and reservation tables."""
 
+    relay_batch_size: int = Field(default=100, ge=1, le=10000)
+    """Most outbox rows the relay reads and publishes at once (one per order in a batch)."""
+
+    relay_poll_seconds: Seconds = 1.0
+    """How often the active relay reads the outbox without a notification, and how often a
+    standby relay tries the advisory lock (the longest take-over after the holder's session
+    ends) and reads the backlog gauges."""
+
+    relay_publish_timeout_seconds: Seconds = 10.0
+    """How long a batch may wait for the broker's confirms before the relay takes its broker
+    connection for lost and connects again (the unconfirmed rows are published again)."""
+
+    relay_http_port: int = Field(default=8081, ge=1, le=65535)
+    """Port of the relay's ``/health/live``, ``/health/ready`` and ``/metrics`` (on
+    ``FULFILMENT_HTTP_HOST``)."""
+
+    outbox_retention_seconds: Seconds = 7 * 24 * 3600.0
+    """How long a published outbox row is kept (7 days) before ``fulfilment outbox prune``
+    deletes it: the window in which an event can be looked up by its ``event_id``."""
+
+    outbox_prune_batch_size: int = Field(default=1000, ge=1, le=100000)
+    """Rows ``fulfilment outbox prune`` deletes per transaction."""
+
     fault_injection: str = ""
     """Crash injection of the fault suite (``worker.fault_injection``), e.g.
     ``before_transaction:0.01,after_commit:0.01,poison_sku:POISON``. Empty, and so off, in

@@ -44,7 +44,9 @@ from fakes import InMemoryWarehouse
 from fulfilment import cli
 from fulfilment.contracts import dead_letter
 from fulfilment.contracts.dead_letter import FailureClass
+from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.main import build_worker
+from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.settings import Settings
 
 RUNBOOK = ROOT / "docs/runbook.md"
@@ -190,9 +192,10 @@ def _worker_registry() -> Any:
 
 
 def exported_samples() -> dict[str, list[dict[str, str]]]:
-    """Every sample name the worker exports, with the label sets of its series."""
+    """Every sample name the worker or the relay exports, with the label sets of its series."""
     samples: dict[str, list[dict[str, str]]] = {}
-    for family in _worker_registry().collect():
+    relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
+    for family in [*_worker_registry().collect(), *relay.collect()]:
         names = {
             "counter": [f"{family.name}_total"],
             "histogram": [f"{family.name}{end}" for end in ("_bucket", "_count", "_sum")],

@@ -28,6 +28,13 @@ import aio_pika
 import asyncpg
 import pytest
 from harness import WorkerProcess, order_event, publish, spawn, wait_for
+from relay_harness import (
+    RelayProcess,
+    bind_events_queue,
+    insert_outbox,
+    lifecycle_rows,
+    spawn_relay,
+)
 
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -45,7 +52,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 class Prometheus:
     """A Prometheus server of this test, on its own port and data folder."""
 
-    def __init__(self, binary: str, folder: Path, target_port: int) -> None:
+    def __init__(self, binary: str, folder: Path, target_ports: list[int]) -> None:
         self.port = _free_port()
         config = folder / "prometheus.yml"
         config.write_text(
@@ -56,7 +63,9 @@ class Prometheus:
                     "scrape_configs": [
                         {
                             "job_name": "fulfilment",
-                            "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
+                            "static_configs": [
+                                {"targets": [f"127.0.0.1:{port}" for port in target_ports]}
+                            ],
                         }
                     ],
                 }
@@ -143,18 +152,23 @@ def scraped_worker(
     tmp_path: Path,
     prometheus_binary: str,
 ) -> Iterator[tuple[WorkerProcess, Prometheus]]:
+    """A worker and a relay, both scraped (the dashboard has the relay's panels too)."""
     env = {
         **worker_env,
         "FULFILMENT_QUEUE_POLL_INTERVAL_SECONDS": "1",
         "FULFILMENT_INVARIANT_CHECK_INTERVAL_SECONDS": "1",
+        "FULFILMENT_RELAY_POLL_SECONDS": "0.5",
     }
     worker = spawn(workers, env, tmp_path)
-    server = Prometheus(prometheus_binary, tmp_path, worker.port)
+    relays: list[RelayProcess] = []
+    relay = spawn_relay(relays, env, tmp_path)
+    server = Prometheus(prometheus_binary, tmp_path, [worker.port, relay.port])
     try:
         server.wait_ready()
         yield worker, server
     finally:
         server.stop()
+        relay.stop_quietly()
 
 
 async def _at_least(value: Awaitable[float], minimum: float) -> bool:
@@ -202,8 +216,16 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
     )
     await run_traffic(broker, db)
 
+    # Bound, or every result event would come back (mandatory) and stay unpublished.
+    await bind_events_queue(broker)
+    await insert_outbox(db, lifecycle_rows(2))
     await wait_for(
         lambda: scraped("sum(fulfilment_events_total)", 14), timeout=30, what="14 events scraped"
+    )
+    await wait_for(
+        lambda: scraped("sum(fulfilment_outbox_published_total)", 6),
+        timeout=30,
+        what="6 result events published and scraped",
     )
     await wait_for(
         lambda: scraped(f"max(fulfilment_queue_messages_ready{{{DLQ}}})", 2),

@@ -121,3 +121,25 @@ def test_the_quorum_group_defaults_to_a_three_node_cluster(monkeypatch: pytest.M
     assert load_settings().quorum_initial_group_size == 3
     monkeypatch.setenv("FULFILMENT_QUORUM_INITIAL_GROUP_SIZE", "5")
     assert load_settings().quorum_initial_group_size == 5
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FULFILMENT_RELAY_BATCH_SIZE", "0"),
+        ("FULFILMENT_RELAY_POLL_SECONDS", "-1"),
+        ("FULFILMENT_RELAY_HTTP_PORT", "70000"),
+        ("FULFILMENT_OUTBOX_RETENTION_SECONDS", "soon"),
+    ],
+)
+def test_a_bad_relay_or_outbox_setting_stops_the_start_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=variable):
+        load_settings()
+
+
+def test_the_relay_crash_points_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FULFILMENT_FAULT_INJECTION", "before_publish:0.5,after_publish:1")
+    assert load_settings().fault_injection == "before_publish:0.5,after_publish:1"

@@ -25,6 +25,13 @@ ORDER_CANCELLED_ROUTING_KEY = "order.cancelled"
 ORDER_CANCELLED_QUEUE = "fulfilment.order-cancelled"
 ORDER_CANCELLED_DEAD_LETTER_QUEUE = "fulfilment.order-cancelled.dlq"
 
+RESULT_EVENTS_EXCHANGE = "fulfilment.events"
+"""Topic exchange (durable) the relay publishes the result events to; owned and declared by
+the service, bound to by the shop's other services (product contract, "Result events")."""
+
+RESULT_ROUTING_KEYS = ("stock.reserved", "stock.rejected", "stock.released", "stock.shipped")
+"""The routing keys of the result events, also each message's AMQP ``type``."""
+
 ORDER_SHIPPED_ROUTING_KEY = "order.shipped"
 ORDER_SHIPPED_QUEUE = "fulfilment.order-shipped"
 ORDER_SHIPPED_DEAD_LETTER_QUEUE = "fulfilment.order-shipped.dlq"

@@ -58,40 +58,40 @@ class CrashingWarehouse(Warehouse):
     async def reserve(self, command: ReserveStock) -> ReservationOutcome:
         """``inner.reserve(command)``, unless a crash point of the plan kills the process."""
         if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
-            crash(CrashPoint.BEFORE_TRANSACTION, command)
+            crash(CrashPoint.BEFORE_TRANSACTION, command.event_id)
         if self._plan.crashes_at(CrashPoint.IN_TRANSACTION, command):
             await self._crash_in_transaction(
                 command, *reserve_orders_statement(self._consumer, [command])
             )
         outcome = await self._inner.reserve(command)
         if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
-            crash(CrashPoint.AFTER_COMMIT, command)
+            crash(CrashPoint.AFTER_COMMIT, command.event_id)
         return outcome
 
     async def cancel(self, command: CancelOrder) -> CancelOutcome:
         """``inner.cancel(command)``, unless a crash point of the plan kills the process."""
         if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
-            crash(CrashPoint.BEFORE_TRANSACTION, command)
+            crash(CrashPoint.BEFORE_TRANSACTION, command.event_id)
         if self._plan.crashes_at(CrashPoint.IN_TRANSACTION, command):
             await self._crash_in_transaction(
                 command, *cancel_orders_statement(self._consumer, [command])
             )
         outcome = await self._inner.cancel(command)
         if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
-            crash(CrashPoint.AFTER_COMMIT, command)
+            crash(CrashPoint.AFTER_COMMIT, command.event_id)
         return outcome
 
     async def ship(self, command: ShipOrder) -> ShipOutcome:
         """``inner.ship(command)``, unless a crash point of the plan kills the process."""
         if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
-            crash(CrashPoint.BEFORE_TRANSACTION, command)
+            crash(CrashPoint.BEFORE_TRANSACTION, command.event_id)
         if self._plan.crashes_at(CrashPoint.IN_TRANSACTION, command):
             await self._crash_in_transaction(
                 command, *ship_orders_statement(self._consumer, [command])
             )
         outcome = await self._inner.ship(command)
         if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
-            crash(CrashPoint.AFTER_COMMIT, command)
+            crash(CrashPoint.AFTER_COMMIT, command.event_id)
         return outcome
 
     async def _crash_in_transaction(
@@ -101,7 +101,7 @@ class CrashingWarehouse(Warehouse):
         # and the process dies before COMMIT, so PostgreSQL must roll it all back.
         async with self._engine.connect() as connection, connection.begin():
             await connection.execute(statement, arguments)
-            crash(CrashPoint.IN_TRANSACTION, command)
+            crash(CrashPoint.IN_TRANSACTION, command.event_id)
 
     async def count_redelivery(self, event_id: UUID) -> int:
         """``inner.count_redelivery(event_id)``."""

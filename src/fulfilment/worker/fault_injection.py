@@ -14,6 +14,14 @@ delivery of any event (an order placed, cancelled or shipped):
 ``after_commit``
     the transaction is committed, the delivery is not acknowledged yet.
 
+and, in the relay (``fulfilment relay``), at one of these points of a batch of outbox rows:
+
+``before_publish``
+    the batch is read, nothing of it is published yet.
+``after_publish``
+    the batch is published and confirmed by the broker, its rows are not marked yet (so
+    they are published again, with the same ``event_id``, by the next relay).
+
 The setting is a comma-separated list of ``point:probability`` (each delivery draws once per
 point), plus ``poison_sku:<SKU>`` to crash on every delivery of an order, or a cancel of lines,
 holding that SKU:
@@ -49,6 +57,8 @@ class CrashPoint(StrEnum):
     BEFORE_TRANSACTION = "before_transaction"
     IN_TRANSACTION = "in_transaction"
     AFTER_COMMIT = "after_commit"
+    BEFORE_PUBLISH = "before_publish"
+    AFTER_PUBLISH = "after_publish"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +73,12 @@ class FaultPlan:
         """True when any crash can happen."""
         return bool(self.poison_skus) or any(p > 0 for p in self.probabilities.values())
 
-    def crashes_at(self, point: CrashPoint, command: Command) -> bool:
-        """Whether this delivery of ``command`` crashes at ``point`` (draws at random)."""
-        lines = () if isinstance(command, ShipOrder) else command.lines or ()
+    def crashes_at(self, point: CrashPoint, command: Command | None = None) -> bool:
+        """Whether this delivery of ``command`` (None: the relay's batch) crashes at ``point``.
+
+        Draws at random, except for a poison SKU, which always crashes.
+        """
+        lines = () if command is None or isinstance(command, ShipOrder) else command.lines or ()
         if point is CrashPoint.BEFORE_TRANSACTION and any(
             line.sku in self.poison_skus for line in lines
         ):
@@ -101,7 +114,7 @@ def parse_fault_plan(text: str) -> FaultPlan:
     return FaultPlan(probabilities, frozenset(poison))
 
 
-def crash(point: CrashPoint, command: Command) -> None:
-    """Kill this process with SIGKILL, after one log line saying where."""
-    logger.warning("fault.crash", point=str(point), event_id=str(command.event_id))
+def crash(point: CrashPoint, event_id: object) -> None:
+    """Kill this process with SIGKILL, after one log line saying where and at which event."""
+    logger.warning("fault.crash", point=str(point), event_id=str(event_id))
     os.kill(os.getpid(), signal.SIGKILL)

@@ -39,6 +39,7 @@ from faststream.rabbit.schemas.queue import QuorumQueueArgs
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
     ORDERS_EXCHANGE,
+    RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
@@ -87,6 +88,10 @@ class Topology:
     def orders_exchange(self) -> RabbitExchange:
         """``orders``: where the shop publishes the events the worker consumes."""
         return RabbitExchange(ORDERS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
+
+    def result_events_exchange(self) -> RabbitExchange:
+        """``fulfilment.events``: where the relay publishes the result events."""
+        return RabbitExchange(RESULT_EVENTS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
 
     def queue(self, subscribed: SubscribedQueue) -> RabbitQueue:
         """The quorum queue of ``subscribed`` with its delivery limit and dead-lettering.
@@ -195,10 +200,11 @@ def explain_precondition_failure(error: BaseException) -> str:
 async def declare_topology(amqp_url: str, topology: Topology) -> DeclaredArguments:
     """Declare every exchange and queue of ``topology`` and their bindings, idempotently.
 
-    That is both exchanges, and every subscribed queue (``SUBSCRIBED_QUEUES``) with its DLQ,
-    so a queue declared with other arguments stops the start whichever queue it is. Each
-    object is declared on a channel of its own, so a refused declaration is reported for
-    what it is instead of as a closed channel.
+    That is the three exchanges (the result events' too, which the relay also declares), and
+    every subscribed queue (``SUBSCRIBED_QUEUES``) with its DLQ, so a queue declared with
+    other arguments stops the start whichever queue it is. Each object is declared on a
+    channel of its own, so a refused declaration is reported for what it is instead of as a
+    closed channel.
 
     Returns the arguments each subscribed queue was accepted with, by queue name: the
     contract's, except an initial group size the queue kept from its creation. The
@@ -213,6 +219,7 @@ async def declare_topology(amqp_url: str, topology: Topology) -> DeclaredArgumen
     try:
         dlx = await _declare_exchange(connection, topology.dead_letter_exchange())
         orders = await _declare_exchange(connection, topology.orders_exchange())
+        await _declare_exchange(connection, topology.result_events_exchange())
         for subscribed in SUBSCRIBED_QUEUES:
             # The DLQ first, so that no dead letter of the queue is ever unroutable.
             dlq = topology.dead_letter_queue(subscribed)

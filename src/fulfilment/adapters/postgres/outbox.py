@@ -1,0 +1,129 @@
+"""The outbox's reads and writes for the relay and its retention (migration 0008's ``outbox``).
+
+Every function takes a plain asyncpg connection: the relay runs them all on the one session
+that holds its advisory lock (``relay.service``), so a relay whose session ended, and with it
+its lock, can no longer read or mark rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+RELAY_LOCK_KEY = 0x66756C66696C6D
+"""Key of the session advisory lock that makes one relay active (``pg_try_advisory_lock``):
+``b"fulfilm"`` read as a number, so it does not collide with the migrations' lock."""
+
+NOTIFY_CHANNEL = "fulfilment_outbox"
+"""The channel the SQL functions ``pg_notify`` after writing outbox rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """One unpublished result event, as the relay publishes it.
+
+    Attributes:
+        id: publishing order (``outbox.id``).
+        event_id: the event's id, the message's ``message_id``.
+        order_id: the order it reports on, the message's ``correlation_id``.
+        routing_key: ``stock.reserved`` ... ``stock.shipped``, also the message's ``type``.
+        body: the JSON text of ``outbox.body``, published as it is.
+        traceparent: W3C trace context of the transaction that wrote it, or None.
+        created_at: when that transaction wrote it.
+    """
+
+    id: int
+    event_id: uuid.UUID
+    order_id: uuid.UUID
+    routing_key: str
+    body: str
+    traceparent: str | None
+    created_at: datetime
+
+
+async def try_relay_lock(connection: asyncpg.Connection) -> bool:
+    """Take the relay's session advisory lock if free; True when this session holds it.
+
+    Held until the session ends (the relay closes it, or the server or network drops it), so a
+    relay that dies frees it for a standby without any time-out of ours.
+    """
+    return bool(await connection.fetchval("SELECT pg_try_advisory_lock($1)", RELAY_LOCK_KEY))
+
+
+async def next_batch(connection: asyncpg.Connection, limit: int) -> list[OutboxRow]:
+    """The oldest unpublished rows in ``id`` order, at most ``limit``, one per order.
+
+    A row whose order already has an earlier row in the batch is left for a later batch: the
+    rows of a batch are published at once, so a later row of an order must never travel
+    beside an earlier one that the broker might return or refuse (product contract, "in order
+    per order"). The rows left out stay first in line for the next batch.
+    """
+    records = await connection.fetch(
+        "SELECT id, event_id, order_id, routing_key, body::text AS body, traceparent,"
+        " created_at FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
+        limit,
+    )
+    batch: list[OutboxRow] = []
+    orders: set[uuid.UUID] = set()
+    for record in records:
+        if record["order_id"] in orders:
+            continue
+        orders.add(record["order_id"])
+        batch.append(OutboxRow(**dict(record)))
+    return batch
+
+
+async def mark_published(connection: asyncpg.Connection, ids: list[int]) -> list[tuple[str, float]]:
+    """Set ``published_at`` of the rows ``ids`` that are not marked yet, in one statement.
+
+    Returns ``(routing_key, seconds from created_at to published_at)`` per row marked; a row a
+    relay marked already (it published it too, before losing its lock) is left as it was.
+    """
+    records = await connection.fetch(
+        "UPDATE outbox SET published_at = clock_timestamp()"
+        " WHERE id = ANY($1::bigint[]) AND published_at IS NULL"
+        " RETURNING routing_key, extract(epoch FROM published_at - created_at)::float8 AS lag",
+        ids,
+    )
+    return [(record["routing_key"], record["lag"]) for record in records]
+
+
+async def backlog(connection: asyncpg.Connection) -> tuple[int, float]:
+    """``(unpublished rows, age in seconds of the oldest of them)``; the age is 0 when none.
+
+    Reads the partial index of unpublished rows only.
+    """
+    record = await connection.fetchrow(
+        "SELECT count(*) AS rows, coalesce(extract(epoch FROM clock_timestamp()"
+        " - min(created_at)), 0)::float8 AS age FROM outbox WHERE published_at IS NULL"
+    )
+    assert record is not None  # noqa: S101 - an aggregate without GROUP BY returns one row
+    return int(record["rows"]), max(0.0, float(record["age"]))
+
+
+async def prune_published(
+    connection: asyncpg.Connection, *, older_than_seconds: float, batch_size: int
+) -> int:
+    """Delete published rows whose ``published_at`` is older than ``older_than_seconds``.
+
+    One transaction per ``batch_size`` rows (found through the partial index on
+    ``published_at``), so the retention never holds a long transaction or a large lock while
+    the service writes new rows. Unpublished rows are never deleted. Returns the rows deleted.
+    """
+    total = 0
+    while True:
+        deleted = await connection.fetchval(
+            "WITH doomed AS (SELECT id FROM outbox WHERE published_at IS NOT NULL"
+            " AND published_at < clock_timestamp() - make_interval(secs => $1)"
+            " ORDER BY published_at LIMIT $2)"
+            " , gone AS (DELETE FROM outbox WHERE id IN (SELECT id FROM doomed) RETURNING 1)"
+            " SELECT count(*) FROM gone",
+            older_than_seconds,
+            batch_size,
+        )
+        total += int(deleted)
+        if deleted < batch_size:
+            return total

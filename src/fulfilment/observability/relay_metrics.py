@@ -1,0 +1,89 @@
+"""The relay's Prometheus metrics, on a registry of its own (as the worker's, ``metrics``).
+
+Counters are bound at 0 for every label value they can take (the routing keys of the result
+events, the failure reasons), so ``rate()`` and the alerts see the zero. The backlog gauges are
+set by every replica, active or standing by, so the alerts on them still fire when no relay
+holds the lock; they are absent until the first read of the outbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+PUBLISH_LAG_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+"""Commit-to-confirm buckets, 10 ms to an hour: a broker outage holds events back for as long
+as it lasts."""
+
+RETURNED = "returned"
+"""``reason`` of a message the broker could not route (``mandatory``: no queue bound)."""
+NACKED = "nacked"
+"""``reason`` of a message the broker refused (``basic.nack``, e.g. a queue's length limit)."""
+CONNECTION = "connection"
+"""``reason`` of a batch lost with its broker or database connection (counted per batch)."""
+FAILURE_REASONS = (RETURNED, NACKED, CONNECTION)
+
+
+class RelayMetrics:
+    """Collectors of one relay process, registered on :attr:`registry` (a new one).
+
+    Args:
+        routing_keys: every routing key the relay publishes, bound at 0 in
+            ``fulfilment_outbox_published_total``.
+    """
+
+    def __init__(self, routing_keys: Iterable[str]) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.unpublished = Gauge(
+            "fulfilment_outbox_unpublished",
+            "Outbox rows not yet published (rows).",
+            registry=self.registry,
+        )
+        self.oldest_unpublished_age = Gauge(
+            "fulfilment_outbox_oldest_unpublished_age_seconds",
+            "Age of the oldest unpublished outbox row, in seconds; 0 when none.",
+            registry=self.registry,
+        )
+        self.publish_lag = Histogram(
+            "fulfilment_outbox_publish_lag_seconds",
+            "Seconds from an outbox row's commit (created_at) to its confirm (published_at).",
+            buckets=PUBLISH_LAG_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+        published = Counter(
+            "fulfilment_outbox_published",
+            "Result events published and confirmed by the broker, per routing key.",
+            ["routing_key"],
+            registry=self.registry,
+        )
+        self.published = {key: published.labels(routing_key=key) for key in routing_keys}
+        failures = Counter(
+            "fulfilment_outbox_publish_failures",
+            "Publishes that failed and will be retried: returned, nacked, or connection lost.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.failures = {reason: failures.labels(reason=reason) for reason in FAILURE_REASONS}
+        self.active = Gauge(
+            "fulfilment_relay_active",
+            "1 while this relay holds the advisory lock and publishes, 0 while it stands by.",
+            registry=self.registry,
+        )
+
+    def record_published(self, marked: Iterable[tuple[str, float]]) -> None:
+        """Count rows marked published: ``(routing_key, commit-to-confirm seconds)`` each."""
+        for routing_key, lag in marked:
+            self.published[routing_key].inc()
+            self.publish_lag.observe(lag)

@@ -1,0 +1,1 @@
+"""The relay: publishes the outbox's result events to RabbitMQ (``fulfilment relay``)."""

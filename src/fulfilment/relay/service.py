@@ -1,0 +1,338 @@
+"""The relay's loop: take the advisory lock, then publish the outbox in ``id`` order.
+
+One relay is active among its replicas: the one whose PostgreSQL session holds the advisory
+lock (``adapters.postgres.outbox.RELAY_LOCK_KEY``). The others stand by, trying the lock every
+``poll_seconds``, and take over when the holder's session ends (it exited, crashed, or lost its
+connection). A lock rather than partitioning the rows among replicas: per-order order needs
+every row of an order to go through one publisher, and one publisher is also what keeps the
+``id`` order of rows of different orders; a partition by order would need a rebalancing
+protocol where the lock needs none, and one relay publishes far faster than the service
+writes (README, "Result events and the relay").
+
+The active relay reads, marks and listens on that same session, so a relay that lost its lock
+can no longer read or mark rows. It wakes on ``NOTIFY fulfilment_outbox`` and polls every
+``poll_seconds`` as well (a notification is lost while the session is down). Each batch is
+published at once, with publisher confirms and ``mandatory``; ``published_at`` is set only for
+the rows the broker confirmed. A returned or refused row stays unpublished and is retried,
+after a back-off, before any later row of its order (``outbox.next_batch``). At least once: a
+relay that dies between the confirm and the mark publishes those rows again, with the same
+``event_id``; consumers dedupe on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+import aio_pika
+import asyncpg
+import structlog
+from aio_pika.abc import AbstractConnection, AbstractExchange
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+
+from fulfilment.adapters.postgres.outbox import (
+    NOTIFY_CHANNEL,
+    OutboxRow,
+    backlog,
+    mark_published,
+    next_batch,
+    try_relay_lock,
+)
+from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
+from fulfilment.worker.fault_injection import CrashPoint, FaultPlan, crash
+
+logger = structlog.get_logger("fulfilment.relay")
+
+RECONNECT_ERRORS = (
+    OSError,
+    TimeoutError,
+    ConnectionError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    aio_pika.exceptions.AMQPConnectionError,
+    aio_pika.exceptions.ChannelInvalidStateError,
+    aio_pika.exceptions.ChannelClosed,
+)
+"""What ends a relay's session and makes it connect again: a broker or database that is down,
+restarting, or closed the connection (``admin_shutdown``, ``cannot_connect_now``)."""
+
+RECONNECT_MAX_SECONDS = 10.0
+"""Longest wait between two attempts to connect; the relay tries until it is stopped."""
+
+RETRY_MAX_SECONDS = 30.0
+"""Longest back-off before a returned or refused row is published again."""
+
+
+class Role(enum.StrEnum):
+    """What a relay is doing: connecting, standing by for the lock, or publishing."""
+
+    CONNECTING = "connecting"
+    STANDBY = "standby"
+    ACTIVE = "active"
+
+
+@dataclass(frozen=True, slots=True)
+class RelayOptions:
+    """What the relay needs, built by its root from the settings.
+
+    Attributes:
+        amqp_url: RabbitMQ URL.
+        database_url: PostgreSQL URL for asyncpg (``postgresql://``).
+        batch_size: most rows read and published at once.
+        poll_seconds: how often the active relay looks at the outbox without a notification,
+            and a standby tries the lock and reads the backlog.
+        connect_timeout_seconds: time allowed to open each connection.
+        publish_timeout_seconds: time a batch may wait for its confirms before the broker
+            connection is taken for lost.
+        app_id: the messages' ``app_id`` (``fulfilment-<version>``).
+        faults: crash points of the fault suite (``worker.fault_injection``).
+    """
+
+    amqp_url: str = field(repr=False)
+    database_url: str = field(repr=False)
+    batch_size: int
+    poll_seconds: float
+    connect_timeout_seconds: float
+    publish_timeout_seconds: float
+    app_id: str
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+
+class Relay:
+    """One relay process's loop; :meth:`run` until :meth:`stop`."""
+
+    def __init__(self, options: RelayOptions, metrics: RelayMetrics) -> None:
+        self._options = options
+        self._metrics = metrics
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._database: asyncpg.Connection | None = None
+        self._broker: AbstractConnection | None = None
+        self._backlog_read_at = float("-inf")
+        self.role = Role.CONNECTING
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the batch in flight (SIGTERM, SIGINT)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def readiness(self) -> dict[str, bool | str]:
+        """``{"broker": connected, "database": connected, "role": "active"|"standby"|...}``."""
+        return {
+            "broker": self._broker is not None and not self._broker.is_closed,
+            "database": self._database is not None and not self._database.is_closed(),
+            "role": str(self.role),
+        }
+
+    def ready(self) -> bool:
+        """Connected to both services, and either holding the lock or standing by."""
+        checks = self.readiness()
+        connected = bool(checks["broker"]) and bool(checks["database"])
+        return connected and self.role is not Role.CONNECTING
+
+    async def run(self) -> None:
+        """Connect, stand by, publish; connect again after any loss, until stopped.
+
+        Raises only what no reconnection can mend (a programming error).
+        """
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(RECONNECT_ERRORS),
+            wait=wait_exponential_jitter(initial=0.5, max=RECONNECT_MAX_SECONDS),
+            sleep=self._pause,
+            before_sleep=_log_reconnect,
+            reraise=True,
+        )
+        try:
+            await retrying(self._session)
+        except RECONNECT_ERRORS:
+            if not self._stopping.is_set():
+                raise
+        logger.info("relay.stopped")
+
+    async def _session(self) -> None:
+        """One database session and broker connection, from connecting to their loss or a stop."""
+        if self._stopping.is_set():
+            return
+        options = self._options
+        database = await asyncpg.connect(
+            options.database_url,
+            timeout=options.connect_timeout_seconds,
+            server_settings={"application_name": "fulfilment-relay"},
+        )
+        database.add_termination_listener(lambda _connection: self._wake.set())
+        try:
+            broker = await aio_pika.connect(
+                options.amqp_url, timeout=options.connect_timeout_seconds
+            )
+            broker.close_callbacks.add(lambda *_: self._wake.set())
+            try:
+                channel = await broker.channel(publisher_confirms=True, on_return_raises=True)
+                exchange = await channel.declare_exchange(
+                    RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+                )
+                self._database, self._broker = database, broker
+                self.role = Role.STANDBY
+                logger.info("relay.standing_by")
+                if await self._take_lock(database):
+                    self.role = Role.ACTIVE
+                    self._metrics.active.set(1)
+                    logger.info("relay.active")
+                    await database.add_listener(NOTIFY_CHANNEL, self._notified)
+                    await self._publish_until_stopped(database, broker, exchange)
+            finally:
+                self.role = Role.CONNECTING
+                self._metrics.active.set(0)
+                self._database = self._broker = None
+                await _quietly(broker.close())
+        finally:
+            # Closing the session releases the lock at once for a standby.
+            await _quietly(database.close(timeout=options.connect_timeout_seconds))
+
+    async def _take_lock(self, database: asyncpg.Connection) -> bool:
+        """Wait for the advisory lock; True once held, False when stopped first."""
+        while not self._stopping.is_set():
+            if await try_relay_lock(database):
+                return True
+            await self._read_backlog(database)
+            await self._wait(self._options.poll_seconds)
+        return False
+
+    async def _publish_until_stopped(
+        self,
+        database: asyncpg.Connection,
+        broker: AbstractConnection,
+        exchange: AbstractExchange,
+    ) -> None:
+        failed_batches = 0
+        while not self._stopping.is_set():
+            if broker.is_closed:
+                raise ConnectionError("the broker closed the relay's connection")  # noqa: EM101, TRY003 - a reconnect, logged by the retry
+            self._wake.clear()
+            await self._read_backlog(database)
+            batch = await next_batch(database, self._options.batch_size)
+            if not batch:
+                await self._wait(self._options.poll_seconds)
+                continue
+            confirmed = await self._publish(database, exchange, batch)
+            if len(confirmed) < len(batch):
+                failed_batches += 1
+                await self._pause(min(RETRY_MAX_SECONDS, 0.5 * 2 ** min(failed_batches, 6)))
+            else:
+                failed_batches = 0
+
+    async def _publish(
+        self, database: asyncpg.Connection, exchange: AbstractExchange, batch: list[OutboxRow]
+    ) -> list[int]:
+        """Publish ``batch`` at once and mark what the broker confirmed; return those ids.
+
+        Raises:
+            RECONNECT_ERRORS: the broker connection was lost; the confirmed rows are marked
+                first, the others are published again after the reconnect.
+        """
+        faults = self._options.faults
+        if faults.crashes_at(CrashPoint.BEFORE_PUBLISH):
+            crash(CrashPoint.BEFORE_PUBLISH, batch[0].event_id)
+        results = await asyncio.gather(
+            *(
+                exchange.publish(
+                    self._message(row),
+                    routing_key=row.routing_key,
+                    mandatory=True,
+                    timeout=self._options.publish_timeout_seconds,
+                )
+                for row in batch
+            ),
+            return_exceptions=True,
+        )
+        confirmed: list[int] = []
+        lost: BaseException | None = None
+        for row, result in zip(batch, results, strict=True):
+            if not isinstance(result, BaseException):
+                confirmed.append(row.id)
+            elif isinstance(result, aio_pika.exceptions.DeliveryError):
+                # PublishError (a DeliveryError) is a Basic.Return: no queue is bound.
+                reason = (
+                    RETURNED if isinstance(result, aio_pika.exceptions.PublishError) else NACKED
+                )
+                self._metrics.failures[reason].inc()
+                logger.warning(
+                    "relay.publish_failed",
+                    reason=reason,
+                    event_id=str(row.event_id),
+                    routing_key=row.routing_key,
+                    outbox_id=row.id,
+                )
+            else:
+                lost = result
+        if faults.crashes_at(CrashPoint.AFTER_PUBLISH):
+            crash(CrashPoint.AFTER_PUBLISH, batch[0].event_id)
+        if confirmed:
+            self._metrics.record_published(await mark_published(database, confirmed))
+        if lost is not None:
+            self._metrics.failures[CONNECTION].inc()
+            raise lost
+        return confirmed
+
+    def _message(self, row: OutboxRow) -> aio_pika.Message:
+        return aio_pika.Message(
+            row.body.encode(),
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=str(row.event_id),
+            type=row.routing_key,
+            correlation_id=str(row.order_id),
+            headers={"traceparent": row.traceparent} if row.traceparent else None,
+            app_id=self._options.app_id,
+        )
+
+    async def _read_backlog(self, database: asyncpg.Connection) -> None:
+        """Set the backlog gauges, at most once per ``poll_seconds`` (it counts the rows)."""
+        if time.monotonic() - self._backlog_read_at < self._options.poll_seconds:
+            return
+        self._backlog_read_at = time.monotonic()
+        rows, age = await backlog(database)
+        self._metrics.unpublished.set(rows)
+        self._metrics.oldest_unpublished_age.set(age)
+
+    def _notified(self, *_: object) -> None:
+        self._wake.set()
+
+    async def _wait(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when notified, stopped, or a connection is lost."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        self._wake.clear()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when stopped (a back-off that SIGTERM cuts short)."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+        except TimeoutError:
+            pass
+
+
+def _log_reconnect(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    logger.warning(
+        "relay.reconnecting",
+        attempt=state.attempt_number,
+        error=f"{type(error).__name__}: {error}",
+        wait_seconds=round(state.upcoming_sleep, 2),
+    )
+
+
+async def _quietly(closing: Awaitable[object]) -> None:
+    """Await a close of a connection that may be broken already; its errors say nothing new."""
+    try:
+        await closing
+    except (*RECONNECT_ERRORS, asyncpg.PostgresError):
+        pass

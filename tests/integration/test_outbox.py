@@ -1,0 +1,152 @@
+"""The outbox's queries of the relay and its retention, against the real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from fulfilment.adapters.postgres.outbox import (
+    backlog,
+    mark_published,
+    next_batch,
+    prune_published,
+    try_relay_lock,
+)
+
+pytestmark = pytest.mark.postgres
+
+FULFILMENT = str(Path(sys.executable).with_name("fulfilment"))
+
+
+async def insert(db: asyncpg.Connection, order_id: uuid.UUID, routing_key: str) -> int:
+    event_id = uuid.uuid4()
+    body = {"version": 1, "event_id": str(event_id), "order_id": str(order_id)}
+    return int(
+        await db.fetchval(
+            "INSERT INTO outbox (event_id, order_id, routing_key, body)"
+            " VALUES ($1, $2, $3, $4::jsonb) RETURNING id",
+            event_id,
+            order_id,
+            routing_key,
+            json.dumps(body),
+        )
+    )
+
+
+async def test_a_batch_holds_one_row_per_order_in_id_order_and_leaves_the_rest_first_in_line(
+    db: asyncpg.Connection,
+) -> None:
+    a, b = uuid.uuid4(), uuid.uuid4()
+    a1 = await insert(db, a, "stock.reserved")
+    a2 = await insert(db, a, "stock.released")
+    b1 = await insert(db, b, "stock.reserved")
+    a3 = await insert(db, a, "stock.shipped")
+
+    first = await next_batch(db, 10)
+    assert [row.id for row in first] == [a1, b1]
+    assert json.loads(first[0].body)["order_id"] == str(a)
+
+    await mark_published(db, [a1, b1])
+    assert [row.id for row in await next_batch(db, 10)] == [a2]
+    await mark_published(db, [a2])
+    assert [row.id for row in await next_batch(db, 10)] == [a3]
+
+
+async def test_marking_sets_published_at_once_and_reports_the_commit_to_confirm_lag(
+    db: asyncpg.Connection,
+) -> None:
+    row = await insert(db, uuid.uuid4(), "stock.reserved")
+
+    [(routing_key, lag)] = await mark_published(db, [row])
+    assert routing_key == "stock.reserved"
+    assert lag >= 0
+    assert await mark_published(db, [row]) == []  # marked already: left as it was
+    assert await backlog(db) == (0, 0.0)
+
+
+async def test_the_backlog_counts_unpublished_rows_and_ages_the_oldest(
+    db: asyncpg.Connection,
+) -> None:
+    await insert(db, uuid.uuid4(), "stock.reserved")
+    await db.execute("UPDATE outbox SET created_at = now() - interval '90 seconds'")
+    await insert(db, uuid.uuid4(), "stock.rejected")
+
+    rows, age = await backlog(db)
+    assert rows == 2
+    assert 90 <= age < 120
+
+
+async def test_prune_deletes_old_published_rows_in_batches_and_never_an_unpublished_one(
+    db: asyncpg.Connection,
+) -> None:
+    for _ in range(5):
+        await insert(db, uuid.uuid4(), "stock.reserved")
+    fresh = await insert(db, uuid.uuid4(), "stock.shipped")
+    waiting = await insert(db, uuid.uuid4(), "stock.released")
+    await db.execute(
+        "UPDATE outbox SET created_at = now() - interval '9 days',"
+        " published_at = now() - interval '8 days' WHERE id < $1",
+        fresh,
+    )
+    await db.execute("UPDATE outbox SET published_at = now() WHERE id = $1", fresh)
+    await db.execute(
+        "UPDATE outbox SET created_at = now() - interval '9 days' WHERE id = $1", waiting
+    )
+
+    deleted = await prune_published(db, older_than_seconds=7 * 86400, batch_size=2)
+
+    assert deleted == 5
+    assert sorted(await db.fetchval("SELECT array_agg(id) FROM outbox")) == [fresh, waiting]
+
+
+async def test_only_one_session_holds_the_relay_lock_until_it_ends(
+    clean_database: str, db: asyncpg.Connection
+) -> None:
+    url = (
+        make_url(clean_database).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    holder = await asyncpg.connect(url)
+    try:
+        assert await try_relay_lock(holder)
+        assert not await try_relay_lock(db)
+    finally:
+        await holder.close()
+    assert await try_relay_lock(db)
+    await db.execute("SELECT pg_advisory_unlock_all()")
+
+
+async def test_the_prune_command_deletes_by_the_retention_setting(
+    clean_database: str, db: asyncpg.Connection
+) -> None:
+    old = await insert(db, uuid.uuid4(), "stock.reserved")
+    await db.execute(
+        "UPDATE outbox SET published_at = now() - interval '2 hours' WHERE id = $1", old
+    )
+    kept = await insert(db, uuid.uuid4(), "stock.reserved")
+    await db.execute("UPDATE outbox SET published_at = now() WHERE id = $1", kept)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "FULFILMENT_DATABASE_URL": clean_database,
+        "FULFILMENT_OUTBOX_RETENTION_SECONDS": "3600",
+    }
+
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [FULFILMENT, "outbox", "prune"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "outbox prune: 1 published rows older than 3600 s deleted"
+    assert await db.fetchval("SELECT array_agg(id) FROM outbox") == [kept]

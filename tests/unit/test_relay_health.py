@@ -1,0 +1,67 @@
+"""The relay's HTTP endpoints: liveness, readiness by role and connections, its metrics."""
+
+from __future__ import annotations
+
+import json
+
+from test_health import call
+
+from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.observability.relay_metrics import RelayMetrics
+from fulfilment.relay.health import relay_health_app
+from fulfilment.relay.service import Relay, RelayOptions, Role
+
+
+def a_relay() -> tuple[Relay, RelayMetrics]:
+    metrics = RelayMetrics(RESULT_ROUTING_KEYS)
+    options = RelayOptions(
+        amqp_url="amqp://guest:guest@localhost:5672/",
+        database_url="postgresql://postgres@localhost:5432/fulfilment",
+        batch_size=10,
+        poll_seconds=1,
+        connect_timeout_seconds=1,
+        publish_timeout_seconds=1,
+        app_id="fulfilment-test",
+    )
+    return Relay(options, metrics), metrics
+
+
+def an_app(relay: Relay, metrics: RelayMetrics):
+    return relay_health_app(readiness=relay.readiness, ready=relay.ready, registry=metrics.registry)
+
+
+async def test_a_relay_that_is_not_connected_is_live_but_not_ready() -> None:
+    relay, metrics = a_relay()
+    app = an_app(relay, metrics)
+
+    assert (await call(app, "/health/live"))[0] == 200
+    status, body = await call(app, "/health/ready")
+    assert status == 503
+    assert json.loads(body) == {"broker": False, "database": False, "role": "connecting"}
+
+
+async def test_a_standing_by_relay_without_its_connections_is_not_ready() -> None:
+    relay, metrics = a_relay()
+    relay.role = Role.STANDBY  # connected would also need both connections open
+
+    status, _ = await call(an_app(relay, metrics), "/health/ready")
+    assert status == 503
+
+
+async def test_metrics_start_with_every_routing_key_and_failure_reason_at_zero() -> None:
+    relay, metrics = a_relay()
+
+    status, body = await call(an_app(relay, metrics), "/metrics")
+
+    text = body.decode()
+    assert status == 200
+    for key in RESULT_ROUTING_KEYS:
+        assert f'fulfilment_outbox_published_total{{routing_key="{key}"}} 0.0' in text
+    for reason in ("returned", "nacked", "connection"):
+        assert f'fulfilment_outbox_publish_failures_total{{reason="{reason}"}} 0.0' in text
+    assert "fulfilment_relay_active 0.0" in text
+
+
+async def test_an_unknown_path_is_not_found() -> None:
+    relay, metrics = a_relay()
+    assert (await call(an_app(relay, metrics), "/nowhere"))[0] == 404
