@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,16 +13,22 @@ import asyncpg
 import pytest
 
 from fulfilment.contracts.result_events import RESULT_EVENTS
+from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
 from fulfilment.tools.demo import RESULT_EVENTS_QUEUE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "online-retail"
+# The whole data set is not shipped; point FULFILMENT_TEST_ONLINE_RETAIL_DIR at its folder of
+# daily CSV files to run the demo on it too.
+REAL_DATA = Path(os.environ.get("FULFILMENT_TEST_ONLINE_RETAIL_DIR", "/nonexistent"))
 
 
-def demo(env: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[str]:
+def demo(
+    env: dict[str, str], *arguments: str, data: Path = SAMPLE
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(Path(sys.executable).with_name("fulfilment")), "demo", str(SAMPLE), *arguments],
+        [str(Path(sys.executable).with_name("fulfilment")), "demo", str(data), *arguments],
         env=env,
         capture_output=True,
         text=True,
@@ -144,3 +151,51 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     assert await stock_fingerprint(db) == before
     assert await order_states(db) == states
     assert await db.fetchval("SELECT count(*) FROM reservations") == 170
+
+
+async def test_a_result_event_the_contract_refuses_fails_the_demo_with_one_line(
+    worker_env: dict[str, str], amqp_url: str
+) -> None:
+    # Another publisher's body on fulfilment.events, in the demo's queue before the run.
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        exchange = await channel.declare_exchange(
+            RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        queue = await channel.declare_queue(RESULT_EVENTS_QUEUE, durable=True)
+        await queue.bind(exchange, routing_key="#")
+        await exchange.publish(
+            aio_pika.Message(b'{"version": 1}', content_type="application/json"),
+            routing_key="stock.reserved",
+        )
+    finally:
+        await connection.close()
+
+    run = demo(worker_env)
+
+    assert run.returncode == 1
+    assert run.stderr.count("\n") == 1
+    assert run.stderr.startswith(
+        "fulfilment: result events: 1 invalid (first: a stock.reserved message does not validate: "
+    ), run.stderr
+    # What the run's events themselves did is still shown, and holds.
+    counts = result_event_lines(run.stdout)
+    assert all(published == received > 0 for published, received, _ in counts.values() if published)
+    assert await demo_queue_depth(amqp_url) == 0
+
+
+@pytest.mark.skipif(
+    not REAL_DATA.is_dir(), reason="FULFILMENT_TEST_ONLINE_RETAIL_DIR names no folder"
+)
+def test_on_the_whole_data_set_the_demo_queue_receives_every_kind_of_result_event(
+    worker_env: dict[str, str],
+) -> None:
+    # The sample's one cancellation releases nothing; the 20 days have partial and whole
+    # releases, so every routing key is counted on both sides.
+    run = demo(worker_env, "--reset", data=REAL_DATA)
+
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = result_event_lines(run.stdout)
+    for key, (published, received, _) in counts.items():
+        assert published == received > 0, (key, counts)
