@@ -330,7 +330,9 @@ def demo(
     plays DATA day by day: the orders and the cancellations mapped to their order, in time
     order, then the shipment of every order still reserved at the end of its day, each step
     settled before the next. Stops the worker with SIGTERM and reconciles every published
-    event of the three kinds.
+    event of the three kinds. Runs the relay beside it and checks that the demo's queue on
+    ``fulfilment.events`` (``fulfilment.demo.result-events``) received every result event the
+    run wrote, valid and in order per order.
     """
     from fulfilment.tools.demo import demo_command  # noqa: PLC0415 - see the module's text
 

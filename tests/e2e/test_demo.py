@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import aio_pika
 import asyncpg
 import pytest
+
+from fulfilment.contracts.result_events import RESULT_EVENTS
+from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.tools.demo import RESULT_EVENTS_QUEUE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "online-retail"
+# The whole data set is not shipped; point FULFILMENT_TEST_ONLINE_RETAIL_DIR at its folder of
+# daily CSV files to run the demo on it too.
+REAL_DATA = Path(os.environ.get("FULFILMENT_TEST_ONLINE_RETAIL_DIR", "/nonexistent"))
 
 
-def demo(env: dict[str, str], *arguments: str) -> subprocess.CompletedProcess[str]:
+def demo(
+    env: dict[str, str], *arguments: str, data: Path = SAMPLE
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(Path(sys.executable).with_name("fulfilment")), "demo", str(SAMPLE), *arguments],
+        [str(Path(sys.executable).with_name("fulfilment")), "demo", str(data), *arguments],
         env=env,
         capture_output=True,
         text=True,
@@ -34,13 +46,43 @@ async def stock_fingerprint(db: asyncpg.Connection) -> tuple[int, int, int, str]
     return int(row[0]), int(row[1]), int(row[2]), str(row[3])
 
 
+def result_event_lines(out: str) -> dict[str, tuple[int, int, int]]:
+    """``{routing key: (published, received, duplicates)}`` from the demo's result event lines."""
+    found = {
+        match["key"]: (int(match["published"]), int(match["received"]), int(match["again"]))
+        for match in re.finditer(
+            r"^  (?P<key>stock\.\w+): published (?P<published>\d+), received (?P<received>\d+)"
+            r" \(duplicates (?P<again>\d+)\)$",
+            out,
+            re.MULTILINE,
+        )
+    }
+    assert set(found) == set(RESULT_EVENTS), out
+    return found
+
+
+async def outbox_rows(db: asyncpg.Connection) -> dict[str, int]:
+    rows = await db.fetch("SELECT routing_key, count(*) FROM outbox GROUP BY routing_key")
+    return {row["routing_key"]: int(row["count"]) for row in rows}
+
+
+async def demo_queue_depth(amqp_url: str) -> int:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(RESULT_EVENTS_QUEUE, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
 async def order_states(db: asyncpg.Connection) -> dict[str, int]:
     rows = await db.fetch("SELECT status, count(*) FROM reservations GROUP BY status")
     return {row["status"]: int(row["count"]) for row in rows}
 
 
 async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and_a_second_run_changes_nothing(  # noqa: E501
-    worker_env: dict[str, str], db: asyncpg.Connection
+    worker_env: dict[str, str], db: asyncpg.Connection, amqp_url: str
 ) -> None:
     first = demo(worker_env, "--reset")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -72,6 +114,21 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
             " dead-letter queue, 0 missing"
         ) in out
     assert "stock invariants               hold" in out
+    # The demo's own consumer of fulfilment.events received every result event the run wrote.
+    assert "relay stopped with exit code 0" in out
+    received = result_event_lines(out)
+    assert {key: (published, got) for key, (published, got, _) in received.items()} == {
+        "stock.reserved": (132, 132),
+        "stock.rejected": (38, 38),
+        # The sample's one cancellation cancels a rejected order: nothing is released.
+        "stock.released": (0, 0),
+        "stock.shipped": (132, 132),
+    }
+    assert await outbox_rows(db) == {
+        key: published for key, (published, _, _) in received.items() if published
+    }
+    assert await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+    assert await demo_queue_depth(amqp_url) == 0  # read to the end, every message acknowledged
     before = await stock_fingerprint(db)
     assert before[1:3] == (12214, 0)  # what the shipments left; nothing is still reserved
     states = await order_states(db)
@@ -87,6 +144,58 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
         "  order_cancelled: duplicate:event 1\n"
         "  order_shipped: duplicate:event 132\n"
     ) in second.stdout
+    nothing = dict.fromkeys(RESULT_EVENTS, (0, 0))
+    assert {key: counts[:2] for key, counts in result_event_lines(second.stdout).items()} == nothing
+    assert "this run wrote no result event: its events changed nothing" in second.stdout
+    assert "relay stopped with exit code 0" in second.stdout
     assert await stock_fingerprint(db) == before
     assert await order_states(db) == states
     assert await db.fetchval("SELECT count(*) FROM reservations") == 170
+
+
+async def test_a_result_event_the_contract_refuses_fails_the_demo_with_one_line(
+    worker_env: dict[str, str], amqp_url: str
+) -> None:
+    # Another publisher's body on fulfilment.events, in the demo's queue before the run.
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        exchange = await channel.declare_exchange(
+            RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+        queue = await channel.declare_queue(RESULT_EVENTS_QUEUE, durable=True)
+        await queue.bind(exchange, routing_key="#")
+        await exchange.publish(
+            aio_pika.Message(b'{"version": 1}', content_type="application/json"),
+            routing_key="stock.reserved",
+        )
+    finally:
+        await connection.close()
+
+    run = demo(worker_env)
+
+    assert run.returncode == 1
+    assert run.stderr.count("\n") == 1
+    assert run.stderr.startswith(
+        "fulfilment: result events: 1 invalid (first: a stock.reserved message does not validate: "
+    ), run.stderr
+    # What the run's events themselves did is still shown, and holds.
+    counts = result_event_lines(run.stdout)
+    assert all(published == received > 0 for published, received, _ in counts.values() if published)
+    assert await demo_queue_depth(amqp_url) == 0
+
+
+@pytest.mark.skipif(
+    not REAL_DATA.is_dir(), reason="FULFILMENT_TEST_ONLINE_RETAIL_DIR names no folder"
+)
+def test_on_the_whole_data_set_the_demo_queue_receives_every_kind_of_result_event(
+    worker_env: dict[str, str],
+) -> None:
+    # The sample's one cancellation releases nothing; the 20 days have partial and whole
+    # releases, so every routing key is counted on both sides.
+    run = demo(worker_env, "--reset", data=REAL_DATA)
+
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = result_event_lines(run.stdout)
+    for key, (published, received, _) in counts.items():
+        assert published == received > 0, (key, counts)

@@ -1,5 +1,5 @@
 """The demo's looks into the database: outcomes of given events, statuses of given orders,
-and the stock summed over every SKU."""
+the stock summed over every SKU, and the outbox rows of a run."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ from uuid import uuid4
 
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import text
 
 from builders import order
 from fulfilment.adapters.postgres.admin import (
+    OutboxEntry,
     StockTotals,
     inbox_outcomes,
     order_statuses,
+    outbox_entries_after,
+    outbox_last_id,
+    outbox_unpublished_after,
     stock_totals,
 )
 from fulfilment.adapters.postgres.engine import create_engine
@@ -39,6 +44,9 @@ async def test_an_empty_database_has_no_outcome_no_status_and_no_stock(warehouse
     assert await order_statuses(warehouse, [uuid4()]) == {}
     assert await order_statuses(warehouse, []) == {}
     assert await stock_totals(warehouse) == StockTotals(on_hand=0, reserved=0)
+    assert await outbox_last_id(warehouse) == 0
+    assert await outbox_entries_after(warehouse, 0) == []
+    assert await outbox_unpublished_after(warehouse, 0) == 0
 
 
 async def test_outcomes_and_statuses_of_the_events_and_orders_asked_for_only(warehouse):
@@ -65,3 +73,31 @@ async def test_outcomes_and_statuses_of_the_events_and_orders_asked_for_only(war
         rejected.order_id: OrderStatus.REJECTED,
     }
     assert await stock_totals(warehouse) == StockTotals(on_hand=11, reserved=4)
+
+
+async def test_the_outbox_rows_after_a_last_id_in_id_order_and_those_unpublished(warehouse):
+    await warehouse.put_stock({"A": 10})
+    before = order(("A", 3))
+    await warehouse.reserve(before)
+    baseline = await outbox_last_id(warehouse)
+    reserved, rejected = order(("A", 2)), order(("A", 99))
+    await warehouse.reserve(reserved)
+    await warehouse.reserve(rejected)
+
+    entries = await outbox_entries_after(warehouse, baseline)
+
+    assert baseline > 0
+    assert [(entry.order_id, entry.routing_key) for entry in entries] == [
+        (reserved.order_id, "stock.reserved"),
+        (rejected.order_id, "stock.rejected"),
+    ]
+    assert all(isinstance(entry, OutboxEntry) for entry in entries)
+    assert baseline < entries[0].id < entries[1].id
+    assert await outbox_last_id(warehouse) == entries[1].id
+    assert await outbox_unpublished_after(warehouse, baseline) == 2
+    async with warehouse.engine.begin() as connection:
+        await connection.execute(
+            text("UPDATE outbox SET published_at = now() WHERE id = :id"), {"id": entries[0].id}
+        )
+    assert await outbox_unpublished_after(warehouse, baseline) == 1
+    assert await outbox_unpublished_after(warehouse, 0) == 2  # the row before the baseline too

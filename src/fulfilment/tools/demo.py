@@ -1,13 +1,16 @@
 """``fulfilment demo``: the main job on real data, from an empty database to a reconciled report.
 
-Steps: create and migrate the database; plan stock from the data and load it for the SKUs
-that have no stock level yet; start the worker as a child process and wait until it is
-ready; play the data day by day (``fulfilment.tools.retail_lifecycle``): each day's orders and
-mapped cancellations in time order, one run of one kind at a time, each run settled before
+Steps: create and migrate the database; declare the demo's own queue on the result events'
+exchange (:data:`RESULT_EVENTS_QUEUE`); plan stock from the data and load it for the SKUs that
+have no stock level yet; start the relay and the worker as child processes and wait until each
+is ready; play the data day by day (``fulfilment.tools.retail_lifecycle``): each day's orders
+and mapped cancellations in time order, one run of one kind at a time, each run settled before
 the next is sent, then the ``OrderShipped`` of every order of the day still reserved, settled
-too; stop the worker with SIGTERM (it finishes in-flight work and exits 0); then reconcile
-every published event of the three kinds against the inbox and the dead-letter queues and
-print the report.
+too; stop the worker with SIGTERM (it finishes in-flight work and exits 0); wait until the
+relay has published every outbox row the run wrote, read the demo's queue and check what it
+received against those rows (``tools.demo_result_events``), and stop the relay with SIGTERM;
+then reconcile every published event of the three kinds against the inbox and the dead-letter
+queues and print the report.
 
 Settled means that the worker has answered every delivery of the run: its
 ``fulfilment_events_total`` for that event (``/metrics``) grew by as many since the run was
@@ -47,17 +50,26 @@ from fulfilment.adapters.postgres.admin import (
     ensure_database,
     inbox_outcomes,
     order_statuses,
+    outbox_entries_after,
+    outbox_last_id,
+    outbox_unpublished_after,
     reset_tables,
     stock_totals,
     warehouse_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.adapters.rabbitmq import UnroutableError, connect
+from fulfilment.adapters.rabbitmq import (
+    UnroutableError,
+    connect,
+    declare_bound_queue,
+    take_messages,
+)
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_SHIPPED,
+    RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
 from fulfilment.observability.metrics import REQUEUED
@@ -68,6 +80,7 @@ from fulfilment.tools.command import (
     match_read_cancellations,
     read_order_files,
 )
+from fulfilment.tools.demo_result_events import ResultEventTally
 from fulfilment.tools.online_retail import ReadResult, RetailOrder
 from fulfilment.tools.publish import publish_in_order
 from fulfilment.tools.report import collect_report, reconcile, render_report
@@ -82,12 +95,29 @@ from fulfilment.tools.retail_lifecycle import (
 from fulfilment.tools.stock_plan import plan_stock
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractConnection
+    from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
     from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 
+RESULT_EVENTS_QUEUE = "fulfilment.demo.result-events"
+"""The demo's own queue (durable, classic), bound to ``fulfilment.events`` with ``#``: a
+consumer of every result event, as the shop's other services are. Declared before anything
+is published, emptied by reading it at the end of each run, purged by ``--reset``. Not part
+of the service's topology: the worker and the relay know nothing of it."""
+RESULT_EVENTS_BINDING = "#"
+RELAY_COMMAND = ("-c", "from fulfilment.relay_main import main; main()")
+"""``fulfilment relay`` run by this interpreter: what the console script calls, found without
+looking for the script on the ``PATH`` (the tools may not import the relay's root)."""
 READY_WAIT_SECONDS = 60.0
-"""How long the worker may take to report ready before the demo gives up."""
+"""How long the worker and the relay may take to report ready before the demo gives up."""
+RELAY_STALL_SECONDS = 60.0
+"""The demo fails if the relay publishes none of the run's outbox rows left for this long."""
+RELAY_POLL_SECONDS = 0.1
+"""Interval between two counts of the run's unpublished outbox rows."""
+READ_PREFETCH = 256
+"""Messages of the demo's queue unacknowledged at once while it is read: bounds memory."""
+READ_IDLE_SECONDS = 10.0
+"""How long the read waits for one more of the messages the queue counted."""
 SETTLE_POLL_SECONDS = 0.05
 """Interval between two looks at the worker's metrics while a run settles: a run of a few
 events takes the worker a few milliseconds, and the demo waits for about 220 runs on the 20
@@ -144,8 +174,14 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     started = time.monotonic()
     database_url = options.database.url
     amqp_url = options.amqp_url
-    async with connect(amqp_url):
-        pass  # both services answer before anything is changed
+    async with connect(amqp_url) as connection:
+        # Before anything is published, so that it receives every result event of the run.
+        await declare_bound_queue(
+            connection,
+            RESULT_EVENTS_QUEUE,
+            exchange=RESULT_EVENTS_EXCHANGE,
+            binding_key=RESULT_EVENTS_BINDING,
+        )
     if await ensure_database(database_url):
         echo("created the database")
     await asyncio.to_thread(migrate, database_url)
@@ -164,45 +200,30 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
             await _purge_queues(amqp_url)
             echo("emptied the service's tables and queues")
         loaded = await _load_missing_stock(warehouse, levels)
+        # Taken before the worker starts: every row of the run has a higher id.
+        baseline = await outbox_last_id(warehouse)
     kept = len(levels) - loaded
     echo(
         f"loaded {loaded} planned stock levels"
         + (f"; {kept} SKUs kept the level they had (--reset starts from the plan)" if kept else "")
     )
+    echo(
+        f"result events: the relay publishes them to {RESULT_EVENTS_EXCHANGE}, where the demo's"
+        f" queue {RESULT_EVENTS_QUEUE} (bound with {RESULT_EVENTS_BINDING}) receives them"
+    )
 
-    # A port of its own: whatever else answers on FULFILMENT_HTTP_PORT is not this worker.
-    port = _free_port()
-    log_path = Path(tempfile.gettempdir()) / f"fulfilment-demo-worker-{port}.log"
-    with log_path.open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "fulfilment",
-            stdout=log,
-            stderr=log,
-            env={**os.environ, "FULFILMENT_HTTP_PORT": str(port)},
+    relay = await _start_child("relay", RELAY_COMMAND, "FULFILMENT_RELAY_HTTP_PORT")
+    echo(f"relay started ({relay.describe()})")
+    try:
+        await _wait_ready(relay)
+        player, code = await _play_days(
+            options, days, stop_grace_seconds=stop_grace_seconds, echo=echo
         )
-        echo(f"worker started (pid {process.pid}, port {port}, log {log_path})")
-        try:
-            await _wait_ready(port, process, log_path)
-            async with (
-                connect(amqp_url) as connection,
-                warehouse_session(options.database, consumer=options.consumer) as warehouse,
-            ):
-                player = _Player(
-                    connection=connection,
-                    warehouse=warehouse,
-                    consumer=options.consumer,
-                    worker=_Worker(process, port, log_path),
-                    echo=echo,
-                )
-                for day in days:
-                    await player.play(day)
-            echo(player.published())
-            echo("this run's outcomes\n" + await asyncio.to_thread(_run_outcomes, port))
-        finally:
-            code = await _stop(process, stop_grace_seconds)
-    echo(f"worker stopped with exit code {code}")
+        tally = await _received_result_events(options, baseline, relay, echo)
+        echo("\n".join(tally.lines(RESULT_EVENTS_QUEUE)))
+    finally:
+        relay_code = await _stop(relay.process, stop_grace_seconds)
+    echo(f"relay stopped with exit code {relay_code}")
 
     reconciled = True
     for kind, events in (
@@ -216,7 +237,118 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     document = await collect_report(options)
     echo(render_report(document))
     echo(f"wall time {time.monotonic() - started:.1f} s")
-    return 0 if reconciled and code == 0 and document["invariants"]["ok"] else 1
+    failure = tally.failure()
+    if failure is not None:
+        raise DemoError(failure)
+    clean_stops = code == 0 and relay_code == 0
+    return 0 if reconciled and clean_stops and document["invariants"]["ok"] else 1
+
+
+async def _play_days(
+    options: ToolOptions,
+    days: Sequence[RetailDay],
+    *,
+    stop_grace_seconds: float,
+    echo: Echo,
+) -> tuple[_Player, int]:
+    """Start the worker, play ``days`` through it, stop it; the player and its exit code.
+
+    Raises:
+        DemoError: the worker did not get ready, exited, or stalled (it is stopped all the same).
+    """
+    worker = await _start_child("worker", ("-m", "fulfilment"), "FULFILMENT_HTTP_PORT")
+    echo(f"worker started ({worker.describe()})")
+    try:
+        await _wait_ready(worker)
+        async with (
+            connect(options.amqp_url) as connection,
+            warehouse_session(options.database, consumer=options.consumer) as warehouse,
+        ):
+            player = _Player(
+                connection=connection,
+                warehouse=warehouse,
+                consumer=options.consumer,
+                worker=_Worker(worker),
+                echo=echo,
+            )
+            for day in days:
+                await player.play(day)
+        echo(player.published())
+        echo("this run's outcomes\n" + await asyncio.to_thread(_run_outcomes, worker.port))
+    finally:
+        code = await _stop(worker.process, stop_grace_seconds)
+    echo(f"worker stopped with exit code {code}")
+    return player, code
+
+
+async def _received_result_events(
+    options: ToolOptions, baseline: int, relay: _Child, echo: Echo
+) -> ResultEventTally:
+    """Wait until the relay published the run's outbox rows, then read the demo's queue.
+
+    ``baseline`` is the last outbox id before the run. Returns the tally of what the queue
+    received against those rows.
+
+    Raises:
+        DemoError: the relay exited or stalled with rows of the run unpublished, or the queue
+            did not deliver the messages it counted.
+    """
+    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
+        await _wait_published(warehouse, baseline, relay, echo)
+        tally = ResultEventTally(await outbox_entries_after(warehouse, baseline))
+
+    def count(message: AbstractIncomingMessage) -> None:
+        tally.receive(message.routing_key or "", message.body)
+
+    async with connect(options.amqp_url) as connection:
+        try:
+            await take_messages(
+                connection,
+                RESULT_EVENTS_QUEUE,
+                count,
+                prefetch=READ_PREFETCH,
+                idle_seconds=READ_IDLE_SECONDS,
+            )
+        except TimeoutError as error:
+            msg = (
+                f"{RESULT_EVENTS_QUEUE} delivered no message for {READ_IDLE_SECONDS:g} s while it"
+                " counted more: is another consumer reading it?"
+            )
+            raise DemoError(msg) from error
+    return tally
+
+
+async def _wait_published(
+    warehouse: PostgresWarehouse, baseline: int, relay: _Child, echo: Echo
+) -> None:
+    """Wait until no outbox row above ``baseline`` is unpublished.
+
+    Raises:
+        DemoError: the relay exited, or published none of the rows left for
+            :data:`RELAY_STALL_SECONDS`; the message names its log.
+    """
+    last, changed = -1, time.monotonic()
+    said = changed
+    while (left := await outbox_unpublished_after(warehouse, baseline)) > 0:
+        if relay.process.returncode is not None:
+            msg = (
+                f"the relay exited with code {relay.process.returncode} with {left} result"
+                f" events of this run unpublished (log: {relay.log})"
+            )
+            raise DemoError(msg)
+        now = time.monotonic()
+        if left != last:
+            last, changed = left, now
+        if now - changed > RELAY_STALL_SECONDS:
+            msg = (
+                f"the relay published none of the {left} result events of this run left in the"
+                f" outbox for {RELAY_STALL_SECONDS:g} s (log: {relay.log})"
+            )
+            raise DemoError(msg)
+        if now - said > PROGRESS_SECONDS:
+            echo(f"waiting for the relay to publish {left} result events")
+            said = now
+        await asyncio.sleep(RELAY_POLL_SECONDS)
 
 
 async def _load_missing_stock(warehouse: PostgresWarehouse, levels: Mapping[str, int]) -> int:
@@ -332,12 +464,48 @@ class _Player:
 
 
 @dataclass(frozen=True, slots=True)
-class _Worker:
-    """The demo's worker process, seen through its ``/metrics``."""
+class _Child:
+    """A process the demo started: the worker or the relay, with its HTTP port and log."""
 
+    name: str
     process: asyncio.subprocess.Process
     port: int
     log: Path
+
+    def describe(self) -> str:
+        """``pid 123, port 45678, log /tmp/fulfilment-demo-relay-45678.log``."""
+        return f"pid {self.process.pid}, port {self.port}, log {self.log}"
+
+
+async def _start_child(name: str, arguments: Sequence[str], port_variable: str) -> _Child:
+    """Start ``python <arguments>`` with its HTTP server on a free port, its output in a log.
+
+    ``port_variable`` is the setting of that port (``FULFILMENT_HTTP_PORT`` ...). A port of its
+    own: whatever else answers on the configured one is not this process.
+    """
+    port = _free_port()
+    log_path = Path(tempfile.gettempdir()) / f"fulfilment-demo-{name}-{port}.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *arguments,
+            stdout=log,
+            stderr=log,
+            env={**os.environ, port_variable: str(port)},
+        )
+    return _Child(name, process, port, log_path)
+
+
+@dataclass(frozen=True, slots=True)
+class _Worker:
+    """The demo's worker process, seen through its ``/metrics``."""
+
+    child: _Child
+
+    @property
+    def log(self) -> Path:
+        """The worker's log file."""
+        return self.child.log
 
     async def answered(self) -> Counter[str]:
         """Deliveries the worker has settled, per event (the ``event`` label).
@@ -348,12 +516,13 @@ class _Worker:
         Raises:
             DemoError: the worker has exited.
         """
-        if self.process.returncode is not None:
-            msg = f"the worker exited with code {self.process.returncode} (log: {self.log})"
+        process = self.child.process
+        if process.returncode is not None:
+            msg = f"the worker exited with code {process.returncode} (log: {self.log})"
             raise DemoError(msg)
         answered: Counter[str] = Counter()
         for (event, outcome, _), count in (
-            await asyncio.to_thread(_events_total, self.port)
+            await asyncio.to_thread(_events_total, self.child.port)
         ).items():
             if outcome != REQUEUED:
                 answered[event] += count
@@ -389,28 +558,40 @@ def _counted(what: str, total: int, outcomes: Counter[str]) -> str:
 
 
 async def _purge_queues(amqp_url: str) -> None:
+    names = (
+        *(queue.name for queue in SUBSCRIBED_QUEUES),
+        *DEAD_LETTER_QUEUES,
+        RESULT_EVENTS_QUEUE,
+    )
     async with connect(amqp_url) as connection:
-        channel = await connection.channel()
-        for name in (*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES):
+        for name in names:
+            # A channel per queue: a missing queue closes the channel it was asked on.
+            channel = await connection.channel()
             with contextlib.suppress(Exception):
                 queue = await channel.get_queue(name, ensure=True)
                 await queue.purge()
-        if not channel.is_closed:
-            await channel.close()
+            if not channel.is_closed:
+                await channel.close()
 
 
-async def _wait_ready(port: int, process: asyncio.subprocess.Process, log: Path) -> None:
-    url = f"http://127.0.0.1:{port}/health/ready"
+async def _wait_ready(child: _Child) -> None:
+    url = f"http://127.0.0.1:{child.port}/health/ready"
     deadline = time.monotonic() + READY_WAIT_SECONDS
     while time.monotonic() < deadline:
-        if process.returncode is not None:
-            text = await asyncio.to_thread(log.read_text, errors="replace")
-            msg = f"the worker exited with code {process.returncode}: {_first_error(text)}"
+        if child.process.returncode is not None:
+            text = await asyncio.to_thread(child.log.read_text, errors="replace")
+            msg = (
+                f"the {child.name} exited with code {child.process.returncode}:"
+                f" {_first_error(text)}"
+            )
             raise DemoError(msg)
         if await asyncio.to_thread(_http_ok, url):
             return
         await asyncio.sleep(0.5)
-    msg = f"the worker was not ready at {url} within {READY_WAIT_SECONDS:g} s (log: {log})"
+    msg = (
+        f"the {child.name} was not ready at {url} within {READY_WAIT_SECONDS:g} s"
+        f" (log: {child.log})"
+    )
     raise DemoError(msg)
 
 

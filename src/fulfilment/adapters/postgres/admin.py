@@ -14,7 +14,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from fulfilment.adapters.postgres.engine import DatabaseOptions, create_engine
 from fulfilment.adapters.postgres.errors import DatabaseRefusedError, connection_failure
-from fulfilment.adapters.postgres.tables import inbox_messages, reservations, stock_levels
+from fulfilment.adapters.postgres.tables import (
+    inbox_messages,
+    outbox,
+    reservations,
+    stock_levels,
+)
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.lifecycle import OrderStatus
 
@@ -174,3 +179,51 @@ async def stock_totals(warehouse: PostgresWarehouse) -> StockTotals:
     async with warehouse.engine.connect() as connection:
         on_hand, reserved = (await connection.execute(query)).one()
         return StockTotals(on_hand=int(on_hand), reserved=int(reserved))
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One ``outbox`` row without its body: what the demo checks a received result event by.
+
+    Attributes:
+        id: the publishing order (``outbox.id``).
+        event_id: the event's id, also the message's ``message_id``.
+        order_id: the order it reports on.
+        routing_key: ``stock.reserved``, ``stock.rejected``, ``stock.released`` or
+            ``stock.shipped``.
+    """
+
+    id: int
+    event_id: UUID
+    order_id: UUID
+    routing_key: str
+
+
+async def outbox_last_id(warehouse: PostgresWarehouse) -> int:
+    """The highest ``outbox.id`` written so far, 0 for an empty outbox.
+
+    Read before anything writes (the demo, before it starts its worker), every row written
+    later has a higher id: the identity only grows, and no transaction was in flight.
+    """
+    async with warehouse.engine.connect() as connection:
+        last = await connection.scalar(select(func.coalesce(func.max(outbox.c.id), 0)))
+        return int(last or 0)
+
+
+async def outbox_unpublished_after(warehouse: PostgresWarehouse, after_id: int) -> int:
+    """How many rows with an ``id`` above ``after_id`` the relay has not published yet."""
+    query = select(func.count()).where(outbox.c.id > after_id, outbox.c.published_at.is_(None))
+    async with warehouse.engine.connect() as connection:
+        return int(await connection.scalar(query) or 0)
+
+
+async def outbox_entries_after(warehouse: PostgresWarehouse, after_id: int) -> list[OutboxEntry]:
+    """The rows with an ``id`` above ``after_id``, in ``id`` order, without their bodies."""
+    query = (
+        select(outbox.c.id, outbox.c.event_id, outbox.c.order_id, outbox.c.routing_key)
+        .where(outbox.c.id > after_id)
+        .order_by(outbox.c.id)
+    )
+    async with warehouse.engine.connect() as connection:
+        rows = await connection.execute(query)
+        return [OutboxEntry(row.id, row.event_id, row.order_id, row.routing_key) for row in rows]
