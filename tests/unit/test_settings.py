@@ -79,8 +79,6 @@ def test_a_database_url_keeps_its_libpq_tls_parameters(
     [
         ("sslmode=verify_full", "has sslmode='verify_full'; it must be one of disable, allow,"),
         ("ssl=require", "takes TLS as libpq does: use sslmode=verify-full (or require)"),
-        ("sslmode=verify-full&sslrootcert=/no/ca.crt", "has sslrootcert='/no/ca.crt', which is"),
-        ("sslmode=require&sslcert=/no/client.crt", "has sslcert='/no/client.crt', which is"),
     ],
 )
 def test_a_tls_parameter_no_connection_could_use_stops_the_start_naming_the_variable(
