@@ -13,8 +13,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from fulfilment.adapters.postgres.engine import async_engine
 from fulfilment.adapters.postgres.tables import metadata
 
 config = context.config
@@ -65,8 +65,9 @@ def do_run_migrations(connection: Connection) -> None:
 
 
 async def run_async_migrations() -> None:
-    # NullPool: a migration is a one-off; nothing should outlive it.
-    engine = create_async_engine(database_url(), poolclass=pool.NullPool)
+    # NullPool: a migration is a one-off; nothing should outlive it. async_engine connects as
+    # the service does, TLS parameters of the URL (sslmode, sslrootcert...) included.
+    engine = async_engine(database_url(), connect_args={}, poolclass=pool.NullPool)
     try:
         async with engine.connect() as connection:
             await connection.run_sync(do_run_migrations)

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import structlog
 import uvicorn
-from sqlalchemy.engine import make_url
 
 from fulfilment import __version__
+from fulfilment.adapters.postgres.engine import asyncpg_dsn
 from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.relay_metrics import RelayMetrics
@@ -31,10 +31,9 @@ logger = structlog.get_logger("fulfilment.relay")
 
 def relay_options(settings: Settings) -> RelayOptions:
     """The relay's options from ``settings`` (its database URL in asyncpg's own form)."""
-    url = make_url(settings.database_url.get_secret_value()).set(drivername="postgresql")
     return RelayOptions(
         amqp_url=settings.amqp_url.get_secret_value(),
-        database_url=url.render_as_string(hide_password=False),
+        database_url=asyncpg_dsn(settings.database_url.get_secret_value()),
         batch_size=settings.relay_batch_size,
         poll_seconds=settings.relay_poll_seconds,
         connect_timeout_seconds=settings.database_connect_timeout_seconds,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
+import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Literal, Self
 
@@ -33,6 +34,29 @@ MAX_RESERVATION_BATCH = 1000
 """Most orders one reservation transaction may carry (``reservation_batch_max``)."""
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""libpq's ``sslmode`` values (PostgreSQL manual, "SSL Support"), with libpq's meanings."""
+
+
+def _check_tls_parameters(url: str) -> None:
+    """Refuse TLS query parameters of a database URL that no connection could use.
+
+    Raises:
+        ValueError: an ``sslmode`` outside :data:`SSL_MODES`, or ``ssl=`` (asyncpg's keyword,
+            which a URL would send to the server as a setting, failing every pooled connection
+            with "parameter ssl cannot be changed now"). The files ``sslrootcert`` and the
+            others name are read when connecting, not here: the settings are also checked
+            where those files are not mounted (the deploy files' tests).
+    """
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    if "ssl" in query:
+        msg = "takes TLS as libpq does: use sslmode=verify-full (or require), not ssl="
+        raise ValueError(msg)
+    for mode in query.get("sslmode", []):
+        if mode not in SSL_MODES:
+            msg = f"has sslmode={mode!r}; it must be one of {', '.join(SSL_MODES)}"
+            raise ValueError(msg)
 
 
 class SettingsError(Exception):
@@ -57,7 +81,11 @@ class Settings(BaseSettings):
     """RabbitMQ URL (``amqp://`` or ``amqps://``), credentials and virtual host included."""
 
     database_url: SecretStr = SecretStr("postgresql+asyncpg://postgres@localhost:5432/fulfilment")
-    """PostgreSQL URL; ``postgresql://`` is accepted and run with the asyncpg driver."""
+    """PostgreSQL URL; ``postgresql://`` is accepted and run with the asyncpg driver. TLS is
+    set by libpq's query parameters: ``sslmode`` (one of :data:`SSL_MODES`), ``sslrootcert``
+    (the CA file), ``sslcert``/``sslkey`` (a client certificate). ``verify-full`` checks the
+    server's certificate and host name; ``require`` only encrypts, unless ``sslrootcert`` is
+    given (libpq's meaning)."""
 
     consumer_name: str = Field(default="fulfilment", min_length=1, max_length=100)
     """Inbox namespace: the ``consumer`` column of ``inbox_messages``. Never change it on a live
@@ -191,6 +219,7 @@ class Settings(BaseSettings):
         url = value.get_secret_value()
         for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
             if url.startswith(prefix):
+                _check_tls_parameters(url)
                 return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
         msg = "must start with postgresql:// or postgresql+asyncpg://"
         raise ValueError(msg)

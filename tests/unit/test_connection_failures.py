@@ -6,6 +6,8 @@ and ``tests/e2e/test_health_probes.py`` get them from the real services.
 
 from __future__ import annotations
 
+import ssl
+
 import asyncpg
 import pytest
 from aiormq.exceptions import (
@@ -53,6 +55,24 @@ def test_a_refused_virtual_host_is_named(error: Exception) -> None:
     assert str(failure) == (
         "RabbitMQ at amqp://orders:***@rabbit:5672/shop refused virtual host 'shop':"
         " it does not exist, or user 'orders' may not use it"
+    )
+
+
+def test_a_server_certificate_that_does_not_verify_is_a_refusal_naming_the_url() -> None:
+    url = DATABASE + "?sslmode=verify-full&sslrootcert=/etc/ca.crt"
+    error = ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate"
+    )
+
+    failure = database.connection_failure(url, error)
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        "PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment"
+        "?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.crt: the server's TLS certificate did not"
+        " verify (the URL's sslrootcert CA and host name): SSLCertVerificationError:"
+        " [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed:"
+        " self-signed certificate"
     )
 
 

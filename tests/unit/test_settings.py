@@ -61,6 +61,36 @@ def test_a_database_url_with_the_plain_scheme_runs_on_asyncpg(
     assert settings.database_url.get_secret_value() == "postgresql+asyncpg://u:p@db:5432/shop"
 
 
+def test_a_database_url_keeps_its_libpq_tls_parameters(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("a CA")
+    url = f"postgresql://u:p@db:5432/shop?sslmode=verify-full&sslrootcert={ca}"
+    monkeypatch.setenv("FULFILMENT_DATABASE_URL", url)
+    settings = load_settings()
+    assert settings.database_url.get_secret_value() == "postgresql+asyncpg" + url.removeprefix(
+        "postgresql"
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        ("sslmode=verify_full", "has sslmode='verify_full'; it must be one of disable, allow,"),
+        ("ssl=require", "takes TLS as libpq does: use sslmode=verify-full (or require)"),
+    ],
+)
+def test_a_tls_parameter_no_connection_could_use_stops_the_start_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, query: str, said: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_DATABASE_URL", f"postgresql://u:p@db:5432/shop?{query}")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value).startswith(f"FULFILMENT_DATABASE_URL: {said}")
+    assert ":p@" not in str(raised.value)
+
+
 def test_a_broker_url_of_another_scheme_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FULFILMENT_AMQP_URL", "http://localhost:15672/")
     with pytest.raises(SettingsError, match=r"FULFILMENT_AMQP_URL: .*amqp://"):

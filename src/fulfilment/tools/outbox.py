@@ -7,8 +7,8 @@ deleted, whatever their age: they are events the relay still owes the broker.
 from __future__ import annotations
 
 import asyncpg
-from sqlalchemy.engine import make_url
 
+from fulfilment.adapters.postgres.engine import asyncpg_dsn
 from fulfilment.adapters.postgres.errors import connection_failure
 from fulfilment.adapters.postgres.outbox import prune_published
 from fulfilment.tools.command import Echo, ToolOptions
@@ -24,10 +24,10 @@ async def prune_command(
     Raises:
         DatabaseUnavailableError, DatabaseRefusedError: PostgreSQL does not answer or refuses.
     """
-    url = make_url(options.database.url).set(drivername="postgresql")
-    plain = url.render_as_string(hide_password=False)
     try:
-        connection = await asyncpg.connect(plain, timeout=options.database.connect_timeout_seconds)
+        connection = await asyncpg.connect(
+            asyncpg_dsn(options.database.url), timeout=options.database.connect_timeout_seconds
+        )
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
         raise connection_failure(options.database.url, error) from error
     try:

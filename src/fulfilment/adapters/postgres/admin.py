@@ -12,7 +12,7 @@ from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from fulfilment.adapters.postgres.engine import DatabaseOptions, create_engine
+from fulfilment.adapters.postgres.engine import DatabaseOptions, asyncpg_dsn, create_engine
 from fulfilment.adapters.postgres.errors import DatabaseRefusedError, connection_failure
 from fulfilment.adapters.postgres.tables import (
     inbox_messages,
@@ -37,11 +37,9 @@ async def ensure_database(database_url: str) -> bool:
         DatabaseUnavailableError: the server does not answer, or (a ``DatabaseRefusedError``)
             refuses the user, its login or the creation of the database.
     """
-    url = make_url(database_url).set(drivername="postgresql")
+    url = make_url(asyncpg_dsn(database_url))
     try:
-        connection = await asyncpg.connect(
-            url.render_as_string(hide_password=False), timeout=CONNECT_SECONDS
-        )
+        connection = await asyncpg.connect(asyncpg_dsn(database_url), timeout=CONNECT_SECONDS)
     except asyncpg.InvalidCatalogNameError:
         pass
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:

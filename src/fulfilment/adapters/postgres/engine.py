@@ -9,6 +9,7 @@ cost the worker more CPU per delivery than asyncpg itself (README, "Performance"
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 from sqlalchemy.engine import make_url
@@ -35,7 +36,8 @@ class DatabaseOptions:
     """
 
     url: str = field(repr=False)
-    """A ``postgresql+asyncpg://`` URL, credentials included (so kept out of ``repr``)."""
+    """A ``postgresql+asyncpg://`` URL, credentials and libpq TLS parameters included (so kept
+    out of ``repr``); see :func:`asyncpg_dsn`."""
     connect_timeout_seconds: float
     """Time allowed to open one connection."""
     statement_timeout_seconds: float
@@ -46,6 +48,41 @@ class DatabaseOptions:
     """Longest wait for a free connection of the engine."""
     pool_size: int
     """Connections of the reservations' pool, at most (:func:`create_pool`)."""
+
+
+def asyncpg_dsn(url: str) -> str:
+    """``url`` as asyncpg's ``connect`` and ``create_pool`` take it: scheme ``postgresql://``.
+
+    Every connection of the service is opened from this one string, so that all of them read
+    the URL's TLS parameters the same way. asyncpg parses libpq's own (``sslmode`` of disable,
+    allow, prefer, require, verify-ca, verify-full; ``sslrootcert``, ``sslcert``, ``sslkey``,
+    ``sslcrl``; ``PGSSLMODE`` and the other ``PGSSL*`` variables when the URL has none) with
+    libpq's meanings (``asyncpg.connect_utils``). SQLAlchemy would instead pass each query
+    parameter to ``asyncpg.connect`` as a keyword, which has no ``sslmode``: hence
+    :func:`async_engine`.
+    """
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def async_engine(url: str, *, connect_args: dict[str, Any], **engine_args: Any) -> AsyncEngine:  # noqa: ANN401 - create_async_engine's own keywords
+    """A SQLAlchemy engine whose connections asyncpg opens from :func:`asyncpg_dsn` of ``url``.
+
+    ``connect_args`` go to ``asyncpg.connect`` (``timeout``, ``server_settings``);
+    ``engine_args`` to ``create_async_engine`` (pool size and class). The engine's own URL
+    keeps no query: SQLAlchemy's asyncpg dialect turns ``?sslmode=require`` into a keyword
+    ``asyncpg.connect`` does not know (a ``TypeError``), so the connections come from
+    ``async_creator`` instead. The engine connects on first use; the caller disposes of it.
+    """
+    dsn = asyncpg_dsn(url)
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn, **connect_args)
+
+    return create_async_engine(
+        make_url(url).set(drivername="postgresql+asyncpg", query={}),
+        async_creator=connect,
+        **engine_args,
+    )
 
 
 def _milliseconds(seconds: float) -> str:
@@ -60,6 +97,7 @@ def create_engine(options: DatabaseOptions) -> AsyncEngine:
       ``retry_budget_seconds`` for a free connection; the wait then fails with
       ``sqlalchemy.exc.TimeoutError``, which the retry policy treats as transient.
     - ``connect_timeout_seconds`` bounds opening one connection (asyncpg ``timeout``).
+    - TLS as the URL's libpq parameters say (:func:`asyncpg_dsn`).
     - ``statement_timeout`` and ``lock_timeout`` are server settings of every session (from
       ``statement_timeout_seconds`` and ``lock_timeout_seconds``, sent in milliseconds): the
       server cancels a slow statement or lock wait, so a time-out never leaves a commit in
@@ -72,15 +110,15 @@ def create_engine(options: DatabaseOptions) -> AsyncEngine:
 
     The caller owns the engine and must ``await engine.dispose()`` at shutdown.
     """
-    return create_async_engine(
+    return async_engine(
         options.url,
-        pool_size=ENGINE_POOL_SIZE,
-        max_overflow=0,
-        pool_timeout=options.retry_budget_seconds,
         connect_args={
             "timeout": options.connect_timeout_seconds,
             "server_settings": server_settings(options),
         },
+        pool_size=ENGINE_POOL_SIZE,
+        max_overflow=0,
+        pool_timeout=options.retry_budget_seconds,
     )
 
 
@@ -118,9 +156,8 @@ async def create_pool(options: DatabaseOptions) -> asyncpg.Pool:
     its reservation slot until the kernel gave up on the socket, many minutes later. The caller
     owns the pool and must ``await pool.close()`` at shutdown.
     """
-    url = make_url(options.url).set(drivername="postgresql")
     return await asyncpg.create_pool(
-        url.render_as_string(hide_password=False),
+        asyncpg_dsn(options.url),
         min_size=0,
         max_size=options.pool_size,
         timeout=options.connect_timeout_seconds,

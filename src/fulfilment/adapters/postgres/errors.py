@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable
 
 from sqlalchemy.engine import make_url
@@ -50,13 +51,22 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     ``error`` is asyncpg's, an ``OSError`` or ``TimeoutError``, or SQLAlchemy's wrapper of
     one; the line names the driver's own error (innermost cause). A :class:`DatabaseRefusedError`
     when the server refused the user (SQLSTATE class 28, ``InvalidPasswordError``,
-    ``InvalidAuthorizationSpecificationError``; or 42501) or has no such database (3D000);
-    otherwise a :class:`DatabaseUnavailableError`.
+    ``InvalidAuthorizationSpecificationError``; or 42501; also a ``pg_hba.conf`` that takes
+    only TLS connections, ``hostssl``, refusing ``sslmode=disable``), has no such database
+    (3D000), or presented a certificate that did not verify against the URL's ``sslrootcert``
+    (``ssl.SSLCertVerificationError``, a wrong CA or host name); otherwise a
+    :class:`DatabaseUnavailableError`.
     """
     parsed = make_url(url)
     where = parsed.render_as_string(hide_password=True)
     cause, sqlstate = _driver_error(error)
     said = f"{type(cause).__name__}: {cause}"
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        # A wrong CA file or host name: retrying cannot mend it, like a refused password.
+        return DatabaseRefusedError(
+            f"PostgreSQL at {where}: the server's TLS certificate did not verify"
+            f" (the URL's sslrootcert CA and host name): {said}"
+        )
     if sqlstate == _MISSING_DATABASE:
         return DatabaseRefusedError(
             f"PostgreSQL at {where} has no such database (fulfilment migrate creates it): {said}"
