@@ -53,11 +53,15 @@ def service_stops_start(
     Its event is ``<program>.<broker|database>_<refused|unreachable>``, its reason the first
     line of ``failure`` (which says which service, where, and why).
     """
-    service = "broker" if isinstance(failure, BrokerUnavailableError) else "database"
     refused = isinstance(failure, BrokerRefusedError | DatabaseRefusedError)
+    # Each event written out whole, so that a search for it finds it here.
+    if isinstance(failure, BrokerUnavailableError):
+        event = f"{program}.broker_refused" if refused else f"{program}.broker_unreachable"
+    else:
+        event = f"{program}.database_refused" if refused else f"{program}.database_unreachable"
     return StartRefusedError(
         str(failure).splitlines()[0],
-        event=f"{program}.{service}_{'refused' if refused else 'unreachable'}",
+        event=event,
         exit_code=EXIT_SERVICE_REFUSED if refused else EXIT_SERVICE_UNREACHABLE,
     )
 
