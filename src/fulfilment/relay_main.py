@@ -162,13 +162,13 @@ async def wait_for_start(settings: Settings, stopping: asyncio.Event) -> None:
 
 def _log_unreachable(state: RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome else None
-    assert isinstance(error, StartRefusedError)  # the only error retried  # noqa: S101
-    logger.warning(
-        error.event,
-        reason=str(error),
-        attempt=state.attempt_number,
-        wait_seconds=round(state.upcoming_sleep, 2),
-    )
+    if isinstance(error, StartRefusedError):  # the only error retried
+        logger.warning(
+            error.event,
+            reason=str(error),
+            attempt=state.attempt_number,
+            wait_seconds=round(state.upcoming_sleep, 2),
+        )
 
 
 class _HttpServer(uvicorn.Server):
