@@ -79,7 +79,7 @@ async def test_a_crash_in_the_transaction_of_any_event_leaves_nothing_of_it(ware
     with pytest.raises(Crashed):
         await getattr(crashing, kind)(command)
 
-    assert crashes == [(CrashPoint.IN_TRANSACTION, command)]
+    assert crashes == [(CrashPoint.IN_TRANSACTION, command.event_id)]
     inbox_after, last_id_after = await _written(inner)
     # The function ran to its outbox row (an identity value is not given back by a rollback),
     # and nothing of it was committed.
