@@ -1,13 +1,102 @@
-"""What both roots (``main`` for the worker, ``cli`` for the tools) build from the settings.
+"""What the roots build from the settings, and the start-up checks the two services share.
 
+The roots are ``main`` for the worker, ``relay_main`` for the relay, ``cli`` for the tools.
 The adapters take plain values or a small frozen options object, never :class:`Settings`; the
-translation that the two roots share is written here once.
+translation that the roots share is written here once. So are the checks that stop a service's
+start (an old schema, a service that refuses or does not answer) and the exit codes they give.
 """
 
 from __future__ import annotations
 
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from fulfilment.adapters.postgres.engine import DatabaseOptions
+from fulfilment.adapters.postgres.errors import DatabaseRefusedError, DatabaseUnavailableError
+from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
+from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
+from fulfilment.adapters.rabbitmq import BrokerRefusedError, BrokerUnavailableError, connect
 from fulfilment.settings import Settings
+
+EXIT_START_FAILED = 1
+EXIT_SERVICE_UNREACHABLE = 3
+EXIT_SERVICE_REFUSED = 4
+"""The services' exit codes besides 0, as for every ``fulfilment`` command (README, "Command
+line")."""
+
+
+class StartRefusedError(Exception):
+    """A start-up check failed; the root logs it in one line and exits with ``exit_code``.
+
+    ``event`` is that line's log event (``worker.schema_not_current``, ``relay.broker_refused``
+    ...), the message the reason. ``exit_code`` is :data:`EXIT_SERVICE_UNREACHABLE` when a
+    service did not answer, :data:`EXIT_SERVICE_REFUSED` when it refused the user or has no
+    such virtual host or database, else :data:`EXIT_START_FAILED`.
+    """
+
+    def __init__(self, reason: str, *, event: str, exit_code: int = EXIT_START_FAILED) -> None:
+        super().__init__(reason)
+        self.event = event
+        self.exit_code = exit_code
+
+    @property
+    def unreachable(self) -> bool:
+        """True when a service did not answer: a wait may mend it, unlike a refusal."""
+        return self.exit_code == EXIT_SERVICE_UNREACHABLE
+
+
+def service_stops_start(
+    failure: BrokerUnavailableError | DatabaseUnavailableError, *, program: str
+) -> StartRefusedError:
+    """The error that stops ``program``'s start (``worker``, ``relay``) for a service's ``failure``.
+
+    Its event is ``<program>.<broker|database>_<refused|unreachable>``, its reason the first
+    line of ``failure`` (which says which service, where, and why).
+    """
+    refused = isinstance(failure, BrokerRefusedError | DatabaseRefusedError)
+    # Each event written out whole, so that a search for it finds it here.
+    if isinstance(failure, BrokerUnavailableError):
+        event = f"{program}.broker_refused" if refused else f"{program}.broker_unreachable"
+    else:
+        event = f"{program}.database_refused" if refused else f"{program}.database_unreachable"
+    return StartRefusedError(
+        str(failure).splitlines()[0],
+        event=event,
+        exit_code=EXIT_SERVICE_REFUSED if refused else EXIT_SERVICE_UNREACHABLE,
+    )
+
+
+async def require_current_schema(engine: AsyncEngine, database_url: str, *, program: str) -> None:
+    """Return when the database behind ``engine`` is at this build's alembic head.
+
+    A service that started before its migration would fail on a missing table or function
+    (the relay on ``outbox``, the worker on ``place_orders()``).
+
+    Raises:
+        StartRefusedError: ``<program>.schema_not_current`` (exit 1); or, when the database
+            refused ``database_url``'s user or does not answer, see :func:`service_stops_start`.
+    """
+    try:
+        await check_schema_current(engine)
+    except SchemaNotCurrentError as error:
+        raise StartRefusedError(str(error), event=f"{program}.schema_not_current") from error
+    except (OSError, TimeoutError, sa_exc.DBAPIError) as error:
+        failure = database_connection_failure(database_url, error)
+        raise service_stops_start(failure, program=program) from error
+
+
+async def require_broker(amqp_url: str, *, program: str, timeout_seconds: float) -> None:
+    """Return when RabbitMQ at ``amqp_url`` accepts a connection (opened, then closed).
+
+    Raises:
+        StartRefusedError: the broker refused the login or the virtual host, or did not
+            answer within ``timeout_seconds`` (see :func:`service_stops_start`).
+    """
+    try:
+        async with connect(amqp_url, timeout_seconds=timeout_seconds):
+            pass
+    except BrokerUnavailableError as failure:
+        raise service_stops_start(failure, program=program) from failure
 
 
 def database_options(settings: Settings) -> DatabaseOptions:

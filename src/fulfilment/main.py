@@ -32,14 +32,15 @@ from sqlalchemy import text
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
-from fulfilment.adapters.postgres.errors import DatabaseRefusedError
-from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
 from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
-from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.adapters.rabbitmq import BrokerRefusedError
 from fulfilment.adapters.rabbitmq import connection_failure as broker_connection_failure
-from fulfilment.composition import database_options
+from fulfilment.composition import (
+    StartRefusedError,
+    database_options,
+    require_current_schema,
+    service_stops_start,
+)
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.observability.logging import configure_logging
@@ -82,39 +83,6 @@ if TYPE_CHECKING:
     from fulfilment.application.ports import Warehouse
 
 logger = structlog.get_logger("fulfilment.main")
-
-
-EXIT_START_FAILED = 1
-EXIT_SERVICE_UNREACHABLE = 3
-EXIT_SERVICE_REFUSED = 4
-"""The worker's exit codes besides 0, as for every ``fulfilment`` command."""
-
-
-class StartRefusedError(Exception):
-    """A start-up check failed; the hook that raised it has logged why, in one line.
-
-    ``exit_code`` is :data:`EXIT_SERVICE_UNREACHABLE` when a service did not answer,
-    :data:`EXIT_SERVICE_REFUSED` when it refused the user or has no such virtual host or
-    database, else :data:`EXIT_START_FAILED`.
-    """
-
-    def __init__(self, reason: str, exit_code: int = EXIT_START_FAILED) -> None:
-        super().__init__(reason)
-        self.exit_code = exit_code
-
-
-def _service_stops_start(
-    failure: Exception, *, refused: bool, events: tuple[str, str]
-) -> StartRefusedError:
-    """Log why a service stops the start, in one line; return the error that stops it.
-
-    ``events`` are the log events of a refusal (exit 4) and of a service that did not answer
-    (exit 3); ``failure`` says which service, where, and why.
-    """
-    reason = str(failure).splitlines()[0]
-    refused_event, unreachable_event = events
-    logger.error(refused_event if refused else unreachable_event, reason=reason)
-    return StartRefusedError(reason, EXIT_SERVICE_REFUSED if refused else EXIT_SERVICE_UNREACHABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +215,7 @@ def _start_up(
 
     The arguments each queue was accepted with go to the subscribers' queues ``consumed``.
 
-    It raises :class:`StartRefusedError` (after one log line) on a topology mismatch or a
+    It raises :class:`~fulfilment.composition.StartRefusedError` on a topology mismatch or a
     broker that refuses or does not answer.
     """
 
@@ -257,15 +225,10 @@ def _start_up(
         try:
             declared = await declare_topology(amqp_url, topology)
         except TopologyMismatchError as error:
-            logger.error("worker.topology_mismatch", reason=str(error))  # noqa: TRY400 - one line, no trace
-            raise StartRefusedError(str(error)) from error
+            raise StartRefusedError(str(error), event="worker.topology_mismatch") from error
         except (OSError, TimeoutError, aio_pika.exceptions.AMQPError) as error:
             failure = broker_connection_failure(amqp_url, error)
-            raise _service_stops_start(
-                failure,
-                refused=isinstance(failure, BrokerRefusedError),
-                events=("worker.broker_refused", "worker.broker_unreachable"),
-            ) from error
+            raise service_stops_start(failure, program="worker") from error
         use_declared_arguments(consumed, declared)
 
     return declare
@@ -356,18 +319,9 @@ async def run_worker(settings: Settings) -> int:
         await ping_database(engine)
 
     async def schema_is_current() -> None:
-        try:
-            await check_schema_current(engine)
-        except SchemaNotCurrentError as error:
-            logger.error("worker.schema_not_current", reason=str(error))  # noqa: TRY400 - one line, no trace
-            raise StartRefusedError(str(error)) from error
-        except (OSError, TimeoutError, sa_exc.DBAPIError) as error:
-            failure = database_connection_failure(settings.database_url.get_secret_value(), error)
-            raise _service_stops_start(
-                failure,
-                refused=isinstance(failure, DatabaseRefusedError),
-                events=("worker.database_refused", "worker.database_unreachable"),
-            ) from error
+        await require_current_schema(
+            engine, settings.database_url.get_secret_value(), program="worker"
+        )
 
     async def close_pool() -> None:
         await pool.close()
@@ -418,7 +372,8 @@ async def run_worker(settings: Settings) -> int:
     try:
         await worker.app.run(log_level=logging.INFO)
     except StartRefusedError as refused:
-        return refused.exit_code  # already said in one line by the start-up hook
+        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
+        return refused.exit_code
     except Exception as error:
         logger.exception("worker.start_failed", reason=f"{type(error).__name__}: {error}")
         return 1

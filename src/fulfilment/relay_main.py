@@ -15,14 +15,26 @@ from collections.abc import Iterator
 
 import structlog
 import uvicorn
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from fulfilment import __version__
-from fulfilment.adapters.postgres.engine import asyncpg_dsn
+from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
+from fulfilment.composition import (
+    StartRefusedError,
+    database_options,
+    require_broker,
+    require_current_schema,
+)
 from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.health import relay_health_app
-from fulfilment.relay.service import Relay, RelayOptions
+from fulfilment.relay.service import (
+    RECONNECT_INITIAL_SECONDS,
+    RECONNECT_MAX_SECONDS,
+    Relay,
+    RelayOptions,
+)
 from fulfilment.settings import Settings, SettingsError, load_settings
 from fulfilment.worker.fault_injection import parse_fault_plan
 
@@ -44,12 +56,19 @@ def relay_options(settings: Settings) -> RelayOptions:
 
 
 async def run_relay(settings: Settings) -> int:
-    """Run the relay and its HTTP server until SIGTERM or SIGINT; return the exit code (0).
+    """Run the relay and its HTTP server until SIGTERM or SIGINT; return the exit code.
+
+    0 after a stop. Before its first session the relay checks, as the worker does at start,
+    that the database is at this build's migration (else exit 1, ``relay.schema_not_current``)
+    and that neither service refuses its user, virtual host or database (else exit 4,
+    ``relay.broker_refused``, ``relay.database_refused``), each in one log line. Unlike the
+    worker it does not exit when a service does not answer: it waits for it, as it does for a
+    lost connection (:func:`wait_for_start`).
 
     The signal lets the batch in flight finish (its confirms, then its marks), closes the
     database session, which frees the lock for a standby, and stops the HTTP server.
     """
-    metrics = RelayMetrics(RESULT_ROUTING_KEYS)
+    metrics = RelayMetrics(RESULT_ROUTING_KEYS, version=__version__)
     relay = Relay(relay_options(settings), metrics)
     http = _HttpServer(
         uvicorn.Config(
@@ -63,9 +82,15 @@ async def run_relay(settings: Settings) -> int:
             access_log=False,
         )
     )
+    stopping = asyncio.Event()
+
+    def stop() -> None:
+        stopping.set()
+        relay.stop()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, relay.stop)
+        loop.add_signal_handler(signum, stop)
     logger.info(
         "relay.starting",
         version=__version__,
@@ -75,11 +100,73 @@ async def run_relay(settings: Settings) -> int:
     )
     serving = asyncio.create_task(http.serve())
     try:
+        await wait_for_start(settings, stopping)
         await relay.run()
+    except StartRefusedError as refused:
+        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
+        return refused.exit_code
     finally:
         http.should_exit = True
         await serving
     return 0
+
+
+async def wait_for_start(settings: Settings, stopping: asyncio.Event) -> None:
+    """Return once the database is at this build's migration and both services accept the relay.
+
+    The worker's checks (``composition``): the schema first, on a connection of its own, then
+    a broker connection opened and closed. A service that does not answer is waited for, with
+    the relay's back-off (``relay.service.RECONNECT_*``; a ``relay.<service>_unreachable``
+    warning per try), until it answers or ``stopping`` is set; then this returns at once.
+
+    Raises:
+        StartRefusedError: the schema is not current (exit 1), or a service refused the
+            relay's user, virtual host or database (exit 4).
+    """
+    database_url = settings.database_url.get_secret_value()
+    engine = create_engine(database_options(settings))
+
+    async def check() -> None:
+        await require_current_schema(engine, database_url, program="relay")
+        await require_broker(
+            settings.amqp_url.get_secret_value(),
+            program="relay",
+            timeout_seconds=settings.database_connect_timeout_seconds,
+        )
+
+    async def pause(seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await stopping.wait()
+
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(
+            lambda error: isinstance(error, StartRefusedError) and error.unreachable
+        ),
+        wait=wait_exponential_jitter(initial=RECONNECT_INITIAL_SECONDS, max=RECONNECT_MAX_SECONDS),
+        stop=lambda _state: stopping.is_set(),
+        sleep=pause,
+        before_sleep=_log_unreachable,
+        reraise=True,
+    )
+    try:
+        await retrying(check)
+    except StartRefusedError as refused:
+        if not (refused.unreachable and stopping.is_set()):
+            raise
+    finally:
+        await engine.dispose()
+
+
+def _log_unreachable(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    if isinstance(error, StartRefusedError):  # the only error retried
+        logger.warning(
+            error.event,
+            reason=str(error),
+            attempt=state.attempt_number,
+            wait_seconds=round(state.upcoming_sleep, 2),
+        )
 
 
 class _HttpServer(uvicorn.Server):

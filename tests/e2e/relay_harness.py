@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess
+from harness import WorkerProcess, free_port
 
 from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
 
@@ -187,3 +188,46 @@ def assert_in_order_per_order(
     for order_id in {event.order_id for event in events}:
         expected = [str(e.event_id) for e in events if e.order_id == order_id]
         assert [m for m in first_seen if m in expected] == expected
+
+
+class TcpGate:
+    """A TCP proxy on a fixed local port to ``host:port`` that a test closes and opens again.
+
+    Closed (as it starts), nothing listens on :attr:`port`, so a connection is refused as by a
+    server that is down; :meth:`close` also cuts the connections that went through it.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, reuse_address=True
+        )
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
+
+    async def _handle(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
+        server_reader, server_writer = await asyncio.open_connection(*self._target)
+        self._writers += [client_writer, server_writer]
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        await asyncio.gather(pipe(client_reader, server_writer), pipe(server_reader, client_writer))

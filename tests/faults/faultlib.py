@@ -8,6 +8,7 @@ import os
 import random
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
 from fulfilment.cli import tool_options
 from fulfilment.contracts.order_placed import order_placed_body
+from fulfilment.contracts.result_events import StockReleasedV1, parse_result_event
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUE,
     MAIN_QUEUE,
@@ -222,3 +224,89 @@ async def wait_until_processing(db: asyncpg.Connection, at_least: int = 100) -> 
     while await inbox_count(db) < at_least:
         assert time.monotonic() < deadline, "the worker did not start processing"
         await asyncio.sleep(0.1)
+
+
+INBOX_OUTCOME_EVENTS = {
+    "reserved": "stock.reserved",
+    "rejected": "stock.rejected",
+    "released": "stock.released",
+    "partially_released": "stock.released",
+    "shipped": "stock.shipped",
+}
+"""The result event each inbox outcome writes in its transaction (product contract, "Result
+events"); the other outcomes (a tombstone, a duplicate, a cancel or shipment that changed
+nothing) write none."""
+
+NEXT_STATUS = {
+    (None, "stock.reserved"): "reserved",
+    (None, "stock.rejected"): "rejected",
+    ("reserved", "stock.shipped"): "shipped",
+}
+"""The status an order's result event leads to from the status before it; ``stock.released``
+leads from ``reserved`` to its ``order_status``. No event follows ``rejected``, ``released``
+or ``shipped``."""
+
+
+async def assert_outbox_tells_the_lifecycle(
+    db: asyncpg.Connection, *, placed: int, shipped: int | None = None
+) -> Counter[str]:
+    """Check the ``outbox`` after a run against the inbox and the reservations; return its rows
+    per routing key.
+
+    - each inbox row whose outcome changed an order (``INBOX_OUTCOME_EVENTS``) has exactly one
+      outbox row of its kind caused by it (``causation_id``), and no other row exists: so one
+      ``stock.reserved`` or ``stock.rejected`` per placed order (``placed`` of them), one
+      ``stock.shipped`` per shipment (``shipped`` of them, when given), ``stock.released`` only
+      for the cancels that gave stock back, and no duplicate from a crash (the rows are written
+      in the transaction of the change);
+    - every body is valid (``parse_result_event``) and carries its row's ``event_id`` and
+      ``order_id``;
+    - per order, in ``id`` order, the events follow the lifecycle (``NEXT_STATUS``: reserved
+      or rejected first, released or shipped after reserved, nothing after the end) and end in
+      the order's status in ``reservations``.
+    """
+    rows = await db.fetch(
+        "SELECT id, event_id, order_id, routing_key, body::text AS body FROM outbox ORDER BY id"
+    )
+    inbox = await db.fetch("SELECT event_id, order_id, outcome FROM inbox_messages")
+    expected = Counter(
+        (row["event_id"], row["order_id"], INBOX_OUTCOME_EVENTS[row["outcome"]])
+        for row in inbox
+        if row["outcome"] in INBOX_OUTCOME_EVENTS
+    )
+    statuses: dict[uuid.UUID, str | None] = {}
+    written: Counter[tuple[uuid.UUID, uuid.UUID, str]] = Counter()
+    for row in rows:
+        event = parse_result_event(row["routing_key"], row["body"])
+        assert (event.event_id, event.order_id) == (row["event_id"], row["order_id"]), row
+        written[(event.causation_id, event.order_id, row["routing_key"])] += 1
+        before = statuses.get(event.order_id)
+        if isinstance(event, StockReleasedV1):
+            after = event.order_status if before == "reserved" else None
+        else:
+            after = NEXT_STATUS.get((before, row["routing_key"]))
+        assert after is not None, (
+            f"order {event.order_id}: {row['routing_key']} (outbox id {row['id']}) after "
+            f"{before or 'nothing'}"
+        )
+        statuses[event.order_id] = after
+
+    assert written == expected, (
+        f"outbox rows without their change: {written - expected}; "
+        f"changes without their outbox row: {expected - written}"
+    )
+    kinds = Counter(row["routing_key"] for row in rows)
+    assert kinds["stock.reserved"] + kinds["stock.rejected"] == placed, kinds
+    if shipped is not None:
+        assert kinds["stock.shipped"] == shipped, kinds
+    final = {
+        row["order_id"]: row["status"]
+        for row in await db.fetch("SELECT order_id, status FROM reservations")
+    }
+    differing = {
+        order_id: (status, final.get(order_id))
+        for order_id, status in statuses.items()
+        if status != final.get(order_id)
+    }
+    assert differing == {}, f"orders whose events end elsewhere than their status: {differing}"
+    return kinds

@@ -14,6 +14,7 @@ from faultlib import (
     AMPLE_STOCK,
     Cluster,
     Order,
+    assert_outbox_tells_the_lifecycle,
     assert_reconciled,
     declare,
     publish,
@@ -63,6 +64,7 @@ async def test_crashes_at_each_point_of_the_handler_lose_nothing_and_apply_nothi
     assert set(crashes) == {"before_transaction", "in_transaction", "after_commit"}, crashes
     assert restarts == sum(crashes.values())
     result = await assert_reconciled(settings, orders)
+    await assert_outbox_tells_the_lifecycle(db, placed=ORDERS)
     record_figures(
         "crashes at each handler point",
         f"SIGKILL before the transaction, inside it, after commit before ack ({restarts} kills)",
@@ -97,6 +99,7 @@ async def test_random_kills_while_orders_flow_lose_nothing_and_apply_nothing_twi
     await run_until_settled(cluster, db, broker, ORDERS)
     assert kills >= 3, "the backlog drained before enough kills landed"
     result = await assert_reconciled(settings, orders)
+    await assert_outbox_tells_the_lifecycle(db, placed=ORDERS)
     record_figures("random kills under load", f"SIGKILL at random times ({kills} kills)", result)
 
 
@@ -131,6 +134,8 @@ async def test_a_message_that_crashes_every_worker_is_dead_lettered_and_its_neig
     dead = await asyncio.wait_for(_dead_letter_classes(broker), timeout=10)
     assert dead == {str(poison.event_id): "poison"}
     result = await assert_reconciled(settings, orders, dead_lettered=1)
+    # The poison order is dead-lettered unprocessed: it writes no result event.
+    await assert_outbox_tells_the_lifecycle(db, placed=len(neighbours))
     record_figures(
         "poison message",
         f"an order that crashes every worker, prefetch {prefetch}, delivery limit {limit}",

@@ -36,7 +36,13 @@ from datetime import UTC, datetime
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import Cluster, declare, inbox_count, record_figures
+from faultlib import (
+    Cluster,
+    assert_outbox_tells_the_lifecycle,
+    declare,
+    inbox_count,
+    record_figures,
+)
 from harness import WorkerProcess, put_stock, queue_depth
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -462,6 +468,9 @@ async def test_cancels_before_and_after_their_orders_under_kill_9_and_sigterm_lo
     outcome = await compare_with_the_in_order_sequence(plan, db, settings)
     figures("cancels interleaved with orders (order-cancelled)", plan, cluster, run, outcome)
     assert_nothing_lost_nor_applied_twice(plan, outcome)
+    await assert_outbox_tells_the_lifecycle(
+        db, placed=plan.count(ORDER_PLACED), shipped=plan.count(ORDER_SHIPPED)
+    )
     assert outcome.inbox["tombstoned"] > 0  # cancels did come before their orders
     assert sum(_crashes(cluster).values()) >= 3, _crashes(cluster)
     assert_stopped_cleanly(run)
@@ -482,6 +491,9 @@ async def test_shipments_racing_their_orders_under_kill_9_and_sigterm_lose_nothi
     outcome = await compare_with_the_in_order_sequence(plan, db, settings)
     figures("shipments interleaved with orders (order-shipped)", plan, cluster, run, outcome)
     assert_nothing_lost_nor_applied_twice(plan, outcome)
+    await assert_outbox_tells_the_lifecycle(
+        db, placed=plan.count(ORDER_PLACED), shipped=plan.count(ORDER_SHIPPED)
+    )
     shipped = await db.fetchval("SELECT count(*) FROM reservations WHERE status = 'shipped'")
     assert shipped == outcome.inbox["shipped"] == plan.count(ORDER_SHIPPED)
     assert sum(_crashes(cluster).values()) >= 3, _crashes(cluster)

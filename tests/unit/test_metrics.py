@@ -282,3 +282,23 @@ def test_the_build_info_names_the_version() -> None:
     metrics = Metrics(version="1.2.3")
 
     assert metrics.registry.get_sample_value("fulfilment_build_info", {"version": "1.2.3"}) == 1
+
+
+def test_the_relay_exports_the_build_info_with_the_worker_s_labels() -> None:
+    worker = Metrics(version="1.2.3").registry
+    relay = RelayMetrics(RESULT_ROUTING_KEYS, version="1.2.3").registry
+
+    labels = {"version": "1.2.3"}
+    assert relay.get_sample_value("fulfilment_build_info", labels) == 1
+    assert worker.get_sample_value("fulfilment_build_info", labels) == 1
+
+
+def test_the_pod_choice_of_the_dashboard_lists_the_relay_s_pods_too(worker_registry) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    [pod] = [choice for choice in dashboard["templating"]["list"] if choice["name"] == "pod"]
+    read = set(METRIC_NAME.findall(pod["query"]["query"]))
+    relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
+
+    assert read == {"fulfilment_build_info"}
+    assert read <= exported_names(worker_registry)
+    assert read <= exported_names(relay)

@@ -70,6 +70,22 @@ DEAD_LETTER_AGE_HELP = (
 )
 
 
+def build_info(registry: CollectorRegistry, version: str) -> Gauge:
+    """Register ``fulfilment_build_info{version}`` = 1 on ``registry`` (``unknown`` if empty).
+
+    The worker and the relay both export it, with the same labels, so that the dashboard's
+    ``$pod`` choice (``label_values(fulfilment_build_info, pod)``) lists the pods of both.
+    """
+    gauge = Gauge(
+        "fulfilment_build_info",
+        "Always 1; the version label says which version runs.",
+        ["version"],
+        registry=registry,
+    )
+    gauge.labels(version or "unknown").set(1)
+    return gauge
+
+
 class Metrics:
     """Collectors of one worker process, registered on :attr:`registry` (a new one by default).
 
@@ -177,13 +193,7 @@ class Metrics:
             ["check"],
             registry=self.registry,
         )
-        self.build_info = Gauge(
-            "fulfilment_build_info",
-            "Always 1; the version label says which version runs.",
-            ["version"],
-            registry=self.registry,
-        )
-        self.build_info.labels(version or "unknown").set(1)
+        self.build_info = build_info(self.registry, version)
 
         self._events: dict[tuple[str, str, str], Counter] = {}
         failures = [(DEAD_LETTERED, str(failure_class)) for failure_class in dead_letter_classes]

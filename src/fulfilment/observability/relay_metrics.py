@@ -20,6 +20,8 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from fulfilment.observability.metrics import build_info
+
 PUBLISH_LAG_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 """Commit-to-confirm buckets, 10 ms to an hour: a broker outage holds events back for as long
 as it lasts."""
@@ -39,13 +41,16 @@ class RelayMetrics:
     Args:
         routing_keys: every routing key the relay publishes, bound at 0 in
             ``fulfilment_outbox_published_total``.
+        version: the service's version, exported as ``fulfilment_build_info{version}`` = 1,
+            as the worker exports it (``metrics.build_info``).
     """
 
-    def __init__(self, routing_keys: Iterable[str]) -> None:
+    def __init__(self, routing_keys: Iterable[str], *, version: str = "") -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
+        self.build_info = build_info(self.registry, version)
         self.unpublished = Gauge(
             "fulfilment_outbox_unpublished",
             "Outbox rows not yet published (rows).",

@@ -61,8 +61,24 @@ RECONNECT_ERRORS = (
 """What ends a relay's session and makes it connect again: a broker or database that is down,
 restarting, or closed the connection (``admin_shutdown``, ``cannot_connect_now``)."""
 
+RECONNECT_INITIAL_SECONDS = 0.5
+"""First wait before connecting again (plus up to 1 s of jitter), after a failed attempt or
+the loss of a connected session."""
+
 RECONNECT_MAX_SECONDS = 10.0
 """Longest wait between two attempts to connect; the relay tries until it is stopped."""
+
+
+class SessionLostError(Exception):
+    """A session connected to both services lost one of them; the message says how.
+
+    Not one of :data:`RECONNECT_ERRORS`: it ends a run of attempts, so that the next outage's
+    back-off starts again from :data:`RECONNECT_INITIAL_SECONDS`.
+    """
+
+    def __init__(self, lost: BaseException) -> None:
+        super().__init__(f"{type(lost).__name__}: {lost}")
+
 
 RETRY_MAX_SECONDS = 30.0
 """Longest back-off before a returned or refused row is published again."""
@@ -138,24 +154,42 @@ class Relay:
     async def run(self) -> None:
         """Connect, stand by, publish; connect again after any loss, until stopped.
 
+        The wait between attempts doubles from :data:`RECONNECT_INITIAL_SECONDS` to
+        :data:`RECONNECT_MAX_SECONDS`, and starts again from the first after a session that
+        was connected to both services, so that a later outage is not met at the cap.
+
         Raises only what no reconnection can mend (a programming error).
         """
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(RECONNECT_ERRORS),
-            wait=wait_exponential_jitter(initial=0.5, max=RECONNECT_MAX_SECONDS),
+            wait=wait_exponential_jitter(
+                initial=RECONNECT_INITIAL_SECONDS, max=RECONNECT_MAX_SECONDS
+            ),
             sleep=self._pause,
             before_sleep=_log_reconnect,
             reraise=True,
         )
-        try:
-            await retrying(self._session)
-        except RECONNECT_ERRORS:
-            if not self._stopping.is_set():
-                raise
+        while not self._stopping.is_set():
+            try:
+                # Each call begins with fresh statistics: attempt 1, the first wait.
+                await retrying(self._session)
+            except SessionLostError as lost:
+                logger.warning(
+                    "relay.connection_lost", error=str(lost), wait_seconds=RECONNECT_INITIAL_SECONDS
+                )
+                await self._pause(RECONNECT_INITIAL_SECONDS)
+            except RECONNECT_ERRORS:
+                if not self._stopping.is_set():
+                    raise
         logger.info("relay.stopped")
 
     async def _session(self) -> None:
-        """One database session and broker connection, from connecting to their loss or a stop."""
+        """One database session and broker connection, from connecting to their loss or a stop.
+
+        Raises:
+            RECONNECT_ERRORS: a service did not answer, or closed a connection being set up.
+            SessionLostError: a session connected to both services lost one of them.
+        """
         if self._stopping.is_set():
             return
         options = self._options
@@ -178,12 +212,10 @@ class Relay:
                 self._database, self._broker = database, broker
                 self.role = Role.STANDBY
                 logger.info("relay.standing_by")
-                if await self._take_lock(database):
-                    self.role = Role.ACTIVE
-                    self._metrics.active.set(1)
-                    logger.info("relay.active")
-                    await database.add_listener(NOTIFY_CHANNEL, self._notified)
-                    await self._publish_until_stopped(database, broker, exchange)
+                try:
+                    await self._serve(database, broker, exchange)
+                except RECONNECT_ERRORS as error:
+                    raise SessionLostError(error) from error
             finally:
                 self.role = Role.CONNECTING
                 self._metrics.active.set(0)
@@ -192,6 +224,20 @@ class Relay:
         finally:
             # Closing the session releases the lock at once for a standby.
             await _quietly(database.close(timeout=options.connect_timeout_seconds))
+
+    async def _serve(
+        self,
+        database: asyncpg.Connection,
+        broker: AbstractConnection,
+        exchange: AbstractExchange,
+    ) -> None:
+        """Stand by until the lock is held, then publish; until stopped or a connection is lost."""
+        if await self._take_lock(database):
+            self.role = Role.ACTIVE
+            self._metrics.active.set(1)
+            logger.info("relay.active")
+            await database.add_listener(NOTIFY_CHANNEL, self._notified)
+            await self._publish_until_stopped(database, broker, exchange)
 
     async def _take_lock(self, database: asyncpg.Connection) -> bool:
         """Wait for the advisory lock; True once held, False when stopped first."""

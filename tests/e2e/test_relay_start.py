@@ -1,0 +1,194 @@
+"""The relay's start against the real RabbitMQ and PostgreSQL: it refuses, with one log line and
+the worker's exit code, what waiting cannot mend (a database behind its migrations, a refused
+user, virtual host or database), waits for a service that does not answer, and after a healthy
+session meets the next outage with its first back-off, not its longest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+from harness import free_port, wait_for
+from relay_harness import (
+    FULFILMENT,
+    RelayProcess,
+    TcpGate,
+    bind_events_queue,
+    insert_outbox,
+    lifecycle_rows,
+    spawn_relay,
+    take,
+)
+from sqlalchemy.engine import make_url
+
+from fulfilment.relay.service import RECONNECT_INITIAL_SECONDS
+from services import throwaway_database
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
+
+JITTER_MAX_SECONDS = 1.0
+"""tenacity's ``wait_exponential_jitter`` adds up to 1 s to each wait by default."""
+
+
+@pytest.fixture
+def relay_env(worker_env: dict[str, str]) -> dict[str, str]:
+    return {**worker_env, "FULFILMENT_RELAY_POLL_SECONDS": "0.2"}
+
+
+@pytest.fixture
+def relays() -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    yield started
+    for relay in started:
+        relay.stop_quietly()
+
+
+def start_refused(env: dict[str, str], event: str) -> tuple[int, list[dict[str, Any]]]:
+    """Run a relay that must refuse to start; its exit code and its log lines of ``event``."""
+    done = subprocess.run(
+        [FULFILMENT, "relay"],
+        env={**env, "FULFILMENT_RELAY_HTTP_PORT": str(free_port())},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    log = done.stderr.decode() + done.stdout.decode()
+    assert "Traceback" not in log
+    assert "relay.standing_by" not in log  # refused before any session
+    return done.returncode, [json.loads(line) for line in log.splitlines() if event in line]
+
+
+def test_a_relay_on_a_database_that_is_not_migrated_exits_1_with_one_line(
+    relay_env: dict[str, str],
+) -> None:
+    with throwaway_database("fulfilment_unmigrated") as url:
+        code, lines = start_refused(
+            {**relay_env, "FULFILMENT_DATABASE_URL": url}, "relay.schema_not_current"
+        )
+
+    assert code == 1
+    assert len(lines) == 1
+    assert lines[0]["reason"].startswith("the database is at revision none, this build needs ")
+
+
+def test_a_relay_whose_broker_refuses_its_password_exits_4_with_one_line(
+    relay_env: dict[str, str],
+) -> None:
+    url = urllib.parse.urlsplit(relay_env["FULFILMENT_AMQP_URL"])
+    wrong = url._replace(netloc=f"{url.username}:wrong-password@{url.hostname}:{url.port}")
+
+    code, lines = start_refused(
+        {**relay_env, "FULFILMENT_AMQP_URL": wrong.geturl()}, "relay.broker_refused"
+    )
+
+    assert code == 4
+    assert len(lines) == 1
+    assert lines[0]["reason"].startswith(
+        f"RabbitMQ at {url.scheme}://{url.username}:***@{url.hostname}:{url.port}{url.path}"
+        f" refused the login of user '{url.username}': "
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"database": "fulfilment_missing"}, "has no such database"),
+        ({"username": "fulfilment_no_such_role"}, "refused user 'fulfilment_no_such_role'"),
+    ],
+    ids=["missing database", "unknown user"],
+)
+def test_a_relay_whose_database_refuses_it_exits_4_with_one_line(
+    relay_env: dict[str, str], change: dict[str, str], said: str
+) -> None:
+    refused = make_url(relay_env["FULFILMENT_DATABASE_URL"]).set(**change)
+
+    code, lines = start_refused(
+        {**relay_env, "FULFILMENT_DATABASE_URL": refused.render_as_string(hide_password=False)},
+        "relay.database_refused",
+    )
+
+    assert code == 4
+    assert len(lines) == 1
+    assert lines[0]["reason"].startswith(
+        f"PostgreSQL at {refused.render_as_string(hide_password=True)} {said}"
+    )
+
+
+async def test_a_relay_waits_for_its_database_and_starts_its_back_off_again_after_a_session(
+    relays: list[RelayProcess],
+    relay_env: dict[str, str],
+    tmp_path: Path,
+    broker: aio_pika.abc.AbstractRobustConnection,
+    db: asyncpg.Connection,
+) -> None:
+    target = make_url(relay_env["FULFILMENT_DATABASE_URL"])
+    gate = TcpGate(target.host or "127.0.0.1", target.port or 5432)
+    through_gate = target.set(port=gate.port).render_as_string(hide_password=False)
+    queue = await bind_events_queue(broker)
+    relay = spawn_relay(
+        relays, {**relay_env, "FULFILMENT_DATABASE_URL": through_gate}, tmp_path, wait_ready=False
+    )
+
+    def lines(event: str) -> list[dict[str, Any]]:
+        return [line for line in relay.log_lines() if line.get("event") == event]
+
+    def attempts(event: str, at_least: int) -> Any:
+        async def reached() -> bool:
+            return any(line["attempt"] >= at_least for line in lines(event))
+
+        return reached
+
+    try:
+        # Down at start: the relay waits, with a growing back-off, and does not exit.
+        await wait_for(attempts("relay.database_unreachable", 3), what="three tries at start")
+        assert relay.process is not None
+        assert relay.process.poll() is None
+        await gate.open()
+        await wait_for(lambda: _role(relay, "active"), what="the relay to take the lock")
+        events = await insert_outbox(db, lifecycle_rows(2))
+        assert len(await take(queue, len(events))) == len(events)
+
+        # A first outage after that healthy session: the back-off grows again.
+        await gate.close()
+        await wait_for(attempts("relay.reconnecting", 4), what="four reconnect attempts")
+        await gate.open()
+
+        async def active_again() -> bool:
+            return len(lines("relay.active")) == 2
+
+        await wait_for(active_again, what="the relay to take the lock again")
+
+        # The next outage is met with the first wait, not with the one the last outage reached.
+        await gate.close()
+
+        async def retried_after_second_loss() -> bool:
+            return len(lines("relay.connection_lost")) == 2 and _after_last_loss(relay) != []
+
+        await wait_for(retried_after_second_loss, what="a reconnect attempt after the second loss")
+    finally:
+        await gate.close()
+
+    [first, *_] = _after_last_loss(relay)
+    assert first["attempt"] == 1
+    assert first["wait_seconds"] <= RECONNECT_INITIAL_SECONDS + JITTER_MAX_SECONDS
+    assert [line["wait_seconds"] for line in lines("relay.connection_lost")] == [
+        RECONNECT_INITIAL_SECONDS
+    ] * 2
+
+
+async def _role(relay: RelayProcess, role: str) -> bool:
+    return relay.readiness().get("role") == role
+
+
+def _after_last_loss(relay: RelayProcess) -> list[dict[str, Any]]:
+    """The ``relay.reconnecting`` lines after the last ``relay.connection_lost``."""
+    log = relay.log_lines()
+    last = max(i for i, line in enumerate(log) if line.get("event") == "relay.connection_lost")
+    return [line for line in log[last:] if line.get("event") == "relay.reconnecting"]
