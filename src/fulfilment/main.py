@@ -45,6 +45,7 @@ from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.metrics import Metrics
+from fulfilment.observability.probes import ASGIApp
 from fulfilment.settings import Settings, SettingsError, load_settings
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
@@ -56,7 +57,7 @@ from fulfilment.worker.crashing_warehouse import CrashingWarehouse
 from fulfilment.worker.dead_lettering import DeadLetterChannel, DeadLetterPublisher, record_retry
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, subscribe
 from fulfilment.worker.fault_injection import parse_fault_plan
-from fulfilment.worker.health import ASGIApp, health_app
+from fulfilment.worker.health import health_app
 from fulfilment.worker.monitors import (
     BackgroundTask,
     background,

@@ -1,0 +1,63 @@
+"""The HTTP endpoints every process of the service serves: liveness, readiness and metrics.
+
+The worker (``worker.health``) and the relay (``relay.health``) serve the same paths, so their
+Deployments probe alike; each says what "ready" means for it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, make_asgi_app
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+Readiness = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+"""Whether the process is ready, and the body that says why (``{"broker": true, ...}``)."""
+
+
+def probe_app(*, readiness: Readiness, registry: CollectorRegistry) -> ASGIApp:
+    """An ASGI app serving ``GET /health/live``, ``GET /health/ready`` and ``GET /metrics``.
+
+    ``/health/live`` always answers 200 ``{"status": "ok"}``: it says only that the process
+    serves HTTP. ``/health/ready`` answers 200 when ``readiness()`` says ready, else 503, with
+    its body as JSON. ``/metrics`` is ``registry`` in Prometheus' text format. Other paths
+    answer 404.
+    """
+    metrics = make_asgi_app(registry)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/metrics":
+            await metrics(scope, receive, send)
+        elif path == "/health/live":
+            await _json(send, 200, {"status": "ok"})
+        elif path == "/health/ready":
+            ready, body = await readiness()
+            await _json(send, 200 if ready else 503, body)
+        else:
+            await _json(send, 404, {"error": "not found"})
+
+    return app
+
+
+async def _json(send: Send, status: int, document: dict[str, Any]) -> None:
+    body = json.dumps(document).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
