@@ -175,7 +175,8 @@ async def test_a_returned_row_holds_back_the_later_rows_of_its_order_only(
     async def returned_twice() -> bool:
         return relay.metric("fulfilment_outbox_publish_failures_total", 'reason="returned"') >= 2
 
-    await wait_for(returned_twice, what="the row returned and tried again")
+    # The back-off doubles from 1 s; on a loaded machine the relay may take its time to start.
+    await wait_for(returned_twice, timeout=90, what="the row returned and tried again")
     # The later row of the held order was never published beside or after it.
     assert await unpublished(db) == 2
     assert await queue.get(fail=False) is None
