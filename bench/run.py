@@ -343,7 +343,7 @@ class Plan:
     def relays(self, kind: str, label: str) -> list[Consumer]:
         """The relay process (``fulfilment relay``, its own port) beside ``kind``, not started.
 
-        None for the reference, which publishes nothing, nor with ``relay`` off.
+        None (an empty list) for the reference, which publishes nothing, and with ``relay`` off.
         """
         if kind != "worker" or not self.relay:
             return []
