@@ -1,9 +1,11 @@
-"""CPU seconds of the consumer, the broker and PostgreSQL, sampled from the kernel's counters.
+"""CPU seconds of the consumer, the relay, the broker and PostgreSQL, from the kernel's counters.
 
 A thread reads user + system CPU time (``/proc/<pid>/stat`` through psutil) of these groups of
 processes every :data:`SAMPLE_SECONDS`:
 
 - ``consumer``: the processes under test;
+- ``relay``: the ``fulfilment relay`` process that publishes the worker's outbox (none for the
+  reference consumer, which publishes nothing);
 - ``broker``: ``beam.smp`` (the whole broker: other virtual hosts' traffic counts too);
 - ``postgres``: the backends of the benchmark's database (their process title names it) and
   the server's shared processes (WAL writer, checkpointer, ...), not other databases' backends;
@@ -42,7 +44,7 @@ DATABASE_SHARED_PROCESSES = (
 databases; a backend's title starts with its user and database instead."""
 
 
-GROUPS = ("consumer", "broker", "postgres", "rest")
+GROUPS = ("consumer", "relay", "broker", "postgres", "rest")
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -66,16 +68,22 @@ class _Group:
 
 
 class CpuSampler:
-    """Samples the CPU seconds of ``consumers()``, the broker and PostgreSQL in a thread.
+    """Samples the CPU seconds of ``consumers()``, ``relays()``, the broker and PostgreSQL.
 
-    Use as a context manager; :meth:`between` then gives the seconds each group spent between
-    two wall-clock moments (``time.time()``, the clock PostgreSQL's ``now()`` also follows).
+    In a thread. Use as a context manager; :meth:`between` then gives the seconds each group
+    spent between two wall-clock moments (``time.time()``, the clock PostgreSQL's ``now()``
+    also follows). ``consumers`` and ``relays`` return the process ids of their group now.
     """
 
-    def __init__(self, consumers: Callable[[], Sequence[int]], database: str) -> None:
-        self._consumers = consumers
+    def __init__(
+        self,
+        consumers: Callable[[], Sequence[int]],
+        database: str,
+        relays: Callable[[], Sequence[int]] = tuple,
+    ) -> None:
+        self._pids = {"consumer": consumers, "relay": relays}
         self._database = database
-        self._groups = {"consumer": _Group(), "broker": _Group(), "postgres": _Group()}
+        self._groups = {name: _Group() for name in ("consumer", "relay", "broker", "postgres")}
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
@@ -103,16 +111,12 @@ class CpuSampler:
                 broker.append(process)
             elif name == DATABASE_PROCESS and self._ours(process.info["cmdline"] or []):
                 database.append(process)
-        consumers = []
-        for pid in self._consumers():
-            try:
-                consumers.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                continue
         machine = psutil.cpu_times()
         now = time.time()
         values = {
-            "consumer": self._groups["consumer"].update(consumers),
+            name: self._groups[name].update(_processes(pids())) for name, pids in self._pids.items()
+        }
+        values |= {
             "broker": self._groups["broker"].update(broker),
             "postgres": self._groups["postgres"].update(database),
         }
@@ -129,7 +133,7 @@ class CpuSampler:
         return role.startswith(DATABASE_SHARED_PROCESSES) or f" {self._database} " in f" {role} "
 
     def between(self, start: float, end: float) -> dict[str, float]:
-        """CPU seconds per group (``consumer``, ``broker``, ``postgres``, ``rest``)."""
+        """CPU seconds per group (:data:`GROUPS`)."""
         return {group: self._at(end, group) - self._at(start, group) for group in GROUPS}
 
     def _at(self, moment: float, group: str) -> float:
@@ -141,6 +145,16 @@ class CpuSampler:
             return self.samples[-1][1][group]
         (t0, v0), (t1, v1) = self.samples[index - 1], self.samples[index]
         return v0[group] + (v1[group] - v0[group]) * (moment - t0) / (t1 - t0)
+
+
+def _processes(pids: Sequence[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def peak_rss_bytes(pid: int) -> int:

@@ -8,25 +8,31 @@ so it never touches anybody's queues or stock):
    the shipped sample) and stock large enough that none is rejected (``workload.py``);
 2. for each of ``--rounds`` rounds, alternately: publishes the N orders as a backlog into
    ``fulfilment.order-placed`` (through exchange ``orders``, as checkout does) and drains it
-   with the real worker process (``python -m fulfilment``), then publishes the same N orders
-   into a queue of the reference consumer (``reference.py``, bound to ``orders`` with another
-   routing key, the same quorum-queue arguments) and drains that; the database is emptied and
-   the stock reloaded before each drain;
+   with the real worker process (``python -m fulfilment``) while a ``fulfilment relay`` process
+   publishes its outbox to ``fulfilment.events``, where a queue bound with ``#``
+   (:data:`EVENTS_QUEUE`, purged before each drain) takes the result events; then publishes
+   the same N orders into a queue of the reference consumer (``reference.py``, bound to
+   ``orders`` with another routing key, the same quorum-queue arguments; it publishes
+   nothing) and drains that; the database is emptied and the stock reloaded before each drain;
 3. measures each drain from the database: the rate is the orders committed between the 1st
    percentile and the last commit (``reservations.created_at``) divided by that time, so the
    start-up of either process is left out; CPU seconds per 1,000 orders of the consumer, the
-   broker (``beam.smp``), PostgreSQL (the benchmark database's backends and the server's
-   shared processes) and the rest of the machine over the same window (``measure.py``); the
-   consumer's peak RSS (``VmHWM``); transactions and rows per order (``pg_stat_database``);
+   relay, the broker (``beam.smp``), PostgreSQL (the benchmark database's backends and the
+   server's shared processes) and the rest of the machine over the same window
+   (``measure.py``); the consumer's and the relay's peak RSS (``VmHWM``, also every 20,000
+   orders committed); transactions and rows per order (``pg_stat_database``); and the result
+   events that reached the events' queue and their rate (:class:`Events`);
 4. publishes orders at a steady rate of half the worker's median drain rate for
-   ``--latency-seconds``, each stamped ``placed_at`` = now, to a running worker (and then to
-   the reference), and reports end-to-end latency percentiles;
+   ``--latency-seconds``, each stamped ``placed_at`` = now, to a running worker and relay
+   (and then to the reference), and reports end-to-end latency percentiles and, for the
+   worker, commit -> published (``outbox.published_at - created_at``);
 5. prints medians, the ratio worker/reference, and writes everything as JSON to ``--results``.
 
-``--profile`` instead drains one backlog with the worker under py-spy and prints where its
-CPU goes; ``--worker-src`` runs another version's worker (its ``src/``, e.g. from
-``git archive``) to compare versions; ``--worker-env`` changes one of its settings. The
-benchmark is not run by CI: it takes minutes and its figures depend on the machine.
+``--profile`` instead drains one backlog with the worker under py-spy (its relay beside it)
+and prints where its CPU goes; ``--no-relay`` runs the worker without a relay;
+``--worker-src`` runs another version's worker (its ``src/``, e.g. from ``git archive``) to
+compare versions; ``--worker-env`` changes one of its settings. The benchmark is not run by
+CI: it takes minutes and its figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,6 +72,7 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
+    RESULT_EVENTS_EXCHANGE,
 )
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import Topology, declare_topology
@@ -73,8 +80,15 @@ from fulfilment.worker.topology import Topology, declare_topology
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_QUEUE = "bench.reference.order-placed"
 REFERENCE_ROUTING_KEY = "bench.reference"
+EVENTS_QUEUE = "bench.result-events"
+"""Quorum queue bound to ``fulfilment.events`` with ``#``: a downstream consumer's queue that
+nobody consumes, so its depth counts the result events that reached it."""
 WARM_UP_SHARE = 0.01
 """Share of the first commits of a drain left out of its rate and CPU (start-up, warm-up)."""
+DEPTH_SAMPLE_SECONDS = 0.1
+"""Time between two reads of :data:`EVENTS_QUEUE`'s depth (a passive declare)."""
+RSS_CHECKPOINT_ORDERS = 20_000
+"""Every this many orders committed, a drain records its processes' peak RSS (``VmHWM``)."""
 
 SETTING_DEFAULTS = {name: info.default for name, info in Settings.model_fields.items()}
 
@@ -149,7 +163,11 @@ async def _admin(url: str, sql: str) -> None:
 
 
 async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
-    """The product's topology, and the reference consumer's queue with the same arguments."""
+    """The product's topology, the reference's queue and the result events' queue.
+
+    The reference consumer's queue has the same arguments as the worker's; the events' queue
+    (:data:`EVENTS_QUEUE`) is a quorum queue bound to ``fulfilment.events`` with ``#``.
+    """
     topology = Topology(delivery_limit=delivery_limit)
     await declare_topology(amqp_url, topology)
     connection = await aio_pika.connect(amqp_url)
@@ -161,6 +179,21 @@ async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
             arguments=dict(topology.queue(ORDER_PLACED).arguments or {}),
         )
         await queue.bind(ORDERS_EXCHANGE, routing_key=REFERENCE_ROUTING_KEY)
+        events = await channel.declare_queue(
+            EVENTS_QUEUE, durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await events.bind(RESULT_EVENTS_EXCHANGE, routing_key="#")
+    finally:
+        await connection.close()
+
+
+async def purge_events_queue(amqp_url: str) -> None:
+    """Empty :data:`EVENTS_QUEUE`, so that its depth counts one drain's events."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(EVENTS_QUEUE, passive=True)
+        await queue.purge()
     finally:
         await connection.close()
 
@@ -220,7 +253,7 @@ def _free_port() -> int:
 
 @dataclass
 class Consumer:
-    """One consumer process (the worker or the reference) with its log file."""
+    """One process under test (the worker, its relay or the reference) with its log file."""
 
     kind: str
     command: list[str]
@@ -241,7 +274,7 @@ class Consumer:
             )
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """Until the worker answers ``/health/ready`` or the reference prints ``ready``."""
+        """Until the worker or relay answers ``/health/ready`` or the reference prints ``ready``."""
         assert self.process is not None  # noqa: S101 - started first
         deadline = time.monotonic() + timeout
         if self.kind == "reference":
@@ -266,7 +299,7 @@ class Consumer:
             return None
 
     def metrics(self) -> str:
-        """The worker's Prometheus exposition text (empty for the reference)."""
+        """The worker's or relay's Prometheus exposition text (empty for the reference)."""
         return (self._get("/metrics") or "") if self.http_port else ""
 
     def stop(self, timeout: float = 60) -> int:
@@ -290,6 +323,34 @@ class Plan:
     prefetch: int
     workers: int
     worker_env: dict[str, str]
+    relay: bool = True
+    """Whether a ``fulfilment relay`` runs beside the worker (it publishes the outbox)."""
+
+    def _service_env(self) -> dict[str, str]:
+        """The worker's and relay's environment: this run's services, JSON logs, extras."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
+        return env | {
+            "FULFILMENT_AMQP_URL": self.services.amqp_url,
+            "FULFILMENT_DATABASE_URL": self.services.database_url.replace(
+                "postgresql://", "postgresql+asyncpg://", 1
+            ),
+            "FULFILMENT_PREFETCH_COUNT": str(self.prefetch),
+            "FULFILMENT_HTTP_HOST": "127.0.0.1",
+            "FULFILMENT_LOG_FORMAT": "json",
+            **self.worker_env,
+        }
+
+    def relays(self, kind: str, label: str) -> list[Consumer]:
+        """The relay process (``fulfilment relay``, its own port) beside ``kind``, not started.
+
+        None (an empty list) for the reference, which publishes nothing, and with ``relay`` off.
+        """
+        if kind != "worker" or not self.relay:
+            return []
+        port = _free_port()
+        env = self._service_env() | {"FULFILMENT_RELAY_HTTP_PORT": str(port)}
+        command = [str(Path(sys.executable).parent / "fulfilment"), "relay"]
+        return [Consumer("relay", command, env, self.logs / f"{label}-relay.log", http_port=port)]
 
     def consumers(self, kind: str, label: str) -> list[Consumer]:
         """``workers`` processes of ``kind`` (``worker`` or ``reference``), not started."""
@@ -298,18 +359,7 @@ class Plan:
             log = self.logs / f"{label}-{kind}-{index}.log"
             if kind == "worker":
                 port = _free_port()
-                env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
-                env |= {
-                    "FULFILMENT_AMQP_URL": self.services.amqp_url,
-                    "FULFILMENT_DATABASE_URL": self.services.database_url.replace(
-                        "postgresql://", "postgresql+asyncpg://", 1
-                    ),
-                    "FULFILMENT_PREFETCH_COUNT": str(self.prefetch),
-                    "FULFILMENT_HTTP_HOST": "127.0.0.1",
-                    "FULFILMENT_HTTP_PORT": str(port),
-                    "FULFILMENT_LOG_FORMAT": "json",
-                    **self.worker_env,
-                }
+                env = self._service_env() | {"FULFILMENT_HTTP_PORT": str(port)}
                 command = [sys.executable, "-m", "fulfilment"]
                 made.append(Consumer(kind, command, env, log, http_port=port))
             else:
@@ -341,6 +391,26 @@ def _queue(kind: str) -> str:
 
 
 @dataclass
+class Events:
+    """The result events of one worker drain, as they reached :data:`EVENTS_QUEUE`.
+
+    ``count`` is the queue's depth once the outbox has no unpublished row. ``rate`` (events
+    per second) is read from the depth sampled every :data:`DEPTH_SAMPLE_SECONDS`: the events
+    that arrived from the moment the depth passed :data:`WARM_UP_SHARE` of ``count`` to the
+    moment it reached ``count`` (both interpolated between samples), over that time, as for
+    the orders' rate. ``marked_rate`` is the same from ``outbox.published_at`` (set after the
+    confirm), a cross-check. ``relay_cpu_per_1000`` is the relay's CPU seconds per 1,000
+    events over the queue's window.
+    """
+
+    count: int
+    outbox_rows: int
+    rate: float
+    marked_rate: float
+    relay_cpu_per_1000: float
+
+
+@dataclass
 class Drain:
     """One drain of a backlog: rate in orders per second, CPU in seconds per 1,000 orders."""
 
@@ -354,6 +424,14 @@ class Drain:
     database_per_order: dict[str, float]
     """Transactions and rows written per order (``pg_stat_database``), all clients of the
     benchmark's database included; once the consumers have exited, so their counts are in."""
+    relay_peak_rss_mib: float | None = None
+    """The relay's ``VmHWM`` once it has published every event; None without a relay."""
+    events: Events | None = None
+    """None for the reference (it publishes nothing) and without a relay."""
+    peak_rss_by_orders: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    """``{orders committed: {"worker": [MiB per process], "relay": [MiB]}}``: ``VmHWM`` read
+    every :data:`RSS_CHECKPOINT_ORDERS` orders committed and at the end (the relay's last
+    once it has published every event)."""
 
 
 DATABASE_COUNTERS = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated")
@@ -374,9 +452,14 @@ async def database_counters(database_url: str) -> dict[str, int]:
 
 
 async def wait_committed(
-    database_url: str, expected: int, *, within: float, consumers: Sequence[Consumer] = ()
+    database_url: str,
+    expected: int,
+    *,
+    within: float,
+    consumers: Sequence[Consumer] = (),
+    progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Until ``reservations`` holds ``expected`` rows.
+    """Until ``reservations`` holds ``expected`` rows; ``progress(count)`` after each read.
 
     A lost connection (the server restarted under the benchmark) is opened again, with a
     warning: the figures of that drain are disturbed.
@@ -396,6 +479,8 @@ async def wait_committed(
                 with contextlib.suppress(OSError, asyncpg.PostgresError):
                     connection = await asyncpg.connect(database_url)
                 continue
+            if progress is not None:
+                progress(committed)
             if committed >= expected:
                 return
             for consumer in consumers:
@@ -407,6 +492,112 @@ async def wait_committed(
         await connection.close()
     msg = f"fewer than {expected} reservations after {within:g} s"
     raise RuntimeError(msg)
+
+
+async def wait_published(database_url: str, *, within: float, relays: Sequence[Consumer]) -> None:
+    """Until the outbox has no unpublished row.
+
+    Raises:
+        RuntimeError: not within ``within`` seconds, or a relay exited.
+    """
+    connection = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            left = await connection.fetchval(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+            )
+            if left == 0:
+                return
+            for relay in relays:
+                if relay.process is not None and relay.process.poll() is not None:
+                    msg = f"relay exited with {relay.process.returncode}: {relay.log_tail()}"
+                    raise RuntimeError(msg)
+            await asyncio.sleep(0.1)
+    finally:
+        await connection.close()
+    msg = f"outbox rows still unpublished after {within:g} s"
+    raise RuntimeError(msg)
+
+
+async def sample_depth(
+    amqp_url: str, samples: list[tuple[float, int]], stop: asyncio.Event
+) -> None:
+    """Append ``(time.time(), depth of EVENTS_QUEUE)`` every :data:`DEPTH_SAMPLE_SECONDS`.
+
+    Until ``stop`` is set, then once more. The depth is the ``message_count`` of a passive
+    declare, the queue's own count (the management statistics lag by seconds); the time is
+    the middle of the round trip.
+    """
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        while True:
+            asked = time.time()
+            declared = await channel.declare_queue(EVENTS_QUEUE, passive=True)
+            depth = int(declared.declaration_result.message_count or 0)
+            samples.append(((asked + time.time()) / 2, depth))
+            if stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), DEPTH_SAMPLE_SECONDS)
+    finally:
+        await connection.close()
+
+
+def _reached(samples: Sequence[tuple[float, int]], level: int) -> float:
+    """When the depth first reached ``level``, interpolated linearly between two samples."""
+    before_time, before_depth = samples[0]
+    for moment, depth in samples:
+        if depth >= level:
+            if depth == before_depth:
+                return moment
+            share = (level - before_depth) / (depth - before_depth)
+            return before_time + (moment - before_time) * share
+        before_time, before_depth = moment, depth
+    msg = f"the depth never reached {level}"
+    raise ValueError(msg)
+
+
+async def events_of_drain(
+    services: Services, samples: Sequence[tuple[float, int]], sampler: CpuSampler
+) -> Events:
+    """The drain's result events: count, arrival rate, relay CPU (see :class:`Events`)."""
+    connection = await aio_pika.connect(services.amqp_url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(EVENTS_QUEUE, passive=True)
+        count = int(declared.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+    skip = max(1, int(count * WARM_UP_SHARE))
+    start, end = _reached(samples, skip), _reached(samples, count)
+    database = await asyncpg.connect(services.database_url)
+    try:
+        row = await database.fetchrow(
+            "SELECT (SELECT published_at FROM outbox ORDER BY published_at OFFSET $1 LIMIT 1)"
+            " AS first, max(published_at) AS last, count(*) AS rows FROM outbox",
+            skip,
+        )
+    finally:
+        await database.close()
+    marked = (row["rows"] - skip - 1) / (row["last"] - row["first"]).total_seconds()
+    return Events(
+        count=count,
+        outbox_rows=int(row["rows"]),
+        rate=round((count - skip) / (end - start), 1),
+        marked_rate=round(marked, 1),
+        relay_cpu_per_1000=round(sampler.between(start, end)["relay"] / (count - skip) * 1000, 3),
+    )
+
+
+def _peak_rss_mib(processes: Sequence[Consumer]) -> list[float]:
+    """Each started process's ``VmHWM``, in MiB."""
+    return [
+        round(peak_rss_bytes(process.process.pid) / 2**20, 1)
+        for process in processes
+        if process.process is not None
+    ]
 
 
 async def commit_window(database_url: str, total: int) -> tuple[float, float, int]:
@@ -443,8 +634,14 @@ async def outcomes(services: Services, kind: str) -> dict[str, int]:
 
 
 async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> Drain:
-    """Publish ``orders`` as a backlog, start the consumers, measure until all are committed."""
+    """Publish ``orders`` as a backlog, start the consumers (and the worker's relay), measure.
+
+    Until all are committed and, with a relay, until every result event has reached
+    :data:`EVENTS_QUEUE`; the worker stops once it has committed every order, the relay once
+    the outbox has no unpublished row.
+    """
     services = plan.services
+    await purge_events_queue(services.amqp_url)
     broker = await aio_pika.connect(services.amqp_url)
     try:
         publish_seconds = await publish_backlog(
@@ -456,27 +653,55 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
     finally:
         await broker.close()
     consumers = plan.consumers(kind, label)
+    relays = plan.relays(kind, label)
     before = await database_counters(services.database_url)
-    pids = [0] * len(consumers)
     database = urllib.parse.urlsplit(services.database_url).path.lstrip("/")
-    with CpuSampler(lambda: [pid for pid in pids if pid], database) as sampler:
-        for index, consumer in enumerate(consumers):
-            consumer.start()
-            assert consumer.process is not None  # noqa: S101 - just started
-            pids[index] = consumer.process.pid
+    rss_by_orders: dict[int, dict[str, list[float]]] = {}
+
+    def note_rss(committed: int) -> None:
+        for mark in range(
+            RSS_CHECKPOINT_ORDERS, min(committed + 1, len(orders)), RSS_CHECKPOINT_ORDERS
+        ):
+            if mark not in rss_by_orders:
+                rss_by_orders[mark] = {
+                    "worker": _peak_rss_mib(consumers),
+                    "relay": _peak_rss_mib(relays),
+                }
+
+    def pids(processes: Sequence[Consumer]) -> list[int]:
+        return [process.process.pid for process in processes if process.process is not None]
+
+    depths: list[tuple[float, int]] = []
+    stop_depths = asyncio.Event()
+    with CpuSampler(lambda: pids(consumers), database, relays=lambda: pids(relays)) as sampler:
+        depth_task = asyncio.create_task(sample_depth(services.amqp_url, depths, stop_depths))
+        for process in [*relays, *consumers]:
+            process.start()
         try:
             await wait_committed(
                 services.database_url,
                 len(orders),
                 within=120 + len(orders) / 50,
-                consumers=consumers,
+                consumers=[*consumers, *relays],
+                progress=note_rss,
             )
-            rss = [peak_rss_bytes(pid) / 2**20 for pid in pids]
-        finally:
+            rss = _peak_rss_mib(consumers)
             for consumer in consumers:
                 consumer.stop()
+            if relays:
+                await wait_published(
+                    services.database_url, within=120 + len(orders) / 50, relays=relays
+                )
+            relay_rss = _peak_rss_mib(relays)
+            rss_by_orders[len(orders)] = {"worker": rss, "relay": relay_rss}
+        finally:
+            for process in [*consumers, *relays]:
+                process.stop()
+            stop_depths.set()
+            await depth_task
     start, end, counted = await commit_window(services.database_url, len(orders))
     cpu = sampler.between(start, end)
+    events = await events_of_drain(services, depths, sampler) if relays else None
     await asyncio.sleep(1)  # backends report their counters when they exit
     after = await database_counters(services.database_url)
     return Drain(
@@ -485,11 +710,14 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
         publish_seconds=round(publish_seconds, 2),
         rate=counted / (end - start),
         cpu_per_1000={group: seconds / counted * 1000 for group, seconds in cpu.items()},
-        peak_rss_mib=[round(value, 1) for value in rss],
+        peak_rss_mib=rss,
         outcomes=await outcomes(services, kind),
         database_per_order={
             name: round((after[name] - before[name]) / len(orders), 2) for name in DATABASE_COUNTERS
         },
+        relay_peak_rss_mib=max(relay_rss) if relay_rss else None,
+        events=events,
+        peak_rss_by_orders=rss_by_orders,
     )
 
 
@@ -508,6 +736,12 @@ class Latency:
     metric_p99_ms: float | None = None
     handler_p50_ms: float | None = None
     handler_p99_ms: float | None = None
+    events: int | None = None
+    """Result events the relay published in the phase; None without a relay."""
+    published_lag_p50_ms: float | None = None
+    """Commit -> published: ``outbox.published_at - created_at`` of the phase's rows."""
+    published_lag_p99_ms: float | None = None
+    published_lag_max_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -517,14 +751,19 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
     From the database: ``reservations.created_at`` (the start of the reserving transaction)
     minus ``placed_at``. From the worker's metric ``fulfilment_order_latency_seconds``
     (observed after the commit): the share within 100 ms and p99 interpolated in its buckets.
+    With the worker's relay running too: commit -> published, ``outbox.published_at`` (set
+    when the broker has confirmed the event) minus ``outbox.created_at`` (the start of the
+    transaction that wrote it, a few milliseconds before its commit), over the phase's rows.
     """
     services = plan.services
     consumers = plan.consumers(kind, f"latency-{kind}")
-    for consumer in consumers:
-        consumer.start()
+    relays = plan.relays(kind, f"latency-{kind}")
+    await purge_events_queue(services.amqp_url)
+    for process in [*relays, *consumers]:
+        process.start()
     try:
-        for consumer in consumers:
-            consumer.wait_ready()
+        for process in [*relays, *consumers]:
+            process.wait_ready()
         broker = await aio_pika.connect(services.amqp_url)
         try:
             achieved = await publish_steadily(
@@ -536,11 +775,15 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
             )
         finally:
             await broker.close()
-        await wait_committed(services.database_url, len(orders), within=120, consumers=consumers)
+        await wait_committed(
+            services.database_url, len(orders), within=120, consumers=[*consumers, *relays]
+        )
+        if relays:
+            await wait_published(services.database_url, within=120, relays=relays)
         exposition = [consumer.metrics() for consumer in consumers]
     finally:
-        for consumer in consumers:
-            consumer.stop()
+        for process in [*consumers, *relays]:
+            process.stop()
     connection = await asyncpg.connect(services.database_url)
     try:
         row = await connection.fetchrow(
@@ -548,6 +791,13 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
             " percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99, max(ms) AS top"
             " FROM (SELECT extract(epoch FROM created_at - placed_at) * 1000 AS ms"
             " FROM reservations) AS l"
+        )
+        lag = await connection.fetchrow(
+            "SELECT count(*) AS events,"
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,"
+            " percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99, max(ms) AS top"
+            " FROM (SELECT extract(epoch FROM published_at - created_at) * 1000 AS ms"
+            " FROM outbox) AS l"
         )
     finally:
         await connection.close()
@@ -560,6 +810,11 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
         p99_ms=round(float(row["p99"]), 1),
         max_ms=round(float(row["top"]), 1),
     )
+    if relays and lag["events"]:
+        result.events = int(lag["events"])
+        result.published_lag_p50_ms = round(float(lag["p50"]), 1)
+        result.published_lag_p99_ms = round(float(lag["p99"]), 1)
+        result.published_lag_max_ms = round(float(lag["top"]), 1)
     if kind == "worker":
         buckets = _histogram(exposition, "fulfilment_order_latency_seconds")
         if buckets:
@@ -624,7 +879,11 @@ def _handler_durations(consumers: Sequence[Consumer]) -> list[float]:
 
 
 async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
-    """Drain ``orders`` with one worker under py-spy; print the hottest functions."""
+    """Drain ``orders`` with one worker under py-spy; print the hottest functions.
+
+    The relay runs beside it as in a drain (unless the plan has none), not profiled.
+    """
+    await purge_events_queue(plan.services.amqp_url)
     broker = await aio_pika.connect(plan.services.amqp_url)
     try:
         await publish_backlog(
@@ -636,7 +895,9 @@ async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
     finally:
         await broker.close()
     (worker,) = plan.consumers("worker", "profile")[:1]
-    worker.start()
+    relays = plan.relays("worker", "profile")
+    for process in [*relays, worker]:
+        process.start()
     assert worker.process is not None  # noqa: S101 - just started
     command = ["py-spy", "record", "--pid", str(worker.process.pid), "--rate", "200"]
     spy = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; its end is awaited below
@@ -646,10 +907,11 @@ async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
     )
     try:
         await wait_committed(
-            plan.services.database_url, len(orders), within=600, consumers=[worker]
+            plan.services.database_url, len(orders), within=600, consumers=[worker, *relays]
         )
     finally:
-        worker.stop()
+        for process in [worker, *relays]:
+            process.stop()
         spy.wait(timeout=60)
     print(summarise_profile(out))
 
@@ -725,17 +987,20 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) ->
     rounds = sum(1 for d in drains if d.kind == "worker")
     lines: list[str] = []
     if drains:
+        relay = "with `fulfilment relay` publishing" if plan.relay else "without a relay"
         lines += [
             (
                 f"orders per drain: {drains[0].orders:,}; prefetch (concurrency) {plan.prefetch}; "
-                f"{plan.workers} process(es) per consumer; medians of {rounds} drain(s)"
+                f"{plan.workers} process(es) per consumer; the worker {relay}; "
+                f"medians of {rounds} drain(s)"
             ),
             "",
             (
-                "| consumer | orders/s | CPU s per 1,000 orders: consumer | broker | PostgreSQL "
-                "| total | peak RSS MiB | rest of the machine, CPU s per 1,000 |"
+                "| consumer | orders/s | result events/s into a consumer queue "
+                "| CPU s per 1,000 orders: consumer | relay | broker | PostgreSQL | total "
+                "| peak RSS MiB: consumer | relay | rest of the machine, CPU s per 1,000 |"
             ),
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     medians = {}
     for kind in ("worker", "reference"):
@@ -746,30 +1011,78 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) ->
         medians[kind] = rate
         cpu = {g: _median([d.cpu_per_1000[g] for d in runs]) for g in runs[0].cpu_per_1000}
         rss = max(value for d in runs for value in d.peak_rss_mib)
-        name = "worker" if kind == "worker" else "reference (aio-pika + asyncpg)"
+        published = [d.events for d in runs if d.events is not None]
+        relay_rss = [d.relay_peak_rss_mib for d in runs if d.relay_peak_rss_mib is not None]
+        if kind == "worker":
+            name = "worker"
+            events = f"{_median([e.rate for e in published]):,.0f}" if published else "not run"
+        else:
+            name = "reference (aio-pika + asyncpg)"
+            events = "none: publishes nothing"
+        total = sum(cpu[group] for group in ("consumer", "relay", "broker", "postgres"))
         lines.append(
-            f"| {name} | {rate:,.0f} | {cpu['consumer']:.3f} | {cpu['broker']:.3f} "
-            f"| {cpu['postgres']:.3f} "
-            f"| {cpu['consumer'] + cpu['broker'] + cpu['postgres']:.3f} | {rss:.0f} "
+            f"| {name} | {rate:,.0f} | {events} | {cpu['consumer']:.3f} "
+            f"| {cpu['relay']:.3f} | {cpu['broker']:.3f} | {cpu['postgres']:.3f} "
+            f"| {total:.3f} | {rss:.0f} | {f'{max(relay_rss):.0f}' if relay_rss else '-'} "
             f"| {cpu['rest']:.3f} |"
         )
     if len(medians) == 2:
         lines += ["", f"ratio worker/reference: {medians['worker'] / medians['reference']:.2f}x"]
+    lines += _events_lines(drains)
     for result in latencies:
-        text = (
-            f"latency, {result.kind}, {result.orders:,} orders at {result.achieved_rate:,.0f}/s: "
-            f"placed_at -> commit p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
-            f"max {result.max_ms:.1f} ms (database)"
-        )
-        if result.metric_share_within_100ms is not None:
-            text += (
-                f"; metric: {result.metric_share_within_100ms:.2%} within 100 ms, "
-                f"p99 {result.metric_p99_ms} ms"
-            )
-        if result.handler_p50_ms is not None:
-            text += f"; handler p50 {result.handler_p50_ms} ms, p99 {result.handler_p99_ms} ms"
-        lines += ["", text]
+        lines += ["", _latency_line(result)]
     return "\n".join(lines)
+
+
+def _events_lines(drains: Sequence[Drain]) -> list[str]:
+    """The result events per worker drain, and peak RSS by orders committed."""
+    lines = []
+    for index, d in enumerate((d for d in drains if d.events is not None), start=1):
+        e = d.events
+        assert e is not None  # noqa: S101 - filtered above
+        lines.append(
+            f"worker drain {index}: {e.count:,} result events reached the queue "
+            f"({e.outbox_rows:,} outbox rows) at {e.rate:,.0f}/s (marked published: "
+            f"{e.marked_rate:,.0f}/s), relay CPU {e.relay_cpu_per_1000:.3f} s per 1,000 events"
+        )
+    for index, d in enumerate((d for d in drains if d.kind == "worker"), start=1):
+        if len(d.peak_rss_by_orders) > 1:
+            for process in ("worker", "relay"):
+                marks = ", ".join(
+                    f"{orders:,}: {'/'.join(f'{v:.1f}' for v in rss[process])}"
+                    for orders, rss in sorted(d.peak_rss_by_orders.items())
+                    if rss[process]
+                )
+                if marks:
+                    lines.append(
+                        f"worker drain {index}, {process} peak RSS MiB by orders committed: "
+                        + marks
+                    )
+    return ["", *lines] if lines else []
+
+
+def _latency_line(result: Latency) -> str:
+    text = (
+        f"latency, {result.kind}, {result.orders:,} orders at {result.achieved_rate:,.0f}/s: "
+        f"placed_at -> commit p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
+        f"max {result.max_ms:.1f} ms (database)"
+    )
+    if result.metric_share_within_100ms is not None:
+        text += (
+            f"; metric: {result.metric_share_within_100ms:.2%} within 100 ms, "
+            f"p99 {result.metric_p99_ms} ms"
+        )
+    if result.handler_p50_ms is not None:
+        text += f"; handler p50 {result.handler_p50_ms} ms, p99 {result.handler_p99_ms} ms"
+    if result.events is not None:
+        text += (
+            f"; commit -> published, {result.events:,} events: p50 "
+            f"{result.published_lag_p50_ms} ms, p99 {result.published_lag_p99_ms} ms, "
+            f"max {result.published_lag_max_ms} ms"
+        )
+    elif result.kind == "reference":
+        text += "; publishes no events"
+    return text
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -799,6 +1112,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=6)
     parser.add_argument("--skip-reference", action="store_true", help="drain with the worker only")
+    parser.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="run no `fulfilment relay` beside the worker: its outbox rows stay unpublished",
+    )
     parser.add_argument(
         "--worker-env",
         action="append",
@@ -850,7 +1168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         logs = args.results / f"logs-{stamp}" if args.keep_logs else Path(temporary)
         logs.mkdir(exist_ok=True)
-        plan = Plan(services, Path(logs), args.prefetch, args.workers, worker_env)
+        plan = Plan(
+            services, Path(logs), args.prefetch, args.workers, worker_env, relay=not args.no_relay
+        )
         asyncio.run(declare_queues(services.amqp_url, SETTING_DEFAULTS["delivery_limit"]))
         servers = asyncio.run(versions(services))
         if args.profile:
@@ -872,8 +1192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(
                     f"round {round_number} {kind}: {result.rate:,.0f} orders/s, CPU/1k "
                     + ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_per_1000.items())
-                    + f", peak RSS {result.peak_rss_mib} MiB, {result.outcomes}, per order "
-                    + f"{result.database_per_order}",
+                    + f", peak RSS {result.peak_rss_mib} MiB (relay "
+                    + f"{result.relay_peak_rss_mib}), {result.outcomes}, per order "
+                    + f"{result.database_per_order}, events {result.events}",
                     flush=True,
                 )
         latencies = []
