@@ -70,6 +70,7 @@ async def measure(url: str, rows: int, batch_size: int) -> None:
                 database_url=url,
                 batch_size=batch_size,
                 poll_seconds=0.2,
+                batch_window_seconds=0,
                 connect_timeout_seconds=5,
                 publish_timeout_seconds=30,
                 app_id="fulfilment-bench",

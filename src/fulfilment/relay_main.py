@@ -48,6 +48,7 @@ def relay_options(settings: Settings) -> RelayOptions:
         database_url=asyncpg_dsn(settings.database_url.get_secret_value()),
         batch_size=settings.relay_batch_size,
         poll_seconds=settings.relay_poll_seconds,
+        batch_window_seconds=settings.relay_batch_window_seconds,
         connect_timeout_seconds=settings.database_connect_timeout_seconds,
         publish_timeout_seconds=settings.relay_publish_timeout_seconds,
         app_id=f"fulfilment-{__version__}",

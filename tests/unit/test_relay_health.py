@@ -19,6 +19,7 @@ def a_relay() -> tuple[Relay, RelayMetrics]:
         database_url="postgresql://postgres@localhost:5432/fulfilment",
         batch_size=10,
         poll_seconds=1,
+        batch_window_seconds=0,
         connect_timeout_seconds=1,
         publish_timeout_seconds=1,
         app_id="fulfilment-test",

@@ -158,6 +158,8 @@ def test_the_quorum_group_defaults_to_a_three_node_cluster(monkeypatch: pytest.M
     [
         ("FULFILMENT_RELAY_BATCH_SIZE", "0"),
         ("FULFILMENT_RELAY_POLL_SECONDS", "-1"),
+        ("FULFILMENT_RELAY_BATCH_WINDOW_SECONDS", "2"),
+        ("FULFILMENT_RELAY_BATCH_WINDOW_SECONDS", "nan"),
         ("FULFILMENT_RELAY_HTTP_PORT", "70000"),
         ("FULFILMENT_OUTBOX_RETENTION_SECONDS", "soon"),
     ],

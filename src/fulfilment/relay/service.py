@@ -102,6 +102,8 @@ class RelayOptions:
         batch_size: most rows read and published at once.
         poll_seconds: how often the active relay looks at the outbox without a notification,
             and a standby tries the lock and reads the backlog.
+        batch_window_seconds: after a batch smaller than ``batch_size``, how long the relay
+            lets rows gather before it reads the next one (0: at once).
         connect_timeout_seconds: time allowed to open each connection.
         publish_timeout_seconds: time a batch may wait for its confirms before the broker
             connection is taken for lost.
@@ -113,6 +115,7 @@ class RelayOptions:
     database_url: str = field(repr=False)
     batch_size: int
     poll_seconds: float
+    batch_window_seconds: float
     connect_timeout_seconds: float
     publish_timeout_seconds: float
     app_id: str
@@ -268,8 +271,14 @@ class Relay:
             if len(confirmed) < len(batch):
                 failed_batches += 1
                 await self._pause(min(RETRY_MAX_SECONDS, 0.5 * 2 ** min(failed_batches, 6)))
-            else:
-                failed_batches = 0
+                continue
+            failed_batches = 0
+            if len(batch) < self._options.batch_size:
+                # The worker commits every few milliseconds, each commit a notification: read
+                # at once, the relay would publish batches of a few rows, and each batch costs
+                # a read, a mark and the confirms' round trip whatever its size. A short window
+                # lets the rows of several commits go in one batch (README, "Performance").
+                await self._pause(self._options.batch_window_seconds)
 
     async def _publish(
         self, database: asyncpg.Connection, exchange: AbstractExchange, batch: list[OutboxRow]
