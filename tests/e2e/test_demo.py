@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
@@ -59,6 +62,23 @@ def result_event_lines(out: str) -> dict[str, tuple[int, int, int]]:
     }
     assert set(found) == set(RESULT_EVENTS), out
     return found
+
+
+@pytest.fixture(autouse=True)
+def demo_queue_deleted_afterwards(amqp_url: str) -> Iterator[None]:
+    """Delete the demo's queue after each test: bound to ``fulfilment.events`` with ``#`` and
+    durable, it would take the result events of every later test on the session's vhost, so
+    that none could ever be returned as unroutable (``tests/e2e/test_relay.py``)."""
+    yield
+
+    async def delete() -> None:
+        async with await aio_pika.connect(amqp_url) as connection:
+            channel = await connection.channel()
+            await channel.queue_delete(RESULT_EVENTS_QUEUE)
+
+    # In a thread of its own: the test's event loop is pytest-asyncio's, not this one's.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread:
+        thread.submit(asyncio.run, delete()).result()
 
 
 async def outbox_rows(db: asyncpg.Connection) -> dict[str, int]:
