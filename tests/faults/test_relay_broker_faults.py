@@ -149,7 +149,8 @@ async def test_the_broker_down_for_30_seconds_under_a_worker_and_a_relay_loses_n
         # flight at the stop may be marked a moment later).
         waiting = await unpublished(db)
         marked_during = await db.fetchval(
-            "SELECT count(*) FROM outbox WHERE published_at > $1 + interval '5 seconds'",
+            "SELECT count(*) FROM outbox"
+            " WHERE published_at > $1::timestamptz + interval '5 seconds'",
             stopped_at,
         )
         assert marked_during == 0
