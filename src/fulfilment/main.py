@@ -11,11 +11,10 @@ order. Nothing is built at import time. Tests call :func:`build_worker` with fak
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -45,7 +44,7 @@ from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.metrics import Metrics
-from fulfilment.observability.probes import ASGIApp
+from fulfilment.observability.probes import ASGIApp, ProbeServer
 from fulfilment.settings import Settings, SettingsError, load_settings
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
@@ -347,7 +346,7 @@ async def run_worker(settings: Settings) -> int:
         after_shutdown=[close_pool],
         startup_checks=[schema_is_current],
     )
-    http = _HttpServer(
+    http = ProbeServer(
         uvicorn.Config(
             worker.http,
             host=settings.http_host,
@@ -422,18 +421,6 @@ def new_metrics() -> Metrics:
         dead_letter_classes=SERVICE_FAILURE_CLASSES,
         database_retry_errors=RETRY_LABELS,
     )
-
-
-class _HttpServer(uvicorn.Server):
-    """uvicorn without signal handlers of its own.
-
-    The FastStream app owns SIGTERM and SIGINT, so that a signal starts the broker's drain;
-    the HTTP server stops after it, answering probes while in-flight handlers finish.
-    """
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Iterator
 
 import structlog
 import uvicorn
@@ -27,6 +26,7 @@ from fulfilment.composition import (
 )
 from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.observability.logging import configure_logging
+from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.health import relay_health_app
 from fulfilment.relay.service import (
@@ -71,7 +71,7 @@ async def run_relay(settings: Settings) -> int:
     """
     metrics = RelayMetrics(RESULT_ROUTING_KEYS, version=__version__)
     relay = Relay(relay_options(settings), metrics)
-    http = _HttpServer(
+    http = ProbeServer(
         uvicorn.Config(
             relay_health_app(
                 readiness=relay.readiness, ready=relay.ready, registry=metrics.registry
@@ -168,14 +168,6 @@ def _log_unreachable(state: RetryCallState) -> None:
             attempt=state.attempt_number,
             wait_seconds=round(state.upcoming_sleep, 2),
         )
-
-
-class _HttpServer(uvicorn.Server):
-    """uvicorn without signal handlers of its own: the relay owns SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def main() -> None:

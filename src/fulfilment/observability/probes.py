@@ -6,10 +6,12 @@ Deployments probe alike; each says what "ready" means for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
+import uvicorn
 from prometheus_client import CollectorRegistry, make_asgi_app
 
 Scope = MutableMapping[str, Any]
@@ -61,3 +63,17 @@ async def _json(send: Send, status: int, document: dict[str, Any]) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class ProbeServer(uvicorn.Server):
+    """uvicorn without signal handlers of its own: the process's root owns SIGTERM and SIGINT.
+
+    The worker's FastStream app must see the signal first, so that it starts the broker's
+    drain while the probes still answer; the relay finishes its batch in flight. Each root
+    stops the server (``should_exit``) once its own work is done.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Install no signal handler (uvicorn's own would take SIGTERM from the root)."""
+        yield
