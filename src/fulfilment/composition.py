@@ -8,6 +8,12 @@ start (an old schema, a service that refuses or does not answer) and the exit co
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn
+
+import uvloop
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,8 +22,10 @@ from fulfilment.adapters.postgres.errors import DatabaseRefusedError, DatabaseUn
 from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.rabbitmq import BrokerRefusedError, BrokerUnavailableError, connect
-from fulfilment.settings import Settings
+from fulfilment.observability.logging import configure_logging
+from fulfilment.settings import Settings, SettingsError, load_settings
 
+EXIT_INVALID_SETTINGS = 2
 EXIT_START_FAILED = 1
 EXIT_SERVICE_UNREACHABLE = 3
 EXIT_SERVICE_REFUSED = 4
@@ -109,3 +117,23 @@ def database_options(settings: Settings) -> DatabaseOptions:
         retry_budget_seconds=settings.retry_budget_seconds,
         pool_size=settings.database_pool_size,
     )
+
+
+def run_service(service: Callable[[Settings], Coroutine[Any, Any, int]]) -> NoReturn:
+    """Run a service's coroutine from the environment's settings and exit with its code.
+
+    Reads the settings (an invalid one: a line on standard error naming the variable, exit
+    :data:`EXIT_INVALID_SETTINGS`), configures logging, and runs ``service(settings)`` on the
+    event loop that ``FULFILMENT_EVENT_LOOP`` names: uvloop by default, which spends less CPU
+    per message than the standard library's loop (README, "Performance").
+    """
+    try:
+        settings = load_settings()
+    except SettingsError as error:
+        sys.stderr.write(f"fulfilment: invalid settings: {error}\n")
+        sys.exit(EXIT_INVALID_SETTINGS)
+    configure_logging(level=settings.log_level, log_format=settings.log_format)
+    loop_factory = uvloop.new_event_loop if settings.event_loop == "uvloop" else None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        code = runner.run(service(settings))
+    sys.exit(code)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,7 +21,6 @@ from typing import TYPE_CHECKING
 import aio_pika
 import structlog
 import uvicorn
-import uvloop
 from faststream import FastStream
 from faststream.rabbit import Channel, RabbitBroker, RabbitQueue
 from faststream.rabbit.prometheus import RabbitPrometheusMiddleware
@@ -38,14 +36,14 @@ from fulfilment.composition import (
     StartRefusedError,
     database_options,
     require_current_schema,
+    run_service,
     service_stops_start,
 )
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
-from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
-from fulfilment.settings import Settings, SettingsError, load_settings
+from fulfilment.settings import Settings
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
     ConsumerWatchdog,
@@ -425,13 +423,4 @@ def new_metrics() -> Metrics:
 
 def main() -> None:
     """Console entry of ``fulfilment worker`` and ``python -m fulfilment``; exits with its code."""
-    try:
-        settings = load_settings()
-    except SettingsError as error:
-        sys.stderr.write(f"fulfilment: invalid settings: {error}\n")
-        sys.exit(2)
-    configure_logging(level=settings.log_level, log_format=settings.log_format)
-    loop_factory = uvloop.new_event_loop if settings.event_loop == "uvloop" else None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        code = runner.run(run_worker(settings))
-    sys.exit(code)
+    run_service(run_worker)

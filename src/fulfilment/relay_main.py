@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 
 import structlog
 import uvicorn
@@ -23,9 +22,9 @@ from fulfilment.composition import (
     database_options,
     require_broker,
     require_current_schema,
+    run_service,
 )
 from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
-from fulfilment.observability.logging import configure_logging
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.health import relay_health_app
@@ -35,7 +34,7 @@ from fulfilment.relay.service import (
     Relay,
     RelayOptions,
 )
-from fulfilment.settings import Settings, SettingsError, load_settings
+from fulfilment.settings import Settings
 from fulfilment.worker.fault_injection import parse_fault_plan
 
 logger = structlog.get_logger("fulfilment.relay")
@@ -172,10 +171,4 @@ def _log_unreachable(state: RetryCallState) -> None:
 
 def main() -> None:
     """Console entry of ``fulfilment relay``; exits with its code (2 for invalid settings)."""
-    try:
-        settings = load_settings()
-    except SettingsError as error:
-        sys.stderr.write(f"fulfilment: invalid settings: {error}\n")
-        sys.exit(2)
-    configure_logging(level=settings.log_level, log_format=settings.log_format)
-    sys.exit(asyncio.run(run_relay(settings)))
+    run_service(run_relay)

@@ -207,8 +207,8 @@ class Settings(BaseSettings):
     """``auto`` writes JSON unless standard error is a terminal."""
 
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
-    """The worker's event loop: ``uvloop`` (libuv; it spends less CPU per delivery, see the
-    README's "Performance") or the standard library's ``asyncio`` loop."""
+    """The event loop of the worker and the relay: ``uvloop`` (libuv; it spends less CPU per
+    message, see the README's "Performance") or the standard library's ``asyncio`` loop."""
 
     @field_validator("amqp_url")
     @classmethod
