@@ -15,6 +15,8 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection, make_url
 
 from fulfilment.adapters.postgres.engine import async_engine
+from fulfilment.adapters.postgres.privileges import apply_runtime_grants
+from fulfilment.adapters.postgres.schema import GRANT_SUMMARY_ATTRIBUTE, RUNTIME_ROLE_ATTRIBUTE
 from fulfilment.adapters.postgres.tables import metadata
 
 config = context.config
@@ -62,6 +64,12 @@ def do_run_migrations(connection: Connection) -> None:
     with context.begin_transaction():
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         context.run_migrations()
+        # The runtime role's privileges (fulfilment migrate with FULFILMENT_DATABASE_RUNTIME_ROLE),
+        # in the same transaction and under the same lock: concurrent GRANTs on one object fail
+        # with "tuple concurrently updated", and a refused grant undoes the upgrade with it.
+        role = config.attributes.get(RUNTIME_ROLE_ATTRIBUTE)
+        if role:
+            config.attributes[GRANT_SUMMARY_ATTRIBUTE] = apply_runtime_grants(connection, role)
 
 
 async def run_async_migrations() -> None:

@@ -222,11 +222,24 @@ def outbox_prune() -> None:
 
 @app.command(cls=Command)
 def migrate() -> None:
-    """Create the database if it is missing, then ``alembic upgrade head``."""
+    """Create the database if it is missing, then ``alembic upgrade head``, then grant.
+
+    Run it with the **owner** role's ``FULFILMENT_DATABASE_URL`` (the role that owns the
+    tables; it needs ``CREATEDB`` only while the database is missing). With
+    ``FULFILMENT_DATABASE_RUNTIME_ROLE``, the same transaction gives that role, the worker's
+    and the relay's, only the privileges they use (README, "Least privilege"); without it,
+    one line says that nothing was granted.
+    """
     from fulfilment.tools.migrate import migrate_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
-    run(migrate_command(settings.database_url.get_secret_value(), echo=typer.echo))
+    run(
+        migrate_command(
+            settings.database_url.get_secret_value(),
+            runtime_role=settings.database_runtime_role,
+            echo=typer.echo,
+        )
+    )
 
 
 @stock_app.command("load", cls=Command)

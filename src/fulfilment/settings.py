@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Literal, Self
@@ -34,6 +35,11 @@ MAX_RESERVATION_BATCH = 1000
 """Most orders one reservation transaction may carry (``reservation_batch_max``)."""
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+RUNTIME_ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+"""Role names ``FULFILMENT_DATABASE_RUNTIME_ROLE`` accepts: PostgreSQL's unquoted identifiers in
+lower case, at most 63 bytes (``NAMEDATALEN - 1``), so that a name reads the same quoted (as
+the grants quote it) or not (as in the README's SQL)."""
 
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 """libpq's ``sslmode`` values (PostgreSQL manual, "SSL Support"), with libpq's meanings."""
@@ -86,6 +92,13 @@ class Settings(BaseSettings):
     (the CA file), ``sslcert``/``sslkey`` (a client certificate). ``verify-full`` checks the
     server's certificate and host name; ``require`` only encrypts, unless ``sslrootcert`` is
     given (libpq's meaning)."""
+
+    database_runtime_role: str = ""
+    """The PostgreSQL role the worker and the relay connect as (the user of their
+    ``FULFILMENT_DATABASE_URL``), for ``fulfilment migrate`` only: after upgrading, it gives this
+    role the privileges of ``adapters.postgres.privileges.RUNTIME_PRIVILEGES`` and nothing
+    else (README, "Least privilege"). Empty: no grants (one line says so), as when every
+    process connects as the owner."""
 
     consumer_name: str = Field(default="fulfilment", min_length=1, max_length=100)
     """Inbox namespace: the ``consumer`` column of ``inbox_messages``. Never change it on a live
@@ -228,6 +241,17 @@ class Settings(BaseSettings):
                 return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
         msg = "must start with postgresql:// or postgresql+asyncpg://"
         raise ValueError(msg)
+
+    @field_validator("database_runtime_role")
+    @classmethod
+    def _role_name(cls, value: str) -> str:
+        if value and not RUNTIME_ROLE_PATTERN.fullmatch(value):
+            msg = (
+                f"{value!r} is not a role name: lower-case letters, digits and _, not starting"
+                " with a digit, at most 63 characters"
+            )
+            raise ValueError(msg)
+        return value
 
     @field_validator("quorum_initial_group_size")
     @classmethod

@@ -175,3 +175,22 @@ def test_a_bad_relay_or_outbox_setting_stops_the_start_naming_its_variable(
 def test_the_relay_crash_points_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FULFILMENT_FAULT_INJECTION", "before_publish:0.5,after_publish:1")
     assert load_settings().fault_injection == "before_publish:0.5,after_publish:1"
+
+
+def test_a_runtime_role_that_is_not_a_plain_role_name_stops_the_start_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_DATABASE_RUNTIME_ROLE", 'worker"; DROP TABLE x; --')
+
+    with pytest.raises(
+        SettingsError, match=r"^FULFILMENT_DATABASE_RUNTIME_ROLE: .*not a role name"
+    ):
+        load_settings()
+
+
+def test_the_runtime_role_is_unset_by_default_and_read_when_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().database_runtime_role == ""
+    monkeypatch.setenv("FULFILMENT_DATABASE_RUNTIME_ROLE", "fulfilment_runtime")
+    assert load_settings().database_runtime_role == "fulfilment_runtime"

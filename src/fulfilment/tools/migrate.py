@@ -1,21 +1,57 @@
-"""``fulfilment migrate``: the database, created if missing, at the migrations' head."""
+"""``fulfilment migrate``: the database at the migrations' head, with the runtime role's grants.
+
+The database is created if missing; the runtime role's privileges are those of
+``adapters.postgres.privileges`` (README, "Least privilege").
+"""
 
 from __future__ import annotations
 
 import asyncio
 
 from fulfilment.adapters.postgres.admin import ensure_database
+from fulfilment.adapters.postgres.privileges import (
+    GrantSummary,
+    RuntimeRoleError,
+    UndecidedObjectsError,
+)
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.tools.command import Echo
+from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo
+
+GRANTS_SKIPPED = (
+    "runtime role grants skipped: FULFILMENT_DATABASE_RUNTIME_ROLE is not set (every process"
+    " then needs this URL's rights; README, 'Least privilege')"
+)
 
 
-async def migrate_command(database_url: str, *, echo: Echo) -> None:
-    """Create the database of ``database_url`` if it is missing, then ``alembic upgrade head``.
+async def migrate_command(database_url: str, *, runtime_role: str, echo: Echo) -> None:
+    """Create the database if missing, ``alembic upgrade head``, then grant ``runtime_role``.
+
+    The grants are made in the upgrade's transaction; none when ``runtime_role`` is empty.
 
     Raises:
         DatabaseUnavailableError: the server does not answer or refuses the login.
+        CommandError: the runtime role cannot take its privileges (exit 2: it does not exist,
+            is this URL's user, a superuser, or owns or inherits the tables), or an object of
+            the schema has no privilege decision (exit 1); the upgrade is rolled back.
     """
     await ensure_database(database_url)
-    # alembic runs its own event loop (migrations/env.py), so not on this one.
-    await asyncio.to_thread(migrate, database_url)
+    try:
+        # alembic runs its own event loop (migrations/env.py), so not on this one.
+        summary = await asyncio.to_thread(migrate, database_url, runtime_role=runtime_role or None)
+    except RuntimeRoleError as error:
+        msg = f"FULFILMENT_DATABASE_RUNTIME_ROLE: {error}; nothing was migrated"
+        raise CommandError(msg, EXIT_BAD_INPUT) from error
+    except UndecidedObjectsError as error:
+        msg = f"{error}; nothing was migrated"
+        raise CommandError(msg) from error
     echo("database migrated to head")
+    echo(grants_line(summary))
+
+
+def grants_line(summary: GrantSummary | None) -> str:
+    """What the migration granted, in one line (and its warnings), or that it granted nothing."""
+    if summary is None:
+        return GRANTS_SKIPPED
+    return "\n".join(
+        [f"granted {summary.describe()}", *(f"warning: {line}" for line in summary.warnings)]
+    )

@@ -24,6 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import fulfilment
+from fulfilment.adapters.postgres.privileges import GrantSummary
 
 
 class MigrationsNotFoundError(RuntimeError):
@@ -150,23 +151,40 @@ def alembic_config(database_url: str, *, script_location: Path | None = None) ->
     return config
 
 
-def migrate(database_url: str, *, script_location: Path | None = None) -> None:
+RUNTIME_ROLE_ATTRIBUTE = "fulfilment.runtime_role"
+"""Key of alembic's ``Config.attributes`` under which :func:`migrate` hands ``env.py`` the
+runtime role to grant to after the upgrade."""
+GRANT_SUMMARY_ATTRIBUTE = "fulfilment.grant_summary"
+"""Key under which ``env.py`` hands back what it granted (a ``privileges.GrantSummary``)."""
+
+
+def migrate(
+    database_url: str,
+    *,
+    script_location: Path | None = None,
+    runtime_role: str | None = None,
+) -> GrantSummary | None:
     """Upgrade the database at ``database_url`` to the newest revision (``alembic upgrade head``).
 
     Blocking: it runs its own event loop (alembic's async environment calls ``asyncio.run``),
     so call it from synchronous code, or as ``await asyncio.to_thread(migrate, url)``. Replicas
     migrating at once take turns on an advisory lock, and the whole upgrade is one transaction.
+    With ``runtime_role``, that transaction ends by giving the role what
+    ``privileges.RUNTIME_PRIVILEGES`` says (``privileges.apply_runtime_grants``), so that a
+    failed grant leaves the schema as it was; returns what was granted (None without a role).
 
     Args:
         database_url: SQLAlchemy URL of the database (``postgresql+asyncpg://`` or
             ``postgresql://``).
         script_location: the migrations folder; found by :func:`migrations_location` if None.
+        runtime_role: the role the worker and the relay connect as, or None to grant nothing.
 
     Raises:
         MigrationsNotFoundError: the migrations folder cannot be found.
         RuntimeError: called from a thread that is running an event loop.
         sqlalchemy.exc.DBAPIError: the database refused the connection or a migration.
         OSError: the database cannot be reached.
+        RuntimeRoleError, UndecidedObjectsError: see ``privileges.apply_runtime_grants``.
     """
     try:
         asyncio.get_running_loop()
@@ -175,7 +193,11 @@ def migrate(database_url: str, *, script_location: Path | None = None) -> None:
     else:
         msg = "migrate() blocks; from async code call it as asyncio.to_thread(migrate, url)"
         raise RuntimeError(msg)
-    command.upgrade(alembic_config(database_url, script_location=script_location), "head")
+    config = alembic_config(database_url, script_location=script_location)
+    config.attributes[RUNTIME_ROLE_ATTRIBUTE] = runtime_role
+    command.upgrade(config, "head")
+    summary = config.attributes.get(GRANT_SUMMARY_ATTRIBUTE)
+    return summary if isinstance(summary, GrantSummary) else None
 
 
 class SchemaNotCurrentError(RuntimeError):

@@ -1,0 +1,334 @@
+"""What the runtime role may do in the database: one decision per table, sequence and function.
+
+Two roles use the database (README, "Least privilege"). The **owner** runs ``fulfilment
+migrate``: it owns every table and function the migrations create, and the operator commands
+that empty, delete or load run as it. The **runtime** role runs ``fulfilment worker`` and
+``fulfilment relay`` (and the read-only and dead-letter tools): it owns nothing, and may do
+only what :data:`RUNTIME_PRIVILEGES` lists, so that a leaked worker secret cannot drop a
+table, truncate the inbox, or rewrite the dead-letter audit.
+
+:data:`RUNTIME_PRIVILEGES` is the one list of those decisions, one entry per object of the
+schema, each with the reason. ``fulfilment migrate`` applies it after upgrading, in the
+migration's transaction and under its advisory lock (:func:`apply_runtime_grants`, called
+from ``migrations/env.py``): for each object, ``REVOKE ALL`` from the runtime role, then
+``GRANT`` what the entry lists, so that running it again changes nothing and a verb taken out
+of the list is taken back. Functions are also revoked from ``PUBLIC`` (PostgreSQL lets every
+role execute a new function). An object of the schema without an entry stops the migration
+(:class:`UndecidedObjectsError`), and ``tests/integration/test_database_privileges.py``
+fails on one, so that a new table or function of a revision gets a decision before it ships.
+
+The functions run with their caller's rights (PL/pgSQL's default, ``SECURITY INVOKER``), so
+the runtime role holds the table privileges the function bodies use
+(``migrations/sql/*/v<N>.sql``), verb by verb.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+ObjectKind = Literal["table", "sequence", "function"]
+
+TABLE_PRIVILEGES = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES"})
+SEQUENCE_PRIVILEGES = frozenset({"USAGE", "SELECT", "UPDATE"})
+FUNCTION_PRIVILEGES = frozenset({"EXECUTE"})
+_ALLOWED: Mapping[ObjectKind, frozenset[str]] = {
+    "table": TABLE_PRIVILEGES,
+    "sequence": SEQUENCE_PRIVILEGES,
+    "function": FUNCTION_PRIVILEGES,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the runtime role may do with one object of the schema, and why.
+
+    ``privileges`` empty means deliberately nothing.
+    """
+
+    kind: ObjectKind
+    privileges: tuple[str, ...]
+    why: str
+
+    def __post_init__(self) -> None:
+        unknown = set(self.privileges) - _ALLOWED[self.kind]
+        if unknown:
+            msg = f"{sorted(unknown)} are not privileges of a {self.kind}"
+            raise ValueError(msg)
+
+
+RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
+    # --- tables -----------------------------------------------------------------------------
+    "inbox_messages": Decision(
+        "table",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "place/cancel/ship_orders insert each event's row (ON CONFLICT ... RETURNING), set"
+        " its outcome, and ship_orders deletes the row of a shipment it does not record",
+    ),
+    "reservations": Decision(
+        "table",
+        ("SELECT", "INSERT", "UPDATE"),
+        "place/cancel_orders insert an order's row (cancel_orders' tombstone with ON CONFLICT"
+        " DO UPDATE), the three lock it (FOR UPDATE) and change its status; never deleted",
+    ),
+    "reservation_lines": Decision(
+        "table",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "place_orders inserts an order's lines; cancel_orders shrinks and deletes them",
+    ),
+    "tombstone_lines": Decision(
+        "table",
+        ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "cancel_orders adds to a tombstone's lines (ON CONFLICT DO UPDATE) and deletes them"
+        " when the whole order is cancelled; place_orders reads them",
+    ),
+    "stock_levels": Decision(
+        "table",
+        ("SELECT", "UPDATE"),
+        "the functions lock (FOR UPDATE) and change reserved/on_hand/shipped; the invariant"
+        " monitor reads. Not INSERT or DELETE: stock levels are loaded by the owner"
+        " (`fulfilment stock load`)",
+    ),
+    "delivery_attempts": Decision(
+        "table",
+        ("SELECT", "INSERT", "UPDATE"),
+        "the worker counts redeliveries (INSERT ... ON CONFLICT DO UPDATE ... RETURNING)",
+    ),
+    "outbox": Decision(
+        "table",
+        ("SELECT", "INSERT", "UPDATE"),
+        "the functions insert result events; the relay reads and marks them published."
+        " Not DELETE: `fulfilment outbox prune` runs as the owner",
+    ),
+    "dead_letter_audit": Decision(
+        "table",
+        ("INSERT",),
+        "`fulfilment dlq replay` and `purge` record each message before it leaves the DLQ;"
+        " insert only, so that nothing run with the runtime secret can read back, change or"
+        " delete the audit trail",
+    ),
+    "alembic_version": Decision(
+        "table",
+        ("SELECT",),
+        "the worker and the relay refuse to start on a database behind their migrations",
+    ),
+    # --- sequences ----------------------------------------------------------------------------
+    "outbox_id_seq": Decision(
+        "sequence",
+        (),
+        "the identity of outbox.id: an INSERT draws from it without USAGE on it",
+    ),
+    "dead_letter_audit_id_seq": Decision(
+        "sequence",
+        (),
+        "the identity of dead_letter_audit.id: an INSERT draws from it without USAGE on it",
+    ),
+    # --- functions ----------------------------------------------------------------------------
+    "place_orders": Decision("function", ("EXECUTE",), "the worker's OrderPlaced batches"),
+    "cancel_orders": Decision("function", ("EXECUTE",), "the worker's OrderCancelled batches"),
+    "ship_orders": Decision("function", ("EXECUTE",), "the worker's OrderShipped batches"),
+    "reserve_orders": Decision(
+        "function",
+        (),
+        "kept for the workers of the release before 0007, which ran with the owner's URL;"
+        " no worker of this release calls it",
+    ),
+}
+"""Every table, sequence and function of the schema, by name: what the runtime role may do
+with it. Add an entry with each revision that creates an object (the migration refuses to
+grant while one is missing); an entry whose object does not exist (yet, or any more) is
+skipped."""
+
+
+class RuntimeRoleError(RuntimeError):
+    """The runtime role cannot be given its privileges as it is; the message says why."""
+
+
+class UndecidedObjectsError(RuntimeError):
+    """The schema holds objects that :data:`RUNTIME_PRIVILEGES` has no decision for."""
+
+    def __init__(self, objects: list[tuple[ObjectKind, str]]) -> None:
+        self.objects = objects
+        listed = ", ".join(f"{kind} {name}" for kind, name in objects)
+        super().__init__(
+            f"no privilege decision for {listed}: add each to RUNTIME_PRIVILEGES in"
+            " fulfilment/adapters/postgres/privileges.py (what the runtime role may do, and why)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GrantSummary:
+    """What :func:`apply_runtime_grants` did, for the migration's log line."""
+
+    role: str
+    granted: tuple[str, ...]
+    """``table inbox_messages: SELECT, INSERT, ...`` for each object given something."""
+    withheld: tuple[str, ...]
+    """Objects the role may do nothing with."""
+    warnings: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line: the role, how many objects it was granted, the rest withheld."""
+        return (
+            f"runtime role {self.role}: privileges on {len(self.granted)} objects,"
+            f" none on {len(self.withheld)} ({', '.join(self.withheld) or 'none'})"
+        )
+
+
+_SCHEMA_OBJECTS = text(
+    """
+    SELECT CASE WHEN c.relkind = 'S' THEN 'sequence' ELSE 'table' END AS kind,
+           c.relname AS name, NULL::text AS signature, c.relowner AS owner
+      FROM pg_class AS c
+     WHERE c.relnamespace = current_schema()::regnamespace
+       AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+       AND NOT EXISTS (SELECT 1 FROM pg_depend AS d
+                        WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                          AND d.deptype = 'e')
+    UNION ALL
+    SELECT 'function', p.proname, p.oid::regprocedure::text, p.proowner
+      FROM pg_proc AS p
+     WHERE p.pronamespace = current_schema()::regnamespace
+       AND NOT EXISTS (SELECT 1 FROM pg_depend AS d
+                        WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+                          AND d.deptype = 'e')
+     ORDER BY 1, 2, 3
+    """
+)
+"""Tables, views, sequences and functions (every overload) of the schema the migrations use,
+without those of extensions, each with its owner's oid."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaObject:
+    """One object of the schema as the catalogue has it."""
+
+    kind: ObjectKind
+    name: str
+    signature: str | None
+    """``place_orders(text,uuid[],...)`` for a function (``regprocedure``), else None."""
+    owner: int
+
+
+def schema_objects(connection: Connection) -> list[SchemaObject]:
+    """The tables, sequences and functions of the current schema (extensions' left out)."""
+    return [
+        SchemaObject(row.kind, row.name, row.signature, row.owner)
+        for row in connection.execute(_SCHEMA_OBJECTS)
+    ]
+
+
+def undecided_objects(objects: list[SchemaObject]) -> list[tuple[ObjectKind, str]]:
+    """The objects :data:`RUNTIME_PRIVILEGES` has no entry of their kind for, sorted."""
+    return sorted(
+        {
+            (item.kind, item.name)
+            for item in objects
+            if (decision := RUNTIME_PRIVILEGES.get(item.name)) is None or decision.kind != item.kind
+        }
+    )
+
+
+def quote_identifier(name: str) -> str:
+    """``name`` as a quoted SQL identifier (``"a""b"`` for ``a"b``)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def apply_runtime_grants(connection: Connection, role: str) -> GrantSummary:
+    """Give ``role`` exactly what :data:`RUNTIME_PRIVILEGES` says, on every object of the schema.
+
+    Runs in the caller's transaction (the migration's), as the role that owns the objects (or
+    a superuser). Idempotent: each object is first revoked from ``role``, then granted.
+
+    Raises:
+        RuntimeRoleError: ``role`` does not exist, is the role migrating, a superuser, owns an
+            object of the schema, or is a member of a role that owns one (it would inherit
+            every right of the owner).
+        UndecidedObjectsError: an object of the schema has no decision.
+    """
+    found = connection.execute(
+        text(
+            "SELECT oid, rolsuper, rolname = current_user AS is_current FROM pg_roles"
+            " WHERE rolname = :role"
+        ),
+        {"role": role},
+    ).one_or_none()
+    if found is None:
+        msg = (
+            f"role {role} does not exist in the database server: create it first (README,"
+            " 'Least privilege')"
+        )
+        raise RuntimeRoleError(msg)
+    if found.is_current:
+        msg = (
+            f"role {role} is the role running the migration, which owns the tables: the"
+            " runtime role must be another role"
+        )
+        raise RuntimeRoleError(msg)
+    if found.rolsuper:
+        msg = f"role {role} is a superuser: no privilege could be withheld from it"
+        raise RuntimeRoleError(msg)
+    objects = schema_objects(connection)
+    _refuse_owning(connection, role, found.oid, objects)
+    undecided = undecided_objects(objects)
+    if undecided:
+        raise UndecidedObjectsError(undecided)
+
+    quoted = quote_identifier(role)
+    granted, withheld = [], []
+    for item in objects:
+        decision = RUNTIME_PRIVILEGES[item.name]
+        if item.kind == "function":
+            target = f"FUNCTION {item.signature}"
+            # New functions are executable by PUBLIC; only the decided roles may run them.
+            connection.execute(text(f"REVOKE ALL ON {target} FROM PUBLIC, {quoted}"))
+        else:
+            target = f"{item.kind.upper()} {quote_identifier(item.name)}"
+            connection.execute(text(f"REVOKE ALL ON {target} FROM {quoted}"))
+        label = f"{item.kind} {item.signature or item.name}"
+        if decision.privileges:
+            connection.execute(
+                text(f"GRANT {', '.join(decision.privileges)} ON {target} TO {quoted}")
+            )
+            granted.append(f"{label}: {', '.join(decision.privileges)}")
+        else:
+            withheld.append(f"{item.kind} {item.name}")
+    warnings = []
+    schema = connection.scalar(text("SELECT current_schema()"))
+    if connection.scalar(
+        text("SELECT has_schema_privilege(:role, current_schema(), 'CREATE')"), {"role": role}
+    ):
+        # PostgreSQL before 15 lets PUBLIC create in schema public; its owner can take it back.
+        warnings.append(
+            f"role {role} may create objects in schema {schema}: revoke CREATE on it from"
+            " PUBLIC (README, 'Least privilege')"
+        )
+    return GrantSummary(role, tuple(granted), tuple(withheld), tuple(warnings))
+
+
+def _refuse_owning(
+    connection: Connection, role: str, role_oid: int, objects: list[SchemaObject]
+) -> None:
+    owned = sorted({item.name for item in objects if item.owner == role_oid})
+    if owned:
+        msg = f"role {role} owns {', '.join(owned)}: the runtime role must own nothing"
+        raise RuntimeRoleError(msg)
+    for owner in sorted({item.owner for item in objects}):
+        inherits = connection.scalar(
+            text("SELECT pg_has_role(:role, CAST(:owner AS oid), 'USAGE')"),
+            {"role": role, "owner": owner},
+        )
+        if inherits:
+            name = connection.scalar(
+                text("SELECT rolname FROM pg_roles WHERE oid = CAST(:owner AS oid)"),
+                {"owner": owner},
+            )
+            msg = (
+                f"role {role} is a member of {name}, which owns the schema's tables, and"
+                " inherits its rights: the runtime role must not be"
+            )
+            raise RuntimeRoleError(msg)
