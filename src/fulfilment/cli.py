@@ -143,6 +143,7 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     from fulfilment.adapters.postgres.errors import (  # noqa: PLC0415 - loads SQLAlchemy
         DatabaseRefusedError,
         DatabaseUnavailableError,
+        privilege_refusal,
     )
     from fulfilment.adapters.rabbitmq import (  # noqa: PLC0415 - loads aio-pika
         BrokerRefusedError,
@@ -161,6 +162,12 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         fail(str(error), EXIT_UNAVAILABLE)
     except CommandError as error:
         fail(str(error), error.exit_code)
+    except Exception as error:
+        # A command that needs the owner's rights, run with the runtime role's URL.
+        refusal = privilege_refusal(error)
+        if refusal is None:
+            raise
+        fail(str(refusal), EXIT_REFUSED)
 
 
 def _print_version(value: bool) -> None:  # noqa: FBT001 - typer passes the flag's value

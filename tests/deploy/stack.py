@@ -936,6 +936,92 @@ def check_compose_stack(stack: Stack, root: Path = ROOT) -> list[str]:  # noqa: 
     return problems
 
 
+def _database_user(env: dict[str, str]) -> str | None:
+    url = env.get("FULFILMENT_DATABASE_URL")
+    return urllib.parse.urlsplit(url).username if url else None
+
+
+def _cronjob_pod(stack: Stack, name: str) -> dict[str, Any]:
+    return stack.resource("CronJob", name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def _role_problems(
+    where: str, owner: dict[str, str], runtime: dict[str, dict[str, str]]
+) -> list[str]:
+    """The owner's process grants to the runtime role its processes connect as, and is another."""
+    problems = []
+    owner_user = _database_user(owner)
+    granted = owner.get("FULFILMENT_DATABASE_RUNTIME_ROLE", "")
+    if not granted:
+        problems.append(f"{where}: the migration sets no FULFILMENT_DATABASE_RUNTIME_ROLE")
+    for name, env in runtime.items():
+        user = _database_user(env)
+        if user != granted:
+            problems.append(
+                f"{where} {name}: connects as {user}, the migration grants to {granted or 'nobody'}"
+            )
+        if user == owner_user:
+            problems.append(f"{where} {name}: connects as the owner role {owner_user}")
+    if owner_user in {None, "postgres"}:
+        problems.append(f"{where}: the migration connects as {owner_user}, not an owner role")
+    return problems
+
+
+def check_database_roles(stack: Stack, root: Path = ROOT) -> list[str]:
+    """The migration runs as the owner role, the worker and the relay as the runtime role.
+
+    README, "Least privilege": in compose and in Kubernetes, the owner's URL reaches only the
+    migration (and the prune CronJob, which deletes), the runtime role's the worker and the
+    relay, the migration grants to the role they connect as, and the local stack creates both.
+    """
+    problems = _role_problems(
+        "docker-compose.yml",
+        compose_environment(stack, "migrate"),
+        {name: compose_environment(stack, name) for name in ("worker", "relay")},
+    )
+    init = [
+        volume.split(":")[0]
+        for volume in stack.compose["services"]["postgres"].get("volumes", [])
+        if "/docker-entrypoint-initdb.d/" in volume
+    ]
+    created = {
+        match.lower()
+        for source in init
+        if (root / source).is_file()
+        for match in re.findall(r"CREATE ROLE (\w+)", (root / source).read_text(), re.IGNORECASE)
+    }
+    users = {
+        _database_user(compose_environment(stack, name)) for name in ("migrate", "worker", "relay")
+    }
+    problems.extend(
+        f"docker-compose.yml postgres: no init script creates role {user}"
+        for user in sorted(user for user in users if user and user not in created)
+    )
+    job = k8s_environment(stack, migration_job(stack)["spec"]["template"]["spec"])
+    problems.extend(
+        _role_problems(
+            "k8s",
+            job,
+            {
+                "Deployment fulfilment-worker": k8s_environment(
+                    stack, worker_deployment(stack)["spec"]["template"]["spec"]
+                ),
+                "Deployment fulfilment-relay": k8s_environment(
+                    stack,
+                    stack.resource("Deployment", "fulfilment-relay")["spec"]["template"]["spec"],
+                ),
+            },
+        )
+    )
+    prune = k8s_environment(stack, _cronjob_pod(stack, "fulfilment-outbox-prune"))
+    if _database_user(prune) != _database_user(job):
+        problems.append(
+            f"k8s CronJob fulfilment-outbox-prune: connects as {_database_user(prune)}; pruning"
+            f" deletes, which only the owner role {_database_user(job)} may"
+        )
+    return problems
+
+
 def check_prometheus_rule_rendered(stack: Stack) -> list[str]:
     """k8s/prometheusrule.yaml holds exactly the groups of deploy/prometheus/alerts.yml."""
     rule = stack.resource("PrometheusRule", "fulfilment")
@@ -981,6 +1067,7 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_commands_and_image,
     check_image_build,
     check_compose_stack,
+    check_database_roles,
     check_prometheus_rule_rendered,
     check_kustomization,
 ]

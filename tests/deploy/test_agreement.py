@@ -229,6 +229,23 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "worker started before the migration": lambda s: s.compose["services"]["worker"][
         "depends_on"
     ].pop("migrate"),
+    "a worker with the owner's secret": lambda s: _container(s)["envFrom"][1]["secretRef"].update(
+        name="fulfilment-owner"
+    ),
+    "a migration Job with the runtime role's secret": lambda s: _container(s, "Job")["envFrom"][1][
+        "secretRef"
+    ].update(name="fulfilment"),
+    "grants to another role than the worker's": lambda s: _configmap(s).update(
+        FULFILMENT_DATABASE_RUNTIME_ROLE="fulfilment_worker"
+    ),
+    "a compose relay as the superuser": lambda s: (
+        s.compose["services"]["relay"]
+        .setdefault("environment", {})
+        .update(FULFILMENT_DATABASE_URL="postgresql://postgres@postgres:5432/fulfilment")
+    ),
+    "a compose role no init script creates": lambda s: s.compose["services"]["migrate"][
+        "environment"
+    ].update(FULFILMENT_DATABASE_URL="postgresql://fulfilment_admin@postgres:5432/fulfilment"),
     "grafana provider path not mounted": lambda s: s.grafana_dashboards["providers"][0][
         "options"
     ].update(path="/var/lib/grafana/dashboards"),

@@ -286,3 +286,27 @@ async def test_the_runtime_role_may_write_the_audit_but_not_drop_truncate_or_rew
         assert await owner.fetchval("SELECT to_regclass('reservations') IS NOT NULL")
     finally:
         await owner.close()
+
+
+@pytest.mark.parametrize(
+    ("command", "refused"),
+    [
+        (["stock", "load", "data/sample/stock.csv"], "permission denied for table stock_levels"),
+        (["outbox", "prune"], "permission denied for table outbox"),
+    ],
+)
+def test_an_owner_command_run_as_the_runtime_role_says_which_role_it_needs(
+    roles: Roles, amqp_url: str, command: list[str], refused: str
+) -> None:
+    result = CliRunner().invoke(
+        app,
+        command,
+        env={"FULFILMENT_DATABASE_URL": roles.runtime_url, "FULFILMENT_AMQP_URL": amqp_url},
+    )
+
+    assert result.exit_code == 4
+    assert result.stderr == (
+        "fulfilment: PostgreSQL refused this command to the user of FULFILMENT_DATABASE_URL:"
+        f" InsufficientPrivilegeError: {refused}; run it with the owner role's URL (README,"
+        " 'Least privilege')\n"
+    )

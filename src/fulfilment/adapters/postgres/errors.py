@@ -78,6 +78,27 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     return DatabaseUnavailableError(f"PostgreSQL at {where} is not reachable: {said}")
 
 
+INSUFFICIENT_PRIVILEGE = "42501"
+"""``insufficient_privilege``: the user may not do this to this object."""
+
+
+def privilege_refusal(error: BaseException) -> DatabaseRefusedError | None:
+    """A one-line refusal when ``error`` is PostgreSQL's ``insufficient_privilege``, else None.
+
+    An operator command run with the runtime role's URL (README, "Least privilege") meets it
+    on the first statement the role may not run: the line names the statement's object and
+    says which role the command needs.
+    """
+    cause, sqlstate = _driver_error(error)
+    if sqlstate != INSUFFICIENT_PRIVILEGE:
+        return None
+    return DatabaseRefusedError(
+        f"PostgreSQL refused this command to the user of FULFILMENT_DATABASE_URL:"
+        f" {type(cause).__name__}: {cause}; run it with the owner role's URL (README,"
+        " 'Least privilege')"
+    )
+
+
 def _driver_error(error: BaseException) -> tuple[BaseException, str | None]:
     """The innermost cause of ``error`` and the first SQLSTATE on the way to it.
 
