@@ -6,6 +6,7 @@ UV_VERSION := 0.13.8
 UV := $(or $(shell command -v uv 2>/dev/null),.tools/bin/uv)
 DATA ?= data/sample/online-retail
 RESET ?=
+CONFIRM_RESET ?=
 
 .PHONY: help asyncapi demo test test-faults test-cluster rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy
 
@@ -25,8 +26,8 @@ asyncapi: install ## Write docs/asyncapi.json, the messaging contract (consumed 
 services: ## Start RabbitMQ and PostgreSQL if they are down (local install or docker compose)
 	@scripts/ensure-services
 
-demo: install services ## The main job on real data: DATA=folder of Online Retail CSVs (default: the shipped sample), RESET=1 to start empty
-	$(UV) run fulfilment demo $(DATA) $(if $(RESET),--reset)
+demo: install services ## The main job on real data: DATA=folder of Online Retail CSVs (default: the shipped sample), RESET=1 to start empty (the demo's own database; CONFIRM_RESET=<database> for another)
+	$(UV) run fulfilment demo $(DATA) $(if $(RESET),--reset) $(if $(CONFIRM_RESET),--confirm-reset $(CONFIRM_RESET))
 
 test: install services ## The whole test suite against the real RabbitMQ and PostgreSQL
 	$(UV) run pytest

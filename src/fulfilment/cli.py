@@ -213,6 +213,8 @@ def outbox_prune() -> None:
     """Delete published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS``.
 
     In transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay.
+    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not
+    delete outbox rows (README, "Least privilege").
     """
     from fulfilment.tools.outbox import prune_command  # noqa: PLC0415 - see the module's text
 
@@ -253,7 +255,11 @@ def migrate() -> None:
 def stock_load(
     file: Annotated[Path, typer.Argument(help="CSV with header sku,on_hand.")],
 ) -> None:
-    """Upsert on-hand stock levels from FILE; nothing changes if any row is bad."""
+    """Upsert on-hand stock levels from FILE; nothing changes if any row is bad.
+
+    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may change
+    stock levels only through the reservation functions (README, "Least privilege").
+    """
     from fulfilment.tools.stock_csv import load_command  # noqa: PLC0415 - see the module's text
 
     options = tool_options(settings_or_exit())
@@ -340,10 +346,28 @@ def demo(
     ),
     reset: Annotated[  # noqa: FBT002 - a typer flag
         bool,
-        typer.Option(help="Empty the service's tables and queues first (demo databases only)."),
+        typer.Option(
+            help="Empty the service's tables and queues first: only a database the demo made"
+            " or found empty, or one named with --confirm-reset."
+        ),
     ] = False,
+    confirm_reset: Annotated[
+        str | None,
+        typer.Option(
+            "--confirm-reset",
+            metavar="DATABASE",
+            help="With --reset: empty this database although it is not the demo's (its name,"
+            " as in FULFILMENT_DATABASE_URL).",
+        ),
+    ] = None,
 ) -> None:
     """The main job on real data: migrate, load stock, run the worker, publish, report.
+
+    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL`` (it migrates, loads stock and,
+    with --reset, truncates), not the runtime role's. ``--reset`` refuses a database that
+    holds rows the demo did not write (one it did not create, or find empty and mark in the
+    database's comment) unless ``--confirm-reset`` names it; it prints what it removed, and
+    records each dead letter it purges in ``dead_letter_audit``.
 
     Stock levels are planned from DATA deterministically, so some orders are rejected for
     insufficient stock and a few for unknown SKUs. Runs the worker as a child process and
@@ -356,12 +380,15 @@ def demo(
     """
     from fulfilment.tools.demo import demo_command  # noqa: PLC0415 - see the module's text
 
+    if confirm_reset is not None and not reset:
+        fail("--confirm-reset names the database --reset may empty: add --reset", EXIT_BAD_INPUT)
     settings = settings_or_exit()
     code = run(
         demo_command(
             tool_options(settings),
             data,
             reset=reset,
+            confirm_reset=confirm_reset,
             stop_grace_seconds=settings.orchestrator_grace_period_seconds,
             echo=typer.echo,
         )

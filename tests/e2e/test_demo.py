@@ -14,9 +14,10 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
+from sqlalchemy.engine import make_url
 
 from fulfilment.contracts.result_events import RESULT_EVENTS
-from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_PLACED, RESULT_EVENTS_EXCHANGE
 from fulfilment.tools.demo import RESULT_EVENTS_QUEUE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -203,6 +204,75 @@ async def test_a_result_event_the_contract_refuses_fails_the_demo_with_one_line(
     counts = result_event_lines(run.stdout)
     assert all(published == received > 0 for published, received, _ in counts.values() if published)
     assert await demo_queue_depth(amqp_url) == 0
+
+
+async def test_reset_refuses_a_database_that_is_not_the_demo_s_until_it_is_named_and_records_it(
+    worker_env: dict[str, str], db: asyncpg.Connection, amqp_url: str
+) -> None:
+    name = make_url(worker_env["FULFILMENT_DATABASE_URL"]).database
+    one_day = SAMPLE / "2010-12-23.csv"
+    # Another team's stock level, in a database the demo did not make or find empty.
+    await db.execute(f'COMMENT ON DATABASE "{name}" IS NULL')
+    await db.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('NOT-THE-DEMO', 7)")
+
+    refused = demo(worker_env, "--reset", data=one_day)
+    misnamed = demo(worker_env, "--reset", "--confirm-reset", "fulfilment", data=one_day)
+
+    assert (refused.returncode, misnamed.returncode) == (2, 2)
+    assert refused.stderr == (
+        f"fulfilment: --reset refused: database '{name}' is not the demo's (it did not create it"
+        " or find it empty) and holds rows in stock_levels; to empty it anyway, name it:"
+        f" --reset --confirm-reset {name}\n"
+    )
+    assert misnamed.stderr == (
+        "fulfilment: --confirm-reset 'fulfilment' does not name the database of"
+        f" FULFILMENT_DATABASE_URL, '{name}': nothing was emptied\n"
+    )
+    assert await db.fetchval("SELECT on_hand FROM stock_levels WHERE sku = 'NOT-THE-DEMO'") == 7
+
+    named = demo(worker_env, "--reset", "--confirm-reset", name, data=one_day)
+
+    assert named.returncode == 0, named.stderr[-2000:]
+    assert re.search(
+        rf"^reset \(--confirm-reset {name}\): database {name} as postgres: emptied 1 rows"
+        r" \(inbox_messages 0, .*stock_levels 1, .*\); purged \d+ queued messages .* and 0 dead"
+        r" letters, each recorded in dead_letter_audit \(run [0-9a-f-]{36}\)$",
+        named.stdout,
+        re.MULTILINE,
+    ), named.stdout
+    assert await db.fetchval("SELECT count(*) FROM stock_levels WHERE sku = 'NOT-THE-DEMO'") == 0
+    comment = await db.fetchval(
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1", name
+    )
+    assert comment.startswith(
+        "fulfilment demo database: last emptied by `fulfilment demo --reset`"
+        f" (--confirm-reset {name}) at "
+    )
+
+    # Now the demo's: --reset alone empties it, and the dead letter it purges is audited.
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
+        await exchange.publish(
+            aio_pika.Message(b"not an event", message_id="left-in-the-dlq"),
+            routing_key=ORDER_PLACED.dead_letter_routing_key,
+        )
+    finally:
+        await connection.close()
+    again = demo(worker_env, "--reset", data=one_day)
+
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert " and 1 dead letters, each recorded in dead_letter_audit" in again.stdout
+    audit = await db.fetchrow(
+        "SELECT action, operator, comment FROM dead_letter_audit WHERE message_id = $1",
+        "left-in-the-dlq",
+    )
+    assert dict(audit) == {
+        "action": "purged",
+        "operator": "postgres (fulfilment demo --reset)",
+        "comment": "fulfilment demo --reset",
+    }
 
 
 @pytest.mark.skipif(

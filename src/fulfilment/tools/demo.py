@@ -22,6 +22,14 @@ the day's outcomes from the inbox (an event not in it was dead-lettered).
 Stock is loaded only for SKUs without a level, so that a second run keeps what the first
 one's shipments took out of ``on_hand`` (a second run re-sends the same events and changes
 nothing); ``--reset`` empties everything first, and the whole plan is loaded.
+
+``--reset`` empties only a database the demo recognises as its own: one it created, or found
+empty, and marked so in the database's comment (``admin.DEMO_DATABASE_MARK``), or one that
+holds no row at all. Any other database is refused, unless the operator names it again with
+``--confirm-reset NAME`` (as ``heroku pg:reset --confirm`` asks for the app's name): a wrong
+``FULFILMENT_DATABASE_URL`` must not cost a shop its inbox. A reset is recorded: one line of
+output (the database, the user, the rows and messages removed), each dead letter it purges in
+``dead_letter_audit`` (as ``fulfilment dlq purge`` does), and the database's comment.
 """
 
 from __future__ import annotations
@@ -40,15 +48,20 @@ import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment.adapters.postgres.admin import (
+    DEMO_DATABASE_MARK,
+    DemoDatabase,
     StockTotals,
+    demo_database,
     ensure_database,
     inbox_outcomes,
+    mark_demo_database,
     order_statuses,
     outbox_entries_after,
     outbox_last_id,
@@ -74,6 +87,7 @@ from fulfilment.contracts.topology import (
 )
 from fulfilment.observability.metrics import REQUEUED
 from fulfilment.tools.command import (
+    EXIT_BAD_INPUT,
     CommandError,
     Echo,
     ToolOptions,
@@ -81,6 +95,7 @@ from fulfilment.tools.command import (
     read_order_files,
 )
 from fulfilment.tools.demo_result_events import ResultEventTally
+from fulfilment.tools.dlq import Selection, purge
 from fulfilment.tools.online_retail import ReadResult, RetailOrder
 from fulfilment.tools.publish import publish_in_order
 from fulfilment.tools.report import collect_report, reconcile, render_report
@@ -128,35 +143,75 @@ PROGRESS_SECONDS = 5.0
 """A run that takes longer than this to settle says so, then again at this interval."""
 
 
+CONFIRM_RESET_OPTION = "--confirm-reset"
+"""The option that names the database ``--reset`` may empty although it is not the demo's."""
+
+
 class DemoError(CommandError):
     """A step of the demo failed; the message says which and why (exit 1)."""
 
 
-async def demo_command(
+class ResetRefusedError(CommandError):
+    """``--reset`` would empty a database that is not the demo's (exit 2, nothing changed)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, EXIT_BAD_INPUT)
+
+
+def reset_refusal(database: DemoDatabase, confirmed: str | None) -> str | None:
+    """Why ``--reset`` may not empty ``database``, or None when it may.
+
+    It may when the database is marked as the demo's, holds no row of the service, or
+    ``confirmed`` (``--confirm-reset``) is its name.
+    """
+    if confirmed is not None:
+        if confirmed == database.name:
+            return None
+        return (
+            f"{CONFIRM_RESET_OPTION} {confirmed!r} does not name the database of"
+            f" FULFILMENT_DATABASE_URL, {database.name!r}: nothing was emptied"
+        )
+    if database.marked or database.empty:
+        return None
+    return (
+        f"--reset refused: database {database.name!r} is not the demo's (it did not create it"
+        f" or find it empty) and holds rows in {', '.join(database.holds)}; to empty it anyway,"
+        f" name it: --reset {CONFIRM_RESET_OPTION} {database.name}"
+    )
+
+
+async def demo_command(  # noqa: PLR0913 - each option of the command, by name
     options: ToolOptions,
     data: Path,
     *,
     reset: bool,
     stop_grace_seconds: float,
     echo: Echo,
+    confirm_reset: str | None = None,
 ) -> int:
     """Run the demo over the events of ``data`` (a file or folder of Online Retail CSVs).
 
-    ``reset`` empties the service's tables and queues first; ``stop_grace_seconds`` is how long
-    the worker may take to stop after SIGTERM before it is killed (the orchestrator's grace
-    period). Returns 0 when every event is accounted for, the worker stopped cleanly and the
-    stock invariants hold, else 1.
+    ``reset`` empties the service's tables and queues first, if the database is the demo's
+    or ``confirm_reset`` is its name (:func:`reset_refusal`); ``stop_grace_seconds`` is how
+    long the worker may take to stop after SIGTERM before it is killed (the orchestrator's
+    grace period). Returns 0 when every event is accounted for, the worker stopped cleanly
+    and the stock invariants hold, else 1.
 
     Raises:
-        CommandError: ``data`` cannot be read (exit 2); a step failed, or no queue was bound
-            for the events (exit 1).
+        CommandError: ``data`` cannot be read, or ``--reset`` was refused (exit 2); a step
+            failed, or no queue was bound for the events (exit 1).
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     read = read_order_files([data])
     match = match_read_cancellations(read)
     try:
         return await _demo(
-            options, read, match, reset=reset, stop_grace_seconds=stop_grace_seconds, echo=echo
+            options,
+            read,
+            match,
+            reset=_Reset(confirmed=confirm_reset) if reset else None,
+            stop_grace_seconds=stop_grace_seconds,
+            echo=echo,
         )
     except UnroutableError as error:
         raise CommandError(str(error)) from error
@@ -167,7 +222,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     read: ReadResult,
     match: CancellationMatch,
     *,
-    reset: bool,
+    reset: _Reset | None,
     stop_grace_seconds: float,
     echo: Echo,
 ) -> int:
@@ -182,7 +237,8 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
             exchange=RESULT_EVENTS_EXCHANGE,
             binding_key=RESULT_EVENTS_BINDING,
         )
-    if await ensure_database(database_url):
+    created = await ensure_database(database_url)
+    if created:
         echo("created the database")
     await asyncio.to_thread(migrate, database_url)
     echo("database migrated to head")
@@ -195,10 +251,11 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     )
     levels = plan_stock(read.orders)
     async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-        if reset:
-            await reset_tables(warehouse)
-            await _purge_queues(amqp_url)
-            echo("emptied the service's tables and queues")
+        database = await demo_database(warehouse)
+        if reset is not None:
+            await reset.run(options, warehouse, database, echo)
+        elif created or (database.empty and database.comment is None):
+            await _mark(warehouse, f"{DEMO_DATABASE_MARK}: made or found empty by", echo)
         loaded = await _load_missing_stock(warehouse, levels)
         # Taken before the worker starts: every row of the run has a higher id.
         baseline = await outbox_last_id(warehouse)
@@ -557,21 +614,82 @@ def _counted(what: str, total: int, outcomes: Counter[str]) -> str:
     return f"{what} {total} (" + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) + ")"
 
 
-async def _purge_queues(amqp_url: str) -> None:
-    names = (
-        *(queue.name for queue in SUBSCRIBED_QUEUES),
-        *DEAD_LETTER_QUEUES,
-        RESULT_EVENTS_QUEUE,
-    )
+@dataclass(frozen=True, slots=True)
+class _Reset:
+    """``--reset``, with the database name of ``--confirm-reset`` if given."""
+
+    confirmed: str | None
+
+    async def run(
+        self,
+        options: ToolOptions,
+        warehouse: PostgresWarehouse,
+        database: DemoDatabase,
+        echo: Echo,
+    ) -> None:
+        """Empty the tables and the queues, if :func:`reset_refusal` allows, and record it.
+
+        Raises:
+            ResetRefusedError: the database is not the demo's, and was not named.
+        """
+        refusal = reset_refusal(database, self.confirmed)
+        if refusal is not None:
+            raise ResetRefusedError(refusal)
+        rows = await reset_tables(warehouse)
+        # Dead letters as `fulfilment dlq purge --all --yes` removes them: each recorded in
+        # dead_letter_audit (which the reset keeps) before it leaves its queue.
+        async with connect(options.amqp_url) as connection:
+            dead = await purge(
+                connection,
+                Selection(everything=True),
+                audit=warehouse.engine,
+                execute=True,
+                operator=f"{database.user} (fulfilment demo --reset)",
+                comment="fulfilment demo --reset",
+                queues=DEAD_LETTER_QUEUES,
+            )
+        pending = await _purge_queues(options.amqp_url)
+        how = f" ({CONFIRM_RESET_OPTION} {self.confirmed})" if self.confirmed else ""
+        echo(
+            f"reset{how}: database {database.name} as {database.user}: emptied"
+            f" {sum(rows.values())} rows ({', '.join(f'{t} {n}' for t, n in rows.items())});"
+            f" purged {sum(pending.values())} queued messages"
+            f" ({', '.join(f'{q} {n}' for q, n in pending.items() if n) or 'none'}) and"
+            f" {dead.done} dead letters, each recorded in dead_letter_audit (run {dead.run_id})"
+        )
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        await _mark(
+            warehouse,
+            f"{DEMO_DATABASE_MARK}: last emptied by `fulfilment demo --reset`{how} at {stamp} as",
+            echo,
+        )
+
+
+async def _mark(warehouse: PostgresWarehouse, comment: str, echo: Echo) -> None:
+    """Mark the database as the demo's, ``comment`` followed by the user; say so if it cannot."""
+    database = await demo_database(warehouse)
+    if not await mark_demo_database(warehouse, f"{comment} {database.user}"):
+        echo(
+            f"could not mark database {database.name} as the demo's (only its owner may comment"
+            f" on it): a later --reset of it will ask for {CONFIRM_RESET_OPTION} {database.name}"
+        )
+
+
+async def _purge_queues(amqp_url: str) -> dict[str, int]:
+    """Purge the consumed queues and the demo's own; the messages each held (0 if missing)."""
+    names = (*(queue.name for queue in SUBSCRIBED_QUEUES), RESULT_EVENTS_QUEUE)
+    purged = dict.fromkeys(names, 0)
     async with connect(amqp_url) as connection:
         for name in names:
             # A channel per queue: a missing queue closes the channel it was asked on.
             channel = await connection.channel()
             with contextlib.suppress(Exception):
                 queue = await channel.get_queue(name, ensure=True)
-                await queue.purge()
+                result = await queue.purge()
+                purged[name] = int(getattr(result, "message_count", 0) or 0)
             if not channel.is_closed:
                 await channel.close()
+    return purged
 
 
 async def _wait_ready(child: _Child) -> None:

@@ -13,7 +13,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from fulfilment.adapters.postgres.engine import DatabaseOptions, asyncpg_dsn, create_engine
-from fulfilment.adapters.postgres.errors import DatabaseRefusedError, connection_failure
+from fulfilment.adapters.postgres.errors import (
+    INSUFFICIENT_PRIVILEGE,
+    DatabaseRefusedError,
+    connection_failure,
+)
+from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.tables import (
     inbox_messages,
     outbox,
@@ -112,19 +117,111 @@ async def processed_event_ids(
         return {row[0] for row in rows}
 
 
-async def reset_tables(warehouse: PostgresWarehouse) -> None:
-    """Empty the inbox, reservations, tombstone lines, stock levels, redelivery counts, outbox.
+RESET_TABLES = (
+    "inbox_messages",
+    "reservation_lines",
+    "reservations",
+    "tombstone_lines",
+    "stock_levels",
+    "delivery_attempts",
+    "outbox",
+)
+"""The tables ``demo --reset`` empties: every table of the service's state.
+``dead_letter_audit`` stays, and records what the reset purged from the DLQs."""
 
-    For ``demo --reset``. The outbox goes too, published or not: its result events tell of
-    the orders removed.
+DEMO_DATABASE_MARK = "fulfilment demo database"
+"""How the comment of a database the demo made or found empty begins (``COMMENT ON
+DATABASE``, shown by ``\\l+``): ``demo --reset`` empties such a database without asking twice."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoDatabase:
+    """What ``demo --reset`` needs to know about the database before emptying it.
+
+    Attributes:
+        name: the database's name (``current_database()``).
+        user: the user connected (``current_user``).
+        comment: the database's comment, if any.
+    """
+
+    name: str
+    user: str
+    comment: str | None
+    holds: tuple[str, ...]
+    """The tables that hold a row, of :data:`RESET_TABLES` and ``dead_letter_audit``."""
+
+    @property
+    def marked(self) -> bool:
+        """The demo made this database, or found it empty (its comment says so)."""
+        return (self.comment or "").startswith(DEMO_DATABASE_MARK)
+
+    @property
+    def empty(self) -> bool:
+        """No table of the service holds a row, the audit included."""
+        return not self.holds
+
+
+async def demo_database(warehouse: PostgresWarehouse) -> DemoDatabase:
+    """The database's name, user, comment, and which of the service's tables hold a row."""
+    tables = (*RESET_TABLES, "dead_letter_audit")
+    exists = ", ".join(f"EXISTS (SELECT FROM {table}) AS {table}" for table in tables)
+    query = (
+        "SELECT current_database() AS name, current_user AS who,"  # noqa: S608 - RESET_TABLES' names
+        f" shobj_description(d.oid, 'pg_database') AS comment, {exists}"
+        " FROM pg_database AS d WHERE d.datname = current_database()"
+    )
+    async with warehouse.engine.connect() as connection:
+        row = (await connection.execute(text(query))).one()
+    mapping = row._mapping  # noqa: SLF001 - SQLAlchemy's documented access by column name
+    return DemoDatabase(
+        name=str(mapping["name"]),
+        user=str(mapping["who"]),
+        comment=mapping["comment"],
+        holds=tuple(table for table in tables if mapping[table]),
+    )
+
+
+async def mark_demo_database(warehouse: PostgresWarehouse, comment: str) -> bool:
+    """Set the database's comment to ``comment`` (which starts with :data:`DEMO_DATABASE_MARK`).
+
+    Returns False when the user may not (only the database's owner may comment on it); the
+    database is then not marked.
     """
     async with warehouse.engine.begin() as connection:
-        await connection.execute(
+        statement = await connection.scalar(
             text(
-                "TRUNCATE inbox_messages, reservation_lines, reservations, tombstone_lines,"
-                " stock_levels, delivery_attempts, outbox"
-            )
+                "SELECT format('COMMENT ON DATABASE %I IS %L', current_database(),"
+                " CAST(:comment AS text))"
+            ),
+            {"comment": comment},
         )
+        try:
+            async with connection.begin_nested():
+                await connection.execute(text(str(statement)))
+        except DBAPIError as error:
+            if sqlstate_of(error) == INSUFFICIENT_PRIVILEGE:
+                return False
+            raise
+    return True
+
+
+async def reset_tables(warehouse: PostgresWarehouse) -> dict[str, int]:
+    """Empty the tables of :data:`RESET_TABLES`; return the rows each held.
+
+    For ``demo --reset``. The outbox goes too, published or not: its result events tell of
+    the orders removed. One transaction: the counts are those the ``TRUNCATE`` removed.
+    """
+    async with warehouse.engine.begin() as connection:
+        # Locked first, so that nothing is written between the counts and the TRUNCATE.
+        await connection.execute(
+            text(f"LOCK TABLE {', '.join(RESET_TABLES)} IN ACCESS EXCLUSIVE MODE")
+        )
+        counts = {
+            table: int(await connection.scalar(text(f"SELECT count(*) FROM {table}")) or 0)  # noqa: S608 - names of RESET_TABLES
+            for table in RESET_TABLES
+        }
+        await connection.execute(text(f"TRUNCATE {', '.join(RESET_TABLES)}"))
+    return counts
 
 
 async def inbox_outcomes(
