@@ -15,11 +15,13 @@ from typing import Any, NoReturn
 
 import uvloop
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.postgres.engine import DatabaseOptions
 from fulfilment.adapters.postgres.errors import DatabaseRefusedError, DatabaseUnavailableError
 from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
+from fulfilment.adapters.postgres.privileges import missing_runtime_privileges
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
 from fulfilment.adapters.rabbitmq import BrokerRefusedError, BrokerUnavailableError, connect
 from fulfilment.observability.logging import configure_logging
@@ -75,22 +77,41 @@ def service_stops_start(
 
 
 async def require_current_schema(engine: AsyncEngine, database_url: str, *, program: str) -> None:
-    """Return when the database behind ``engine`` is at this build's alembic head.
+    """Return when the database is at this build's alembic head and its user may do the work.
 
     A service that started before its migration would fail on a missing table or function
-    (the relay on ``outbox``, the worker on ``place_orders()``).
+    (the relay on ``outbox``, the worker on ``place_orders()``); one whose user was granted
+    less than ``privileges.RUNTIME_PRIVILEGES`` (a migration without
+    ``FULFILMENT_DATABASE_RUNTIME_ROLE``, or granting another role) would dead-letter every
+    order on ``insufficient_privilege``.
 
     Raises:
-        StartRefusedError: ``<program>.schema_not_current`` (exit 1); or, when the database
-            refused ``database_url``'s user or does not answer, see :func:`service_stops_start`.
+        StartRefusedError: ``<program>.privileges_missing`` (exit 4, as for a refused user),
+            ``<program>.schema_not_current`` (exit 1); or, when the database refused
+            ``database_url``'s user or does not answer, see :func:`service_stops_start`.
     """
     try:
-        await check_schema_current(engine)
+        # The privileges first: without SELECT on alembic_version, the schema check alone
+        # would name one table of the list.
+        async with engine.connect() as connection:
+            missing = await connection.run_sync(missing_runtime_privileges)
+        if not missing:
+            await check_schema_current(engine)
     except SchemaNotCurrentError as error:
         raise StartRefusedError(str(error), event=f"{program}.schema_not_current") from error
     except (OSError, TimeoutError, sa_exc.DBAPIError) as error:
         failure = database_connection_failure(database_url, error)
         raise service_stops_start(failure, program=program) from error
+    if missing:
+        user = make_url(database_url).username or ""
+        msg = (
+            f"the database user {user!r} may not do what the {program} does ({'; '.join(missing)}):"
+            " run `fulfilment migrate` with FULFILMENT_DATABASE_RUNTIME_ROLE naming it"
+            " (README, 'Least privilege')"
+        )
+        raise StartRefusedError(
+            msg, event=f"{program}.privileges_missing", exit_code=EXIT_SERVICE_REFUSED
+        )
 
 
 async def require_broker(amqp_url: str, *, program: str, timeout_seconds: float) -> None:

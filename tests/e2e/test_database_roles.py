@@ -225,6 +225,39 @@ async def test_the_worker_and_the_relay_do_their_whole_job_as_the_runtime_role(
         await owner.close()
 
 
+async def test_a_worker_whose_role_was_granted_nothing_refuses_to_start_in_one_line(
+    roles: Roles, workers: list[WorkerProcess], amqp_url: str, tmp_path: Path
+) -> None:
+    stranger = f"fulfilment_stranger_{uuid.uuid4().hex[:10]}"
+    await admin_execute(f"CREATE ROLE {stranger} LOGIN")
+    try:
+        env = {
+            **FAST_SETTINGS,
+            "FULFILMENT_DATABASE_URL": _as(roles.runtime_url, stranger),
+            "FULFILMENT_AMQP_URL": amqp_url,
+        }
+        worker = WorkerProcess(env, tmp_path / "stranger.log")
+        workers.append(worker)
+        worker.start(wait_ready=False)
+        assert worker.process is not None
+        code = worker.process.wait(timeout=60)
+    finally:
+        await admin_execute(f"DROP ROLE IF EXISTS {stranger}")
+
+    assert code == 4  # refused, as for a wrong password: retrying will not help
+    refused = [line for line in worker.log_lines() if line.get("level") == "error"]
+    assert [line["event"] for line in refused] == ["worker.privileges_missing"]
+    assert refused[0]["reason"].startswith(
+        f"the database user '{stranger}' may not do what the worker does (function"
+        " cancel_orders: EXECUTE; function place_orders: EXECUTE; function ship_orders:"
+        " EXECUTE; table alembic_version: SELECT; table dead_letter_audit: INSERT; "
+    )
+    assert refused[0]["reason"].endswith(
+        ": run `fulfilment migrate` with FULFILMENT_DATABASE_RUNTIME_ROLE naming it"
+        " (README, 'Least privilege')"
+    )
+
+
 async def _none_unpublished(connection: asyncpg.Connection) -> bool:
     return await unpublished(connection) == 0
 

@@ -310,6 +310,52 @@ def apply_runtime_grants(connection: Connection, role: str) -> GrantSummary:
     return GrantSummary(role, tuple(granted), tuple(withheld), tuple(warnings))
 
 
+_MISSING = text(
+    """
+    SELECT w.kind, w.name, w.privilege
+      FROM unnest(CAST(:kinds AS text[]), CAST(:names AS text[]), CAST(:privileges AS text[]))
+           AS w(kind, name, privilege)
+     WHERE NOT CASE w.kind
+               WHEN 'function' THEN (
+                   SELECT bool_and(has_function_privilege(p.oid, 'EXECUTE'))
+                     FROM pg_proc AS p
+                    WHERE p.proname = w.name
+                      AND p.pronamespace = current_schema()::regnamespace)
+               WHEN 'sequence' THEN to_regclass(w.name) IS NULL
+                                 OR has_sequence_privilege(to_regclass(w.name), w.privilege)
+               ELSE to_regclass(w.name) IS NULL
+                 OR has_table_privilege(to_regclass(w.name), w.privilege)
+           END
+     ORDER BY w.kind, w.name, w.privilege
+    """
+)
+
+
+def missing_runtime_privileges(connection: Connection) -> list[str]:
+    """What :data:`RUNTIME_PRIVILEGES` grants that the connected user may not do.
+
+    Empty for the runtime role after ``fulfilment migrate`` granted it, and for the owner (who
+    may do everything); ``table outbox: UPDATE`` ... otherwise. The worker and the relay ask
+    at start, so that a migration that granted nothing (or to another role) stops them with
+    one line instead of dead-lettering every order on ``insufficient_privilege``. An object
+    that does not exist is not asked about.
+    """
+    wanted = [
+        (decision.kind, name, privilege)
+        for name, decision in RUNTIME_PRIVILEGES.items()
+        for privilege in decision.privileges
+    ]
+    rows = connection.execute(
+        _MISSING,
+        {
+            "kinds": [kind for kind, _, _ in wanted],
+            "names": [name for _, name, _ in wanted],
+            "privileges": [privilege for _, _, privilege in wanted],
+        },
+    )
+    return [f"{row.kind} {row.name}: {row.privilege}" for row in rows]
+
+
 def _refuse_owning(
     connection: Connection, role: str, role_oid: int, objects: list[SchemaObject]
 ) -> None:
