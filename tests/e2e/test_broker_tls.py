@@ -178,3 +178,34 @@ async def test_a_tls_parameter_the_client_would_ignore_stops_the_tools_naming_th
         " does not read"
     )
     assert PASSWORD not in line.split("FULFILMENT_AMQP_URL")[1]
+
+
+async def test_a_user_without_the_services_permissions_stops_the_worker_and_the_tools_in_one_line(
+    private_broker: PrivateBroker, clean_database: str, tmp_path: Path
+) -> None:
+    # The monitoring user of the shipped definitions may declare nothing and publish nothing.
+    env = service_env(
+        clean_database, private_broker.url("fulfilment-monitoring", "fulfilment-monitoring")
+    )
+    orders = Path(__file__).parents[2] / "data/sample/online-retail/2010-12-02.csv"
+
+    published = await asyncio.to_thread(fulfilment, env, "publish", str(orders))
+    assert published.returncode == 4
+    [line] = published.stderr.splitlines()
+    assert line == (
+        "fulfilment: RabbitMQ refused an operation: ACCESS_REFUSED - access to exchange 'orders'"
+        " in vhost '/' refused for user 'fulfilment-monitoring'"
+    )
+
+    worker = WorkerProcess(dict(env), tmp_path / "worker.log")
+    worker.start(wait_ready=False)
+    assert worker.process is not None
+    assert await asyncio.to_thread(worker.process.wait, 60) == 4
+    [refusal] = [
+        line for line in worker.log_lines() if line.get("event") == "worker.broker_refused"
+    ]
+    assert (
+        "refused user 'fulfilment-monitoring' an operation its permissions do not allow"
+        in (refusal["reason"])
+    )
+    assert "ACCESS_REFUSED" in refusal["reason"]

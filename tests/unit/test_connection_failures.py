@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 from aiormq.exceptions import (
     AMQPConnectionError,
+    ChannelAccessRefused,
     ConnectionClosed,
     InvalidFrameError,
     ProbableAuthenticationError,
@@ -76,6 +77,22 @@ def test_a_broker_certificate_that_does_not_verify_is_a_refusal_naming_the_url()
         " certificate did not verify (the URL's cafile CA and host name):"
         " SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed:"
         " self-signed certificate"
+    )
+
+
+def test_an_operation_outside_the_users_permissions_is_a_refusal() -> None:
+    error = ChannelAccessRefused(
+        "ACCESS_REFUSED - access to queue 'fulfilment.order-placed' in vhost 'shop' refused for"
+        " user 'orders'"
+    )
+
+    failure = broker.connection_failure(BROKER, error)
+
+    assert isinstance(failure, broker.BrokerRefusedError)
+    assert str(failure) == (
+        "RabbitMQ at amqp://orders:***@rabbit:5672/shop refused user 'orders' an operation its"
+        " permissions do not allow: ACCESS_REFUSED - access to queue 'fulfilment.order-placed'"
+        " in vhost 'shop' refused for user 'orders'"
     )
 
 

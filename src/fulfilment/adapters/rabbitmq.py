@@ -87,6 +87,8 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
     A :class:`BrokerRefusedError` when the broker answered and refused the login (a wrong user
     or password, aiormq's ``ProbableAuthenticationError`` for ACCESS_REFUSED, or no common
     authentication mechanism) or the virtual host (missing, or not permitted to the user);
+    when it refused an operation the user's permissions do not allow (``ACCESS_REFUSED``, 403,
+    on a channel: a declaration, a binding, a publish or a read of a name outside them);
     when it presented a TLS certificate that did not verify (``ssl.SSLCertVerificationError``:
     a CA other than the URL's ``cafile``, or a host name the certificate does not name); or
     when a TLS file the URL names cannot be read. Retrying mends none of these. Otherwise a
@@ -114,6 +116,11 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
         return BrokerRefusedError(
             f"RabbitMQ at {where} refused the login of user {user!r}:"
             f" {type(error).__name__}: {error}"
+        )
+    if isinstance(error, aiormq.exceptions.ChannelAccessRefused):
+        return BrokerRefusedError(
+            f"RabbitMQ at {where} refused user {user!r} an operation its permissions do not"
+            f" allow: {error.args[0] if error.args else error}"
         )
     frames = str(error)
     vhost_refused = (
