@@ -24,10 +24,10 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from certificates import make_ca, make_server_certificate
 from harness import FAST_SETTINGS, WorkerProcess, free_port, order_event, publish, spawn, wait_for
 from relay_harness import FULFILMENT, RelayProcess, bind_events_queue, take
 
+from certificates import make_ca, make_server_certificate
 from services import service_unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
