@@ -12,15 +12,21 @@ import asyncio
 import os
 import shutil
 import subprocess
+import tempfile
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
 from services import ADMIN_DATABASE_URL, AMQP_URL, service_unavailable, throwaway_database
+
+if TYPE_CHECKING:
+    from private_broker import PrivateBroker
 
 
 async def _probe_postgres() -> None:
@@ -70,6 +76,50 @@ def amqp_url() -> Iterator[str]:
         yield AMQP_URL.rstrip("/") + "/" + urllib.parse.quote(vhost, safe="")
     finally:
         _rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture(scope="session")
+def private_broker() -> Iterator[PrivateBroker]:
+    """A RabbitMQ node of the session's own: TLS only, the shipped definitions loaded at boot.
+
+    Its CA (``ca.crt``), a CA that did not sign its certificate (``wrong-ca.crt``) and the
+    server certificate, for ``localhost`` only, are made here (``certificates``). The node
+    serves the tests of TLS to the broker (``tests/e2e/test_broker_tls.py``) and of the
+    shipped users and permissions (``tests/deploy/test_broker_definitions.py``); the
+    machine's own broker is not touched.
+    """
+    from certificates import make_ca, make_server_certificate  # noqa: PLC0415
+    from private_broker import PrivateBroker, PrivateBrokerError, missing_tools  # noqa: PLC0415
+
+    missing = missing_tools()
+    if missing:
+        service_unavailable("A private RabbitMQ node", FileNotFoundError(", ".join(missing)))
+    folder = Path(tempfile.mkdtemp(prefix="fulfilment-rabbit-tls-"))
+    tls = folder / "tls"
+    tls.mkdir()
+    ca_file = make_ca(tls, "ca")
+    make_ca(tls, "wrong-ca")
+    # localhost only: a URL naming 127.0.0.1 fails the host name check.
+    cert_file, key_file = make_server_certificate(tls, "ca", names="DNS:localhost")
+    node = PrivateBroker(
+        folder / "node",
+        ca_file=ca_file,
+        cert_file=cert_file,
+        key_file=key_file,
+        definitions=Path(__file__).parents[1] / "deploy/rabbitmq/definitions.json",
+    )
+    node.folder.mkdir()
+    try:
+        node.start()
+    except PrivateBrokerError as error:
+        node.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+        service_unavailable("A private RabbitMQ node", error)
+    try:
+        yield node
+    finally:
+        node.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -138,8 +138,11 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     """Run a tool's coroutine and return its result.
 
     Its :class:`CommandError` exits with the error's code; a service that is unreachable exits
-    3, one that refuses the user or has no such virtual host or database exits 4.
+    3, one that refuses the user or has no such virtual host or database exits 4, and so does a
+    broker that refuses the user an operation (``ACCESS_REFUSED``).
     """
+    from aiormq.exceptions import ChannelAccessRefused  # noqa: PLC0415 - loads aiormq
+
     from fulfilment.adapters.postgres.errors import (  # noqa: PLC0415 - loads SQLAlchemy
         DatabaseRefusedError,
         DatabaseUnavailableError,
@@ -160,6 +163,11 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         fail(str(error), EXIT_REFUSED)
     except (BrokerUnavailableError, DatabaseUnavailableError) as error:
         fail(str(error), EXIT_UNAVAILABLE)
+    except ChannelAccessRefused as error:
+        # A name outside the user's permissions (README, "Broker users and permissions").
+        fail(
+            f"RabbitMQ refused an operation: {error.args[0] if error.args else error}", EXIT_REFUSED
+        )
     except CommandError as error:
         fail(str(error), error.exit_code)
     except Exception as error:

@@ -16,6 +16,8 @@ requeued and answered ``duplicate:event`` on redelivery (README, "Outcomes and f
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import itertools
 import os
@@ -65,6 +67,76 @@ def _check_tls_parameters(url: str) -> None:
             raise ValueError(msg)
 
 
+AMQP_TLS_PARAMETERS = ("cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl")
+"""TLS query parameters of an ``amqps://`` URL, as aiormq reads them for every connection
+(aiormq's README, "Full SSL/TLS support with url query parameters"): the CA file, folder or
+base64 data the server's certificate is checked against (the system's CAs without them); a
+client certificate and its key; and ``no_verify_ssl=1``, which turns the check off."""
+
+AMQP_FOREIGN_TLS_PARAMETERS = {
+    "ca_certs": "cafile",
+    "cacertfile": "cafile",
+    "cacert": "cafile",
+    "sslrootcert": "cafile",
+    "sslcert": "certfile",
+    "sslkey": "keyfile",
+    "cert_reqs": "no_verify_ssl",
+    "verify": "no_verify_ssl",
+    "check_hostname": "no_verify_ssl",
+    "sslmode": "amqps://",
+    "ssl": "amqps://",
+    "tls": "amqps://",
+    "ssl_version": "amqps://",
+    "server_name_indication": "amqps://",
+}
+"""TLS parameters of other clients (pika, the Erlang client, libpq, older aio-pika examples)
+that aiormq ignores without a word, so that a URL with them would connect without the check
+its author asked for; each with what this client reads instead."""
+
+
+def _check_amqp_tls_parameters(url: str) -> None:
+    """Refuse TLS query parameters of a broker URL that aiormq would ignore or misread.
+
+    Raises:
+        ValueError: a parameter of :data:`AMQP_FOREIGN_TLS_PARAMETERS`; a parameter of
+            :data:`AMQP_TLS_PARAMETERS` on a plain ``amqp://`` URL (it would connect without
+            TLS); ``no_verify_ssl`` other than 0 or 1 (aiormq turns the check off for every
+            value but 0, ``false`` included); ``keyfile`` without ``certfile`` (ignored);
+            ``cadata`` that is not base64. The files are read when connecting, not here (as
+            for the database URL).
+    """
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    for name, instead in AMQP_FOREIGN_TLS_PARAMETERS.items():
+        if name in query:
+            msg = (
+                f"has {name}=, which the AMQP client does not read: TLS is asked for with"
+                f" amqps:// and set with {', '.join(AMQP_TLS_PARAMETERS)}"
+                f" (use {instead} here)"
+            )
+            raise ValueError(msg)
+    given = [name for name in AMQP_TLS_PARAMETERS if name in query]
+    if given and parts.scheme != "amqps":
+        msg = f"has {given[0]}= but amqp:// connects without TLS: use amqps://"
+        raise ValueError(msg)
+    for value in query.get("no_verify_ssl", []):
+        if value not in {"0", "1"}:
+            msg = (
+                f"has no_verify_ssl={value!r}; it must be 0 (check the server's certificate"
+                " and host name, the default) or 1 (do not)"
+            )
+            raise ValueError(msg)
+    if "keyfile" in query and "certfile" not in query:
+        msg = "has keyfile= without certfile=: the client certificate needs both"
+        raise ValueError(msg)
+    for value in query.get("cadata", []):
+        try:
+            base64.b64decode(value, validate=True)
+        except binascii.Error:
+            msg = "has cadata= that is not base64 (of the CA's DER or PEM bytes)"
+            raise ValueError(msg) from None
+
+
 class SettingsError(Exception):
     """The environment holds a value the service cannot start with.
 
@@ -84,7 +156,11 @@ class Settings(BaseSettings):
     )
 
     amqp_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
-    """RabbitMQ URL (``amqp://`` or ``amqps://``), credentials and virtual host included."""
+    """RabbitMQ URL (``amqp://`` or ``amqps://``), credentials and virtual host included. Every
+    connection of the service reads TLS from it the same way (aiormq's query parameters,
+    :data:`AMQP_TLS_PARAMETERS`): ``amqps://`` checks the server's certificate chain and host
+    name, against ``cafile`` (the CA file) or else the system's CAs; ``certfile``/``keyfile``
+    add a client certificate; ``no_verify_ssl=1`` turns the check off."""
 
     database_url: SecretStr = SecretStr("postgresql+asyncpg://postgres@localhost:5432/fulfilment")
     """PostgreSQL URL; ``postgresql://`` is accepted and run with the asyncpg driver. TLS is
@@ -229,6 +305,7 @@ class Settings(BaseSettings):
         if not value.get_secret_value().startswith(("amqp://", "amqps://")):
             msg = "must start with amqp:// or amqps://"
             raise ValueError(msg)
+        _check_amqp_tls_parameters(value.get_secret_value())
         return value
 
     @field_validator("database_url")

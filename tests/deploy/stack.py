@@ -768,9 +768,6 @@ def _trigger_problems(
         problems.append(
             f"k8s ScaledObject: triggers on queues {triggered}, the worker consumes {subscribed}"
         )
-    secret_keys = {
-        name: set(doc["stringData"]) for (kind, name), doc in stack.k8s.items() if kind == "Secret"
-    }
     for trigger in triggers:
         metadata = trigger["metadata"]
         if trigger["type"] != "rabbitmq":
@@ -783,12 +780,141 @@ def _trigger_problems(
                 f"below the prefetch ({prefetch_count})"
             )
         auth = stack.resource("TriggerAuthentication", trigger["authenticationRef"]["name"])
-        problems.extend(
-            f"k8s TriggerAuthentication: {ref} is not the worker's broker URL"
-            for ref in auth["spec"]["secretTargetRef"]
-            if ref["key"] != "FULFILMENT_AMQP_URL"
-            or ref["key"] not in secret_keys.get(ref["name"], set())
+        problems += _keda_auth_problems(stack, auth)
+    return problems
+
+
+def _secret_value(stack: Stack, name: str, key: str) -> str | None:
+    doc = stack.k8s.get(("Secret", name))
+    return None if doc is None else doc["stringData"].get(key)
+
+
+def _keda_auth_problems(stack: Stack, auth: dict[str, Any]) -> list[str]:
+    """KEDA logs in as the definitions' monitoring user, never with the service's Secret, to
+    the worker's broker, with TLS and a CA when the worker's URL is ``amqps://``."""
+    refs = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}
+    problems = [
+        f"k8s TriggerAuthentication: {parameter} comes from the service's Secret fulfilment"
+        for parameter, ref in refs.items()
+        if ref["name"] == "fulfilment"
+    ]
+    values = {
+        parameter: _secret_value(stack, ref["name"], ref["key"]) for parameter, ref in refs.items()
+    }
+    problems += [
+        f"k8s TriggerAuthentication: {parameter} is no key of an example Secret"
+        for parameter, value in values.items()
+        if value is None
+    ]
+    host = urllib.parse.urlsplit(values.get("host") or "")
+    monitoring = [u["name"] for u in stack.definitions["users"] if "monitoring" in u["tags"]]
+    if host.username not in monitoring:
+        problems.append(
+            f"k8s TriggerAuthentication: KEDA logs in as {host.username!r}, not the monitoring"
+            f" user of the definitions ({monitoring})"
         )
+    pod = worker_deployment(stack)["spec"]["template"]["spec"]
+    worker = urllib.parse.urlsplit(k8s_environment(stack, pod)["FULFILMENT_AMQP_URL"])
+    if (host.scheme, host.hostname, host.port) != (worker.scheme, worker.hostname, worker.port):
+        problems.append(
+            f"k8s TriggerAuthentication: KEDA reaches {host.scheme}://{host.hostname}:{host.port},"
+            f" the worker {worker.scheme}://{worker.hostname}:{worker.port}"
+        )
+    if worker.scheme == "amqps" and (values.get("tls") != "enable" or not values.get("ca")):
+        problems.append("k8s TriggerAuthentication: amqps without tls=enable and a ca")
+    return problems
+
+
+def _permissions(definitions: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """User -> tags and (configure, write, read) on ``/``, from the definitions' shape."""
+    return {
+        user["name"]: {
+            "tags": sorted(user["tags"]),
+            "permissions": next(
+                (
+                    (p["configure"], p["write"], p["read"])
+                    for p in definitions["permissions"]
+                    if p["user"] == user["name"] and p["vhost"] == "/"
+                ),
+                None,
+            ),
+        }
+        for user in definitions["users"]
+    }
+
+
+USER_SPEC_FIELDS = {"tags", "importCredentialsSecret", "rabbitmqClusterReference"}
+PERMISSION_SPEC_FIELDS = {
+    "vhost",
+    "user",
+    "userReference",
+    "permissions",
+    "rabbitmqClusterReference",
+}
+"""The fields of the Messaging Topology Operator's ``User`` and ``Permission`` CRDs
+(rabbitmq.com/v1beta1) that this repository may set."""
+
+
+def _k8s_grants(stack: Stack) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """What the k8s User and Permission objects grant, in :func:`_permissions`' shape (the
+    user name from each User's credentials Secret), and the problems of their fields."""
+    problems = []
+    users = {
+        doc["metadata"]["name"]: doc["spec"]
+        for (kind, _), doc in stack.k8s.items()
+        if kind == "User"
+    }
+    granted: dict[str, dict[str, Any]] = {}
+    for (kind, name), doc in stack.k8s.items():
+        fields = {"User": USER_SPEC_FIELDS, "Permission": PERMISSION_SPEC_FIELDS}.get(kind)
+        if fields is None:
+            continue
+        spec = doc["spec"]
+        if set(spec) - fields:
+            problems.append(f"k8s {kind} {name}: unknown fields {sorted(set(spec) - fields)}")
+        if kind != "Permission":
+            continue
+        user = users[spec["userReference"]["name"]]
+        username = _secret_value(stack, user["importCredentialsSecret"]["name"], "username")
+        rights = spec["permissions"]
+        granted[str(username)] = {
+            "tags": sorted(user.get("tags", [])),
+            "permissions": (rights["configure"], rights["write"], rights["read"]),
+        }
+        if spec["vhost"] != "/":
+            problems.append(f"k8s Permission {name}: vhost {spec['vhost']!r}, the definitions' /")
+    return granted, problems
+
+
+def check_broker_users(stack: Stack) -> list[str]:
+    """The broker's users: no ``guest`` and no administrator in the definitions; the service's
+    URLs (compose and k8s) log in as the user without tags; the k8s User and Permission objects
+    grant exactly what the definitions grant; the worker's and the relay's pods mount the CA
+    file the k8s broker URL names."""
+    problems = []
+    wanted = _permissions(stack.definitions)
+    for name, user in wanted.items():
+        if name == "guest" or "administrator" in user["tags"]:
+            problems.append(f"deploy/rabbitmq/definitions.json: user {name!r} {user['tags']}")
+    service = [name for name, user in wanted.items() if not user["tags"]]
+    pod = worker_deployment(stack)["spec"]["template"]["spec"]
+    k8s_url = urllib.parse.urlsplit(k8s_environment(stack, pod)["FULFILMENT_AMQP_URL"])
+    compose_url = urllib.parse.urlsplit(compose_environment(stack, "worker")["FULFILMENT_AMQP_URL"])
+    for where, url in (("docker-compose.yml", compose_url), ("k8s Secret", k8s_url)):
+        if [url.username] != service:
+            problems.append(
+                f"{where}: FULFILMENT_AMQP_URL logs in as {url.username!r}, not {service}"
+            )
+    granted, grant_problems = _k8s_grants(stack)
+    problems += grant_problems
+    if granted != wanted:
+        problems.append(f"k8s User/Permission grant {granted}, the definitions {wanted}")
+    cafile = urllib.parse.parse_qs(k8s_url.query).get("cafile", [""])[0]
+    for deployment in ("fulfilment-worker", "fulfilment-relay"):
+        spec = stack.resource("Deployment", deployment)["spec"]["template"]["spec"]
+        mounts = [m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", [])]
+        if cafile and not any(cafile.startswith(path.rstrip("/") + "/") for path in mounts):
+            problems.append(f"k8s Deployment {deployment}: mounts no folder of cafile {cafile}")
     return problems
 
 
@@ -1061,6 +1187,7 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_probe_timeouts,
     check_rabbitmq_policies,
     check_rabbitmq_cluster,
+    check_broker_users,
     check_compose_rabbitmq_cluster,
     check_broker_consumer_timeout,
     check_scaling,

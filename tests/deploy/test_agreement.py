@@ -249,6 +249,20 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "grafana provider path not mounted": lambda s: s.grafana_dashboards["providers"][0][
         "options"
     ].update(path="/var/lib/grafana/dashboards"),
+    "KEDA with the worker's credentials": lambda s: s.resource(
+        "TriggerAuthentication", "fulfilment-rabbitmq"
+    )["spec"].update(
+        secretTargetRef=[{"parameter": "host", "name": "fulfilment", "key": "FULFILMENT_AMQP_URL"}]
+    ),
+    "guest back as an administrator": lambda s: s.definitions["users"].append(
+        {"name": "guest", "password_hash": "x", "tags": ["administrator"]}
+    ),
+    "a k8s permission wider than the definitions'": lambda s: s.resource(
+        "Permission", "fulfilment"
+    )["spec"]["permissions"].update(configure=".*"),
+    "the broker's CA not mounted in the relay": lambda s: s.resource(
+        "Deployment", "fulfilment-relay"
+    )["spec"]["template"]["spec"]["containers"][0]["volumeMounts"].pop(),
 }
 
 

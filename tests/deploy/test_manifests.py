@@ -5,7 +5,8 @@ Kubernetes versions below; the custom resources of KEDA and the Prometheus Opera
 the pydantic models generated from their CRDs (cloudcoil), read back to catch fields the
 CRD does not have. The Messaging Topology Operator's Policy and the Cluster Operator's
 RabbitmqCluster have no packaged schema: their fields are checked by
-``stack.check_rabbitmq_policies`` and ``stack.check_rabbitmq_cluster``.
+``stack.check_rabbitmq_policies``, ``stack.check_rabbitmq_cluster`` and (User, Permission)
+``stack.check_broker_users``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ CUSTOM_RESOURCES: dict[tuple[str, str], Any] = {
 CHECKED_ELSEWHERE = {
     ("rabbitmq.com/v1beta1", "Policy"),
     ("rabbitmq.com/v1beta1", "RabbitmqCluster"),
+    ("rabbitmq.com/v1beta1", "User"),
+    ("rabbitmq.com/v1beta1", "Permission"),
 }
 
 STACK = load_stack()

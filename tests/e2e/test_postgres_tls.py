@@ -27,6 +27,7 @@ import pytest
 from harness import FAST_SETTINGS, WorkerProcess, free_port, order_event, publish, spawn, wait_for
 from relay_harness import FULFILMENT, RelayProcess, bind_events_queue, take
 
+from certificates import make_ca, make_server_certificate
 from services import service_unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -64,33 +65,6 @@ def _server_user() -> str | None:
     pytest.fail("running as root and no unprivileged user (postgres, nobody) to run initdb as")
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _make_ca(folder: Path, name: str) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.crt",
-        cwd=folder,
-    )  # fmt: skip
-
-
-def _make_server_certificate(folder: Path, ca: str) -> None:
-    """``server.crt``/``server.key`` for 127.0.0.1 and localhost, signed by ``ca``."""
-    (folder / "san.ext").write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
-    _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-        "-keyout", "server.key", "-out", "server.csr",
-        cwd=folder,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", "server.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
-        "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "server.crt",
-        cwd=folder,
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def tls_postgres() -> Iterator[TlsPostgres]:
     """Start the TLS-only instance; stop it and remove its folder at the end of the module."""
@@ -105,9 +79,9 @@ def tls_postgres() -> Iterator[TlsPostgres]:
     port = free_port()
     started = False
     try:
-        _make_ca(folder, "ca")
-        _make_ca(folder, "wrong-ca")
-        _make_server_certificate(folder, "ca")
+        make_ca(folder, "ca")
+        make_ca(folder, "wrong-ca")
+        make_server_certificate(folder, "ca")
         (folder / "server.key").chmod(0o600)  # the server refuses a key others can read
         if user is not None:
             shutil.chown(folder, user)

@@ -11,6 +11,8 @@ import ssl
 import asyncpg
 import pytest
 from aiormq.exceptions import (
+    AMQPConnectionError,
+    ChannelAccessRefused,
     ConnectionClosed,
     InvalidFrameError,
     ProbableAuthenticationError,
@@ -56,6 +58,52 @@ def test_a_refused_virtual_host_is_named(error: Exception) -> None:
         "RabbitMQ at amqp://orders:***@rabbit:5672/shop refused virtual host 'shop':"
         " it does not exist, or user 'orders' may not use it"
     )
+
+
+def test_a_broker_certificate_that_does_not_verify_is_a_refusal_naming_the_url() -> None:
+    url = "amqps://orders:s3cret@rabbit:5671/shop?cafile=/etc/ca.crt"
+    verification = ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate"
+    )
+    # As aiormq's TLS transport raises it.
+    error = AMQPConnectionError(*verification.args)
+    error.__cause__ = verification
+
+    failure = broker.connection_failure(url, error)
+
+    assert isinstance(failure, broker.BrokerRefusedError)
+    assert str(failure) == (
+        "RabbitMQ at amqps://orders:***@rabbit:5671/shop?cafile=/etc/ca.crt: the server's TLS"
+        " certificate did not verify (the URL's cafile CA and host name):"
+        " SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed:"
+        " self-signed certificate"
+    )
+
+
+def test_an_operation_outside_the_users_permissions_is_a_refusal() -> None:
+    error = ChannelAccessRefused(
+        "ACCESS_REFUSED - access to queue 'fulfilment.order-placed' in vhost 'shop' refused for"
+        " user 'orders'"
+    )
+
+    failure = broker.connection_failure(BROKER, error)
+
+    assert isinstance(failure, broker.BrokerRefusedError)
+    assert str(failure) == (
+        "RabbitMQ at amqp://orders:***@rabbit:5672/shop refused user 'orders' an operation its"
+        " permissions do not allow: ACCESS_REFUSED - access to queue 'fulfilment.order-placed'"
+        " in vhost 'shop' refused for user 'orders'"
+    )
+
+
+def test_a_broker_ca_file_that_cannot_be_read_is_a_refusal() -> None:
+    url = "amqps://orders:s3cret@rabbit:5671/shop?cafile=/no/ca.crt"
+
+    failure = broker.connection_failure(url, FileNotFoundError(2, "No such file or directory"))
+
+    assert isinstance(failure, broker.BrokerRefusedError)
+    assert "a TLS file the URL names cannot be read" in str(failure)
+    assert "s3cret" not in str(failure)
 
 
 def test_a_server_certificate_that_does_not_verify_is_a_refusal_naming_the_url() -> None:

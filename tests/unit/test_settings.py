@@ -97,6 +97,59 @@ def test_a_broker_url_of_another_scheme_is_refused(monkeypatch: pytest.MonkeyPat
         load_settings()
 
 
+def test_a_broker_url_keeps_the_tls_parameters_aiormq_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = (
+        "amqps://u:p@rabbitmq.example.internal:5671/shop?cafile=/etc/ca.crt"
+        "&certfile=/etc/client.crt&keyfile=/etc/client.key&no_verify_ssl=0&heartbeat=30"
+    )
+    monkeypatch.setenv("FULFILMENT_AMQP_URL", url)
+    assert load_settings().amqp_url.get_secret_value() == url
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "amqps://u:p@mq:5671/?ca_certs=/etc/ca.crt",
+            (
+                "has ca_certs=, which the AMQP client does not read: TLS is asked for with amqps://"
+                " and set with cafile, capath, cadata, certfile, keyfile, no_verify_ssl"
+                " (use cafile here)"
+            ),
+        ),
+        ("amqps://u:p@mq:5671/?cacertfile=/etc/ca.crt", "has cacertfile=, which the AMQP"),
+        ("amqps://u:p@mq:5671/?verify=verify_peer", "has verify=, which the AMQP client"),
+        ("amqp://u:p@mq:5672/?sslmode=require", "has sslmode=, which the AMQP client"),
+        (
+            "amqp://u:p@mq:5672/?cafile=/etc/ca.crt",
+            "has cafile= but amqp:// connects without TLS: use amqps://",
+        ),
+        (
+            "amqps://u:p@mq:5671/?no_verify_ssl=false",
+            (
+                "has no_verify_ssl='false'; it must be 0 (check the server's certificate and host"
+                " name, the default) or 1 (do not)"
+            ),
+        ),
+        (
+            "amqps://u:p@mq:5671/?keyfile=/etc/client.key",
+            "has keyfile= without certfile=: the client certificate needs both",
+        ),
+        ("amqps://u:p@mq:5671/?cadata=not*base64", "has cadata= that is not base64"),
+    ],
+)
+def test_a_broker_tls_parameter_the_client_would_ignore_stops_the_start_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, url: str, said: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_AMQP_URL", url)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value).startswith(f"FULFILMENT_AMQP_URL: {said}")
+    assert ":p@" not in str(raised.value)
+
+
 def test_secrets_do_not_show_in_the_settings_repr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FULFILMENT_AMQP_URL", "amqp://user:hunter2@broker:5672/")
     assert "hunter2" not in repr(load_settings())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,12 +87,28 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
     A :class:`BrokerRefusedError` when the broker answered and refused the login (a wrong user
     or password, aiormq's ``ProbableAuthenticationError`` for ACCESS_REFUSED, or no common
     authentication mechanism) or the virtual host (missing, or not permitted to the user);
-    otherwise a :class:`BrokerUnavailableError` (refused or reset connection, DNS failure,
-    time-out, a closed connection).
+    when it refused an operation the user's permissions do not allow (``ACCESS_REFUSED``, 403,
+    on a channel: a declaration, a binding, a publish or a read of a name outside them);
+    when it presented a TLS certificate that did not verify (``ssl.SSLCertVerificationError``:
+    a CA other than the URL's ``cafile``, or a host name the certificate does not name); or
+    when a TLS file the URL names cannot be read. Retrying mends none of these. Otherwise a
+    :class:`BrokerUnavailableError` (refused or reset connection, DNS failure, time-out, a
+    closed connection).
     """
     url = aio_pika.connection.make_url(amqp_url)
     where = url.with_password("***") if url.password is not None else url
     user = url.user or "guest"
+    cause = _tls_cause(error)
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return BrokerRefusedError(
+            f"RabbitMQ at {where}: the server's TLS certificate did not verify"
+            f" (the URL's cafile CA and host name): {type(cause).__name__}: {cause}"
+        )
+    if cause is not None:
+        return BrokerRefusedError(
+            f"RabbitMQ at {where}: a TLS file the URL names cannot be read"
+            f" (cafile, capath, certfile, keyfile): {type(cause).__name__}: {cause}"
+        )
     if isinstance(
         error,
         aiormq.exceptions.ProbableAuthenticationError | aiormq.exceptions.AuthenticationError,
@@ -99,6 +116,11 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
         return BrokerRefusedError(
             f"RabbitMQ at {where} refused the login of user {user!r}:"
             f" {type(error).__name__}: {error}"
+        )
+    if isinstance(error, aiormq.exceptions.ChannelAccessRefused):
+        return BrokerRefusedError(
+            f"RabbitMQ at {where} refused user {user!r} an operation its permissions do not"
+            f" allow: {error.args[0] if error.args else error}"
         )
     frames = str(error)
     vhost_refused = (
@@ -116,6 +138,24 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
     return BrokerUnavailableError(
         f"RabbitMQ at {where} is not reachable: {type(error).__name__}: {error}"
     )
+
+
+def _tls_cause(error: BaseException) -> BaseException | None:
+    """The failed certificate check or unreadable TLS file behind ``error``, else None.
+
+    aiormq raises ``AMQPConnectionError`` from the handshake's ``SSLCertVerificationError``
+    (an ``OSError``); a CA or certificate file that is missing reaches the caller as the
+    ``FileNotFoundError`` (or ``PermissionError``, ``IsADirectoryError``) of building the TLS
+    context, before any connection is tried.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        if isinstance(seen, FileNotFoundError | PermissionError | IsADirectoryError):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 @contextlib.asynccontextmanager
