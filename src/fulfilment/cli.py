@@ -371,7 +371,11 @@ YesOption = Annotated[
     bool, typer.Option("--yes", help="Do it; without this flag the command is a dry run.")
 ]
 OperatorOption = Annotated[
-    str | None, typer.Option(help="Who runs this, for the audit table (default: $USER).")
+    str | None,
+    typer.Option(
+        help="Your name, for the audit table; recorded beside the OS user and host, "
+        "which are always read from the environment."
+    ),
 ]
 CommentOption = Annotated[
     str | None, typer.Option(help="Why, for the audit table (e.g. the fix's version).")
@@ -436,6 +440,12 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     # 10 per second by default: slow enough that replaying a whole DLQ leaves room for live orders.
     rate: Annotated[float, typer.Option(min=0.1, help="Messages per second at most.")] = 10.0,
     yes: YesOption = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replay dead letters replayed FULFILMENT_REPLAY_LIMIT times already."
+        ),
+    ] = False,
     operator: OperatorOption = None,
     comment: CommentOption = None,
 ) -> None:
@@ -444,23 +454,32 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     Each goes back to the exchange and routing key it was first published with (`orders`
     with order.placed, order.cancelled or order.shipped). Body and ids are unchanged, so an
     event that was applied meanwhile is answered as a duplicate; broker and x-fulfilment-*
-    headers are stripped. Each message leaves the DLQ
-    only after the broker confirmed the republish and its audit row is written. A dry run
-    unless --yes.
+    headers are stripped, x-fulfilment-replay-count is carried and counts up. Each message
+    leaves the DLQ only after the broker confirmed the republish and its audit row is written.
+    A dead letter replayed FULFILMENT_REPLAY_LIMIT times is refused unless --force, and one
+    older than FULFILMENT_PROCESSED_ID_RETENTION_SECONDS always (it could be applied twice);
+    refused ones stay in the DLQ. A dry run unless --yes.
     """
+    from fulfilment.tools.dlq import ReplayRules  # noqa: PLC0415 - see the module's text
     from fulfilment.tools.dlq_commands import replay_command  # noqa: PLC0415 - see the module's text
 
     selection = _selection(ids, group, everything=everything)
     chosen = _queues(queues)
+    settings = settings_or_exit()
     run(
         replay_command(
-            tool_options(settings_or_exit()),
+            tool_options(settings),
             selection,
             execute=yes,
             rate_per_second=rate,
             operator=operator,
             comment=comment,
             echo=typer.echo,
+            rules=ReplayRules(
+                replay_limit=settings.replay_limit,
+                force=force,
+                max_age_seconds=settings.processed_id_retention_seconds,
+            ),
             queues=chosen,
         )
     )

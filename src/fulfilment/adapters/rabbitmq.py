@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -269,55 +270,201 @@ async def peek_head(connection: AbstractConnection, queue: str) -> AbstractIncom
             await channel.close()
 
 
-class ClaimedMessages:
-    """Messages taken from a queue one at a time and held unacknowledged until settled.
+WALK_HEADER = "x-fulfilment-walk-id"
+"""Header of a message a :class:`QueueWalk` put back at the tail of its queue: the walk's id.
 
-    Used by ``fulfilment dlq replay`` and ``purge``: a message leaves the queue only when
-    :meth:`remove` acknowledges it; every message not removed goes back to the queue, in its
-    place, when the channel closes (also on a crash or a lost connection).
+A walk that meets a message carrying its own id has gone round the whole queue and stops.
+"""
+
+WALK_PAGE_SIZE = 500
+"""Messages a walk holds unacknowledged at most (its prefetch): the page it reads, then settles."""
+
+_NOT_COPIED = frozenset({WALK_HEADER, "x-delivery-count"})
+"""Headers a walk does not copy: its own mark (set anew) and the broker's redelivery count,
+which in a DLQ counts earlier looks, not the deliveries that killed the message."""
+
+
+@dataclass(slots=True)
+class WalkStats:
+    """What a walk did.
+
+    Messages ``taken`` from the queue, ``kept`` (back at its tail) and ``removed``, and
+    ``most_held``, the most it held unacknowledged at once.
     """
 
-    def __init__(self, channel: AbstractChannel, queue: str, limit: int) -> None:
+    taken: int = 0
+    kept: int = 0
+    removed: int = 0
+    most_held: int = 0
+
+
+class QueueWalk:
+    """A walk through the messages a queue holds when it starts, a page at a time.
+
+    A queue cannot be read past its first messages without taking them: a consumer sees at
+    most its prefetch (at most 65,535, the AMQP field's size) of unacknowledged messages, and
+    a message it returns goes back to the head, where it is delivered again. So the walk
+    *rotates* the queue: it consumes with a prefetch of ``page_size``, and settles every
+    message of a page before it reads the next one, either
+
+    - :meth:`keep`: a copy (body, properties, headers, marked with the walk's id in
+      :data:`WALK_HEADER`) is published to the tail of the same queue through the default
+      exchange, mandatory and confirmed, and only then is the original acknowledged; or
+    - :meth:`remove`: the original is acknowledged (after the caller's own work, e.g. a
+      replay's publish and audit row).
+
+    Hence the broker holds at most ``page_size`` messages unacknowledged and the process at
+    most one page, however deep the queue (:attr:`stats`' ``most_held``). A walk that keeps
+    everything leaves the queue as it found it, in the same order. It takes at most the
+    queue's depth at the start, and stops early at a message carrying its own id, so it never
+    reads a message twice; messages that workers dead-letter meanwhile go to the tail behind
+    the ones being walked, and are left for the next walk. A crash between a copy's confirm
+    and the original's ack leaves both in the queue: a dead letter seen twice, never none (a
+    replay of the second copy is an inbox duplicate). Messages not settled when the walk ends
+    (the rest of a page after a failure, or the own copy that stopped it) go back to the head
+    of the queue when its channel closes.
+
+    A walk is for a queue no worker consumes (a DLQ): a competing consumer would take the
+    pages' messages from under it. The copy carries the original's ``x-death`` as an ordinary
+    header: RabbitMQ 3.10 to 3.13 keep it as it is; 4.0 and later no longer interpret an
+    ``x-death`` a client sends and deliver it as it was written. The ``user_id`` property is
+    not copied (the broker refuses one that is not the walker's own login).
+    """
+
+    def __init__(  # noqa: PLR0913 - the two channels, the queue and the walk's bounds
+        self,
+        channel: AbstractChannel,
+        confirming: AbstractChannel,
+        queue: str,
+        *,
+        limit: int,
+        page_size: int,
+        idle_seconds: float,
+    ) -> None:
         self._channel = channel
+        self._confirming = confirming
         self._queue = queue
         self._left = limit
+        self._page_size = page_size
+        self._idle_seconds = idle_seconds
+        self._walk_id = uuid.uuid4().hex
+        self._held = 0
+        self.stats = WalkStats()
 
-    async def next(self) -> AbstractIncomingMessage | None:
-        """The next message, or None once the queue is empty or ``limit`` messages were taken.
+    async def pages(self) -> AsyncIterator[list[AbstractIncomingMessage]]:
+        """The queue's messages in queue order, ``page_size`` at most per list.
 
-        The limit (the queue's depth when the claim began) keeps a message that comes back to
-        the queue meanwhile, e.g. a replay that failed again, from being taken twice.
+        Every message of a page must be settled (:meth:`keep` or :meth:`remove`) before the
+        next page is asked for: the broker sends no more than ``page_size`` unacknowledged.
         """
         if self._left <= 0:
-            return None
+            return
         source = await self._channel.get_queue(self._queue, ensure=False)
-        message = await source.get(no_ack=False, fail=False)
-        if message is not None:
-            self._left -= 1
-        return message
+        async with source.iterator(no_ack=False) as messages:
+            while self._left > 0:
+                page: list[AbstractIncomingMessage] = []
+                while self._left > 0 and len(page) < self._page_size:
+                    try:
+                        async with asyncio.timeout(self._idle_seconds):
+                            message = await anext(aiter(messages))
+                    except (TimeoutError, StopAsyncIteration):
+                        self._left = 0  # another reader took the rest
+                        break
+                    if (message.headers or {}).get(WALK_HEADER) == self._walk_id:
+                        self._left = 0  # round the whole queue: left unsettled, back at the head
+                        break
+                    self._left -= 1
+                    self._held += 1
+                    self.stats.taken += 1
+                    self.stats.most_held = max(self.stats.most_held, self._held)
+                    page.append(message)
+                if page:
+                    yield page
 
-    @staticmethod
-    async def remove(message: AbstractIncomingMessage) -> None:
+    async def keep(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        """Put ``messages`` back at the tail of the queue (copies confirmed, then acks).
+
+        Raises:
+            UnroutableError, aiormq.exceptions.DeliveryError, TimeoutError: a copy was not
+                confirmed; its original, and the ones after it, stay where they were.
+        """
+        if not messages:
+            return
+        async with asyncio.TaskGroup() as group:
+            for message in messages:
+                group.create_task(
+                    publish_confirmed(
+                        self._confirming,
+                        _copy(message, self._walk_id),
+                        exchange="",
+                        routing_key=self._queue,
+                        timeout_seconds=self._idle_seconds * 10,
+                    )
+                )
+        for message in messages:
+            await message.ack()
+            self._held -= 1
+            self.stats.kept += 1
+
+    async def remove(self, message: AbstractIncomingMessage) -> None:
         """Acknowledge ``message``: it leaves the queue for good."""
         await message.ack()
+        self._held -= 1
+        self.stats.removed += 1
+
+
+def _copy(message: AbstractIncomingMessage, walk_id: str) -> aio_pika.Message:
+    headers = {
+        key: value for key, value in (message.headers or {}).items() if key not in _NOT_COPIED
+    }
+    headers[WALK_HEADER] = walk_id
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        priority=message.priority,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        expiration=message.expiration,
+        message_id=message.message_id,
+        timestamp=message.timestamp,
+        type=message.type,
+        app_id=message.app_id,
+    )
 
 
 @contextlib.asynccontextmanager
-async def claim_messages(
-    connection: AbstractConnection, queue: str
-) -> AsyncIterator[ClaimedMessages]:
-    """Claim the messages of ``queue`` present now (see :class:`ClaimedMessages`).
+async def walk_queue(
+    connection: AbstractConnection,
+    queue: str,
+    *,
+    page_size: int = WALK_PAGE_SIZE,
+    idle_seconds: float = BROWSE_IDLE_SECONDS,
+) -> AsyncIterator[QueueWalk]:
+    """A :class:`QueueWalk` of the messages ``queue`` holds now (none when it is missing).
 
-    Yields a claim limited to the queue's depth at the start (0 when the queue is missing).
+    Every message not settled by the end goes back to the head of the queue.
     """
     state = await queue_state(connection, queue)
     channel = await connection.channel()
+    confirming = await connection.channel(publisher_confirms=True, on_return_raises=True)
     try:
-        yield ClaimedMessages(channel, queue, state.ready if state else 0)
+        await channel.set_qos(prefetch_count=page_size)
+        yield QueueWalk(
+            channel,
+            confirming,
+            queue,
+            limit=state.ready if state else 0,
+            page_size=page_size,
+            idle_seconds=idle_seconds,
+        )
     finally:
-        # Closing without acknowledging returns every message that was not removed.
-        if not channel.is_closed:
-            await channel.close()
+        # Closing without acknowledging returns every message that was not settled.
+        for open_channel in (channel, confirming):
+            if not open_channel.is_closed:
+                await open_channel.close()
 
 
 async def publish_confirmed(
