@@ -205,7 +205,8 @@ def relay() -> None:
 def outbox_prune() -> None:
     """Delete published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS``.
 
-    In transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay.
+    The outbox half of ``fulfilment prune``, which the CronJob runs. In transactions of
+    ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay.
     """
     from fulfilment.tools.outbox import prune_command  # noqa: PLC0415 - see the module's text
 
@@ -214,6 +215,28 @@ def outbox_prune() -> None:
         prune_command(
             tool_options(settings),
             retention_seconds=settings.outbox_retention_seconds,
+            batch_size=settings.outbox_prune_batch_size,
+            echo=typer.echo,
+        )
+    )
+
+
+@app.command("prune", cls=Command)
+def prune() -> None:
+    """Delete what is past its retention: published outbox rows and processed ids (inbox).
+
+    Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, and inbox
+    rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
+    nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
+    """
+    from fulfilment.tools.outbox import prune_all_command  # noqa: PLC0415 - see the module's text
+
+    settings = settings_or_exit()
+    run(
+        prune_all_command(
+            tool_options(settings),
+            outbox_retention_seconds=settings.outbox_retention_seconds,
+            processed_id_retention_seconds=settings.processed_id_retention_seconds,
             batch_size=settings.outbox_prune_batch_size,
             echo=typer.echo,
         )
