@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,10 @@ refused publish stops the run quickly."""
 
 BROWSE_IDLE_SECONDS = 1.0
 """How long browsing waits for one more message before deciding the queue has been seen."""
+
+WALK_IDLE_SECONDS = 5.0
+"""How long a walk waits for a message the queue's depth promised before deciding that
+another reader took it: long enough for a busy broker to confirm a page of copies."""
 
 
 class BrokerUnavailableError(Exception):
@@ -305,13 +309,16 @@ class QueueWalk:
     most its prefetch (at most 65,535, the AMQP field's size) of unacknowledged messages, and
     a message it returns goes back to the head, where it is delivered again. So the walk
     *rotates* the queue: it consumes with a prefetch of ``page_size``, and settles every
-    message of a page before it reads the next one, either
-
-    - :meth:`keep`: a copy (body, properties, headers, marked with the walk's id in
-      :data:`WALK_HEADER`) is published to the tail of the same queue through the default
-      exchange, mandatory and confirmed, and only then is the original acknowledged; or
-    - :meth:`remove`: the original is acknowledged (after the caller's own work, e.g. a
-      replay's publish and audit row).
+    message of a page with :meth:`settle` before it reads the next one. A message the caller
+    keeps is copied (body, properties, headers, marked with the walk's id in
+    :data:`WALK_HEADER`) to the tail of the same queue through the default exchange,
+    mandatory and confirmed; then the whole page is acknowledged at once, which removes the
+    rest (the caller has done its own work for them already, e.g. a replay's publish and audit
+    row). One ``multiple`` acknowledgement per page, not one per message: with one per
+    message, RabbitMQ 3.10.8 sometimes put back some acknowledged messages of the last page
+    when the channel closed right after (walks of 1,050 and 1,200 left 1,062 and 1,216:
+    copies and originals both), likely its quorum-queue client holding back settlements past
+    its limit of commands in flight; with one per page, none in every run since.
 
     Hence the broker holds at most ``page_size`` messages unacknowledged and the process at
     most one page, however deep the queue (:attr:`stats`' ``most_held``). A walk that keeps
@@ -331,9 +338,9 @@ class QueueWalk:
     not copied (the broker refuses one that is not the walker's own login).
     """
 
-    def __init__(  # noqa: PLR0913 - the two channels, the queue and the walk's bounds
+    def __init__(  # noqa: PLR0913 - the connection, the publishing channel, the queue, bounds
         self,
-        channel: AbstractChannel,
+        connection: AbstractConnection,
         confirming: AbstractChannel,
         queue: str,
         *,
@@ -341,8 +348,9 @@ class QueueWalk:
         page_size: int,
         idle_seconds: float,
     ) -> None:
-        self._channel = channel
+        self._connection = connection
         self._confirming = confirming
+        self._channels: list[AbstractChannel] = [confirming]
         self._queue = queue
         self._left = limit
         self._page_size = page_size
@@ -354,44 +362,97 @@ class QueueWalk:
     async def pages(self) -> AsyncIterator[list[AbstractIncomingMessage]]:
         """The queue's messages in queue order, ``page_size`` at most per list.
 
-        Every message of a page must be settled (:meth:`keep` or :meth:`remove`) before the
-        next page is asked for: the broker sends no more than ``page_size`` unacknowledged.
+        Every page must be settled (:meth:`settle`) before the next page is asked for. While
+        a page or more is left past the one being read, a consumer with a prefetch of
+        ``page_size`` reads it: settling a page lets the broker
+        send the next ``page_size``, all of them within the walk. That consumer is cancelled
+        while the last such page is still held (so the broker has sent nothing past it), and
+        the rest, less than a page, is read by a consumer whose prefetch is exactly what is
+        left. So no message past the walk's end is ever sent to it, to be returned to the head
+        out of order (a quorum queue does not keep the order of many returns).
         """
-        if self._left <= 0:
-            return
-        source = await self._channel.get_queue(self._queue, ensure=False)
-        async with source.iterator(no_ack=False) as messages:
-            while self._left > 0:
-                page: list[AbstractIncomingMessage] = []
-                while self._left > 0 and len(page) < self._page_size:
-                    try:
-                        async with asyncio.timeout(self._idle_seconds):
-                            message = await anext(aiter(messages))
-                    except (TimeoutError, StopAsyncIteration):
-                        self._left = 0  # another reader took the rest
-                        break
-                    if (message.headers or {}).get(WALK_HEADER) == self._walk_id:
-                        self._left = 0  # round the whole queue: left unsettled, back at the head
-                        break
-                    self._left -= 1
-                    self._held += 1
-                    self.stats.taken += 1
-                    self.stats.most_held = max(self.stats.most_held, self._held)
-                    page.append(message)
-                if page:
-                    yield page
+        while self._left > 0:
+            prefetch = min(self._page_size, self._left)
+            channel = await self._connection.channel()
+            self._channels.append(channel)
+            await channel.set_qos(prefetch_count=prefetch)
+            source = await channel.get_queue(self._queue, ensure=False)
+            async with source.iterator(no_ack=False) as messages:
+                while True:
+                    page = await self._read_page(lambda: anext(aiter(messages)))
+                    if len(page) == prefetch and self._left >= prefetch:
+                        yield page  # the broker sends the next page, all within the walk
+                        continue
+                    break
+            # Cancelled while ``page`` is held: no message past it was sent.
+            if page:
+                yield page
 
-    async def keep(self, messages: Sequence[AbstractIncomingMessage]) -> None:
-        """Put ``messages`` back at the tail of the queue (copies confirmed, then acks).
+    async def close(self) -> None:
+        """Close the walk's channels: every message not settled goes back to the head."""
+        for channel in self._channels:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def _read_page(
+        self, receive: Callable[[], Awaitable[AbstractIncomingMessage | None]]
+    ) -> list[AbstractIncomingMessage]:
+        """Up to ``page_size`` messages of the walk from ``receive``; fewer at its end."""
+        page: list[AbstractIncomingMessage] = []
+        while self._left > 0 and len(page) < self._page_size:
+            try:
+                async with asyncio.timeout(self._idle_seconds):
+                    message = await receive()
+            except (TimeoutError, StopAsyncIteration):
+                message = None
+            if message is None:
+                self._left = 0  # another reader took the rest
+                break
+            if (message.headers or {}).get(WALK_HEADER) == self._walk_id:
+                # Round the whole queue (its depth was counted high): back to the head.
+                await message.nack(requeue=True)
+                self._left = 0
+                break
+            self._left -= 1
+            self._held += 1
+            self.stats.taken += 1
+            self.stats.most_held = max(self.stats.most_held, self._held)
+            page.append(message)
+        return page
+
+    @staticmethod
+    async def remove_now(messages: Sequence[AbstractIncomingMessage]) -> None:
+        """Acknowledge ``messages`` one by one, before their page is settled.
+
+        For a page cut short by a failure: the messages already done (replayed, purged) leave
+        the queue, the rest of the page goes back to its head when the walk ends.
+        """
+        for message in messages:
+            await message.ack()
+
+    async def settle(
+        self,
+        page: Sequence[AbstractIncomingMessage],
+        *,
+        keep: Collection[AbstractIncomingMessage] = (),
+    ) -> None:
+        """Put ``keep`` back at the tail of the queue, then remove the whole ``page``.
+
+        ``keep`` (messages of ``page``) are copied to the tail, each confirmed, in page order;
+        then one acknowledgement (``multiple``) removes every message of the page, originals
+        of the copies and the rest alike.
 
         Raises:
             UnroutableError, aiormq.exceptions.DeliveryError, TimeoutError: a copy was not
-                confirmed; its original, and the ones after it, stay where they were.
+                confirmed; the whole page stays where it was (copies confirmed before it
+                are in the queue twice).
         """
-        if not messages:
+        if not page:
             return
+        chosen = {id(message) for message in keep}
+        kept = [message for message in page if id(message) in chosen]
         async with asyncio.TaskGroup() as group:
-            for message in messages:
+            for message in kept:
                 group.create_task(
                     publish_confirmed(
                         self._confirming,
@@ -401,16 +462,10 @@ class QueueWalk:
                         timeout_seconds=self._idle_seconds * 10,
                     )
                 )
-        for message in messages:
-            await message.ack()
-            self._held -= 1
-            self.stats.kept += 1
-
-    async def remove(self, message: AbstractIncomingMessage) -> None:
-        """Acknowledge ``message``: it leaves the queue for good."""
-        await message.ack()
-        self._held -= 1
-        self.stats.removed += 1
+        await page[-1].ack(multiple=True)
+        self._held -= len(page)
+        self.stats.kept += len(kept)
+        self.stats.removed += len(page) - len(kept)
 
 
 def _copy(message: AbstractIncomingMessage, walk_id: str) -> aio_pika.Message:
@@ -441,30 +496,26 @@ async def walk_queue(
     queue: str,
     *,
     page_size: int = WALK_PAGE_SIZE,
-    idle_seconds: float = BROWSE_IDLE_SECONDS,
+    idle_seconds: float = WALK_IDLE_SECONDS,
 ) -> AsyncIterator[QueueWalk]:
     """A :class:`QueueWalk` of the messages ``queue`` holds now (none when it is missing).
 
     Every message not settled by the end goes back to the head of the queue.
     """
     state = await queue_state(connection, queue)
-    channel = await connection.channel()
     confirming = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    walk = QueueWalk(
+        connection,
+        confirming,
+        queue,
+        limit=state.ready if state else 0,
+        page_size=page_size,
+        idle_seconds=idle_seconds,
+    )
     try:
-        await channel.set_qos(prefetch_count=page_size)
-        yield QueueWalk(
-            channel,
-            confirming,
-            queue,
-            limit=state.ready if state else 0,
-            page_size=page_size,
-            idle_seconds=idle_seconds,
-        )
+        yield walk
     finally:
-        # Closing without acknowledging returns every message that was not settled.
-        for open_channel in (channel, confirming):
-            if not open_channel.is_closed:
-                await open_channel.close()
+        await walk.close()
 
 
 async def publish_confirmed(

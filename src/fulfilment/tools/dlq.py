@@ -312,7 +312,7 @@ async def list_groups(
                             queue,
                         )
                     group.add(letter)
-                await walk.keep(page)
+                await walk.settle(page, keep=page)
     return sorted(groups.values(), key=lambda group: (-group.count, group.key, group.queue))
 
 
@@ -339,7 +339,7 @@ async def find(
                     for letter in (DeadLetter.of(message, queue) for message in page)
                     if selection.matches(letter)
                 ]
-                await walk.keep(page)
+                await walk.settle(page, keep=page)
                 if limit is not None and len(found) >= limit:
                     return found[:limit]
     return found
@@ -459,43 +459,53 @@ async def _replay_page(  # noqa: PLR0913 - the page, where it is from, and the r
     *,
     replay_page: _ReplayPage,
 ) -> None:
-    """Replay the chosen letters of ``page``, then put the rest back at the DLQ's tail."""
+    """Replay the chosen letters of ``page``, then put the rest back at the DLQ's tail.
+
+    The page is settled at its end (one acknowledgement). If a replay stops it half-way, the
+    letters replayed so far are acknowledged one by one and the rest of the page goes back to
+    the head of the DLQ.
+    """
     run = replay_page
     letters = [DeadLetter.of(message, queue) for message in page]
-    chosen = [letter for letter in letters if selection.matches(letter)]
+    chosen = [selection.matches(letter) for letter in letters]
     audited: dict[str, int] = {}
     if run.audit is not None:
-        ids = {letter.description.event_id for letter in chosen}
+        ids = {letter.description.event_id for letter, c in zip(letters, chosen, strict=True) if c}
         audited = await replay_counts(run.audit, {i for i in ids if i is not None})
     now = datetime.now(UTC)
     kept: list[AbstractIncomingMessage] = []
-    for letter in letters:
-        if letter not in chosen:
-            kept.append(letter.message)
-            continue
-        result.chose(letter)
-        replays = max(
-            replay_count(letter.message.headers),
-            audited.get(letter.description.event_id or "", 0),
-        )
-        refusal = _refusal(letter, run.rules, replays, now)
-        if refusal is not None:
-            result.refused += 1
-            run.on_refused(Refusal(letter, refusal))
-            kept.append(letter.message)
-            continue
-        if not result.executed:
+    done: list[AbstractIncomingMessage] = []
+    try:
+        for letter, is_chosen in zip(letters, chosen, strict=True):
+            if not is_chosen:
+                kept.append(letter.message)
+                continue
+            result.chose(letter)
+            replays = max(
+                replay_count(letter.message.headers),
+                audited.get(letter.description.event_id or "", 0),
+            )
+            refusal = _refusal(letter, run.rules, replays, now)
+            if refusal is not None:
+                result.refused += 1
+                run.on_refused(Refusal(letter, refusal))
+                kept.append(letter.message)
+                continue
+            if not result.executed:
+                run.on_each(letter)
+                kept.append(letter.message)
+                continue
+            async with run.limiter:
+                await _republish(run.channel, letter, result, replays_before=replays)
+            assert run.audit is not None  # noqa: S101 - replay() checked it
+            await record(run.audit, _entry(letter, result, run.operator, run.comment))
+            done.append(letter.message)
+            result.done += 1
             run.on_each(letter)
-            kept.append(letter.message)
-            continue
-        async with run.limiter:
-            await _republish(run.channel, letter, result, replays_before=replays)
-        assert run.audit is not None  # noqa: S101 - replay() checked it
-        await record(run.audit, _entry(letter, result, run.operator, run.comment))
-        await walk.remove(letter.message)
-        result.done += 1
-        run.on_each(letter)
-    await walk.keep(kept)
+    except BaseException:
+        await walk.remove_now(done)
+        raise
+    await walk.settle(page, keep=kept)
 
 
 async def purge(  # noqa: PLR0913 - each option of the command, by name
@@ -527,21 +537,26 @@ async def purge(  # noqa: PLR0913 - each option of the command, by name
         async with walk_queue(connection, queue, page_size=page_size) as walk:
             async for page in walk.pages():
                 kept: list[AbstractIncomingMessage] = []
-                for message in page:
-                    letter = DeadLetter.of(message, queue)
-                    if not selection.matches(letter):
-                        kept.append(message)
-                        continue
-                    result.chose(letter)
-                    if execute:
-                        assert audit is not None  # noqa: S101 - checked above
-                        await record(audit, _entry(letter, result, operator, comment))
-                        await walk.remove(message)
-                        result.done += 1
-                    else:
-                        kept.append(message)
-                    on_each(letter)
-                await walk.keep(kept)
+                done: list[AbstractIncomingMessage] = []
+                try:
+                    for message in page:
+                        letter = DeadLetter.of(message, queue)
+                        if not selection.matches(letter):
+                            kept.append(message)
+                            continue
+                        result.chose(letter)
+                        if execute:
+                            assert audit is not None  # noqa: S101 - checked above
+                            await record(audit, _entry(letter, result, operator, comment))
+                            done.append(message)
+                            result.done += 1
+                        else:
+                            kept.append(message)
+                        on_each(letter)
+                except BaseException:
+                    await walk.remove_now(done)  # audited: out; the rest back at the head
+                    raise
+                await walk.settle(page, keep=kept)
             result.most_held = max(result.most_held, walk.stats.most_held)
     return result
 
