@@ -599,9 +599,11 @@ async def test_list_walks_a_deep_dlq_holding_one_page_and_leaves_it_as_it_was(
             await watcher
     counted = sum(group.count for group in groups)
     # It took the dead letters present when it started, some or none of those that came later.
-    assert total <= counted <= total + arriving
-    assert lowest_ready >= total - page_size
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, total + arriving)
+    assert total <= counted <= total + arriving, counted
+    assert lowest_ready >= total - page_size, lowest_ready
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, total + arriving, timeout=15), (
+        await depth(connection, DEAD_LETTER_QUEUE)
+    )
     remaining = await queue_ids(connection, DEAD_LETTER_QUEUE)
     assert sorted(remaining) == sorted(ids + late)  # nothing lost, nothing doubled
     walked = [message_id for message_id in remaining if message_id in set(ids)]

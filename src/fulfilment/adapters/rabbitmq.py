@@ -27,8 +27,11 @@ BROWSE_IDLE_SECONDS = 1.0
 """How long browsing waits for one more message before deciding the queue has been seen."""
 
 WALK_IDLE_SECONDS = 5.0
-"""How long a walk waits for a message the queue's depth promised before deciding that
-another reader took it: long enough for a busy broker to confirm a page of copies."""
+"""How long a walk waits for a message the queue's depth promised before it looks whether the
+queue still has messages ready (a slow broker) or none (another reader took them)."""
+
+WALK_IDLE_WAITS = 6
+"""Waits of ``WALK_IDLE_SECONDS`` a walk makes for one message while the queue has some ready."""
 
 
 class BrokerUnavailableError(Exception):
@@ -399,14 +402,23 @@ class QueueWalk:
     ) -> list[AbstractIncomingMessage]:
         """Up to ``page_size`` messages of the walk from ``receive``; fewer at its end."""
         page: list[AbstractIncomingMessage] = []
+        waits = 0
         while self._left > 0 and len(page) < self._page_size:
             try:
                 async with asyncio.timeout(self._idle_seconds):
                     message = await receive()
-            except (TimeoutError, StopAsyncIteration):
+            except StopAsyncIteration:
+                message = None
+            except TimeoutError:
+                # A slow broker, or another reader took the rest: wait on while the queue
+                # still has messages ready, a few times, then end the walk.
+                state = await queue_state(self._connection, self._queue)
+                waits += 1
+                if state is not None and state.ready > 0 and waits < WALK_IDLE_WAITS:
+                    continue
                 message = None
             if message is None:
-                self._left = 0  # another reader took the rest
+                self._left = 0
                 break
             if (message.headers or {}).get(WALK_HEADER) == self._walk_id:
                 # Round the whole queue (its depth was counted high): back to the head.
