@@ -124,7 +124,8 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     (:func:`operator_identity`). Each refused dead letter is echoed as ``refused: <why>``.
 
     Raises:
-        CommandError: the replay stopped (exit 1); the rest stay in the DLQ.
+        CommandError: the replay stopped (exit 1; the rest stay in the DLQ), or, executed,
+            refused some (exit 1, after the summary; those stay in the DLQ).
         BrokerUnavailableError, DatabaseUnavailableError: a service does not answer (the
             database is only needed to execute).
     """
@@ -152,6 +153,10 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
         msg = f"{error}; the rest are still in the dead-letter queue"
         raise CommandError(msg) from error
     echo(_summary(result, verb="replayed"))
+    if result.executed and result.refused:
+        # Not everything asked for was done: a script running the replay must see it.
+        msg = f"{result.refused} dead letter(s) refused (the lines above say why), left in the DLQ"
+        raise CommandError(msg)
 
 
 async def purge_command(  # noqa: PLR0913 - each option of the command, by name
