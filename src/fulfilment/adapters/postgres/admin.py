@@ -116,13 +116,14 @@ async def reset_tables(warehouse: PostgresWarehouse) -> None:
     """Empty the inbox, reservations, tombstone lines, stock levels, redelivery counts, outbox.
 
     For ``demo --reset``. The outbox goes too, published or not: its result events tell of
-    the orders removed.
+    the orders removed; and so do the counts of pruned inbox rows (``inbox_pruned``), which
+    the invariant check adds to the inbox's.
     """
     async with warehouse.engine.begin() as connection:
         await connection.execute(
             text(
-                "TRUNCATE inbox_messages, reservation_lines, reservations, tombstone_lines,"
-                " stock_levels, delivery_attempts, outbox"
+                "TRUNCATE inbox_messages, inbox_pruned, reservation_lines, reservations,"
+                " tombstone_lines, stock_levels, delivery_attempts, outbox"
             )
         )
 
