@@ -7,15 +7,15 @@ Create Date: 2026-11-30
 - ``dead_letter_audit`` gains ``os_user`` and ``host`` (who ran ``fulfilment dlq replay`` or
   ``purge``, from the environment; NULL for rows written before) and ``database_user``, the
   session's role, filled in by the database itself (``DEFAULT session_user``), which the tool
-  does not set. ``operator`` stays: the ``--operator`` name, else the OS user.
+  does not set; rows written before get the role that runs this migration. ``operator``
+  stays: the ``--operator`` name, else the OS user.
 - ``inbox_pruned`` counts, per consumer and outcome, the inbox rows ``fulfilment prune``
   deleted, in the same transaction as the delete, so that ``fulfilment report`` and the
   invariant check still count every processed event.
 
-Adding nullable columns and a column with a constant-per-row default is instant (no table
-rewrite since PostgreSQL 11 for non-volatile defaults; ``session_user`` is stable), and the
-previous release writes audit rows without the new columns, so it keeps running during the
-update.
+Adding nullable columns and a column with a non-volatile default (``session_user`` is
+stable) rewrites no table since PostgreSQL 11, and the previous release writes audit rows
+without the new columns, so it keeps running during the update.
 """
 
 from __future__ import annotations
