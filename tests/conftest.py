@@ -145,8 +145,8 @@ async def clean_database(database_url: str) -> str:
     connection = await asyncpg.connect(url.render_as_string(hide_password=False))
     try:
         await connection.execute(
-            "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
-            " tombstone_lines, delivery_attempts, outbox CASCADE"
+            "TRUNCATE inbox_messages, inbox_pruned, reservation_lines, reservations,"
+            " stock_levels, tombstone_lines, delivery_attempts, outbox CASCADE"
         )
     finally:
         await connection.close()

@@ -220,9 +220,10 @@ def relay() -> None:
 def outbox_prune() -> None:
     """Delete published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS``.
 
-    In transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay.
-    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not
-    delete outbox rows (README, "Least privilege").
+    The outbox half of ``fulfilment prune``, which the CronJob runs. In transactions of
+    ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay. Needs the database
+    **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not delete outbox rows
+    (README, "Least privilege").
     """
     from fulfilment.tools.outbox import prune_command  # noqa: PLC0415 - see the module's text
 
@@ -231,6 +232,28 @@ def outbox_prune() -> None:
         prune_command(
             tool_options(settings),
             retention_seconds=settings.outbox_retention_seconds,
+            batch_size=settings.outbox_prune_batch_size,
+            echo=typer.echo,
+        )
+    )
+
+
+@app.command("prune", cls=Command)
+def prune() -> None:
+    """Delete what is past its retention: published outbox rows and processed ids (inbox).
+
+    Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, and inbox
+    rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
+    nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
+    """
+    from fulfilment.tools.outbox import prune_all_command  # noqa: PLC0415 - see the module's text
+
+    settings = settings_or_exit()
+    run(
+        prune_all_command(
+            tool_options(settings),
+            outbox_retention_seconds=settings.outbox_retention_seconds,
+            processed_id_retention_seconds=settings.processed_id_retention_seconds,
             batch_size=settings.outbox_prune_batch_size,
             echo=typer.echo,
         )
@@ -426,7 +449,11 @@ YesOption = Annotated[
     bool, typer.Option("--yes", help="Do it; without this flag the command is a dry run.")
 ]
 OperatorOption = Annotated[
-    str | None, typer.Option(help="Who runs this, for the audit table (default: $USER).")
+    str | None,
+    typer.Option(
+        help="Your name, for the audit table; recorded beside the OS user and host, "
+        "which are always read from the environment."
+    ),
 ]
 CommentOption = Annotated[
     str | None, typer.Option(help="Why, for the audit table (e.g. the fix's version).")
@@ -491,6 +518,12 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     # 10 per second by default: slow enough that replaying a whole DLQ leaves room for live orders.
     rate: Annotated[float, typer.Option(min=0.1, help="Messages per second at most.")] = 10.0,
     yes: YesOption = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replay dead letters replayed FULFILMENT_REPLAY_LIMIT times already."
+        ),
+    ] = False,
     operator: OperatorOption = None,
     comment: CommentOption = None,
 ) -> None:
@@ -499,23 +532,32 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     Each goes back to the exchange and routing key it was first published with (`orders`
     with order.placed, order.cancelled or order.shipped). Body and ids are unchanged, so an
     event that was applied meanwhile is answered as a duplicate; broker and x-fulfilment-*
-    headers are stripped. Each message leaves the DLQ
-    only after the broker confirmed the republish and its audit row is written. A dry run
-    unless --yes.
+    headers are stripped, x-fulfilment-replay-count is carried and counts up. Each message
+    leaves the DLQ only after the broker confirmed the republish and its audit row is written.
+    A dead letter replayed FULFILMENT_REPLAY_LIMIT times is refused unless --force, and one
+    older than FULFILMENT_PROCESSED_ID_RETENTION_SECONDS always (it could be applied twice);
+    refused ones stay in the DLQ. A dry run unless --yes.
     """
+    from fulfilment.tools.dlq import ReplayRules  # noqa: PLC0415 - see the module's text
     from fulfilment.tools.dlq_commands import replay_command  # noqa: PLC0415 - see the module's text
 
     selection = _selection(ids, group, everything=everything)
     chosen = _queues(queues)
+    settings = settings_or_exit()
     run(
         replay_command(
-            tool_options(settings_or_exit()),
+            tool_options(settings),
             selection,
             execute=yes,
             rate_per_second=rate,
             operator=operator,
             comment=comment,
             echo=typer.echo,
+            rules=ReplayRules(
+                replay_limit=settings.replay_limit,
+                force=force,
+                max_age_seconds=settings.processed_id_retention_seconds,
+            ),
             queues=chosen,
         )
     )

@@ -282,7 +282,24 @@ class Settings(BaseSettings):
     deletes it: the window in which an event can be looked up by its ``event_id``."""
 
     outbox_prune_batch_size: int = Field(default=1000, ge=1, le=100000)
-    """Rows ``fulfilment outbox prune`` deletes per transaction."""
+    """Rows ``fulfilment prune`` deletes per transaction, from the outbox and from the inbox."""
+
+    dead_letter_ttl_seconds: Seconds = 14 * 24 * 3600.0
+    """How long a dead letter stays in its DLQ (14 days) before the broker drops it: the
+    ``message-ttl`` of the DLQ policies (``deploy/rabbitmq/definitions.json``,
+    ``k8s/rabbitmq-policy.yaml``, in milliseconds there), stated here so the service can check
+    the retention below against it. Handle a dead letter before then (the DLQ alerts fire
+    long before)."""
+
+    processed_id_retention_seconds: Seconds = 30 * 24 * 3600.0
+    """How long an event's inbox row (its processed id) is kept (30 days) before ``fulfilment
+    prune`` may delete it. Must be longer than ``dead_letter_ttl_seconds`` and
+    ``outbox_retention_seconds``: processed ids are kept as long as a message can come back,
+    and ``fulfilment dlq replay`` refuses a dead letter older than this."""
+
+    replay_limit: int = Field(default=3, ge=1, le=1000)
+    """Replays after which ``fulfilment dlq replay`` refuses a dead letter without ``--force``
+    (counted by its ``x-fulfilment-replay-count`` header and by the audit table)."""
 
     fault_injection: str = ""
     """Crash injection of the fault suite (``worker.fault_injection``), e.g.
@@ -369,13 +386,16 @@ class Settings(BaseSettings):
             "orchestrator_grace_period_seconds",
         ]
         problems = [
-            f"{env_name(inner)}={getattr(self, inner):g} must be less than "
-            f"{env_name(outer)}={getattr(self, outer):g}"
+            f"{env_name(inner)}={getattr(self, inner):.10g} must be less than "
+            f"{env_name(outer)}={getattr(self, outer):.10g}"
             for inner, outer in [
                 *itertools.pairwise(chain),
                 ("handler_deadline_seconds", "broker_consumer_timeout_seconds"),
                 ("database_statement_timeout_seconds", "retry_budget_seconds"),
                 ("database_lock_timeout_seconds", "database_statement_timeout_seconds"),
+                # Processed ids outlive every way a message can come back (README, "Retention").
+                ("dead_letter_ttl_seconds", "processed_id_retention_seconds"),
+                ("outbox_retention_seconds", "processed_id_retention_seconds"),
             ]
             if getattr(self, inner) >= getattr(self, outer)
         ]

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from fulfilment import cli
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
+from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.topology import SUBSCRIBED_QUEUES
 from fulfilment.observability.metrics import Metrics
 from fulfilment.settings import ENV_PREFIX, Settings
@@ -543,14 +544,16 @@ def check_probe_timeouts(stack: Stack) -> list[str]:
     return []
 
 
-def _policy_problems(where: str, policies: list[dict[str, Any]], delivery_limit: int) -> list[str]:
+def _policy_problems(where: str, policies: list[dict[str, Any]], settings: Settings) -> list[str]:
     """``policies``: dicts with ``pattern`` and ``definition`` (either file's shape).
 
     Every subscribed queue and every DLQ of the topology is governed by exactly one policy,
-    which repeats the arguments the worker declares it with.
+    which repeats the arguments the worker declares it with; a DLQ's also sets the
+    ``message-ttl`` the settings state (``FULFILMENT_DEAD_LETTER_TTL_SECONDS``, in ms), which
+    the processed-id retention must outlive.
     """
     problems = []
-    topology = Topology(delivery_limit=delivery_limit)
+    topology = Topology(delivery_limit=settings.delivery_limit)
     expected = {
         queue.name: {
             QUEUE_ARGUMENT_TO_POLICY_KEY[argument]: value
@@ -560,6 +563,10 @@ def _policy_problems(where: str, policies: list[dict[str, Any]], delivery_limit:
         for subscribed in SUBSCRIBED_QUEUES
         for queue in (topology.queue(subscribed), topology.dead_letter_queue(subscribed))
     }
+    for subscribed in SUBSCRIBED_QUEUES:
+        expected[subscribed.dead_letter_queue]["message-ttl"] = round(
+            settings.dead_letter_ttl_seconds * 1000
+        )
     for queue, definition in expected.items():
         matching = [p for p in policies if re.search(p["pattern"], queue)]
         if len(matching) != 1:
@@ -575,14 +582,14 @@ def _policy_problems(where: str, policies: list[dict[str, Any]], delivery_limit:
 def check_rabbitmq_policies(stack: Stack) -> list[str]:
     """The broker policies (compose definitions and the k8s Policy objects) match the queues
     the worker declares, with the delivery limit each deployment configures."""
-    compose_limit = effective_settings(compose_environment(stack, "worker")).delivery_limit
+    compose = effective_settings(compose_environment(stack, "worker"))
     problems = _policy_problems(
-        "deploy/rabbitmq/definitions.json", stack.definitions["policies"], compose_limit
+        "deploy/rabbitmq/definitions.json", stack.definitions["policies"], compose
     )
     pod = worker_deployment(stack)["spec"]["template"]["spec"]
-    k8s_limit = effective_settings(k8s_environment(stack, pod)).delivery_limit
+    k8s = effective_settings(k8s_environment(stack, pod))
     k8s_policies = [doc["spec"] for (kind, _), doc in stack.k8s.items() if kind == "Policy"]
-    problems += _policy_problems("k8s Policy", k8s_policies, k8s_limit)
+    problems += _policy_problems("k8s Policy", k8s_policies, k8s)
     for spec in k8s_policies:
         unknown = set(spec) - POLICY_SPEC_FIELDS - {"rabbitmqClusterReference"}
         missing = POLICY_REQUIRED_FIELDS - set(spec)
@@ -696,6 +703,30 @@ def check_compose_rabbitmq_cluster(stack: Stack) -> list[str]:
         problems.append(
             f"deploy/rabbitmq/rabbitmq.conf: cluster_partition_handling is not {PARTITION_HANDLING}"
         )
+    return problems
+
+
+def check_message_size(stack: Stack) -> list[str]:
+    """Both brokers refuse a message body larger than the worker accepts, and no smaller one.
+
+    ``max_message_size`` of deploy/rabbitmq/rabbitmq.conf and of the RabbitmqCluster's
+    configuration equals ``MAX_BODY_BYTES`` (``contracts.envelope``): a producer learns of an
+    oversized event when it publishes, and the broker never holds one the worker would refuse.
+    """
+    problems = []
+    k8s_conf = _conf_lines(
+        rabbitmq_cluster(stack)["spec"].get("rabbitmq", {}).get("additionalConfig", "")
+    )
+    for where, conf in (
+        ("deploy/rabbitmq/rabbitmq.conf", stack.rabbitmq_conf),
+        ("k8s RabbitmqCluster", k8s_conf),
+    ):
+        size = conf.get("max_message_size")
+        if size is None or int(size) != MAX_BODY_BYTES:
+            problems.append(
+                f"{where}: max_message_size is {size}, the worker accepts bodies up to "
+                f"{MAX_BODY_BYTES} bytes (MAX_BODY_BYTES)"
+            )
     return problems
 
 
@@ -1139,10 +1170,10 @@ def check_database_roles(stack: Stack, root: Path = ROOT) -> list[str]:
             },
         )
     )
-    prune = k8s_environment(stack, _cronjob_pod(stack, "fulfilment-outbox-prune"))
+    prune = k8s_environment(stack, _cronjob_pod(stack, "fulfilment-prune"))
     if _database_user(prune) != _database_user(job):
         problems.append(
-            f"k8s CronJob fulfilment-outbox-prune: connects as {_database_user(prune)}; pruning"
+            f"k8s CronJob fulfilment-prune: connects as {_database_user(prune)}; pruning"
             f" deletes, which only the owner role {_database_user(job)} may"
         )
     return problems
@@ -1190,6 +1221,7 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_broker_users,
     check_compose_rabbitmq_cluster,
     check_broker_consumer_timeout,
+    check_message_size,
     check_scaling,
     check_commands_and_image,
     check_image_build,

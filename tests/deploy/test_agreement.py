@@ -187,6 +187,15 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "a new dead-letter queue without its limit": lambda s: s.resource(
         "Policy", "fulfilment-order-cancelled-dlq"
     )["spec"]["definition"].pop("delivery-limit"),
+    "a broker that takes larger bodies than the worker": lambda s: s.rabbitmq_conf.update(
+        max_message_size="134217728"
+    ),
+    "a cluster without a message size limit": lambda s: s.resource("RabbitmqCluster", "rabbitmq")[
+        "spec"
+    ]["rabbitmq"].update(additionalConfig="consumer_timeout = 1800000\n"),
+    "a dead-letter queue kept longer than the processed ids": lambda s: s.resource(
+        "Policy", "fulfilment-order-placed-dlq"
+    )["spec"]["definition"].update({"message-ttl": 40 * 86_400_000}),
     "scaling another deployment": lambda s: s.resource("ScaledObject", "fulfilment-worker")["spec"][
         "scaleTargetRef"
     ].update(name="fulfilment"),

@@ -98,7 +98,7 @@ def test_migrate_as_the_owner_grants_the_runtime_role_its_list_and_says_so(roles
     assert first.splitlines() == [
         "database migrated to head",
         (
-            f"granted runtime role {roles.runtime}: privileges on 12 objects, none on 3"
+            f"granted runtime role {roles.runtime}: privileges on 13 objects, none on 3"
             " (function reserve_orders, sequence dead_letter_audit_id_seq, sequence outbox_id_seq)"
         ),
     ]
@@ -250,7 +250,7 @@ async def test_a_worker_whose_role_was_granted_nothing_refuses_to_start_in_one_l
     assert refused[0]["reason"].startswith(
         f"the database user '{stranger}' may not do what the worker does (function"
         " cancel_orders: EXECUTE; function place_orders: EXECUTE; function ship_orders:"
-        " EXECUTE; table alembic_version: SELECT; table dead_letter_audit: INSERT; "
+        " EXECUTE; table alembic_version: SELECT; table dead_letter_audit: SELECT, INSERT; "
     )
     assert refused[0]["reason"].endswith(
         ": run `fulfilment migrate` with FULFILMENT_DATABASE_RUNTIME_ROLE naming it"
@@ -271,7 +271,7 @@ REFUSED = [
         "permission denied for table dead_letter_audit",
     ),
     ("DELETE FROM dead_letter_audit", "permission denied for table dead_letter_audit"),
-    ("SELECT count(*) FROM dead_letter_audit", "permission denied for table dead_letter_audit"),
+    ("DELETE FROM inbox_pruned", "permission denied for table inbox_pruned"),
     (
         "INSERT INTO stock_levels (sku, on_hand) VALUES ('X', 1)",
         "permission denied for table stock_levels",
@@ -290,12 +290,13 @@ REFUSED = [
 ]
 
 
-async def test_the_runtime_role_may_write_the_audit_but_not_drop_truncate_or_rewrite(
+async def test_the_runtime_role_may_append_to_the_audit_but_not_drop_truncate_or_rewrite(
     roles: Roles,
 ) -> None:
     connection = await asyncpg.connect(roles.runtime_url)
     try:
-        # What `fulfilment dlq replay` and `purge` do: insert (no RETURNING), never read back.
+        # What `fulfilment dlq replay` and `purge` do: insert (no RETURNING), and replay
+        # counts earlier replays; neither changes nor deletes a row.
         await connection.execute(
             "INSERT INTO dead_letter_audit (run_id, action, failure_class, exception_type,"
             " reason, headers, body, operator) VALUES ($1, 'purged', 'permanent', 'E', 'r',"

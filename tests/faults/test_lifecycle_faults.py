@@ -49,6 +49,7 @@ from harness import WorkerProcess, put_stock, queue_depth
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fakes import InMemoryWarehouse
+from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
 from fulfilment.cli import tool_options
@@ -393,7 +394,7 @@ async def _replay_shipments(
         audit=audit,
         execute=True,
         rate_per_second=1000,
-        operator="fault suite",
+        operator=Operator("fault suite", "test-host"),
         comment="the orders are placed now",
         queues=[ORDER_SHIPPED.dead_letter_queue],
     )

@@ -17,9 +17,11 @@ from datetime import UTC, datetime, timedelta
 import aio_pika
 import asyncpg
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
@@ -100,6 +102,7 @@ async def put_service_dead_letter(
     dead_lettered_at: datetime | None = None,
     queue: SubscribedQueue = ORDER_PLACED,
     came_from: tuple[str, str] | None = None,
+    extra_headers: dict[str, object] | None = None,
 ) -> None:
     """A dead letter as the worker publishes it (see worker/dead_lettering.py).
 
@@ -130,6 +133,7 @@ async def put_service_dead_letter(
                 h.DEAD_LETTERED_AT: moment,
                 h.ORIGINAL_QUEUE: queue.name,
                 **original,
+                **(extra_headers or {}),
                 "x-delivery-count": 3,
                 "x-first-death-reason": "rejected",
             },
@@ -187,7 +191,8 @@ async def eventually_depth(
 async def audit_rows(engine: AsyncEngine) -> list[dict[str, object]]:
     async with engine.connect() as db:
         rows = await db.exec_driver_sql(
-            "SELECT action, event_id, message_id, failure_class, body, operator, comment, run_id"
+            "SELECT action, event_id, message_id, failure_class, body, operator, comment, run_id,"
+            " os_user, host, database_user = session_user AS by_this_role"
             " FROM dead_letter_audit ORDER BY id"
         )
         return [dict(row._mapping) for row in rows]
@@ -240,7 +245,7 @@ async def test_a_dry_run_replay_changes_nothing(connection, audit) -> None:
         audit=None,
         execute=False,
         rate_per_second=100,
-        operator="ops",
+        operator=Operator("ops", "test-host"),
         comment=None,
     )
 
@@ -266,7 +271,7 @@ async def test_replaying_a_group_republishes_with_ids_kept_and_retry_headers_str
         audit=audit,
         execute=True,
         rate_per_second=100,
-        operator="ops",
+        operator=Operator("ops", "test-host"),
         comment="fixed in 0.1.1",
     )
 
@@ -287,9 +292,10 @@ async def test_replaying_a_group_republishes_with_ids_kept_and_retry_headers_str
         key
         for key in headers
         if key in {"x-death", "x-first-death-reason"}
-        or (key.startswith("x-fulfilment-") and key not in {h.REPLAY_ID, h.REPLAYED_AT})
+        or (key.startswith("x-fulfilment-") and key not in h.REPLAY_HEADERS)
     ]
     assert stripped == []
+    assert headers[h.REPLAY_COUNT] == 1  # the first replay of this dead letter
     # A fresh delivery: 3.10 reports 0 on a basic.get, later versions leave the header out.
     assert headers.get("x-delivery-count", 0) == 0
     rows = await audit_rows(audit)
@@ -299,6 +305,8 @@ async def test_replaying_a_group_republishes_with_ids_kept_and_retry_headers_str
     assert rows[0]["failure_class"] == "permanent"
     assert rows[0]["comment"] == "fixed in 0.1.1"
     assert str(rows[0]["run_id"]) == str(result.run_id)
+    assert (rows[0]["operator"], rows[0]["os_user"], rows[0]["host"]) == ("ops", "ops", "test-host")
+    assert rows[0]["by_this_role"]  # set by the database, not by the tool
 
 
 async def test_a_replay_carries_no_priority_or_reply_address_of_the_first_sender(
@@ -328,7 +336,7 @@ async def test_a_replay_carries_no_priority_or_reply_address_of_the_first_sender
         audit=audit,
         execute=True,
         rate_per_second=100,
-        operator="ops",
+        operator=Operator("ops", "test-host"),
         comment=None,
     )
 
@@ -359,7 +367,7 @@ async def test_a_replay_that_cannot_be_routed_leaves_the_message_in_the_dlq(
                 audit=audit,
                 execute=True,
                 rate_per_second=100,
-                operator="ops",
+                operator=Operator("ops", "test-host"),
                 comment=None,
             )
     finally:
@@ -383,7 +391,7 @@ async def test_a_purge_writes_the_body_to_the_audit_table_before_removing_the_me
         dlq.Selection(ids=frozenset({event_id})),
         audit=audit,
         execute=True,
-        operator="ops",
+        operator=Operator("ops", "test-host"),
         comment="test order",
     )
 
@@ -480,7 +488,7 @@ async def test_a_replay_sends_each_dead_letter_back_where_it_came_from(connectio
         audit=audit,
         execute=True,
         rate_per_second=100,
-        operator="ops",
+        operator=Operator("ops", "test-host"),
         comment=None,
     )
 
@@ -511,7 +519,7 @@ async def test_replay_and_purge_touch_only_the_queues_they_are_given(connection,
         dlq.Selection(everything=True),
         audit=audit,
         execute=True,
-        operator="ops",
+        operator=Operator("ops", "test-host"),
         comment=None,
         queues=dlq.dead_letter_queues([ORDER_SHIPPED.name]),
     )
@@ -524,3 +532,208 @@ async def test_replay_and_purge_touch_only_the_queues_they_are_given(connection,
         connection, dlq.Selection(everything=True), [ORDER_SHIPPED.dead_letter_queue]
     )
     assert shown == []
+
+
+async def fill_dead_letters(connection: aio_pika.abc.AbstractConnection, count: int) -> list[str]:
+    """``count`` service dead letters in the order-placed DLQ, published 200 at a time."""
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
+    ids = [str(uuid.uuid4()) for _ in range(count)]
+    headers: dict[str, object] = {h.FAILURE_CLASS: "permanent", h.EXCEPTION_TYPE: "Bulk"}
+    for start in range(0, count, 200):
+        await asyncio.gather(
+            *(
+                exchange.publish(
+                    aio_pika.Message(
+                        b'{"event_id": "%s"}' % event_id.encode(),
+                        message_id=event_id,
+                        headers=headers,  # type: ignore[arg-type] # aio-pika's invariant type
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    ),
+                    routing_key=ORDER_PLACED.dead_letter_routing_key,
+                    mandatory=True,
+                )
+                for event_id in ids[start : start + 200]
+            )
+        )
+    await channel.close()
+    return ids
+
+
+async def queue_ids(connection: aio_pika.abc.AbstractConnection, name: str) -> list[str]:
+    """The message ids of queue ``name`` in order, removing them (the test is over)."""
+    ids = []
+    channel = await connection.channel()
+    queue = await channel.get_queue(name)
+    while (message := await queue.get(no_ack=True, fail=False)) is not None:
+        ids.append(message.message_id or "")
+    await channel.close()
+    return ids
+
+
+async def test_list_walks_a_deep_dlq_holding_one_page_and_leaves_it_as_it_was(
+    connection, amqp_url: str
+) -> None:
+    page_size, total, arriving = 100, 3000, 50
+    ids = await fill_dead_letters(connection, total)
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, total)
+    lowest_ready = total
+    late: list[str] = []
+
+    async def watch() -> None:
+        # From another connection: what the walk holds is what is not ready.
+        nonlocal lowest_ready, late
+        async with await aio_pika.connect(amqp_url) as other:
+            while True:
+                lowest_ready = min(lowest_ready, await depth(other, DEAD_LETTER_QUEUE))
+                if not late:  # a worker dead-letters more while the walk runs
+                    late = await fill_dead_letters(other, arriving)
+                await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        groups = await dlq.list_groups(connection, [DEAD_LETTER_QUEUE], page_size=page_size)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    counted = sum(group.count for group in groups)
+    # It took the dead letters present when it started, some or none of those that came later.
+    assert total <= counted <= total + arriving, counted
+    assert lowest_ready >= total - page_size, lowest_ready
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, total + arriving, timeout=15), (
+        await depth(connection, DEAD_LETTER_QUEUE)
+    )
+    remaining = await queue_ids(connection, DEAD_LETTER_QUEUE)
+    assert sorted(remaining) == sorted(ids + late)  # nothing lost, nothing doubled
+    walked = [message_id for message_id in remaining if message_id in set(ids)]
+    assert walked == ids  # in the same order
+
+
+async def test_show_and_purge_page_past_the_prefetch_limit_in_flat_pages(connection, audit) -> None:
+    ids = await fill_dead_letters(connection, 1200)
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1200)
+    last = dlq.Selection(ids=frozenset({ids[-1]}))
+
+    shown = await dlq.find(connection, last, [DEAD_LETTER_QUEUE], page_size=50)
+    assert [letter.message.message_id for letter in shown] == [ids[-1]]
+    result = await dlq.purge(
+        connection,
+        last,
+        audit=audit,
+        execute=True,
+        operator=Operator("ops", "test-host"),
+        comment=None,
+        queues=[DEAD_LETTER_QUEUE],
+        page_size=50,
+    )
+
+    assert (result.matched, result.done, result.most_held) == (1, 1, 50)
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1199)
+
+
+async def test_a_replay_refuses_a_dead_letter_replayed_the_limit_unless_forced(
+    connection, audit
+) -> None:
+    body, event_id = an_event()
+    await put_service_dead_letter(
+        connection, body, message_id=event_id, extra_headers={h.REPLAY_COUNT: 3}
+    )
+    refusals: list[dlq.Refusal] = []
+    chosen = dlq.Selection(ids=frozenset({event_id}))
+
+    async def run(*, force: bool) -> dlq.RunResult:
+        return await dlq.replay(
+            connection,
+            chosen,
+            audit=audit,
+            execute=True,
+            rate_per_second=100,
+            operator=Operator("ops", "test-host"),
+            comment=None,
+            rules=dlq.ReplayRules(replay_limit=3, force=force),
+            on_refused=refusals.append,
+        )
+
+    refused = await run(force=False)
+    assert (refused.matched, refused.done, refused.refused) == (1, 0, 1)
+    assert refusals[0].reason == (
+        f"{event_id} in {DEAD_LETTER_QUEUE} was replayed 3 time(s), the limit is 3 "
+        "(FULFILMENT_REPLAY_LIMIT): refused, left in the dead-letter queue; add --force to "
+        "replay it again"
+    )
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await audit_rows(audit) == []
+
+    forced = await run(force=True)
+    assert (forced.done, forced.refused) == (1, 0)
+    channel = await connection.channel()
+    replayed = await (await channel.get_queue(MAIN_QUEUE)).get(no_ack=True)
+    await channel.close()
+    assert replayed.headers[h.REPLAY_COUNT] == 4
+
+
+async def test_a_replay_counts_the_audit_when_the_header_was_lost(connection, audit) -> None:
+    body, event_id = an_event()
+    await put_service_dead_letter(connection, body, message_id=event_id)  # no replay count
+    async with audit.begin() as db:
+        for _ in range(2):
+            await db.execute(
+                sa.text(
+                    "INSERT INTO dead_letter_audit (run_id, action, event_id, failure_class,"
+                    " exception_type, reason, headers, body, operator)"
+                    " VALUES (gen_random_uuid(), 'replayed', :event_id, 'permanent', 'E', 'r',"
+                    " '{}', '', 'ops')"
+                ),
+                {"event_id": event_id},
+            )
+    refusals: list[dlq.Refusal] = []
+
+    result = await dlq.replay(
+        connection,
+        dlq.Selection(ids=frozenset({event_id})),
+        audit=audit,
+        execute=True,
+        rate_per_second=100,
+        operator=Operator("ops", "test-host"),
+        comment=None,
+        rules=dlq.ReplayRules(replay_limit=2),
+        on_refused=refusals.append,
+    )
+
+    assert (result.done, result.refused) == (0, 1)
+    assert "was replayed 2 time(s), the limit is 2" in refusals[0].reason
+
+
+async def test_a_replay_refuses_a_dead_letter_older_than_the_processed_id_retention_even_forced(
+    connection, audit
+) -> None:
+    body, event_id = an_event()
+    await put_service_dead_letter(
+        connection,
+        body,
+        message_id=event_id,
+        dead_lettered_at=datetime.now(UTC) - timedelta(days=31),
+    )
+    refusals: list[dlq.Refusal] = []
+
+    result = await dlq.replay(
+        connection,
+        dlq.Selection(everything=True),
+        audit=audit,
+        execute=True,
+        rate_per_second=100,
+        operator=Operator("ops", "test-host"),
+        comment=None,
+        rules=dlq.ReplayRules(force=True, max_age_seconds=30 * 86_400),
+        on_refused=refusals.append,
+    )
+
+    assert (result.done, result.refused) == (0, 1)
+    assert refusals[0].reason == (
+        f"{event_id} in {DEAD_LETTER_QUEUE} was dead-lettered 31d ago, longer than the "
+        "processed-id retention (FULFILMENT_PROCESSED_ID_RETENTION_SECONDS=2592000 s): its "
+        "inbox row may be pruned, so a replay could apply it twice; refused, left in the "
+        "dead-letter queue (--force does not apply)"
+    )
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)

@@ -13,8 +13,8 @@ def test_a_privilege_that_the_kind_of_object_does_not_have_is_refused() -> None:
         Decision("table", ("SELECT", "EXECUTE"), "a mistake")
 
 
-def test_the_dead_letter_audit_is_insert_only_and_nothing_may_be_truncated() -> None:
-    assert RUNTIME_PRIVILEGES["dead_letter_audit"].privileges == ("INSERT",)
+def test_the_dead_letter_audit_is_append_only_and_nothing_may_be_truncated() -> None:
+    assert RUNTIME_PRIVILEGES["dead_letter_audit"].privileges == ("SELECT", "INSERT")
     assert all(
         "TRUNCATE" not in decision.privileges and decision.why
         for decision in RUNTIME_PRIVILEGES.values()

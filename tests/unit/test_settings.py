@@ -247,3 +247,30 @@ def test_the_runtime_role_is_unset_by_default_and_read_when_set(
     assert load_settings().database_runtime_role == ""
     monkeypatch.setenv("FULFILMENT_DATABASE_RUNTIME_ROLE", "fulfilment_runtime")
     assert load_settings().database_runtime_role == "fulfilment_runtime"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FULFILMENT_DEAD_LETTER_TTL_SECONDS", "2592000"),  # as long as the retention
+        ("FULFILMENT_OUTBOX_RETENTION_SECONDS", "3000000"),
+    ],
+)
+def test_a_processed_id_retention_not_longer_than_a_message_can_come_back_is_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == (
+        f"{variable}={int(value)} must be less than "
+        "FULFILMENT_PROCESSED_ID_RETENTION_SECONDS=2592000"
+    )
+
+
+def test_the_retention_defaults_outlive_the_dead_letter_queue_and_the_outbox() -> None:
+    settings = load_settings()
+    assert settings.processed_id_retention_seconds == 30 * 86_400
+    assert settings.dead_letter_ttl_seconds == 14 * 86_400
+    assert settings.outbox_retention_seconds < settings.processed_id_retention_seconds
+    assert settings.replay_limit == 3

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,13 @@ refused publish stops the run quickly."""
 
 BROWSE_IDLE_SECONDS = 1.0
 """How long browsing waits for one more message before deciding the queue has been seen."""
+
+WALK_IDLE_SECONDS = 5.0
+"""How long a walk waits for a message the queue's depth promised before it looks whether the
+queue still has messages ready (a slow broker) or none (another reader took them)."""
+
+WALK_IDLE_WAITS = 6
+"""Waits of ``WALK_IDLE_SECONDS`` a walk makes for one message while the queue has some ready."""
 
 
 class BrokerUnavailableError(Exception):
@@ -309,55 +317,257 @@ async def peek_head(connection: AbstractConnection, queue: str) -> AbstractIncom
             await channel.close()
 
 
-class ClaimedMessages:
-    """Messages taken from a queue one at a time and held unacknowledged until settled.
+WALK_HEADER = "x-fulfilment-walk-id"
+"""Header of a message a :class:`QueueWalk` put back at the tail of its queue: the walk's id.
 
-    Used by ``fulfilment dlq replay`` and ``purge``: a message leaves the queue only when
-    :meth:`remove` acknowledges it; every message not removed goes back to the queue, in its
-    place, when the channel closes (also on a crash or a lost connection).
+A walk that meets a message carrying its own id has gone round the whole queue and stops.
+"""
+
+WALK_PAGE_SIZE = 500
+"""Messages a walk holds unacknowledged at most (its prefetch): the page it reads, then settles."""
+
+_NOT_COPIED = frozenset({WALK_HEADER, "x-delivery-count"})
+"""Headers a walk does not copy: its own mark (set anew) and the broker's redelivery count,
+which in a DLQ counts earlier looks, not the deliveries that killed the message."""
+
+
+@dataclass(slots=True)
+class WalkStats:
+    """What a walk did.
+
+    Messages ``taken`` from the queue, ``kept`` (back at its tail) and ``removed``, and
+    ``most_held``, the most it held unacknowledged at once.
     """
 
-    def __init__(self, channel: AbstractChannel, queue: str, limit: int) -> None:
-        self._channel = channel
+    taken: int = 0
+    kept: int = 0
+    removed: int = 0
+    most_held: int = 0
+
+
+class QueueWalk:
+    """A walk through the messages a queue holds when it starts, a page at a time.
+
+    A queue cannot be read past its first messages without taking them: a consumer sees at
+    most its prefetch (at most 65,535, the AMQP field's size) of unacknowledged messages, and
+    a message it returns goes back to the head, where it is delivered again. So the walk
+    *rotates* the queue: it consumes with a prefetch of ``page_size``, and settles every
+    message of a page with :meth:`settle` before it reads the next one. A message the caller
+    keeps is copied (body, properties, headers, marked with the walk's id in
+    :data:`WALK_HEADER`) to the tail of the same queue through the default exchange,
+    mandatory and confirmed; then the whole page is acknowledged at once, which removes the
+    rest (the caller has done its own work for them already, e.g. a replay's publish and audit
+    row). One ``multiple`` acknowledgement per page, not one per message: with one per
+    message, RabbitMQ 3.10.8 sometimes put back some acknowledged messages of the last page
+    when the channel closed right after (walks of 1,050 and 1,200 left 1,062 and 1,216:
+    copies and originals both), likely its quorum-queue client holding back settlements past
+    its limit of commands in flight; with one per page, none in every run since.
+
+    Hence the broker holds at most ``page_size`` messages unacknowledged and the process at
+    most one page, however deep the queue (:attr:`stats`' ``most_held``). A walk that keeps
+    everything leaves the queue as it found it, in the same order. It takes at most the
+    queue's depth at the start, and stops early at a message carrying its own id, so it never
+    reads a message twice; messages that workers dead-letter meanwhile go to the tail behind
+    the ones being walked, and are left for the next walk. A crash between a copy's confirm
+    and the original's ack leaves both in the queue: a dead letter seen twice, never none (a
+    replay of the second copy is an inbox duplicate). Messages not settled when the walk ends
+    (the rest of a page after a failure, or the own copy that stopped it) go back to the head
+    of the queue when its channel closes.
+
+    A walk is for a queue no worker consumes (a DLQ): a competing consumer would take the
+    pages' messages from under it. The copy carries the original's ``x-death`` as an ordinary
+    header: RabbitMQ 3.10 to 3.13 keep it as it is; 4.0 and later no longer interpret an
+    ``x-death`` a client sends and deliver it as it was written. The ``user_id`` property is
+    not copied (the broker refuses one that is not the walker's own login).
+    """
+
+    def __init__(  # noqa: PLR0913 - the connection, the publishing channel, the queue, bounds
+        self,
+        connection: AbstractConnection,
+        confirming: AbstractChannel,
+        queue: str,
+        *,
+        limit: int,
+        page_size: int,
+        idle_seconds: float,
+    ) -> None:
+        self._connection = connection
+        self._confirming = confirming
+        self._channels: list[AbstractChannel] = [confirming]
         self._queue = queue
         self._left = limit
+        self._page_size = page_size
+        self._idle_seconds = idle_seconds
+        self._walk_id = uuid.uuid4().hex
+        self._held = 0
+        self.stats = WalkStats()
 
-    async def next(self) -> AbstractIncomingMessage | None:
-        """The next message, or None once the queue is empty or ``limit`` messages were taken.
+    async def pages(self) -> AsyncIterator[list[AbstractIncomingMessage]]:
+        """The queue's messages in queue order, ``page_size`` at most per list.
 
-        The limit (the queue's depth when the claim began) keeps a message that comes back to
-        the queue meanwhile, e.g. a replay that failed again, from being taken twice.
+        Every page must be settled (:meth:`settle`) before the next page is asked for. While
+        a page or more is left past the one being read, a consumer with a prefetch of
+        ``page_size`` reads it: settling a page lets the broker
+        send the next ``page_size``, all of them within the walk. That consumer is cancelled
+        while the last such page is still held (so the broker has sent nothing past it), and
+        the rest, less than a page, is read by a consumer whose prefetch is exactly what is
+        left. So no message past the walk's end is ever sent to it, to be returned to the head
+        out of order (a quorum queue does not keep the order of many returns).
         """
-        if self._left <= 0:
-            return None
-        source = await self._channel.get_queue(self._queue, ensure=False)
-        message = await source.get(no_ack=False, fail=False)
-        if message is not None:
+        while self._left > 0:
+            prefetch = min(self._page_size, self._left)
+            channel = await self._connection.channel()
+            self._channels.append(channel)
+            await channel.set_qos(prefetch_count=prefetch)
+            source = await channel.get_queue(self._queue, ensure=False)
+            async with source.iterator(no_ack=False) as messages:
+                while True:
+                    page = await self._read_page(lambda: anext(aiter(messages)))
+                    if len(page) == prefetch and self._left >= prefetch:
+                        yield page  # the broker sends the next page, all within the walk
+                        continue
+                    break
+            # Cancelled while ``page`` is held: no message past it was sent.
+            if page:
+                yield page
+
+    async def close(self) -> None:
+        """Close the walk's channels: every message not settled goes back to the head."""
+        for channel in self._channels:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def _read_page(
+        self, receive: Callable[[], Awaitable[AbstractIncomingMessage | None]]
+    ) -> list[AbstractIncomingMessage]:
+        """Up to ``page_size`` messages of the walk from ``receive``; fewer at its end."""
+        page: list[AbstractIncomingMessage] = []
+        waits = 0
+        while self._left > 0 and len(page) < self._page_size:
+            try:
+                async with asyncio.timeout(self._idle_seconds):
+                    message = await receive()
+            except StopAsyncIteration:
+                message = None
+            except TimeoutError:
+                # A slow broker, or another reader took the rest: wait on while the queue
+                # still has messages ready, a few times, then end the walk.
+                state = await queue_state(self._connection, self._queue)
+                waits += 1
+                if state is not None and state.ready > 0 and waits < WALK_IDLE_WAITS:
+                    continue
+                message = None
+            if message is None:
+                self._left = 0
+                break
+            if (message.headers or {}).get(WALK_HEADER) == self._walk_id:
+                # Round the whole queue (its depth was counted high): back to the head.
+                await message.nack(requeue=True)
+                self._left = 0
+                break
             self._left -= 1
-        return message
+            self._held += 1
+            self.stats.taken += 1
+            self.stats.most_held = max(self.stats.most_held, self._held)
+            page.append(message)
+        return page
 
     @staticmethod
-    async def remove(message: AbstractIncomingMessage) -> None:
-        """Acknowledge ``message``: it leaves the queue for good."""
-        await message.ack()
+    async def remove_now(messages: Sequence[AbstractIncomingMessage]) -> None:
+        """Acknowledge ``messages`` one by one, before their page is settled.
+
+        For a page cut short by a failure: the messages already done (replayed, purged) leave
+        the queue, the rest of the page goes back to its head when the walk ends.
+        """
+        for message in messages:
+            await message.ack()
+
+    async def settle(
+        self,
+        page: Sequence[AbstractIncomingMessage],
+        *,
+        keep: Collection[AbstractIncomingMessage] = (),
+    ) -> None:
+        """Put ``keep`` back at the tail of the queue, then remove the whole ``page``.
+
+        ``keep`` (messages of ``page``) are copied to the tail, each confirmed, in page order;
+        then one acknowledgement (``multiple``) removes every message of the page, originals
+        of the copies and the rest alike.
+
+        Raises:
+            UnroutableError, aiormq.exceptions.DeliveryError, TimeoutError: a copy was not
+                confirmed; the whole page stays where it was (copies confirmed before it
+                are in the queue twice).
+        """
+        if not page:
+            return
+        chosen = {id(message) for message in keep}
+        kept = [message for message in page if id(message) in chosen]
+        async with asyncio.TaskGroup() as group:
+            for message in kept:
+                group.create_task(
+                    publish_confirmed(
+                        self._confirming,
+                        _copy(message, self._walk_id),
+                        exchange="",
+                        routing_key=self._queue,
+                        timeout_seconds=self._idle_seconds * 10,
+                    )
+                )
+        await page[-1].ack(multiple=True)
+        self._held -= len(page)
+        self.stats.kept += len(kept)
+        self.stats.removed += len(page) - len(kept)
+
+
+def _copy(message: AbstractIncomingMessage, walk_id: str) -> aio_pika.Message:
+    headers = {
+        key: value for key, value in (message.headers or {}).items() if key not in _NOT_COPIED
+    }
+    headers[WALK_HEADER] = walk_id
+    return aio_pika.Message(
+        message.body,
+        headers=headers,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        priority=message.priority,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        expiration=message.expiration,
+        message_id=message.message_id,
+        timestamp=message.timestamp,
+        type=message.type,
+        app_id=message.app_id,
+    )
 
 
 @contextlib.asynccontextmanager
-async def claim_messages(
-    connection: AbstractConnection, queue: str
-) -> AsyncIterator[ClaimedMessages]:
-    """Claim the messages of ``queue`` present now (see :class:`ClaimedMessages`).
+async def walk_queue(
+    connection: AbstractConnection,
+    queue: str,
+    *,
+    page_size: int = WALK_PAGE_SIZE,
+    idle_seconds: float = WALK_IDLE_SECONDS,
+) -> AsyncIterator[QueueWalk]:
+    """A :class:`QueueWalk` of the messages ``queue`` holds now (none when it is missing).
 
-    Yields a claim limited to the queue's depth at the start (0 when the queue is missing).
+    Every message not settled by the end goes back to the head of the queue.
     """
     state = await queue_state(connection, queue)
-    channel = await connection.channel()
+    confirming = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    walk = QueueWalk(
+        connection,
+        confirming,
+        queue,
+        limit=state.ready if state else 0,
+        page_size=page_size,
+        idle_seconds=idle_seconds,
+    )
     try:
-        yield ClaimedMessages(channel, queue, state.ready if state else 0)
+        yield walk
     finally:
-        # Closing without acknowledging returns every message that was not removed.
-        if not channel.is_closed:
-            await channel.close()
+        await walk.close()
 
 
 async def publish_confirmed(

@@ -35,10 +35,13 @@ ORIGINAL_EXCHANGE = f"{HEADER_PREFIX}original-exchange"
 ORIGINAL_ROUTING_KEY = f"{HEADER_PREFIX}original-routing-key"
 REPLAYED_AT = f"{HEADER_PREFIX}replayed-at"
 REPLAY_ID = f"{HEADER_PREFIX}replay-id"
+REPLAY_COUNT = f"{HEADER_PREFIX}replay-count"
+"""How often the message was replayed from a DLQ: carried across replays and dead letters, so
+``fulfilment dlq replay`` can refuse one replayed ``FULFILMENT_REPLAY_LIMIT`` times."""
 
-REPLAY_HEADERS = frozenset({REPLAY_ID, REPLAYED_AT})
+REPLAY_HEADERS = frozenset({REPLAY_ID, REPLAYED_AT, REPLAY_COUNT})
 """The ``x-fulfilment-*`` headers a replayed message carries (``replay_headers``); a dead letter
-of it keeps them, so it can be traced to the audit table."""
+of it keeps them, so it can be traced to the audit table and its replays counted."""
 
 BROKER_HEADERS = ("x-death", "x-delivery-count")
 """Headers RabbitMQ sets on dead-lettering and redelivery."""
@@ -183,15 +186,35 @@ def describe_dead_letter(
     )
 
 
+def replay_count(headers: Mapping[str, object] | None) -> int:
+    """The :data:`REPLAY_COUNT` of ``headers``: 0 when absent or not a whole number >= 0."""
+    value = (headers or {}).get(REPLAY_COUNT)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return 0
+    try:
+        count = int(value)
+    except ValueError:
+        return 0
+    return max(count, 0)
+
+
 def replay_headers(
-    headers: Mapping[str, object] | None, *, replay_id: str, replayed_at: datetime
+    headers: Mapping[str, object] | None,
+    *,
+    replay_id: str,
+    replayed_at: datetime,
+    replays_before: int = 0,
 ) -> dict[str, object]:
     """The headers a replayed message is published with.
 
     The broker's dead-lettering and redelivery headers and every ``x-fulfilment-*`` header are
     dropped (the replay is a fresh delivery, and its old reasons would mislead a second dead
     letter); the producer's own headers stay; :data:`REPLAY_ID` and :data:`REPLAYED_AT` are
-    added so a replayed message, and a dead letter of it, can be traced to the audit table.
+    added so a replayed message, and a dead letter of it, can be traced to the audit table, and
+    :data:`REPLAY_COUNT` is set to ``replays_before + 1`` (the replays the caller counted,
+    from this header and from the audit table).
     """
     kept: dict[str, object] = {
         key: value
@@ -202,6 +225,7 @@ def replay_headers(
     }
     kept[REPLAY_ID] = replay_id
     kept[REPLAYED_AT] = replayed_at.astimezone(UTC).isoformat()
+    kept[REPLAY_COUNT] = replays_before + 1
     return kept
 
 

@@ -96,6 +96,7 @@ from fulfilment.tools.command import (
 )
 from fulfilment.tools.demo_result_events import ResultEventTally
 from fulfilment.tools.dlq import Selection, purge
+from fulfilment.tools.dlq_commands import operator_identity
 from fulfilment.tools.online_retail import ReadResult, RetailOrder
 from fulfilment.tools.publish import publish_in_order
 from fulfilment.tools.report import collect_report, reconcile, render_report
@@ -644,7 +645,7 @@ class _Reset:
                 Selection(everything=True),
                 audit=warehouse.engine,
                 execute=True,
-                operator=f"{database.user} (fulfilment demo --reset)",
+                operator=operator_identity(f"{database.user} (fulfilment demo --reset)"),
                 comment="fulfilment demo --reset",
                 queues=DEAD_LETTER_QUEUES,
             )

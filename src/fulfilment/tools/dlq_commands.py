@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from fulfilment.adapters.postgres.admin import warehouse_session
+from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.rabbitmq import connect
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dlq import (
     DeadLetter,
+    Refusal,
+    ReplayRules,
     ReplayStoppedError,
     RunResult,
     Selection,
@@ -92,7 +97,7 @@ async def show_command(  # noqa: PLR0913 - each option of the command, by name
         BrokerUnavailableError: RabbitMQ does not answer.
     """
     async with connect(amqp_url) as connection:
-        letters = (await find(connection, selection, queues))[:limit]
+        letters = await find(connection, selection, queues, limit=limit)
     if as_json:
         echo(json.dumps([letter.to_document() for letter in letters], indent=2))
     elif not letters:
@@ -110,14 +115,17 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     operator: str | None,
     comment: str | None,
     echo: Echo,
+    rules: ReplayRules | None = None,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
 ) -> None:
     """``fulfilment dlq replay``: :func:`replay`, echoing each dead letter and a summary.
 
-    ``operator`` defaults to the user running the command.
+    ``operator`` is the stated name (``--operator``), recorded beside the OS user and host
+    (:func:`operator_identity`). Each refused dead letter is echoed as ``refused: <why>``.
 
     Raises:
-        CommandError: the replay stopped (exit 1); the rest stay in the DLQ.
+        CommandError: the replay stopped (exit 1; the rest stay in the DLQ), or, executed,
+            refused some (exit 1, after the summary; those stay in the DLQ).
         BrokerUnavailableError, DatabaseUnavailableError: a service does not answer (the
             database is only needed to execute).
     """
@@ -130,10 +138,12 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
                 audit=audit,
                 execute=execute,
                 rate_per_second=rate_per_second,
-                operator=_operator(operator),
+                operator=operator_identity(operator),
                 comment=comment,
+                rules=rules,
                 queues=queues,
                 on_each=on_each,
+                on_refused=lambda refusal: _echo_refusal(refusal, echo),
             ),
             execute=execute,
             verb="replay",
@@ -143,6 +153,10 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
         msg = f"{error}; the rest are still in the dead-letter queue"
         raise CommandError(msg) from error
     echo(_summary(result, verb="replayed"))
+    if result.executed and result.refused:
+        # Not everything asked for was done: a script running the replay must see it.
+        msg = f"{result.refused} dead letter(s) refused (the lines above say why), left in the DLQ"
+        raise CommandError(msg)
 
 
 async def purge_command(  # noqa: PLR0913 - each option of the command, by name
@@ -157,7 +171,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
 ) -> None:
     """``fulfilment dlq purge``: :func:`purge`, echoing each dead letter and a summary.
 
-    ``operator`` defaults to the user running the command.
+    ``operator`` is the stated name, recorded beside the OS user and host.
 
     Raises:
         BrokerUnavailableError, DatabaseUnavailableError: a service does not answer (the
@@ -170,7 +184,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
             selection,
             audit=audit,
             execute=execute,
-            operator=_operator(operator),
+            operator=operator_identity(operator),
             comment=comment,
             queues=queues,
             on_each=on_each,
@@ -205,19 +219,28 @@ async def _on_dead_letters(
             return await action(connection, warehouse.engine, each)
 
 
-def _operator(given: str | None) -> str:
-    if given:
-        return given
+def operator_identity(stated: str | None) -> Operator:
+    """Who runs the command: the OS user and host from the environment, and ``stated``.
+
+    The OS user is ``getpass.getuser()`` (``LOGNAME``, ``USER``, ``LNAME``, ``USERNAME``, then
+    the password database), else ``uid:<n>``: a container's user often has no entry.
+    """
     try:
-        return getpass.getuser()
+        os_user = getpass.getuser()
     except (KeyError, OSError):  # no user name in the environment or the password database
-        return "unknown"
+        os_user = f"uid:{os.getuid()}"
+    return Operator(os_user=os_user, host=socket.gethostname(), stated=stated or None)
+
+
+def _echo_refusal(refusal: Refusal, echo: Echo) -> None:
+    echo(f"refused: {refusal.reason}")
 
 
 def _summary(result: RunResult, *, verb: str) -> str:
+    refused = f", {result.refused} refused (left in the DLQ)" if result.refused else ""
     if not result.executed:
         return (
-            f"dry run: {result.matched} dead letter(s) would be {verb}; "
-            "nothing changed (add --yes to do it)"
+            f"dry run: {result.matched - result.refused} dead letter(s) would be {verb}"
+            f"{refused}; nothing changed (add --yes to do it)"
         )
-    return f"{verb} {result.done} of {result.matched} dead letter(s), run {result.run_id}"
+    return f"{verb} {result.done} of {result.matched} dead letter(s){refused}, run {result.run_id}"

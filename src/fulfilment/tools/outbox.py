@@ -1,17 +1,39 @@
-"""``fulfilment outbox prune``: delete the published outbox rows past their retention.
+"""``fulfilment prune`` and ``fulfilment outbox prune``: delete rows past their retention.
 
-Run by a Kubernetes CronJob (``k8s/outbox-prune-cronjob.yaml``). Unpublished rows are never
-deleted, whatever their age: they are events the relay still owes the broker.
+``fulfilment prune`` (the Kubernetes CronJob ``k8s/prune-cronjob.yaml``, hourly) deletes the
+published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` and the inbox's
+processed ids older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` that are safe to delete
+(``adapters.postgres.inbox``). ``fulfilment outbox prune`` does the first alone, as before.
+Unpublished outbox rows are never deleted, whatever their age: they are events the relay still
+owes the broker.
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 
 from fulfilment.adapters.postgres.engine import asyncpg_dsn
 from fulfilment.adapters.postgres.errors import connection_failure
+from fulfilment.adapters.postgres.inbox import prune_processed
 from fulfilment.adapters.postgres.outbox import prune_published
 from fulfilment.tools.command import Echo, ToolOptions
+
+
+@asynccontextmanager
+async def _connect(options: ToolOptions) -> AsyncIterator[asyncpg.Connection]:
+    try:
+        connection = await asyncpg.connect(
+            asyncpg_dsn(options.database.url), timeout=options.database.connect_timeout_seconds
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+        raise connection_failure(options.database.url, error) from error
+    try:
+        yield connection
+    finally:
+        await connection.close()
 
 
 async def prune_command(
@@ -24,16 +46,40 @@ async def prune_command(
     Raises:
         DatabaseUnavailableError, DatabaseRefusedError: PostgreSQL does not answer or refuses.
     """
-    try:
-        connection = await asyncpg.connect(
-            asyncpg_dsn(options.database.url), timeout=options.database.connect_timeout_seconds
-        )
-    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
-        raise connection_failure(options.database.url, error) from error
-    try:
+    async with _connect(options) as connection:
         deleted = await prune_published(
             connection, older_than_seconds=retention_seconds, batch_size=batch_size
         )
-    finally:
-        await connection.close()
     echo(f"outbox prune: {deleted} published rows older than {retention_seconds:g} s deleted")
+
+
+async def prune_all_command(
+    options: ToolOptions,
+    *,
+    outbox_retention_seconds: float,
+    processed_id_retention_seconds: float,
+    batch_size: int,
+    echo: Echo,
+) -> None:
+    """``fulfilment prune``: the outbox (as :func:`prune_command`), then the inbox.
+
+    Echoes the outbox's line, then
+    ``inbox prune: <n> processed ids older than <s> s deleted (<consumer>)``.
+
+    Raises:
+        DatabaseUnavailableError, DatabaseRefusedError: PostgreSQL does not answer or refuses.
+    """
+    await prune_command(
+        options, retention_seconds=outbox_retention_seconds, batch_size=batch_size, echo=echo
+    )
+    async with _connect(options) as connection:
+        deleted = await prune_processed(
+            connection,
+            consumer=options.consumer,
+            older_than_seconds=processed_id_retention_seconds,
+            batch_size=batch_size,
+        )
+    echo(
+        f"inbox prune: {deleted} processed ids older than {processed_id_retention_seconds:g} s"
+        f" deleted ({options.consumer})"
+    )

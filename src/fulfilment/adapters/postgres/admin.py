@@ -119,6 +119,7 @@ async def processed_event_ids(
 
 RESET_TABLES = (
     "inbox_messages",
+    "inbox_pruned",
     "reservation_lines",
     "reservations",
     "tombstone_lines",
@@ -209,7 +210,9 @@ async def reset_tables(warehouse: PostgresWarehouse) -> dict[str, int]:
     """Empty the tables of :data:`RESET_TABLES`; return the rows each held.
 
     For ``demo --reset``. The outbox goes too, published or not: its result events tell of
-    the orders removed. One transaction: the counts are those the ``TRUNCATE`` removed.
+    the orders removed; and so do the counts of pruned inbox rows (``inbox_pruned``), which
+    the invariant check adds to the inbox's. One transaction: the counts are those the
+    ``TRUNCATE`` removed.
     """
     async with warehouse.engine.begin() as connection:
         # Locked first, so that nothing is written between the counts and the TRUNCATE.

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fulfilment.adapters.postgres.tables import (
     inbox_messages,
+    inbox_pruned,
     outbox,
     reservation_lines,
     reservations,
@@ -82,7 +83,8 @@ class OutcomeReport:
         shipped: orders shipped: their lines left the warehouse.
         cancelled: tombstones: orders cancelled before their ``OrderPlaced`` came.
         duplicate_orders: events for an order that an earlier event had already placed.
-        inbox_total: events processed, of every kind (rows of ``inbox_messages``).
+        inbox_total: events processed, of every kind (rows of ``inbox_messages``, and those
+            ``fulfilment prune`` deleted, counted in ``inbox_pruned``).
         processed: those events per recorded outcome (``reserved``, ``rejected``,
             ``duplicate_order``, ``released``, ``partially_released``, ``tombstoned``,
             ``cancel_ignored``, ``cancel_after_ship``, ``shipped``, ``ship_ignored``: the
@@ -147,6 +149,15 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
         sa.select(inbox_messages.c.outcome, sa.func.count()).group_by(inbox_messages.c.outcome)
     )
     by_outcome: dict[str, int] = dict(sorted(outcomes.all()))
+    # Rows ``fulfilment prune`` deleted still count as processed (migration 0010).
+    pruned = await connection.execute(
+        sa.select(inbox_pruned.c.outcome, sa.func.sum(inbox_pruned.c.rows)).group_by(
+            inbox_pruned.c.outcome
+        )
+    )
+    for outcome, rows in pruned:
+        by_outcome[outcome] = by_outcome.get(outcome, 0) + int(rows)
+    by_outcome = dict(sorted(by_outcome.items()))
     inbox_total = sum(by_outcome.values())
     duplicate_orders = by_outcome.get("duplicate_order", 0)
     # Every order but a tombstone was placed by one event, recorded reserved or rejected; a

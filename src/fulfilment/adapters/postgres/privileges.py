@@ -106,10 +106,16 @@ RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
     ),
     "dead_letter_audit": Decision(
         "table",
-        ("INSERT",),
-        "`fulfilment dlq replay` and `purge` record each message before it leaves the DLQ;"
-        " insert only, so that nothing run with the runtime secret can read back, change or"
-        " delete the audit trail",
+        ("SELECT", "INSERT"),
+        "`fulfilment dlq replay` and `purge` record each message before it leaves the DLQ,"
+        " and replay counts an event's earlier replays there (FULFILMENT_REPLAY_LIMIT);"
+        " append-only: nothing run with the runtime secret can change or delete the trail",
+    ),
+    "inbox_pruned": Decision(
+        "table",
+        ("SELECT",),
+        "the invariant monitor and `report` add the inbox rows `fulfilment prune` deleted to"
+        " the inbox's counts; written only by that prune, which runs as the owner",
     ),
     "alembic_version": Decision(
         "table",

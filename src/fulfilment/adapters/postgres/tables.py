@@ -250,6 +250,9 @@ dead_letter_audit = sa.Table(
     sa.Column("body", sa.LargeBinary, nullable=False),
     sa.Column("operator", sa.Text, nullable=False),
     sa.Column("comment", sa.Text, nullable=True),
+    sa.Column("os_user", sa.Text, nullable=True),
+    sa.Column("host", sa.Text, nullable=True),
+    sa.Column("database_user", sa.Text, nullable=False, server_default=sa.text("session_user")),
     sa.Column(
         "performed_at",
         sa.DateTime(timezone=True),
@@ -264,3 +267,16 @@ dead_letter_audit = sa.Table(
 """One row per dead letter replayed or purged by ``fulfilment dlq`` (migration 0004), written
 before the message leaves the DLQ; ``run_id`` is the ``x-fulfilment-replay-id`` of a replay,
 and ``event_id`` is text because a malformed body may hold anything there."""
+
+inbox_pruned = sa.Table(
+    "inbox_pruned",
+    metadata,
+    sa.Column("consumer", sa.Text, primary_key=True),
+    sa.Column("outcome", sa.Text, primary_key=True),
+    sa.Column("rows", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("consumer", "outcome", name="inbox_pruned_pkey"),
+    sa.CheckConstraint("rows >= 0", name="inbox_pruned_rows_not_negative"),
+)
+"""How many ``inbox_messages`` rows of each outcome ``fulfilment prune`` deleted (migration
+0010), added in the transaction that deletes them, so the report's outcome counts and the
+invariant check (``outcomes``) still count every event ever processed."""
