@@ -94,8 +94,12 @@ async def test_the_worker_the_relay_and_the_tools_run_through_amqps_as_the_servi
             assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = '85123A'") == 4
 
             async def published() -> bool:
+                # By event id: the session's database held other tests' outbox rows before.
                 return bool(
-                    await db.fetchval("SELECT published_at IS NOT NULL FROM outbox WHERE id = 1")
+                    await db.fetchval(
+                        "SELECT published_at IS NOT NULL FROM outbox WHERE event_id = $1",
+                        uuid.UUID(reserved.message_id),
+                    )
                 )
 
             await wait_for(published, what="the relay's mark after the confirm")

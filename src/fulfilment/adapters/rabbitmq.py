@@ -16,6 +16,7 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractIncomingMessage
 
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, describe_dead_letter
+from fulfilment.contracts.topology import route_to
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -348,20 +349,20 @@ class WalkStats:
 class QueueWalk:
     """A walk through the messages a queue holds when it starts, a page at a time.
 
-    A queue cannot be read past its first messages without taking them: a consumer sees at
-    most its prefetch (at most 65,535, the AMQP field's size) of unacknowledged messages, and
-    a message it returns goes back to the head, where it is delivered again. So the walk
-    *rotates* the queue: it consumes with a prefetch of ``page_size``, and settles every
-    message of a page with :meth:`settle` before it reads the next one. A message the caller
-    keeps is copied (body, properties, headers, marked with the walk's id in
-    :data:`WALK_HEADER`) to the tail of the same queue through the default exchange,
-    mandatory and confirmed; then the whole page is acknowledged at once, which removes the
-    rest (the caller has done its own work for them already, e.g. a replay's publish and audit
-    row). One ``multiple`` acknowledgement per page, not one per message: with one per
-    message, RabbitMQ 3.10.8 sometimes put back some acknowledged messages of the last page
-    when the channel closed right after (walks of 1,050 and 1,200 left 1,062 and 1,216:
-    copies and originals both), likely its quorum-queue client holding back settlements past
-    its limit of commands in flight; with one per page, none in every run since.
+    A queue cannot be read past its first messages without taking them: a consumer sees at most
+    its prefetch (at most 65,535, the AMQP field's size) of unacknowledged messages, and a
+    message it returns goes back to the head, where it is delivered again. So the walk *rotates*
+    the queue: it consumes with a prefetch of ``page_size``, and settles every message of a page
+    with :meth:`settle` before it reads the next one. A message the caller keeps is copied
+    (body, properties, headers, marked with the walk's id in :data:`WALK_HEADER`) to the tail of
+    the same queue (through ``tail``: the exchange and routing key that reach it), mandatory and
+    confirmed; then the whole page is acknowledged at once, which removes the rest (the caller
+    has done its own work for them already, e.g. a replay's publish and audit row). One
+    ``multiple`` acknowledgement per page, not one per message: with one per message, RabbitMQ
+    3.10.8 sometimes put back some acknowledged messages of the last page when the channel
+    closed right after (walks of 1,050 and 1,200 left 1,062 and 1,216: copies and originals
+    both), likely its quorum-queue client holding back settlements past its limit of commands in
+    flight; with one per page, none in every run since.
 
     Hence the broker holds at most ``page_size`` messages unacknowledged and the process at
     most one page, however deep the queue (:attr:`stats`' ``most_held``). A walk that keeps
@@ -390,8 +391,10 @@ class QueueWalk:
         limit: int,
         page_size: int,
         idle_seconds: float,
+        tail: tuple[str, str],
     ) -> None:
         self._connection = connection
+        self._tail = tail
         self._confirming = confirming
         self._channels: list[AbstractChannel] = [confirming]
         self._queue = queue
@@ -509,8 +512,8 @@ class QueueWalk:
                     publish_confirmed(
                         self._confirming,
                         _copy(message, self._walk_id),
-                        exchange="",
-                        routing_key=self._queue,
+                        exchange=self._tail[0],
+                        routing_key=self._tail[1],
                         timeout_seconds=self._idle_seconds * 10,
                     )
                 )
@@ -552,6 +555,7 @@ async def walk_queue(
 ) -> AsyncIterator[QueueWalk]:
     """A :class:`QueueWalk` of the messages ``queue`` holds now (none when it is missing).
 
+    Kept messages go back to its tail by :func:`~fulfilment.contracts.topology.route_to`.
     Every message not settled by the end goes back to the head of the queue.
     """
     state = await queue_state(connection, queue)
@@ -563,6 +567,7 @@ async def walk_queue(
         limit=state.ready if state else 0,
         page_size=page_size,
         idle_seconds=idle_seconds,
+        tail=route_to(queue),
     )
     try:
         yield walk

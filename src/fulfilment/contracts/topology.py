@@ -88,3 +88,17 @@ SUBSCRIBED_QUEUES = (ORDER_PLACED, ORDER_CANCELLED, ORDER_SHIPPED)
 
 DEAD_LETTER_QUEUES = tuple(queue.dead_letter_queue for queue in SUBSCRIBED_QUEUES)
 """Every dead-letter queue, in the same order."""
+
+
+def route_to(queue: str) -> tuple[str, str]:
+    """``(exchange, routing key)`` that put a message at the tail of ``queue``.
+
+    For a DLQ, :data:`DEAD_LETTER_EXCHANGE` and its queue's dead-letter routing key: the
+    service's own exchange, which the broker user of the shipped definitions may publish to
+    (it may not publish to the default exchange, which reaches every queue of the vhost).
+    For any other queue, the default exchange and the queue's name.
+    """
+    for subscribed in SUBSCRIBED_QUEUES:
+        if subscribed.dead_letter_queue == queue:
+            return DEAD_LETTER_EXCHANGE, subscribed.dead_letter_routing_key
+    return "", queue
