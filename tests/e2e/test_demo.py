@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from fulfilment.contracts.result_events import RESULT_EVENTS
 from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_PLACED, RESULT_EVENTS_EXCHANGE
 from fulfilment.tools.demo import RESULT_EVENTS_QUEUE
+from services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -289,3 +290,46 @@ def test_on_the_whole_data_set_the_demo_queue_receives_every_kind_of_result_even
     counts = result_event_lines(run.stdout)
     for key, (published, received, _) in counts.items():
         assert published == received > 0, (key, counts)
+
+
+def test_reset_refuses_another_application_s_database_before_migrating_it(
+    worker_env: dict[str, str],
+) -> None:
+    with throwaway_database("fulfilment_other_app") as url:
+
+        async def prepare() -> None:
+            connection = await asyncpg.connect(
+                make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+            )
+            try:
+                await connection.execute("CREATE TABLE invoices (id int PRIMARY KEY)")
+                await connection.execute("INSERT INTO invoices VALUES (1), (2)")
+            finally:
+                await connection.close()
+
+        asyncio.run(prepare())
+        env = {**worker_env, "FULFILMENT_DATABASE_URL": url}
+        name = make_url(url).database
+
+        refused = demo(env, "--reset", data=SAMPLE / "2010-12-23.csv")
+
+        assert refused.returncode == 2
+        assert refused.stderr == (
+            f"fulfilment: --reset refused: database '{name}' is not the demo's (it did not"
+            " create it or find it empty) and holds tables that are not the service's:"
+            f" invoices; to empty it anyway, name it: --reset --confirm-reset {name}\n"
+        )
+
+        async def tables() -> list[str]:
+            connection = await asyncpg.connect(
+                make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+            )
+            try:
+                rows = await connection.fetch(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+                )
+                return [row[0] for row in rows]
+            finally:
+                await connection.close()
+
+        assert asyncio.run(tables()) == ["invoices"]  # not migrated: nothing changed

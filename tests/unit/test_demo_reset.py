@@ -54,3 +54,16 @@ def test_confirm_reset_without_reset_is_a_usage_error() -> None:
     assert result.stderr == (
         "fulfilment: --confirm-reset names the database --reset may empty: add --reset\n"
     )
+
+
+def test_reset_refuses_a_database_with_another_application_s_tables_even_if_marked() -> None:
+    for comment in (None, f"{DEMO_DATABASE_MARK}: made or found empty by owner"):
+        found = DemoDatabase(
+            name="shop", user="owner", comment=comment, holds=(), foreign=("invoices",)
+        )
+
+        assert reset_refusal(found, confirmed=None) == (
+            "--reset refused: database 'shop' is not the demo's (it did not create it or find"
+            " it empty) and holds tables that are not the service's: invoices; to empty it"
+            " anyway, name it: --reset --confirm-reset shop"
+        )

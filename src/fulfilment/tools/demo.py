@@ -172,11 +172,14 @@ def reset_refusal(database: DemoDatabase, confirmed: str | None) -> str | None:
             f"{CONFIRM_RESET_OPTION} {confirmed!r} does not name the database of"
             f" FULFILMENT_DATABASE_URL, {database.name!r}: nothing was emptied"
         )
-    if database.marked or database.empty:
+    if (database.marked and not database.foreign) or database.empty:
         return None
+    held = [f"rows in {', '.join(database.holds)}"] if database.holds else []
+    if database.foreign:
+        held.append(f"tables that are not the service's: {', '.join(database.foreign)}")
     return (
         f"--reset refused: database {database.name!r} is not the demo's (it did not create it"
-        f" or find it empty) and holds rows in {', '.join(database.holds)}; to empty it anyway,"
+        f" or find it empty) and holds {' and '.join(held)}; to empty it anyway,"
         f" name it: --reset {CONFIRM_RESET_OPTION} {database.name}"
     )
 
@@ -241,6 +244,10 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     created = await ensure_database(database_url)
     if created:
         echo("created the database")
+    elif reset is not None:
+        # Refused before the migration, so that a refused reset changes nothing at all.
+        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
+            reset.check(await demo_database(warehouse))
     await asyncio.to_thread(migrate, database_url)
     echo("database migrated to head")
 
@@ -621,6 +628,12 @@ class _Reset:
 
     confirmed: str | None
 
+    def check(self, database: DemoDatabase) -> None:
+        """Raise :class:`ResetRefusedError` when :func:`reset_refusal` refuses ``database``."""
+        refusal = reset_refusal(database, self.confirmed)
+        if refusal is not None:
+            raise ResetRefusedError(refusal)
+
     async def run(
         self,
         options: ToolOptions,
@@ -633,9 +646,7 @@ class _Reset:
         Raises:
             ResetRefusedError: the database is not the demo's, and was not named.
         """
-        refusal = reset_refusal(database, self.confirmed)
-        if refusal is not None:
-            raise ResetRefusedError(refusal)
+        self.check(database)
         rows = await reset_tables(warehouse)
         # Dead letters as `fulfilment dlq purge --all --yes` removes them: each recorded in
         # dead_letter_audit (which the reset keeps) before it leaves its queue.

@@ -21,6 +21,7 @@ from fulfilment.adapters.postgres.errors import (
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.tables import (
     inbox_messages,
+    metadata,
     outbox,
     reservations,
     stock_levels,
@@ -135,6 +136,10 @@ DEMO_DATABASE_MARK = "fulfilment demo database"
 DATABASE``, shown by ``\\l+``): ``demo --reset`` empties such a database without asking twice."""
 
 
+SERVICE_TABLES = frozenset({*metadata.tables, "alembic_version"})
+"""Every table the migrations create: any other table in the schema belongs to something else."""
+
+
 @dataclass(frozen=True, slots=True)
 class DemoDatabase:
     """What ``demo --reset`` needs to know about the database before emptying it.
@@ -143,13 +148,16 @@ class DemoDatabase:
         name: the database's name (``current_database()``).
         user: the user connected (``current_user``).
         comment: the database's comment, if any.
+        holds: the tables that hold a row, of :data:`RESET_TABLES` and ``dead_letter_audit``
+            (those that exist: before the first migration, none).
+        foreign: the tables of the schema that are not the service's (another application's).
     """
 
     name: str
     user: str
     comment: str | None
     holds: tuple[str, ...]
-    """The tables that hold a row, of :data:`RESET_TABLES` and ``dead_letter_audit``."""
+    foreign: tuple[str, ...] = ()
 
     @property
     def marked(self) -> bool:
@@ -158,27 +166,43 @@ class DemoDatabase:
 
     @property
     def empty(self) -> bool:
-        """No table of the service holds a row, the audit included."""
-        return not self.holds
+        """No table of the service holds a row, the audit included, and no other table exists."""
+        return not self.holds and not self.foreign
 
 
 async def demo_database(warehouse: PostgresWarehouse) -> DemoDatabase:
-    """The database's name, user, comment, and which of the service's tables hold a row."""
-    tables = (*RESET_TABLES, "dead_letter_audit")
-    exists = ", ".join(f"EXISTS (SELECT FROM {table}) AS {table}" for table in tables)
-    query = (
-        "SELECT current_database() AS name, current_user AS who,"  # noqa: S608 - RESET_TABLES' names
-        f" shobj_description(d.oid, 'pg_database') AS comment, {exists}"
-        " FROM pg_database AS d WHERE d.datname = current_database()"
-    )
+    """The database's name, user, comment, the service's tables that hold rows, other tables.
+
+    Safe on a database not migrated yet (or not the service's at all): only tables that exist
+    are read, so ``demo --reset`` can refuse before the migration changes anything.
+    """
     async with warehouse.engine.connect() as connection:
-        row = (await connection.execute(text(query))).one()
-    mapping = row._mapping  # noqa: SLF001 - SQLAlchemy's documented access by column name
+        row = (
+            await connection.execute(
+                text(
+                    "SELECT current_database() AS name, current_user AS who,"
+                    " shobj_description(d.oid, 'pg_database') AS comment,"
+                    " ARRAY(SELECT c.relname::text FROM pg_class AS c"
+                    "  WHERE c.relnamespace = current_schema()::regnamespace"
+                    "  AND c.relkind IN ('r', 'p')) AS tables"
+                    " FROM pg_database AS d WHERE d.datname = current_database()"
+                )
+            )
+        ).one()
+        mapping = row._mapping  # noqa: SLF001 - SQLAlchemy's documented access by column name
+        present = set(mapping["tables"])
+        holds = [
+            table
+            for table in (*RESET_TABLES, "dead_letter_audit")
+            if table in present
+            and await connection.scalar(text(f"SELECT EXISTS (SELECT FROM {table})"))  # noqa: S608 - names of RESET_TABLES
+        ]
     return DemoDatabase(
         name=str(mapping["name"]),
         user=str(mapping["who"]),
         comment=mapping["comment"],
-        holds=tuple(table for table in tables if mapping[table]),
+        holds=tuple(holds),
+        foreign=tuple(sorted(present - SERVICE_TABLES)),
     )
 
 
