@@ -11,7 +11,7 @@ CONFIRM_RESET ?=
 .PHONY: help asyncapi demo test test-faults test-cluster rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy
 
 help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
 .tools/bin/uv:
 	python3 -m venv .tools

@@ -80,7 +80,8 @@ class Group(TyperGroup):
 app = typer.Typer(
     cls=Group,
     name="fulfilment",
-    help="Order-fulfilment worker: reserves stock for OrderPlaced events, once per event.",
+    help="Order fulfilment: reserves, releases and ships stock on order events, once per event,"
+    " and tells the rest of the shop through result events.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -245,6 +246,8 @@ def prune() -> None:
     Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, and inbox
     rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
     nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
+    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not
+    delete (README, "Least privilege").
     """
     from fulfilment.tools.outbox import prune_all_command  # noqa: PLC0415 - see the module's text
 

@@ -737,3 +737,20 @@ async def test_a_replay_refuses_a_dead_letter_older_than_the_processed_id_retent
         "dead-letter queue (--force does not apply)"
     )
     assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+
+
+async def test_dlq_list_says_when_the_virtual_host_has_none_of_the_service_s_queues(
+    private_vhost_url: str,
+) -> None:
+    from fulfilment.tools.dlq_commands import list_command  # noqa: PLC0415 - this test only
+
+    lines: list[str] = []
+    await list_command(private_vhost_url, as_json=False, echo=lines.append)
+
+    assert lines == [
+        "the dead-letter queues are empty",
+        (
+            f"note: no queue {', '.join(DEAD_LETTER_QUEUES)} in this virtual host: is"
+            " FULFILMENT_AMQP_URL the service's? (the worker declares them at start)"
+        ),
+    ]

@@ -75,6 +75,7 @@ from fulfilment.adapters.rabbitmq import (
     UnroutableError,
     connect,
     declare_bound_queue,
+    queue_state,
     take_messages,
 )
 from fulfilment.contracts.topology import (
@@ -507,6 +508,21 @@ class _Player:
         )
         return [*outcomes.values(), *["dead_lettered"] * (len(events) - len(outcomes))]
 
+    async def _other_consumers(self, event: str) -> str:
+        """``; N consumers on <queue> ...`` when more than the demo's worker consume ``event``.
+
+        Another worker on the same queues takes some of the demo's events, which the demo's
+        worker then never answers; said, or the wait would look like a slow worker.
+        """
+        name = next(queue.name for queue in SUBSCRIBED_QUEUES if queue.event == event)
+        state = await queue_state(self._connection, name)
+        if state is None or state.consumers <= 1:
+            return ""
+        return (
+            f"; {state.consumers} consumers on {name}: another worker takes the demo's events"
+            " (stop it, or give the demo a virtual host of its own in FULFILMENT_AMQP_URL)"
+        )
+
     async def _settle(self, day: RetailDay, event: str, answered: int) -> None:
         """Wait until the worker has answered ``answered`` deliveries of ``event`` in all."""
         last, changed = -1, time.monotonic()
@@ -519,11 +535,14 @@ class _Player:
                 msg = (
                     f"{day.name}: the worker answered nothing more of the {event} events for"
                     f" {SETTLE_STALL_SECONDS:g} s ({answered - now_answered} waiting;"
-                    f" log: {self._worker.log})"
+                    f" log: {self._worker.log}){await self._other_consumers(event)}"
                 )
                 raise DemoError(msg)
             if now - said > PROGRESS_SECONDS:
-                self._echo(f"{day.name}: waiting for {answered - now_answered} {event} events")
+                self._echo(
+                    f"{day.name}: waiting for {answered - now_answered} {event} events"
+                    + await self._other_consumers(event)
+                )
                 said = now
             await asyncio.sleep(SETTLE_POLL_SECONDS)
 

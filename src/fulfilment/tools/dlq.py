@@ -53,6 +53,7 @@ from fulfilment.adapters.postgres.dead_letter_audit import (
     replay_counts,
 )
 from fulfilment.adapters.rabbitmq import (
+    WALK_HEADER,
     WALK_PAGE_SIZE,
     QueueWalk,
     UnroutableError,
@@ -171,7 +172,10 @@ class DeadLetter:
             "message_id": self.message.message_id,
             "delivery_count": described.delivery_count,
             "original_queue": described.original_queue,
-            "headers": json_safe(dict(self.message.headers or {})),
+            # The walk's own mark says nothing about the dead letter.
+            "headers": json_safe(
+                {k: v for k, v in (self.message.headers or {}).items() if k != WALK_HEADER}
+            ),
             "body": body if len(body) <= body_limit else body[:body_limit] + "…",
         }
 

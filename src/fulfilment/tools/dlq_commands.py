@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
-from fulfilment.adapters.rabbitmq import connect
+from fulfilment.adapters.rabbitmq import connect, queue_state
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dlq import (
@@ -63,8 +63,15 @@ async def list_command(
     """
     async with connect(amqp_url) as connection:
         groups = await list_groups(connection, queues)
+        missing = [queue for queue in queues if await queue_state(connection, queue) is None]
     if not as_json:
         echo(render_groups(groups))
+        if missing:
+            # An empty answer from the wrong virtual host would look like a healthy one.
+            echo(
+                f"note: no queue {', '.join(missing)} in this virtual host: is"
+                " FULFILMENT_AMQP_URL the service's? (the worker declares them at start)"
+            )
         return
     document = [
         {

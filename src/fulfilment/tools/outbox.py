@@ -50,7 +50,7 @@ async def prune_command(
         deleted = await prune_published(
             connection, older_than_seconds=retention_seconds, batch_size=batch_size
         )
-    echo(f"outbox prune: {deleted} published rows older than {retention_seconds:g} s deleted")
+    echo(f"outbox prune: {deleted} published rows older than {retention_seconds:.0f} s deleted")
 
 
 async def prune_all_command(
@@ -80,6 +80,6 @@ async def prune_all_command(
             batch_size=batch_size,
         )
     echo(
-        f"inbox prune: {deleted} processed ids older than {processed_id_retention_seconds:g} s"
+        f"inbox prune: {deleted} processed ids older than {processed_id_retention_seconds:.0f} s"
         f" deleted ({options.consumer})"
     )
