@@ -9,6 +9,10 @@ start (an old schema, a service that refuses or does not answer) and the exit co
 from __future__ import annotations
 
 import asyncio
+import errno
+import ipaddress
+import os
+import socket
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
@@ -41,7 +45,8 @@ class StartRefusedError(Exception):
     ``event`` is that line's log event (``worker.schema_not_current``, ``relay.broker_refused``
     ...), the message the reason. ``exit_code`` is :data:`EXIT_SERVICE_UNREACHABLE` when a
     service did not answer, :data:`EXIT_SERVICE_REFUSED` when it refused the user or has no
-    such virtual host or database, else :data:`EXIT_START_FAILED`.
+    such virtual host or database, or the URL's TLS or settings cannot work with it, else
+    :data:`EXIT_START_FAILED`.
     """
 
     def __init__(self, reason: str, *, event: str, exit_code: int = EXIT_START_FAILED) -> None:
@@ -126,6 +131,37 @@ async def require_broker(amqp_url: str, *, program: str, timeout_seconds: float)
             pass
     except BrokerUnavailableError as failure:
         raise service_stops_start(failure, program=program) from failure
+
+
+def listen(host: str, port: int, *, program: str, port_variable: str) -> socket.socket:
+    """A TCP socket listening on ``host`` (an IP address, as the settings ensure) and ``port``.
+
+    For ``program``'s HTTP server, whose port is set by ``port_variable``
+    (``FULFILMENT_HTTP_PORT``, ``FULFILMENT_RELAY_HTTP_PORT``). The roots bind it themselves and
+    hand it to uvicorn: uvicorn's own bind failure is a bare log line and ``sys.exit(3)``, the
+    code of a service that does not answer.
+
+    Raises:
+        StartRefusedError: ``<program>.http_listen_failed`` (exit 1) naming the address and
+            the variable to change: a port another process holds, an address no interface
+            of this host has, or another ``OSError`` of the bind.
+    """
+    ip = ipaddress.ip_address(host)
+    address = f"[{host}]:{port}" if ip.version == 6 else f"{host}:{port}"  # noqa: PLR2004 - IPv6
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET  # noqa: PLR2004 - IPv6
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            fix = f"another process holds the port; set {port_variable} to a free one"
+        elif error.errno == errno.EADDRNOTAVAIL:
+            fix = "no interface of this host has that address; set FULFILMENT_HTTP_HOST to one"
+        else:
+            fix = f"check FULFILMENT_HTTP_HOST and {port_variable}"
+        # os.strerror: create_server appends the address to the error's own strerror.
+        said = f"[Errno {error.errno}] {os.strerror(error.errno)}" if error.errno else str(error)
+        msg = f"the {program}'s HTTP server cannot listen on {address}: {fix}: {said}"
+        raise StartRefusedError(msg, event=f"{program}.http_listen_failed") from error
 
 
 def database_options(settings: Settings) -> DatabaseOptions:

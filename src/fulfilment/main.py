@@ -35,6 +35,7 @@ from fulfilment.adapters.rabbitmq import connection_failure as broker_connection
 from fulfilment.composition import (
     StartRefusedError,
     database_options,
+    listen,
     require_current_schema,
     run_service,
     service_stops_start,
@@ -284,10 +285,21 @@ async def run_worker(settings: Settings) -> int:
 
     0 after a clean shutdown; 3 when RabbitMQ or PostgreSQL did not answer at start, 4 when
     one refused the user or has no such virtual host or database; 1 when another start-up
-    check failed (topology mismatch, schema behind, a broken subscriber) or the consumer was
+    check failed (topology mismatch, schema behind, a broken subscriber, a taken HTTP port:
+    ``composition.listen``, before any connection) or the consumer was
     lost for good (``ConsumerWatchdog``), so the orchestrator restarts the pod with back-off.
     The HTTP server runs beside the broker from the start, so liveness answers during start-up.
     """
+    try:
+        listening = listen(
+            settings.http_host,
+            settings.http_port,
+            program="worker",
+            port_variable="FULFILMENT_HTTP_PORT",
+        )
+    except StartRefusedError as refused:
+        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
+        return refused.exit_code
     metrics = new_metrics()
     database = database_options(settings)
     engine = create_engine(database)
@@ -366,7 +378,7 @@ async def run_worker(settings: Settings) -> int:
         graceful_timeout_seconds=settings.graceful_timeout_seconds,
         http_port=settings.http_port,
     )
-    serving = asyncio.create_task(http.serve())
+    serving = asyncio.create_task(http.serve(sockets=[listening]))
     try:
         await worker.app.run(log_level=logging.INFO)
     except StartRefusedError as refused:

@@ -20,6 +20,7 @@ from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
 from fulfilment.composition import (
     StartRefusedError,
     database_options,
+    listen,
     require_broker,
     require_current_schema,
     run_service,
@@ -61,13 +62,24 @@ async def run_relay(settings: Settings) -> int:
     0 after a stop. Before its first session the relay checks, as the worker does at start,
     that the database is at this build's migration (else exit 1, ``relay.schema_not_current``)
     and that neither service refuses its user, virtual host or database (else exit 4,
-    ``relay.broker_refused``, ``relay.database_refused``), each in one log line. Unlike the
+    ``relay.broker_refused``, ``relay.database_refused``), each in one log line; a taken HTTP
+    port exits 1 (``relay.http_listen_failed``) before either is tried. Unlike the
     worker it does not exit when a service does not answer: it waits for it, as it does for a
     lost connection (:func:`wait_for_start`).
 
     The signal lets the batch in flight finish (its confirms, then its marks), closes the
     database session, which frees the lock for a standby, and stops the HTTP server.
     """
+    try:
+        listening = listen(
+            settings.http_host,
+            settings.relay_http_port,
+            program="relay",
+            port_variable="FULFILMENT_RELAY_HTTP_PORT",
+        )
+    except StartRefusedError as refused:
+        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
+        return refused.exit_code
     metrics = RelayMetrics(RESULT_ROUTING_KEYS, version=__version__)
     relay = Relay(relay_options(settings), metrics)
     http = ProbeServer(
@@ -98,7 +110,7 @@ async def run_relay(settings: Settings) -> int:
         poll_seconds=settings.relay_poll_seconds,
         http_port=settings.relay_http_port,
     )
-    serving = asyncio.create_task(http.serve())
+    serving = asyncio.create_task(http.serve(sockets=[listening]))
     try:
         await wait_for_start(settings, stopping)
         await relay.run()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
+import ipaddress
 import itertools
 import os
 import re
@@ -29,6 +30,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
 
+from fulfilment.adapters.postgres.errors import ASYNCPG_URL_PARAMETERS
 from fulfilment.worker.fault_injection import parse_fault_plan
 
 ENV_PREFIX = "FULFILMENT_"
@@ -48,16 +50,29 @@ SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"
 
 
 def _check_tls_parameters(url: str) -> None:
-    """Refuse TLS query parameters of a database URL that no connection could use.
+    """Refuse query parameters of a database URL that no connection could use.
 
     Raises:
-        ValueError: an ``sslmode`` outside :data:`SSL_MODES`, or ``ssl=`` (asyncpg's keyword,
+        ValueError: a near miss of a parameter asyncpg reads (``sslmod``, ``sslrootcrt``,
+            ``SSLMODE``; ``errors.ASYNCPG_URL_PARAMETERS``), which asyncpg would send to the
+            server as a setting (no setting in PostgreSQL 15's ``pg_settings`` is that near
+            one); an ``sslmode`` outside :data:`SSL_MODES`; or ``ssl=`` (asyncpg's keyword,
             which a URL would send to the server as a setting, failing every pooled connection
             with "parameter ssl cannot be changed now"). The files ``sslrootcert`` and the
             others name are read when connecting, not here: the settings are also checked
             where those files are not mounted (the deploy files' tests).
     """
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    for name in query:
+        if name in ASYNCPG_URL_PARAMETERS or "." in name:  # a dotted name: an extension's
+            continue
+        meant = difflib.get_close_matches(name.lower(), ASYNCPG_URL_PARAMETERS, n=1, cutoff=0.8)
+        if meant:
+            msg = (
+                f"has {name}=, which is no connection parameter and would reach the server as"
+                f" a setting: did you mean {meant[0]}=?"
+            )
+            raise ValueError(msg)
     if "ssl" in query:
         msg = "takes TLS as libpq does: use sslmode=verify-full (or require), not ssl="
         raise ValueError(msg)
@@ -243,7 +258,9 @@ class Settings(BaseSettings):
     with a retryable error instead of queueing behind a stuck transaction."""
 
     http_host: str = "0.0.0.0"  # noqa: S104 - probes and scrapes reach the pod on its own IP
-    """Address of the HTTP server for ``/health/live``, ``/health/ready`` and ``/metrics``."""
+    """IP address (v4 or v6) the HTTP server for ``/health/live``, ``/health/ready`` and
+    ``/metrics`` listens on; ``0.0.0.0`` is every IPv4 interface, ``::`` every IPv6 one. A
+    host name is refused: it would be resolved only when the server starts."""
 
     http_port: int = Field(default=8080, ge=1, le=65535)
     """Port of that HTTP server."""
@@ -345,6 +362,16 @@ class Settings(BaseSettings):
                 " with a digit, at most 63 characters"
             )
             raise ValueError(msg)
+        return value
+
+    @field_validator("http_host")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            msg = f"{value!r} is not an IP address: use 0.0.0.0 (every interface) or 127.0.0.1"
+            raise ValueError(msg) from None
         return value
 
     @field_validator("quorum_initial_group_size")

@@ -1,11 +1,13 @@
 """The relay's start against the real RabbitMQ and PostgreSQL: it refuses, with one log line and
 the worker's exit code, what waiting cannot mend (a database behind its migrations, a refused
-user, virtual host or database), waits for a service that does not answer, and after a healthy
-session meets the next outage with its first back-off, not its longest."""
+user, virtual host or database, a database URL whose TLS file or setting cannot work, a taken
+HTTP port), waits for a service that does not answer, and after a healthy session meets the
+next outage with its first back-off, not its longest."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import urllib.parse
 from collections.abc import Iterator
@@ -50,11 +52,14 @@ def relays() -> Iterator[list[RelayProcess]]:
         relay.stop_quietly()
 
 
-def start_refused(env: dict[str, str], event: str) -> tuple[int, list[dict[str, Any]]]:
-    """Run a relay that must refuse to start; its exit code and its log lines of ``event``."""
+def start_refused(
+    env: dict[str, str], event: str, *, port: int | None = None
+) -> tuple[int, list[dict[str, Any]]]:
+    """Run a relay that must refuse to start (on ``port``, else a free one); its exit code and
+    its log lines of ``event``."""
     done = subprocess.run(
         [FULFILMENT, "relay"],
-        env={**env, "FULFILMENT_RELAY_HTTP_PORT": str(free_port())},
+        env={**env, "FULFILMENT_RELAY_HTTP_PORT": str(port or free_port())},
         capture_output=True,
         timeout=60,
         check=False,
@@ -119,6 +124,64 @@ def test_a_relay_whose_database_refuses_it_exits_4_with_one_line(
     assert lines[0]["reason"].startswith(
         f"PostgreSQL at {refused.render_as_string(hide_password=True)} {said}"
     )
+
+
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        (
+            "sslmode=verify-full&sslrootcert=/nonexistent/ca.crt",
+            (
+                ": a TLS file the URL names cannot be read (sslrootcert=/nonexistent/ca.crt):"
+                " FileNotFoundError: "
+            ),
+        ),
+        (
+            "timezone=Nowhere",
+            (
+                " refused the setting timezone= of FULFILMENT_DATABASE_URL (a query parameter"
+                " that is not a connection parameter reaches the server as a setting):"
+                " InvalidParameterValueError: "
+            ),
+        ),
+    ],
+    ids=["unreadable CA file", "refused setting"],
+)
+def test_a_relay_whose_database_url_cannot_work_exits_4_without_retrying(
+    relay_env: dict[str, str], query: str, said: str
+) -> None:
+    url = f"{relay_env['FULFILMENT_DATABASE_URL']}?{query}"
+
+    code, lines = start_refused(
+        {**relay_env, "FULFILMENT_DATABASE_URL": url}, "relay.database_refused"
+    )
+
+    assert code == 4
+    assert len(lines) == 1
+    assert lines[0]["reason"].startswith(
+        f"PostgreSQL at {make_url(url).render_as_string(hide_password=True)}{said}"
+    )
+
+
+def test_a_relay_whose_http_port_is_taken_exits_1_naming_the_port_variable(
+    relay_env: dict[str, str],
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        code, lines = start_refused(
+            {**relay_env, "FULFILMENT_HTTP_HOST": "127.0.0.1"},
+            "relay.http_listen_failed",
+            port=port,
+        )
+
+    assert code == 1
+    assert [line["reason"] for line in lines] == [
+        (
+            f"the relay's HTTP server cannot listen on 127.0.0.1:{port}: another process holds"
+            " the port; set FULFILMENT_RELAY_HTTP_PORT to a free one: [Errno 98] Address"
+            " already in use"
+        )
+    ]
 
 
 async def test_a_relay_waits_for_its_database_and_starts_its_back_off_again_after_a_session(

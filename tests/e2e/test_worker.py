@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import sys
 import time
 import uuid
@@ -263,3 +264,26 @@ async def test_the_worker_refuses_to_start_on_a_database_that_is_not_migrated(
     assert len(lines) == 1, stderr.decode()[-2000:]
     assert "the database is at revision none" in lines[0]
     assert "fulfilment migrate" in lines[0]
+
+
+async def test_the_worker_refuses_to_start_on_a_taken_http_port_naming_its_variable(
+    worker_env: dict[str, str],
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        env = {**worker_env, "FULFILMENT_HTTP_HOST": "127.0.0.1", "FULFILMENT_HTTP_PORT": str(port)}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fulfilment", env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+
+    assert process.returncode == 1
+    log = stderr.decode()
+    assert "Traceback" not in log
+    assert "worker.starting" not in log  # before any connection
+    lines = [line for line in log.splitlines() if "worker.http_listen_failed" in line]
+    assert len(lines) == 1, log[-2000:]
+    assert (
+        f"the worker's HTTP server cannot listen on 127.0.0.1:{port}: another process holds the"
+        " port; set FULFILMENT_HTTP_PORT to a free one: [Errno 98] Address already in use"
+    ) in lines[0]

@@ -1,13 +1,19 @@
 """What a failed connection means: unreachable (exit 3) or refused (exit 4), in one line.
 
-The errors are built as the client libraries raise them; ``tests/integration/test_cli_refusals.py``
-and ``tests/e2e/test_health_probes.py`` get them from the real services.
+The errors are built as the client libraries raise them, or raised by them against a local
+socket; ``tests/integration/test_cli_refusals.py`` and ``tests/e2e/test_health_probes.py`` get
+them from the real services.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
 
+import aio_pika
 import asyncpg
 import pytest
 from aiormq.exceptions import (
@@ -21,9 +27,11 @@ from sqlalchemy.exc import DBAPIError
 
 from fulfilment.adapters import rabbitmq as broker
 from fulfilment.adapters.postgres import errors as database
+from fulfilment.adapters.postgres.engine import asyncpg_dsn
 
 BROKER = "amqp://orders:s3cret@rabbit:5672/shop"
 DATABASE = "postgresql+asyncpg://orders:s3cret@db:5432/fulfilment"
+_UNRECOGNIZED = 'unrecognized configuration parameter "{}"'
 
 
 def test_a_refused_broker_login_names_the_user_not_the_password() -> None:
@@ -231,3 +239,145 @@ def test_a_database_that_does_not_let_us_in_for_another_reason_is_unreachable(er
         "PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment is not reachable: "
         f"{type(error).__name__}"
     )
+
+
+async def _raised_by_connect(dsn: str) -> BaseException:
+    """What ``asyncpg.connect(dsn)`` raises (each case below fails before or at the TLS step)."""
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - the cases assert the type
+        await asyncpg.connect(dsn, timeout=5)
+    return raised.value
+
+
+@contextlib.asynccontextmanager
+async def _server_answering(first_answer: bytes) -> AsyncIterator[int]:
+    """A local TCP server that answers its client's first bytes with ``first_answer`` and
+    closes; yields its port. PostgreSQL without TLS answers a TLS request with ``N``; RabbitMQ's
+    plain port answers a TLS hello with the AMQP protocol header."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)
+        writer.write(first_answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_database_tls_file_that_cannot_be_read_is_a_refusal_naming_the_file() -> None:
+    url = DATABASE + "?sslmode=verify-full&sslrootcert=/nonexistent/ca.crt"
+    error = await _raised_by_connect(asyncpg_dsn(url))
+
+    failure = database.connection_failure(url, error)
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        "PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment"
+        "?sslmode=verify-full&sslrootcert=%2Fnonexistent%2Fca.crt: a TLS file the URL names"
+        " cannot be read (sslrootcert=/nonexistent/ca.crt): FileNotFoundError: [Errno 2] No"
+        " such file or directory"
+    )
+
+
+async def test_verify_full_without_a_root_certificate_is_a_refusal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.postgresql/root.crt
+    monkeypatch.delenv("PGSSLROOTCERT", raising=False)
+    url = DATABASE + "?sslmode=verify-full"
+    error = await _raised_by_connect(asyncpg_dsn(url))
+
+    failure = database.connection_failure(url, error)
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure).startswith(
+        "PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment?sslmode=verify-full:"
+        " the URL's connection parameters cannot be used: ClientConfigurationError: root"
+        f' certificate file "{tmp_path}/.postgresql/root.crt" does not exist'
+    )
+
+
+async def test_sslmode_require_against_a_server_without_tls_is_a_refusal() -> None:
+    async with _server_answering(b"N") as port:
+        url = f"postgresql+asyncpg://orders:s3cret@127.0.0.1:{port}/fulfilment?sslmode=require"
+        error = await _raised_by_connect(asyncpg_dsn(url))
+
+    failure = database.connection_failure(url, error)
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        f"PostgreSQL at postgresql+asyncpg://orders:***@127.0.0.1:{port}/fulfilment"
+        "?sslmode=require does not offer TLS, which the URL's sslmode asks for (use"
+        " sslmode=disable or prefer for a server without TLS): ConnectionError: PostgreSQL"
+        f' server at "127.0.0.1:{port}" rejected SSL upgrade'
+    )
+
+
+@pytest.mark.parametrize("wrap", [lambda error: error, _wrapped], ids=["asyncpg", "sqlalchemy"])
+@pytest.mark.parametrize(
+    ("query", "setting", "error"),
+    [
+        (
+            "sslmod=require",
+            "sslmod",
+            asyncpg.UndefinedObjectError(_UNRECOGNIZED.format("sslmod")),
+        ),
+        (
+            "application_name=x&timezone=Nowhere",
+            "timezone",
+            asyncpg.InvalidParameterValueError('invalid value for parameter "TimeZone": "Nowhere"'),
+        ),
+        (
+            "shared_buffers=1",
+            "shared_buffers",
+            asyncpg.CantChangeRuntimeParamError(
+                'parameter "shared_buffers" cannot be changed without restarting the server'
+            ),
+        ),
+    ],
+    ids=["unknown", "bad-value", "server-only"],
+)
+def test_a_setting_of_the_url_the_server_refuses_is_a_refusal_naming_it(
+    wrap, query: str, setting: str, error: asyncpg.PostgresError
+) -> None:
+    url = f"{DATABASE}?{query}"
+
+    failure = database.connection_failure(url, wrap(error))
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        f"PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment?{query} refused the"
+        f" setting {setting}= of FULFILMENT_DATABASE_URL (a query parameter that is not a"
+        " connection parameter reaches the server as a setting):"
+        f" {type(error).__name__}: {error}"
+    )
+
+
+def test_an_undefined_object_that_is_no_setting_of_the_url_is_not_taken_for_one() -> None:
+    url = f"{DATABASE}?application_name=orders"
+    error = asyncpg.UndefinedObjectError(_UNRECOGNIZED.format("jit_above_cost"))
+
+    failure = database.connection_failure(url, error)
+
+    assert type(failure) is database.DatabaseUnavailableError
+
+
+async def test_amqps_to_a_port_without_tls_is_a_refusal_naming_the_port() -> None:
+    async with _server_answering(b"AMQP\x00\x00\x09\x01") as port:
+        url = f"amqps://orders:s3cret@127.0.0.1:{port}/shop"
+        with pytest.raises(AMQPConnectionError) as raised:
+            await aio_pika.connect(url, timeout=5)
+
+    failure = broker.connection_failure(url, raised.value)
+
+    assert isinstance(failure, broker.BrokerRefusedError)
+    assert str(failure).startswith(
+        f"RabbitMQ at amqps://orders:***@127.0.0.1:{port}/shop does not speak TLS on port"
+        f" {port}, which amqps:// asks for (the TLS port is 5671 by default; amqp:// for the"
+        " plain port): AMQPConnectionError: "
+    )
+    assert "WRONG_VERSION_NUMBER" in str(failure)

@@ -79,6 +79,15 @@ def test_a_database_url_keeps_its_libpq_tls_parameters(
     [
         ("sslmode=verify_full", "has sslmode='verify_full'; it must be one of disable, allow,"),
         ("ssl=require", "takes TLS as libpq does: use sslmode=verify-full (or require)"),
+        (
+            "sslmod=require",
+            (
+                "has sslmod=, which is no connection parameter and would reach the server as a"
+                " setting: did you mean sslmode=?"
+            ),
+        ),
+        ("sslrootcrt=/ca.crt", "has sslrootcrt=, which is no connection parameter"),
+        ("SSLMODE=require", "has SSLMODE=, which is no connection parameter"),
     ],
 )
 def test_a_tls_parameter_no_connection_could_use_stops_the_start_naming_the_variable(
@@ -89,6 +98,43 @@ def test_a_tls_parameter_no_connection_could_use_stops_the_start_naming_the_vari
         load_settings()
     assert str(raised.value).startswith(f"FULFILMENT_DATABASE_URL: {said}")
     assert ":p@" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "application_name=orders&timezone=UTC&search_path=public",
+        "statement_timeout=5000&lock_timeout=1000&idle_in_transaction_session_timeout=0",
+        "client_encoding=UTF8&options=-c%20work_mem%3D8MB&pg_stat_statements.track=all",
+        "target_session_attrs=read-write&sslmode=require&sslcrl=/crl.pem&sslpassword=x",
+    ],
+)
+def test_server_settings_and_connection_parameters_in_a_database_url_are_accepted(
+    monkeypatch: pytest.MonkeyPatch, query: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_DATABASE_URL", f"postgresql://u:p@db:5432/shop?{query}")
+    assert load_settings().database_url.get_secret_value().endswith(f"?{query}")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1", "::", "::1"])  # noqa: S104 - a value
+def test_an_ip_address_is_accepted_as_the_http_host(
+    monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_HTTP_HOST", host)
+    assert load_settings().http_host == host
+
+
+@pytest.mark.parametrize("host", ["not-an-ip", "localhost", "0.0.0.0:8080", ""])
+def test_an_http_host_that_is_not_an_ip_address_stops_the_start_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_HTTP_HOST", host)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == (
+        f"FULFILMENT_HTTP_HOST: {host!r} is not an IP address: use 0.0.0.0 (every interface)"
+        " or 127.0.0.1"
+    )
 
 
 def test_a_broker_url_of_another_scheme_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

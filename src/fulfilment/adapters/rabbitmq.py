@@ -99,25 +99,18 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
     when it refused an operation the user's permissions do not allow (``ACCESS_REFUSED``, 403,
     on a channel: a declaration, a binding, a publish or a read of a name outside them);
     when it presented a TLS certificate that did not verify (``ssl.SSLCertVerificationError``:
-    a CA other than the URL's ``cafile``, or a host name the certificate does not name); or
-    when a TLS file the URL names cannot be read. Retrying mends none of these. Otherwise a
-    :class:`BrokerUnavailableError` (refused or reset connection, DNS failure, time-out, a
-    closed connection).
+    a CA other than the URL's ``cafile``, or a host name the certificate does not name);
+    when a TLS file the URL names cannot be read; or when an ``amqps://`` URL's port answers
+    without TLS (``WRONG_VERSION_NUMBER``: the plain AMQP port, 5672, say). Retrying mends
+    none of these. Otherwise a :class:`BrokerUnavailableError` (refused or reset connection,
+    DNS failure, time-out, a closed connection).
     """
     url = aio_pika.connection.make_url(amqp_url)
     where = url.with_password("***") if url.password is not None else url
     user = url.user or "guest"
-    cause = _tls_cause(error)
-    if isinstance(cause, ssl.SSLCertVerificationError):
-        return BrokerRefusedError(
-            f"RabbitMQ at {where}: the server's TLS certificate did not verify"
-            f" (the URL's cafile CA and host name): {type(cause).__name__}: {cause}"
-        )
-    if cause is not None:
-        return BrokerRefusedError(
-            f"RabbitMQ at {where}: a TLS file the URL names cannot be read"
-            f" (cafile, capath, certfile, keyfile): {type(cause).__name__}: {cause}"
-        )
+    refusal = _tls_refusal(error, port=url.port or 5671)  # aiormq's default for amqps://
+    if refusal is not None:
+        return BrokerRefusedError(f"RabbitMQ at {where}{refusal}")
     if isinstance(
         error,
         aiormq.exceptions.ProbableAuthenticationError | aiormq.exceptions.AuthenticationError,
@@ -149,6 +142,27 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
     )
 
 
+def _tls_refusal(error: BaseException, *, port: int) -> str | None:
+    """What in the URL's TLS ``error`` refuses (``: the server's TLS ...``), else None."""
+    cause = _tls_cause(error)
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return (
+            ": the server's TLS certificate did not verify"
+            f" (the URL's cafile CA and host name): {type(cause).__name__}: {cause}"
+        )
+    if cause is not None:
+        return (
+            ": a TLS file the URL names cannot be read"
+            f" (cafile, capath, certfile, keyfile): {type(cause).__name__}: {cause}"
+        )
+    if _plain_port(error):
+        return (
+            f" does not speak TLS on port {port}, which amqps:// asks for (the TLS port is"
+            f" 5671 by default; amqp:// for the plain port): {type(error).__name__}: {error}"
+        )
+    return None
+
+
 def _tls_cause(error: BaseException) -> BaseException | None:
     """The failed certificate check or unreadable TLS file behind ``error``, else None.
 
@@ -165,6 +179,24 @@ def _tls_cause(error: BaseException) -> BaseException | None:
             return seen
         seen = seen.__cause__
     return None
+
+
+_PLAIN_ANSWER = "WRONG_VERSION_NUMBER"
+"""OpenSSL's reason when the server's first bytes are no TLS record: RabbitMQ's plain port
+answers a TLS hello with the AMQP protocol header."""
+
+
+def _plain_port(error: BaseException) -> bool:
+    """True when ``error`` comes from a TLS handshake that a server without TLS answered.
+
+    aiormq raises ``AMQPConnectionError`` from the handshake's ``ssl.SSLError``.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) and seen.reason == _PLAIN_ANSWER:
+            return True
+        seen = seen.__cause__
+    return False
 
 
 @contextlib.asynccontextmanager

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import ssl
+import urllib.parse
 from collections.abc import Iterable
+from pathlib import Path
 
+import asyncpg
 from sqlalchemy.engine import make_url
 
 SKUS_SHOWN = 10
@@ -54,13 +58,21 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     ``InvalidAuthorizationSpecificationError``; or 42501; also a ``pg_hba.conf`` that takes
     only TLS connections, ``hostssl``, refusing ``sslmode=disable``), has no such database
     (3D000), or presented a certificate that did not verify against the URL's ``sslrootcert``
-    (``ssl.SSLCertVerificationError``, a wrong CA or host name); otherwise a
+    (``ssl.SSLCertVerificationError``, a wrong CA or host name); when a TLS file the URL names
+    cannot be read (``FileNotFoundError`` and the like, before any connection is tried) or
+    asyncpg finds the URL's parameters unusable (``ClientConfigurationError``); when the
+    server does not offer the TLS that ``sslmode=require`` (or stricter) asks for; or when it
+    refused a setting of the URL (a query parameter asyncpg does not read, sent to the server
+    as a setting: :data:`ASYNCPG_URL_PARAMETERS`). Retrying mends none of these. Otherwise a
     :class:`DatabaseUnavailableError`.
     """
     parsed = make_url(url)
     where = parsed.render_as_string(hide_password=True)
     cause, sqlstate = _driver_error(error)
     said = f"{type(cause).__name__}: {cause}"
+    refusal = _setting_refusal(url, cause, sqlstate)
+    if refusal is not None:
+        return DatabaseRefusedError(f"PostgreSQL at {where}{refusal}: {said}")
     if isinstance(cause, ssl.SSLCertVerificationError):
         # A wrong CA file or host name: retrying cannot mend it, like a refused password.
         return DatabaseRefusedError(
@@ -76,6 +88,80 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
             f"PostgreSQL at {where} refused user {parsed.username or ''!r}: {said}"
         )
     return DatabaseUnavailableError(f"PostgreSQL at {where} is not reachable: {said}")
+
+
+ASYNCPG_URL_PARAMETERS = frozenset(
+    {
+        "host", "port", "dbname", "database", "user", "password", "passfile", "service",
+        "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword",
+        "sslnegotiation", "ssl_min_protocol_version", "ssl_max_protocol_version",
+        "target_session_attrs", "krbsrvname", "gsslib",
+    }
+)  # fmt: skip
+"""The libpq query parameters asyncpg 0.32 reads from a URL (``connect_utils``); it sends
+every other query parameter to the server as a setting (``server_settings``)."""
+
+TLS_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
+"""The URL's query parameters that name a file asyncpg reads to build the TLS context."""
+
+_UNREADABLE_FILE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+_NO_TLS = "rejected SSL upgrade"
+"""asyncpg's ``ConnectionError`` text when the server answers TLS's request with "no"."""
+
+_SETTING_REFUSED = ("42704", "22023", "55P02")
+"""What a server says of a bad setting in the start-up packet: ``undefined_object``
+(unrecognized configuration parameter), ``invalid_parameter_value`` (a bad value) and
+``cant_change_runtime_param`` (a setting of the server's own, such as ``shared_buffers``)."""
+
+
+def _setting_refusal(url: str, cause: BaseException, sqlstate: str | None) -> str | None:
+    """What in the URL's settings ``cause`` refuses (``: a TLS file ...``), else None."""
+    if isinstance(cause, _UNREADABLE_FILE):
+        return f": a TLS file the URL names cannot be read ({_unreadable_tls_files(url)})"
+    if isinstance(cause, asyncpg.ClientConfigurationError):
+        return ": the URL's connection parameters cannot be used"
+    if isinstance(cause, ConnectionError) and _NO_TLS in str(cause):
+        return (
+            " does not offer TLS, which the URL's sslmode asks for"
+            " (use sslmode=disable or prefer for a server without TLS)"
+        )
+    setting = _refused_setting(url, sqlstate, cause)
+    if setting is not None:
+        return (
+            f" refused the setting {setting}= of FULFILMENT_DATABASE_URL (a query parameter"
+            " that is not a connection parameter reaches the server as a setting)"
+        )
+    return None
+
+
+def _unreadable_tls_files(url: str) -> str:
+    """``name=path`` of the URL's TLS files that are not readable files, else their names."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    named = [(name, path) for name in TLS_FILE_PARAMETERS for path in query.get(name, [])]
+    unreadable = [
+        f"{name}={path}"
+        for name, path in named
+        if not (Path(path).is_file() and os.access(path, os.R_OK))
+    ]
+    return ", ".join(unreadable or TLS_FILE_PARAMETERS)
+
+
+def _refused_setting(url: str, sqlstate: str | None, cause: BaseException) -> str | None:
+    """The URL's setting that the server's ``cause`` names, if it refused one, else None.
+
+    The server's message quotes the setting's name (in its own casing: ``TimeZone``), so the
+    name is matched without case; an error on a setting the service sets itself
+    (``engine.server_settings``) names none of the URL's.
+    """
+    if sqlstate not in _SETTING_REFUSED:
+        return None
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    said = str(cause).lower()
+    for name in query:
+        if name not in ASYNCPG_URL_PARAMETERS and f'"{name.lower()}"' in said:
+            return name
+    return None
 
 
 INSUFFICIENT_PRIVILEGE = "42501"
