@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tests: worker processes and a broker connection."""
+"""Fixtures of the end-to-end tests: worker and relay processes, and a broker connection."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import aio_pika
 import pytest
 from harness import WorkerProcess
+from relay_harness import RelayProcess
 
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
@@ -19,6 +20,21 @@ def workers() -> Iterator[list[WorkerProcess]]:
     yield started
     for worker in started:
         worker.stop_quietly()
+
+
+@pytest.fixture
+def relays() -> Iterator[list[RelayProcess]]:
+    """Relay processes of one test (``relay_harness.spawn_relay`` adds them); all are killed."""
+    started: list[RelayProcess] = []
+    yield started
+    for relay in started:
+        relay.stop_quietly()
+
+
+@pytest.fixture
+def relay_env(worker_env: dict[str, str]) -> dict[str, str]:
+    """A worker's environment, with the relay polling every 0.2 s (tests wait less)."""
+    return {**worker_env, "FULFILMENT_RELAY_POLL_SECONDS": "0.2"}
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
@@ -27,19 +26,6 @@ from relay_harness import (
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-@pytest.fixture
-def relay_env(worker_env: dict[str, str]) -> dict[str, str]:
-    return {**worker_env, "FULFILMENT_RELAY_POLL_SECONDS": "0.2"}
-
-
-@pytest.fixture
-def relays() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for relay in started:
-        relay.stop_quietly()
 
 
 async def test_each_outbox_row_arrives_on_fulfilment_events_with_its_properties_in_id_order(

@@ -10,7 +10,6 @@ import json
 import socket
 import subprocess
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +36,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
 JITTER_MAX_SECONDS = 1.0
 """tenacity's ``wait_exponential_jitter`` adds up to 1 s to each wait by default."""
-
-
-@pytest.fixture
-def relay_env(worker_env: dict[str, str]) -> dict[str, str]:
-    return {**worker_env, "FULFILMENT_RELAY_POLL_SECONDS": "0.2"}
-
-
-@pytest.fixture
-def relays() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for relay in started:
-        relay.stop_quietly()
 
 
 def start_refused(
