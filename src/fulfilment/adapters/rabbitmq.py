@@ -7,9 +7,9 @@ import contextlib
 import ssl
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import aiormq.exceptions
@@ -560,20 +560,39 @@ def _copy(message: AbstractIncomingMessage, walk_id: str) -> aio_pika.Message:
         key: value for key, value in (message.headers or {}).items() if key not in _NOT_COPIED
     }
     headers[WALK_HEADER] = walk_id
+    return resent(message, headers, as_sent=True)
+
+
+def resent(
+    message: AbstractIncomingMessage,
+    headers: Mapping[str, Any],
+    *,
+    app_id: str | None = None,
+    as_sent: bool = False,
+) -> aio_pika.Message:
+    """A persistent message with ``message``'s body, ids and content properties, and ``headers``.
+
+    How a received message is sent again: as a dead letter (``worker.dead_lettering``), as a
+    replay (``tools.dlq``), as a walk's copy (:class:`QueueWalk`). ``app_id`` replaces the
+    sender's when given. Priority, reply address and expiration are dropped unless
+    ``as_sent``: a dead letter must not expire in its DLQ nor be answered, and a replay is the
+    operator's decision, not to be reordered, answered or expired by what the first sender
+    asked for; a walk's copy stands in for the message it replaces, so it keeps them.
+    """
     return aio_pika.Message(
         message.body,
-        headers=headers,
+        headers=dict(headers),
         content_type=message.content_type,
         content_encoding=message.content_encoding,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        priority=message.priority,
+        priority=message.priority if as_sent else None,
         correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        expiration=message.expiration,
+        reply_to=message.reply_to if as_sent else None,
+        expiration=message.expiration if as_sent else None,
         message_id=message.message_id,
         timestamp=message.timestamp,
         type=message.type,
-        app_id=message.app_id,
+        app_id=message.app_id if app_id is None else app_id,
     )
 
 

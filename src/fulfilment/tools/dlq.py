@@ -58,6 +58,7 @@ from fulfilment.adapters.rabbitmq import (
     QueueWalk,
     UnroutableError,
     publish_confirmed,
+    resent,
     walk_queue,
 )
 from fulfilment.contracts.dead_letter import (
@@ -573,24 +574,15 @@ async def _republish(
     replays_before: int,
 ) -> None:
     original = letter.message
-    message = aio_pika.Message(
-        original.body,
-        headers=replay_headers(  # type: ignore[arg-type] # aio-pika's header type is invariant
+    # Without the first sender's priority, reply address or expiration (``resent``).
+    message = resent(
+        original,
+        replay_headers(
             original.headers,
             replay_id=str(result.run_id),
             replayed_at=datetime.now(UTC),
             replays_before=replays_before,
         ),
-        content_type=original.content_type,
-        content_encoding=original.content_encoding,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        # No priority, reply address or expiration: a replay is the operator's decision and
-        # must not be reordered, answered or expired by what the first sender asked for.
-        correlation_id=original.correlation_id,
-        message_id=original.message_id,
-        timestamp=original.timestamp,
-        type=original.type,
-        app_id=original.app_id,
     )
     exchange, routing_key = letter.replay_target()
     try:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aio_pika
 
 from fulfilment import __version__
+from fulfilment.adapters.rabbitmq import resent
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.dead_letter import (
     BROKER_HEADER_PREFIXES,
@@ -157,17 +158,9 @@ def dead_letter_message(
     Persistent; no expiration, priority or reply address (a dead letter must not expire in
     the DLQ, nor be answered), ``app_id`` the service's.
     """
-    raw = message.raw_message
-    return aio_pika.Message(
-        raw.body,
-        headers=dead_letter_headers(message, failure, queue=queue),
-        content_type=raw.content_type,
-        content_encoding=raw.content_encoding,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        correlation_id=raw.correlation_id,
-        message_id=raw.message_id,
-        timestamp=raw.timestamp,
-        type=raw.type,
+    return resent(
+        message.raw_message,
+        dead_letter_headers(message, failure, queue=queue),
         app_id=f"fulfilment-{__version__}",
     )
 
