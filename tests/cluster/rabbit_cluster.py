@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import secrets
 import shutil
 import signal
 import socket
@@ -41,8 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RABBITMQ_BIN = Path(os.environ.get("FULFILMENT_TEST_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
-"""The package's own scripts, run directly (not the ``/usr/sbin`` wrappers)."""
+# Run as a script too (``make rabbitmq-cluster``), where pytest's pythonpath does not apply.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import rabbit_node
+from rabbit_node import RABBITMQ_BIN, spare_port
 
 NODE_NAME = "fulfilment-test-{index}@localhost"
 
@@ -85,13 +86,6 @@ HAPROXY_SERVER = "    server node{index} 127.0.0.1:{port} check inter 1s fall 2 
 
 class ClusterError(Exception):
     """A node, a control command or the proxy failed; ``str(error)`` says which and why."""
-
-
-def spare_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on at this moment."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def answers(port: int) -> bool:
@@ -172,12 +166,7 @@ class RabbitCluster:
             ClusterError: a node did not start or join, or the proxy did not answer.
         """
         began = time.monotonic()
-        self.home.mkdir(parents=True)
-        cookie = self.home / ".erlang.cookie"
-        cookie.write_text(secrets.token_hex(20).upper())
-        cookie.chmod(0o400)
-        (self.folder / "rabbitmq-env.conf").write_text("")
-        (self.folder / "enabled_plugins").write_text("[].\n")
+        rabbit_node.prepare(self.folder)
         for node in self.nodes:
             self.start_node(node, wait=False)
         with ThreadPoolExecutor(len(self.nodes)) as pool:
@@ -202,59 +191,27 @@ class RabbitCluster:
         node.folder.mkdir(parents=True, exist_ok=True)
         config = node.folder / "rabbitmq.conf"
         config.write_text(NODE_CONFIG.format(amqp_port=node.amqp_port))
-        env = {
-            **self._control_env(),
-            "RABBITMQ_NODENAME": node.name,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(node.amqp_port),
-            "RABBITMQ_DIST_PORT": str(node.dist_port),
-            "RABBITMQ_MNESIA_BASE": str(node.folder / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(node.folder / "log"),
-            "RABBITMQ_CONFIG_FILE": str(config),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(node.folder / "advanced.config"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "enabled_plugins"),
-            "RABBITMQ_PID_FILE": str(node.pid_file),
-            # Distribution on the loopback only, like the node's AMQP listener.
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-        }
-        node.pid_file.unlink(missing_ok=True)
-        with (node.folder / "console.log").open("ab") as console:
-            node.process = subprocess.Popen(
-                [str(RABBITMQ_BIN / "rabbitmq-server")],
-                env=env,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # a Ctrl-C of the test run reaches the nodes via stop()
-            )
+        node.process = rabbit_node.launch(
+            self.folder,
+            node.folder,
+            node.name,
+            config,
+            dist_port=node.dist_port,
+            amqp_port=node.amqp_port,
+        )
         if wait:
             self.await_node(node)
 
     def await_node(self, node: Node, timeout: float = 90) -> None:
         """Wait until ``node``'s broker application runs (``rabbitmqctl await_startup``)."""
-        deadline = time.monotonic() + timeout
-        while not node.pid_file.exists():
-            if not node.running():
-                msg = f"{node.name} exited at start: {self._console_tail(node)}"
-                raise ClusterError(msg)
-            if time.monotonic() > deadline:
-                msg = f"{node.name} did not start in {timeout:g} s"
-                raise ClusterError(msg)
-            time.sleep(0.2)
-        self.ctl(node, "await_startup", "--timeout", str(int(timeout)))
+        assert node.process is not None
+        rabbit_node.await_started(
+            self.folder, node.folder, node.name, node.process, timeout=timeout, error=ClusterError
+        )
 
     def kill(self, node: Node) -> None:
         """``kill -9`` the node's Erlang VM, as a crash or an OOM kill does."""
-        if not node.running():
-            return
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(node.beam_pid(), signal.SIGKILL)
-        assert node.process is not None
-        try:
-            node.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(node.process.pid, signal.SIGKILL)
-            node.process.wait(timeout=10)
+        rabbit_node.kill(node.folder, node.process)
 
     def stop_node(self, node: Node) -> None:
         """Stop ``node`` gracefully (``rabbitmqctl stop``), as an upgrade's restart does."""
@@ -411,35 +368,9 @@ class RabbitCluster:
         return sorted(status.get("partitions") or {})
 
     def _run(self, script: str, node: Node, *args: str, timeout: float) -> str:
-        command = [str(RABBITMQ_BIN / script), "-n", node.name, *args]
-        what = f"{script} -n {node.name} {' '.join(args)}"
-        try:
-            done = subprocess.run(
-                command,
-                env=self._control_env(),
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as error:
-            msg = f"{what}: no answer in {timeout:g} s"
-            raise ClusterError(msg) from error
-        if done.returncode != 0:
-            msg = f"{what}: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-1500:]}"
-            raise ClusterError(msg)
-        return done.stdout
-
-    def _control_env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
-        env["HOME"] = str(self.home)
-        # Instead of /etc/rabbitmq/rabbitmq-env.conf, which names the machine's broker.
-        env["RABBITMQ_CONF_ENV_FILE"] = str(self.folder / "rabbitmq-env.conf")
-        return env
-
-    def _console_tail(self, node: Node) -> str:
-        text = (node.folder / "console.log").read_text(errors="replace")
-        return " | ".join(text.strip().splitlines()[-8:])
+        return rabbit_node.run(
+            self.folder, script, node.name, *args, timeout=timeout, error=ClusterError
+        )
 
 
 def missing_tools() -> list[str]:
