@@ -47,9 +47,15 @@ async def prune_command(
         DatabaseUnavailableError, DatabaseRefusedError: PostgreSQL does not answer or refuses.
     """
     async with _connect(options) as connection:
-        deleted = await prune_published(
-            connection, older_than_seconds=retention_seconds, batch_size=batch_size
-        )
+        await _prune_outbox(connection, retention_seconds, batch_size, echo)
+
+
+async def _prune_outbox(
+    connection: asyncpg.Connection, retention_seconds: float, batch_size: int, echo: Echo
+) -> None:
+    deleted = await prune_published(
+        connection, older_than_seconds=retention_seconds, batch_size=batch_size
+    )
     echo(f"outbox prune: {deleted} published rows older than {retention_seconds:.0f} s deleted")
 
 
@@ -69,10 +75,8 @@ async def prune_all_command(
     Raises:
         DatabaseUnavailableError, DatabaseRefusedError: PostgreSQL does not answer or refuses.
     """
-    await prune_command(
-        options, retention_seconds=outbox_retention_seconds, batch_size=batch_size, echo=echo
-    )
     async with _connect(options) as connection:
+        await _prune_outbox(connection, outbox_retention_seconds, batch_size, echo)
         deleted = await prune_processed(
             connection,
             consumer=options.consumer,
