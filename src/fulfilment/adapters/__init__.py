@@ -1,1 +1,2 @@
-"""Adapters: the outside world (PostgreSQL, files) behind the application's ports."""
+"""Adapters: the outside world behind the application's ports: PostgreSQL (``postgres/``) and
+RabbitMQ (``rabbitmq``: connections, topology helpers, publishing, the DLQ walk)."""
