@@ -1,2 +1,4 @@
-"""Adapters: the outside world behind the application's ports: PostgreSQL (``postgres/``) and
-RabbitMQ (``rabbitmq``: connections, topology helpers, publishing, the DLQ walk)."""
+"""Adapters: the outside world behind the application's ports.
+
+PostgreSQL (``postgres/``) and RabbitMQ (``rabbitmq``: connections, publishing, the DLQ walk).
+"""
