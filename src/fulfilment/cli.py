@@ -479,7 +479,11 @@ def dlq_list(
     settings = settings_or_exit()
     run(
         list_command(
-            settings.amqp_url.get_secret_value(), as_json=as_json, echo=typer.echo, queues=chosen
+            settings.amqp_url.get_secret_value(),
+            as_json=as_json,
+            echo=typer.echo,
+            queues=chosen,
+            ttl_seconds=settings.dead_letter_ttl_seconds,
         )
     )
 
@@ -507,6 +511,7 @@ def dlq_show(  # noqa: PLR0913 - one parameter per option
             as_json=as_json,
             echo=typer.echo,
             queues=_queues(queues),
+            ttl_seconds=settings.dead_letter_ttl_seconds,
         )
     )
 
@@ -562,6 +567,7 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
                 max_age_seconds=settings.processed_id_retention_seconds,
             ),
             queues=chosen,
+            ttl_seconds=settings.dead_letter_ttl_seconds,
         )
     )
 
@@ -585,15 +591,17 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
 
     selection = _selection(ids, group, everything=everything)
     chosen = _queues(queues)
+    settings = settings_or_exit()
     run(
         purge_command(
-            tool_options(settings_or_exit()),
+            tool_options(settings),
             selection,
             execute=yes,
             operator=operator,
             comment=comment,
             echo=typer.echo,
             queues=chosen,
+            ttl_seconds=settings.dead_letter_ttl_seconds,
         )
     )
 

@@ -31,6 +31,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
 
 from fulfilment.adapters.postgres.errors import ASYNCPG_URL_PARAMETERS
+from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
 from fulfilment.worker.fault_injection import parse_fault_plan
 
 ENV_PREFIX = "FULFILMENT_"
@@ -301,7 +302,7 @@ class Settings(BaseSettings):
     outbox_prune_batch_size: int = Field(default=1000, ge=1, le=100000)
     """Rows ``fulfilment prune`` deletes per transaction, from the outbox and from the inbox."""
 
-    dead_letter_ttl_seconds: Seconds = 14 * 24 * 3600.0
+    dead_letter_ttl_seconds: Seconds = DEAD_LETTER_TTL_SECONDS
     """How long a dead letter stays in its DLQ (14 days) before the broker drops it: the
     ``message-ttl`` of the DLQ policies (``deploy/rabbitmq/definitions.json``,
     ``k8s/rabbitmq-policy.yaml``, in milliseconds there), stated here so the service can check

@@ -754,3 +754,37 @@ async def test_dlq_list_says_when_the_virtual_host_has_none_of_the_service_s_que
             " FULFILMENT_AMQP_URL the service's? (the worker declares them at start)"
         ),
     ]
+
+
+async def test_a_walk_leaves_each_dead_letter_only_what_the_ttl_left_it(connection) -> None:
+    """The copy a walk puts back expires when the original would have (the TTL counted from
+    when it was dead-lettered), so a DLQ that is listed every day still drops each dead letter
+    after the TTL. One that outlived the TTL already (a DLQ without the policy) is not dropped
+    by a walk: its copy carries no expiration, and the queue's own TTL decides."""
+    now = datetime.now(UTC)
+    young_body, young = an_event()
+    old_body, old = an_event()
+    await put_service_dead_letter(
+        connection, young_body, message_id=young, dead_lettered_at=now - timedelta(days=3)
+    )
+    await put_service_dead_letter(
+        connection, old_body, message_id=old, dead_lettered_at=now - timedelta(days=20)
+    )
+    everything = dlq.Selection(everything=True)
+
+    groups = await dlq.list_groups(connection, [DEAD_LETTER_QUEUE])  # the 14 days' default
+    assert sum(group.count for group in groups) == 2
+    # Read without setting an expiration of its own: each copy keeps the one it was given.
+    letters = await dlq.find(connection, everything, [DEAD_LETTER_QUEUE], ttl_seconds=None)
+    expirations = {letter.message.message_id: letter.message.expiration for letter in letters}
+    assert expirations.keys() == {young, old}
+    assert expirations[old] is None
+    assert expirations[young] is not None
+    assert abs(expirations[young] - timedelta(days=11).total_seconds()) < 60, expirations
+
+    # A TTL that leaves the young one two seconds: gone after them, however often it was walked.
+    ttl = timedelta(days=3).total_seconds() + 2
+    await dlq.list_groups(connection, [DEAD_LETTER_QUEUE], ttl_seconds=ttl)
+    await asyncio.sleep(2.5)
+    letters = await dlq.find(connection, everything, [DEAD_LETTER_QUEUE], ttl_seconds=None)
+    assert [letter.message.message_id for letter in letters] == [old]

@@ -9,13 +9,18 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractIncomingMessage
 
-from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, describe_dead_letter
+from fulfilment.contracts.dead_letter import (
+    DEAD_LETTER_TTL_SECONDS,
+    SERVICE_FAILURE_CLASSES,
+    describe_dead_letter,
+)
 from fulfilment.contracts.topology import route_to
 
 if TYPE_CHECKING:
@@ -424,9 +429,11 @@ class QueueWalk:
         page_size: int,
         idle_seconds: float,
         tail: tuple[str, str],
+        ttl_seconds: float | None = None,
     ) -> None:
         self._connection = connection
         self._tail = tail
+        self._ttl_seconds = ttl_seconds
         self._confirming = confirming
         self._channels: list[AbstractChannel] = [confirming]
         self._queue = queue
@@ -538,12 +545,13 @@ class QueueWalk:
             return
         chosen = {id(message) for message in keep}
         kept = [message for message in page if id(message) in chosen]
+        now = datetime.now(UTC)
         async with asyncio.TaskGroup() as group:
             for message in kept:
                 group.create_task(
                     publish_confirmed(
                         self._confirming,
-                        _copy(message, self._walk_id),
+                        _copy(message, self._walk_id, self._time_left(message, now)),
                         exchange=self._tail[0],
                         routing_key=self._tail[1],
                         timeout_seconds=self._idle_seconds * 10,
@@ -554,13 +562,41 @@ class QueueWalk:
         self.stats.kept += len(kept)
         self.stats.removed += len(page) - len(kept)
 
+    def _time_left(self, message: AbstractIncomingMessage, now: datetime) -> float | None:
+        """Seconds the copy of ``message`` may stay: what the DLQ's TTL leaves of it.
 
-def _copy(message: AbstractIncomingMessage, walk_id: str) -> aio_pika.Message:
+        The broker counts a message's TTL from when it entered the queue, so a copy would start
+        the count again and a DLQ that is walked daily would never drop anything. The copy
+        gets the rest as its own ``expiration`` (the broker applies the lower of a message's
+        and the queue's TTL), counted from when it was dead-lettered (its
+        ``x-fulfilment-dead-lettered-at`` header, else its first ``x-death`` time). None (no
+        expiration: the queue's own TTL starts again) when the walk has no TTL, when the
+        message does not say when it was dead-lettered, and when that is longer ago than the
+        TTL: such a message outlived the stated TTL in the broker already (a DLQ without the
+        policy, or with a longer one), and a walk that only looks must not be what drops it.
+        """
+        if self._ttl_seconds is None:
+            return None
+        entered = describe_dead_letter(message.headers, message.body).dead_lettered_at
+        if entered is None:
+            return None
+        left = self._ttl_seconds - (now - entered).total_seconds()
+        return left if left > 0 else None
+
+
+def _copy(
+    message: AbstractIncomingMessage, walk_id: str, time_left: float | None
+) -> aio_pika.Message:
     headers = {
         key: value for key, value in (message.headers or {}).items() if key not in _NOT_COPIED
     }
     headers[WALK_HEADER] = walk_id
-    return resent(message, headers, as_sent=True)
+    copy = resent(message, headers, as_sent=True)
+    if time_left is not None:
+        copy.expiration = (
+            time_left if message.expiration is None else min(time_left, message.expiration)
+        )
+    return copy
 
 
 def resent(
@@ -603,11 +639,14 @@ async def walk_queue(
     *,
     page_size: int = WALK_PAGE_SIZE,
     idle_seconds: float = WALK_IDLE_SECONDS,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
 ) -> AsyncIterator[QueueWalk]:
     """A :class:`QueueWalk` of the messages ``queue`` holds now (none when it is missing).
 
-    Kept messages go back to its tail by :func:`~fulfilment.contracts.topology.route_to`.
-    Every message not settled by the end goes back to the head of the queue.
+    Kept messages go back to its tail by :func:`~fulfilment.contracts.topology.route_to`,
+    with what ``ttl_seconds`` (the DLQ's ``message-ttl``, ``FULFILMENT_DEAD_LETTER_TTL_SECONDS``)
+    leaves of their time (:meth:`QueueWalk._time_left`); None keeps no expiration. Every
+    message not settled by the end goes back to the head of the queue.
     """
     state = await queue_state(connection, queue)
     confirming = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -619,6 +658,7 @@ async def walk_queue(
         page_size=page_size,
         idle_seconds=idle_seconds,
         tail=route_to(queue),
+        ttl_seconds=ttl_seconds,
     )
     try:
         yield walk

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+DEAD_LETTER_TTL_SECONDS = 14 * 24 * 3600.0
+"""How long a dead letter stays in its DLQ before the broker drops it (14 days): the
+``message-ttl`` of the shipped DLQ policies, in milliseconds there, and the default of
+``FULFILMENT_DEAD_LETTER_TTL_SECONDS``."""
+
 HEADER_PREFIX = "x-fulfilment-"
 """Every header the service adds starts with this; a replay strips them all."""
 

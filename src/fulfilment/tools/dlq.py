@@ -7,7 +7,9 @@ unacknowledged in the broker and in this process, so memory stays flat however d
 (README, "Dead letters and replay", has the figures for 100,000). A message the command does
 not take out is put back at the tail of its DLQ (a confirmed copy, then the original's ack),
 so after a whole walk the DLQ holds what it held, in the same order, with any dead letters
-that workers added meanwhile behind.
+that workers added meanwhile behind. The copy expires when the original would have: it carries
+what ``ttl_seconds`` (the DLQs' ``message-ttl``, ``FULFILMENT_DEAD_LETTER_TTL_SECONDS``) leaves of
+the time since the message was dead-lettered, so looking at a DLQ never extends its retention.
 
 - :func:`list_groups` and :func:`find` read the DLQs without removing anything.
 - :func:`replay` publishes selected dead letters back to the exchange and routing key they
@@ -62,6 +64,7 @@ from fulfilment.adapters.rabbitmq import (
     walk_queue,
 )
 from fulfilment.contracts.dead_letter import (
+    DEAD_LETTER_TTL_SECONDS,
     DeadLetterDescription,
     describe_dead_letter,
     replay_count,
@@ -295,6 +298,7 @@ async def list_groups(
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
     *,
     page_size: int = WALK_PAGE_SIZE,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
 ) -> list[Group]:
     """The messages of ``queues`` grouped per DLQ by ``<failure class>/<exception type>``.
 
@@ -303,7 +307,9 @@ async def list_groups(
     """
     groups: dict[tuple[str, str], Group] = {}
     for queue in queues:
-        async with walk_queue(connection, queue, page_size=page_size) as walk:
+        async with walk_queue(
+            connection, queue, page_size=page_size, ttl_seconds=ttl_seconds
+        ) as walk:
             async for page in walk.pages():
                 for message in page:
                     letter = DeadLetter.of(message, queue)
@@ -321,13 +327,14 @@ async def list_groups(
     return sorted(groups.values(), key=lambda group: (-group.count, group.key, group.queue))
 
 
-async def find(
+async def find(  # noqa: PLR0913 - the selection, where, how many, and the walk's bounds
     connection: AbstractConnection,
     selection: Selection,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
     *,
     limit: int | None = None,
     page_size: int = WALK_PAGE_SIZE,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
 ) -> list[DeadLetter]:
     """The first ``limit`` (all, when None) messages of ``queues`` chosen by ``selection``.
 
@@ -337,7 +344,9 @@ async def find(
     """
     found: list[DeadLetter] = []
     for queue in queues:
-        async with walk_queue(connection, queue, page_size=page_size) as walk:
+        async with walk_queue(
+            connection, queue, page_size=page_size, ttl_seconds=ttl_seconds
+        ) as walk:
             async for page in walk.pages():
                 found += [
                     letter
@@ -382,6 +391,7 @@ async def replay(  # noqa: PLR0913 - each option of the command, by name
     rules: ReplayRules | None = None,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
     page_size: int = WALK_PAGE_SIZE,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
     on_each: Callable[[DeadLetter], object] = lambda _: None,
     on_refused: Callable[[Refusal], object] = lambda _: None,
 ) -> RunResult:
@@ -399,6 +409,8 @@ async def replay(  # noqa: PLR0913 - each option of the command, by name
         comment: why, for the audit table.
         rules: the replay limit, ``--force`` and the age limit (:class:`ReplayRules`).
         page_size: most dead letters held at once.
+        ttl_seconds: the DLQs' ``message-ttl``; the copies put back keep what it leaves of
+            each dead letter's time (None: the broker's count starts again).
         on_each: called with each dead letter after it was replayed (or, dry, chosen).
         on_refused: called with each chosen dead letter a rule refused (left in the DLQ).
 
@@ -417,7 +429,9 @@ async def replay(  # noqa: PLR0913 - each option of the command, by name
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     try:
         for queue in queues:
-            async with walk_queue(connection, queue, page_size=page_size) as walk:
+            async with walk_queue(
+                connection, queue, page_size=page_size, ttl_seconds=ttl_seconds
+            ) as walk:
                 async for page in walk.pages():
                     await _replay_page(
                         walk,
@@ -523,6 +537,7 @@ async def purge(  # noqa: PLR0913 - each option of the command, by name
     comment: str | None,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
     page_size: int = WALK_PAGE_SIZE,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
     on_each: Callable[[DeadLetter], object] = lambda _: None,
 ) -> RunResult:
     """Remove the chosen dead letters of ``queues`` for good, each after its audit row.
@@ -539,7 +554,9 @@ async def purge(  # noqa: PLR0913 - each option of the command, by name
         msg = "purging needs the audit database"
         raise ValueError(msg)
     for queue in queues:
-        async with walk_queue(connection, queue, page_size=page_size) as walk:
+        async with walk_queue(
+            connection, queue, page_size=page_size, ttl_seconds=ttl_seconds
+        ) as walk:
             async for page in walk.pages():
                 kept: list[AbstractIncomingMessage] = []
                 done: list[AbstractIncomingMessage] = []

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.rabbitmq import connect, queue_state
+from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dlq import (
@@ -55,6 +56,7 @@ async def list_command(
     as_json: bool,
     echo: Echo,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
 ) -> None:
     """``fulfilment dlq list``: echo the groups of :func:`list_groups`, as a table or JSON.
 
@@ -62,7 +64,7 @@ async def list_command(
         BrokerUnavailableError: RabbitMQ does not answer.
     """
     async with connect(amqp_url) as connection:
-        groups = await list_groups(connection, queues)
+        groups = await list_groups(connection, queues, ttl_seconds=ttl_seconds)
         missing = [queue for queue in queues if await queue_state(connection, queue) is None]
     if not as_json:
         echo(render_groups(groups))
@@ -97,6 +99,7 @@ async def show_command(  # noqa: PLR0913 - each option of the command, by name
     as_json: bool,
     echo: Echo,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
 ) -> None:
     """``fulfilment dlq show``: echo at most ``limit`` chosen dead letters, as text or JSON.
 
@@ -104,7 +107,7 @@ async def show_command(  # noqa: PLR0913 - each option of the command, by name
         BrokerUnavailableError: RabbitMQ does not answer.
     """
     async with connect(amqp_url) as connection:
-        letters = await find(connection, selection, queues, limit=limit)
+        letters = await find(connection, selection, queues, limit=limit, ttl_seconds=ttl_seconds)
     if as_json:
         echo(json.dumps([letter.to_document() for letter in letters], indent=2))
     elif not letters:
@@ -124,6 +127,7 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     echo: Echo,
     rules: ReplayRules | None = None,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
 ) -> None:
     """``fulfilment dlq replay``: :func:`replay`, echoing each dead letter and a summary.
 
@@ -149,6 +153,7 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
                 comment=comment,
                 rules=rules,
                 queues=queues,
+                ttl_seconds=ttl_seconds,
                 on_each=on_each,
                 on_refused=lambda refusal: _echo_refusal(refusal, echo),
             ),
@@ -175,6 +180,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
     comment: str | None,
     echo: Echo,
     queues: Sequence[str] = DEAD_LETTER_QUEUES,
+    ttl_seconds: float | None = DEAD_LETTER_TTL_SECONDS,
 ) -> None:
     """``fulfilment dlq purge``: :func:`purge`, echoing each dead letter and a summary.
 
@@ -194,6 +200,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
             operator=operator_identity(operator),
             comment=comment,
             queues=queues,
+            ttl_seconds=ttl_seconds,
             on_each=on_each,
         ),
         execute=execute,
