@@ -140,7 +140,8 @@ def run(command: Coroutine[Any, Any, T]) -> T:
 
     Its :class:`CommandError` exits with the error's code; a service that is unreachable exits
     3, one that refuses the user or has no such virtual host or database exits 4, and so does a
-    broker that refuses the user an operation (``ACCESS_REFUSED``).
+    broker that refuses the user an operation (``ACCESS_REFUSED``); a DLQ that another ``dlq``
+    command is walking exits 1.
     """
     from aiormq.exceptions import ChannelAccessRefused  # noqa: PLC0415 - loads aiormq
 
@@ -152,6 +153,7 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     from fulfilment.adapters.rabbitmq import (  # noqa: PLC0415 - loads aio-pika
         BrokerRefusedError,
         BrokerUnavailableError,
+        WalkInProgressError,
     )
 
     # The client libraries log a failed connection attempt on their own; the one-line
@@ -171,6 +173,8 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         )
     except CommandError as error:
         fail(str(error), error.exit_code)
+    except WalkInProgressError as error:
+        fail(str(error), EXIT_FAILED)
     except Exception as error:
         # A command that needs the owner's rights, run with the runtime role's URL.
         refusal = privilege_refusal(error)

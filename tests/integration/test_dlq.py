@@ -22,6 +22,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
+from fulfilment.adapters.rabbitmq import (
+    WALK_LOCK_SUFFIX,
+    WalkInProgressError,
+    queue_state,
+    walk_queue,
+)
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
@@ -788,3 +794,34 @@ async def test_a_walk_leaves_each_dead_letter_only_what_the_ttl_left_it(connecti
     await asyncio.sleep(2.5)
     letters = await dlq.find(connection, everything, [DEAD_LETTER_QUEUE], ttl_seconds=None)
     assert [letter.message.message_id for letter in letters] == [old]
+
+
+async def test_a_second_walk_of_the_same_dlq_is_refused_until_the_first_ends_or_dies(
+    connection, amqp_url: str
+) -> None:
+    body, event_id = an_event()
+    await put_service_dead_letter(connection, body, message_id=event_id)
+    lock = f"{DEAD_LETTER_QUEUE}{WALK_LOCK_SUFFIX}"
+
+    async with (
+        walk_queue(connection, DEAD_LETTER_QUEUE),
+        await aio_pika.connect(amqp_url) as other,
+    ):
+        with pytest.raises(WalkInProgressError) as refused:
+            await dlq.list_groups(other, [DEAD_LETTER_QUEUE])
+        assert str(refused.value) == (
+            f"another `fulfilment dlq` command is walking {DEAD_LETTER_QUEUE} (it holds the"
+            f" exclusive queue {lock}); run it again when that one has ended"
+        )
+        # Another DLQ is not locked.
+        assert await dlq.list_groups(other, [ORDER_SHIPPED.dead_letter_queue]) == []
+    assert await queue_state(connection, lock) is None  # deleted at the end
+
+    # A walker whose connection dies frees the lock with it.
+    dying = await aio_pika.connect(amqp_url)
+    held = walk_queue(dying, DEAD_LETTER_QUEUE)
+    await held.__aenter__()
+    await dying.close()
+    groups = await dlq.list_groups(connection, [DEAD_LETTER_QUEUE])
+    assert [group.count for group in groups] == [1]  # the dead letter is still there, once
+    await held.__aexit__(None, None, None)

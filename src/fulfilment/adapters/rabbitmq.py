@@ -56,6 +56,10 @@ class UnroutableError(Exception):
     """The broker returned a mandatory publish: no queue is bound for its routing key."""
 
 
+class WalkInProgressError(Exception):
+    """Another connection is walking the queue (it holds the walk's lock, :func:`walk_queue`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OutgoingEvent:
     """One event to publish: ``body`` is UTF-8 JSON, ``message_id`` the event id."""
@@ -361,6 +365,10 @@ WALK_HEADER = "x-fulfilment-walk-id"
 A walk that meets a message carrying its own id has gone round the whole queue and stops.
 """
 
+WALK_LOCK_SUFFIX = ".walk-lock"
+"""The exclusive queue ``<queue>.walk-lock`` a walk holds so that no other walks ``queue`` at
+the same time (:func:`walk_queue`)."""
+
 WALK_PAGE_SIZE = 500
 """Messages a walk holds unacknowledged at most (its prefetch): the page it reads, then settles."""
 
@@ -643,11 +651,31 @@ async def walk_queue(
 ) -> AsyncIterator[QueueWalk]:
     """A :class:`QueueWalk` of the messages ``queue`` holds now (none when it is missing).
 
+    One walk per queue at a time: two would each take the depth from the head and see some
+    messages twice and others not at all. The walk holds a lock for its whole length, an
+    exclusive queue ``<queue>.walk-lock`` (the broker refuses a second connection the same
+    exclusive queue, and drops it when its connection closes, so a walker that dies frees
+    it); the lock is deleted at the end.
+
     Kept messages go back to its tail by :func:`~fulfilment.contracts.topology.route_to`,
     with what ``ttl_seconds`` (the DLQ's ``message-ttl``, ``FULFILMENT_DEAD_LETTER_TTL_SECONDS``)
     leaves of their time (:meth:`QueueWalk._time_left`); None keeps no expiration. Every
     message not settled by the end goes back to the head of the queue.
+
+    Raises:
+        WalkInProgressError: another connection walks ``queue``; nothing was taken.
     """
+    lock = await connection.channel()
+    try:
+        await lock.declare_queue(
+            f"{queue}{WALK_LOCK_SUFFIX}", exclusive=True, arguments={"x-queue-type": "classic"}
+        )
+    except aiormq.exceptions.ChannelLockedResource as error:
+        msg = (
+            f"another `fulfilment dlq` command is walking {queue} (it holds the exclusive"
+            f" queue {queue}{WALK_LOCK_SUFFIX}); run it again when that one has ended"
+        )
+        raise WalkInProgressError(msg) from error
     state = await queue_state(connection, queue)
     confirming = await connection.channel(publisher_confirms=True, on_return_raises=True)
     walk = QueueWalk(
@@ -664,6 +692,9 @@ async def walk_queue(
         yield walk
     finally:
         await walk.close()
+        if not lock.is_closed:
+            await lock.queue_delete(f"{queue}{WALK_LOCK_SUFFIX}")
+            await lock.close()
 
 
 async def publish_confirmed(
