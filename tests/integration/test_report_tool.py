@@ -15,6 +15,7 @@ import pytest
 from pydantic import SecretStr
 
 from builders import order
+from fulfilment.adapters import rabbitmq
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.cli import tool_options
@@ -143,3 +144,28 @@ async def test_the_report_counts_every_dlq_and_every_queue(
     assert "stock invariants               hold" in rendered
     assert document["outbox"] == {"unpublished": 0, "published": 0}
     assert "outbox (result events)" in rendered
+
+
+async def test_a_dlq_deeper_than_a_look_can_hold_is_counted_as_unread_not_as_missing(
+    options: ToolOptions, amqp_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The look holds what it reads unacknowledged, at most 65,535 (the largest prefetch);
+    # three stand for them here, so that five dead letters overflow it.
+    monkeypatch.setattr(rabbitmq, "PEEK_LIMIT", 3)
+    refused = [await refused_shipment(amqp_url) for _ in range(5)]
+
+    result = await reconcile(options, refused)
+
+    assert (result.dead_lettered, result.unread_dead_letters, len(result.missing)) == (3, 2, 2)
+    assert (
+        "2 missing (2 dead letters past the first 65,535 of a DLQ were not read: a missing"
+        " event may be among them" in result.describe()
+    )
+    document = await collect_report(options)
+    assert document["dead_lettered"]["total"] == 5
+    assert document["dead_lettered"]["by_reason"][-1] == {
+        "queue": "fulfilment.order-shipped.dlq",
+        "class": "unread",
+        "reason": "past 65,535",
+        "count": 2,
+    }

@@ -89,6 +89,8 @@ class DeadLetterSummary:
     seen: int = 0
     by_reason: Counter[tuple[str, str]] = field(default_factory=Counter)
     event_ids: set[str] = field(default_factory=set)
+    unread: int = 0
+    """Messages past the first :data:`PEEK_LIMIT` that the look could not read."""
 
 
 # RabbitMQ closes the connection with 530 NOT_ALLOWED when asked for a virtual host that does
@@ -299,18 +301,21 @@ async def queue_state(connection: AbstractConnection, name: str) -> QueueState |
 async def browse_dead_letters(connection: AbstractConnection, queue: str) -> DeadLetterSummary:
     """Read every message of the DLQ ``queue`` without removing any, and count them.
 
-    See :func:`peek_messages` for how the messages stay in the queue.
+    See :func:`peek_messages` for how the messages stay in the queue; a DLQ deeper than
+    :data:`PEEK_LIMIT` is counted up to it, and the rest is counted as ``unread``.
     """
     summary = DeadLetterSummary()
+    state = await queue_state(connection, queue)
     for message in await peek_messages(connection, queue):
         _count(summary, message)
+    summary.unread = max(0, (state.ready if state else 0) - summary.seen)
     return summary
 
 
 async def peek_messages(
     connection: AbstractConnection, queue: str
 ) -> list[AbstractIncomingMessage]:
-    """Every message of ``queue``, read without removing any, in queue order.
+    """The first :data:`PEEK_LIMIT` messages of ``queue``, read without removing any, in order.
 
     Messages are received unacknowledged and returned when the channel closes, so they stay
     in the queue in their order. Each look counts as a delivery on quorum queues (on RabbitMQ
@@ -324,10 +329,11 @@ async def peek_messages(
     seen: list[AbstractIncomingMessage] = []
     channel: AbstractChannel = await connection.channel()
     try:
-        await channel.set_qos(prefetch_count=state.ready)
+        wanted = min(state.ready, PEEK_LIMIT)
+        await channel.set_qos(prefetch_count=wanted)
         source = await channel.get_queue(queue, ensure=False)
         async with source.iterator(no_ack=False) as messages:
-            while len(seen) < state.ready:
+            while len(seen) < wanted:
                 try:
                     async with asyncio.timeout(BROWSE_IDLE_SECONDS):
                         message = await anext(aiter(messages))
@@ -364,6 +370,10 @@ WALK_HEADER = "x-fulfilment-walk-id"
 
 A walk that meets a message carrying its own id has gone round the whole queue and stops.
 """
+
+PEEK_LIMIT = 65_535
+"""Most messages :func:`peek_messages` reads: the largest prefetch (an AMQP short), since it
+holds every message it reads unacknowledged. Deeper queues are paged by :class:`QueueWalk`."""
 
 WALK_LOCK_SUFFIX = ".walk-lock"
 """The exclusive queue ``<queue>.walk-lock`` a walk holds so that no other walks ``queue`` at

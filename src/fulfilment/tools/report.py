@@ -67,7 +67,8 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
     orders per state and events per outcome (``fulfilment.adapters.postgres.outcomes``), the
     outbox's result events waiting for the relay and published; ``pending.ready`` is the
     ready messages of all subscribed queues and ``pending.consumers`` the fewest consumers
-    any of them has.
+    any of them has. A DLQ deeper than 65,535 is read up to there; the rest is one
+    ``by_reason`` row of class ``unread``.
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
@@ -94,6 +95,15 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
                 {"queue": name, "class": failure_class, "reason": reason, "count": count}
                 for (failure_class, reason), count in sorted(dead.by_reason.items())
             ]
+            if dead.unread:
+                by_reason.append(
+                    {
+                        "queue": name,
+                        "class": "unread",
+                        "reason": "past 65,535",
+                        "count": dead.unread,
+                    }
+                )
     details = asdict(outcomes)
     invariants = details.pop("invariants", {})
     outbox_rows = details.pop("outbox", {})
@@ -170,6 +180,9 @@ class Reconciliation:
     twice (or lost half-way) would show here."""
     dead_lettered_by_queue: dict[str, int] = field(default_factory=dict)
     """The published events in each DLQ, every DLQ named."""
+    unread_dead_letters: int = 0
+    """Dead letters past the first 65,535 of a DLQ, which the reconciliation could not read:
+    a ``missing`` event may be among them (``fulfilment dlq show --id`` finds one)."""
 
     @property
     def ok(self) -> bool:
@@ -178,10 +191,17 @@ class Reconciliation:
 
     def describe(self) -> str:
         """One line for people."""
+        unread = (
+            f" ({self.unread_dead_letters} dead letters past the first 65,535 of a DLQ were"
+            " not read: a missing event may be among them; `fulfilment dlq show --id` finds"
+            " one)"
+            if self.unread_dead_letters
+            else ""
+        )
         return (
             f"reconciled {self.published} published events: {self.processed} processed, "
-            f"{self.dead_lettered} in the dead-letter queue, {len(self.missing)} missing, "
-            f"{len(self.twice)} both processed and dead-lettered; stock invariants "
+            f"{self.dead_lettered} in the dead-letter queue, {len(self.missing)} missing"
+            f"{unread}, {len(self.twice)} both processed and dead-lettered; stock invariants "
             + ("hold" if self.invariants_hold else "BROKEN")
         )
 
@@ -217,6 +237,7 @@ async def reconcile(options: ToolOptions, event_ids: Collection[UUID]) -> Reconc
         invariants_hold=outcomes.ok,
         reserved_mismatches=outcomes.invariants.reserved_mismatches,
         dead_lettered_by_queue={name: len(ids) for name, ids in dead_in.items()},
+        unread_dead_letters=sum(summary.unread for summary in dead.values()),
     )
 
 
