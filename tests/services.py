@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 
@@ -20,6 +21,8 @@ ADMIN_DATABASE_URL = os.environ.get(
     "FULFILMENT_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 AMQP_URL = os.environ.get("FULFILMENT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+AMQP_PORT = urllib.parse.urlsplit(AMQP_URL).port or 5672
+"""The test broker's port, which tells the broker's connections among a process's sockets."""
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 

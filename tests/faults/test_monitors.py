@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
 from fulfilment.settings import Settings
+from services import AMQP_PORT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -49,7 +50,6 @@ CLOSES = 3
 last time (with its reconnects refused)."""
 
 POLL_SECONDS = "1"
-AMQP_PORT = 5672
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

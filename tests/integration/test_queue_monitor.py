@@ -26,11 +26,9 @@ from fulfilment.contracts.topology import (
 from fulfilment.observability.metrics import Metrics
 from fulfilment.worker.monitors import queue_monitor, supervise
 from fulfilment.worker.topology import Topology, declare_topology
-from services import service_unavailable
+from services import AMQP_PORT, service_unavailable
 
 pytestmark = pytest.mark.rabbitmq
-
-AMQP_PORT = 5672
 
 
 def rabbitmqctl(*args: str) -> str:
