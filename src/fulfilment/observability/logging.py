@@ -31,9 +31,9 @@ def configure_logging(
     The service's own loggers (``structlog.get_logger("fulfilment.…")``) render and write each
     line themselves, filtered by level before any work is done (structlog's
     ``make_filtering_bound_logger``), instead of going through the standard library's records,
-    handler and formatter: the worker writes a line per delivery, which took 82 µs that way
-    and takes 22 µs this way (one ``order_placed.handled`` line, CPU time, best of 5 x 50,000).
-    Both write whole lines to the same stream.
+    handler and formatter: the worker writes a line per delivery, which took 82 to 92 µs of
+    CPU that way and takes 22 to 30 µs this way (``bench/log_line.py``, two runs each on 2
+    vCPUs). Both write whole lines to the same stream.
     """
     json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     shared: list[structlog.types.Processor] = [
