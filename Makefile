@@ -57,7 +57,7 @@ RABBITMQ4_FIGURES ?= rabbitmq4-figures.jsonl
 # node from the machine's own installation, that is 3.10 again (tests/deploy's
 # test_broker_definitions.py and tests/cluster do too, and are not collected here). The node keeps
 # running afterwards: scripts/rabbitmq4-node stop. Not part of .ci/run: the first build
-# downloads about 100 MB and the run takes about 15 minutes.
+# downloads about 100 MB and the run takes about 16 minutes.
 test-rabbitmq4: install ## The integration, e2e and fault suites against a RabbitMQ 4.0 node (needs root; builds it the first time); writes RABBITMQ4_FIGURES
 	scripts/rabbitmq4-node start
 	rm -f $(RABBITMQ4_FIGURES)
