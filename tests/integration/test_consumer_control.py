@@ -102,8 +102,10 @@ async def two(amqp_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[T
         prefetch_count=4,
         publish_dead_letter=DeadLetterChannel(broker.connect).publish,
     )
+    # Durable, and deleted below: RabbitMQ 4 deprecates transient queues that are not
+    # exclusive, and an exclusive one would belong to the worker's connection.
     queues = {
-        name: RabbitQueue(f"test.{name}-{suffix}", durable=False, routing_key=name)
+        name: RabbitQueue(f"test.{name}-{suffix}", durable=True, routing_key=name)
         for name in ("a", "b")
     }
     a, b = (
