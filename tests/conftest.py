@@ -26,6 +26,8 @@ from sqlalchemy.engine import make_url
 from services import ADMIN_DATABASE_URL, AMQP_URL, service_unavailable, throwaway_database
 
 if TYPE_CHECKING:
+    from relay_harness import RelayProcess
+
     from private_broker import PrivateBroker
 
 
@@ -151,6 +153,16 @@ async def clean_database(database_url: str) -> str:
     finally:
         await connection.close()
     return database_url
+
+
+@pytest.fixture
+def relays() -> Iterator[list[RelayProcess]]:
+    """Relay processes of one test (``relay_harness.spawn_relay`` adds them); all are killed at
+    the end (the e2e and fault suites both start relays)."""
+    started: list[RelayProcess] = []
+    yield started
+    for relay in started:
+        relay.stop_quietly()
 
 
 @pytest.fixture

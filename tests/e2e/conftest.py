@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Iterator
 import aio_pika
 import pytest
 from harness import WorkerProcess
-from relay_harness import RelayProcess
 
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
@@ -20,15 +19,6 @@ def workers() -> Iterator[list[WorkerProcess]]:
     yield started
     for worker in started:
         worker.stop_quietly()
-
-
-@pytest.fixture
-def relays() -> Iterator[list[RelayProcess]]:
-    """Relay processes of one test (``relay_harness.spawn_relay`` adds them); all are killed."""
-    started: list[RelayProcess] = []
-    yield started
-    for relay in started:
-        relay.stop_quietly()
 
 
 @pytest.fixture

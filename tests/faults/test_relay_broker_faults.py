@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
@@ -53,14 +52,6 @@ def rabbitmqctl(*args: str) -> str:
     return subprocess.run(
         ["rabbitmqctl", "-q", *args], check=True, capture_output=True, text=True, timeout=120
     ).stdout
-
-
-@pytest.fixture
-def relays() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for relay in started:
-        relay.stop_quietly()
 
 
 async def test_the_broker_down_for_30_seconds_under_the_relay_loses_no_event_and_keeps_order(

@@ -306,16 +306,19 @@ async def browse_dead_letters(connection: AbstractConnection, queue: str) -> Dea
     """
     summary = DeadLetterSummary()
     state = await queue_state(connection, queue)
-    for message in await peek_messages(connection, queue):
+    ready = state.ready if state else 0
+    for message in await peek_messages(connection, queue, ready):
         _count(summary, message)
-    summary.unread = max(0, (state.ready if state else 0) - summary.seen)
+    summary.unread = max(0, ready - summary.seen)
     return summary
 
 
 async def peek_messages(
-    connection: AbstractConnection, queue: str
+    connection: AbstractConnection, queue: str, ready: int
 ) -> list[AbstractIncomingMessage]:
-    """The first :data:`PEEK_LIMIT` messages of ``queue``, read without removing any, in order.
+    """The first :data:`PEEK_LIMIT` of ``queue``'s ``ready`` messages, left in it, in order.
+
+    ``ready`` is the queue's depth, read by the caller.
 
     Messages are received unacknowledged and returned when the channel closes, so they stay
     in the queue in their order. Each look counts as a delivery on quorum queues (on RabbitMQ
@@ -323,13 +326,12 @@ async def peek_messages(
     large delivery limit (``fulfilment.worker.topology``). Never use this on a queue that
     workers consume: it would spend their delivery attempts.
     """
-    state = await queue_state(connection, queue)
-    if state is None or state.ready == 0:
+    if ready <= 0:
         return []
     seen: list[AbstractIncomingMessage] = []
     channel: AbstractChannel = await connection.channel()
     try:
-        wanted = min(state.ready, PEEK_LIMIT)
+        wanted = min(ready, PEEK_LIMIT)
         await channel.set_qos(prefetch_count=wanted)
         source = await channel.get_queue(queue, ensure=False)
         async with source.iterator(no_ack=False) as messages:
