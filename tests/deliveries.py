@@ -44,7 +44,11 @@ def incoming(
     return PatchedMessage(
         aiormq.abc.DeliveredMessage(
             delivery=spec.Basic.Deliver(
-                exchange=exchange, routing_key=routing_key, redelivered=redelivered
+                exchange=exchange,
+                routing_key=routing_key,
+                redelivered=redelivered,
+                # Each delivery comes on a channel of its own (below), so each is its first.
+                delivery_tag=1,
             ),
             header=ContentHeader(
                 properties=spec.Basic.Properties(
@@ -55,7 +59,7 @@ def incoming(
                 )
             ),
             body=body,
-            channel=AsyncMock(),
+            channel=AsyncMock(is_closed=False),
         )
     )
 

@@ -26,8 +26,16 @@ delivery ends in exactly one of these (product contract, promise 1):
   could drop;
 * cancelled (SIGTERM past the graceful timeout, or a lost connection): neither acknowledged
   nor rejected, so the broker requeues it and the inbox absorbs the redelivery;
-* anything else (a bug in the policy itself): the ``REJECT_ON_ERROR`` policy rejects it and
-  the broker dead-letters it through the queue's ``x-dead-letter-exchange``.
+* anything else (a bug in the policy itself): rejected without requeue, as the
+  ``REJECT_ON_ERROR`` policy would, and the broker dead-letters it through the queue's
+  ``x-dead-letter-exchange``.
+
+The policy sends each settlement itself, through the subscription's
+:class:`~fulfilment.worker.acknowledgements.ChannelAcks`: the acknowledgements of the
+deliveries settled at the same moment (a committed batch) go out as one ``basic.ack`` with
+``multiple`` where no earlier delivery of the channel is still in flight. An acknowledgement
+is still sent only after the delivery's transaction committed (or its dead letter was
+confirmed), and the handler's task ends only once it is written.
 
 Each delivery writes one log line (``<name>.handled``, ``<name>.dead_lettered`` or
 ``<name>.requeued``, ``name`` being the subscription's), and one ``<name>.dead_letter_refused``
@@ -67,6 +75,7 @@ from fulfilment.observability.metrics import (
     REQUEUED_DEAD_LETTER_REFUSED,
     REQUEUED_TRANSIENT,
 )
+from fulfilment.worker.acknowledgements import ChannelAcks
 from fulfilment.worker.dead_lettering import (
     DeadLetterPublisher,
     Failure,
@@ -337,6 +346,7 @@ class _Subscription:
     """One subscription's delivery policy: its handler, queue, event label and log line names."""
 
     __slots__ = (
+        "_acks",
         "_dead_letter_refused",
         "_dead_letter_routing_key",
         "_dead_lettered",
@@ -366,6 +376,7 @@ class _Subscription:
         # attempt with it; first deliveries share the gate and run concurrently up to the
         # prefetch. Only the handler: publishing (or holding) a dead letter runs beside others.
         self._gate = aiorwlock.RWLock()
+        self._acks = ChannelAcks()
         self._dead_letter_routing_key = dead_letter_routing_key
         self._event = name
         self._handled = f"{name}.handled"
@@ -374,7 +385,33 @@ class _Subscription:
         self._requeued = f"{name}.requeued"
 
     async def settle(self, message: RabbitMessage) -> None:
-        """Process one delivery; returning means "acknowledge", raising means "reject".
+        """Process one delivery and settle it: acknowledge, or reject with or without requeue.
+
+        Every settlement goes through the subscription's :class:`ChannelAcks`, which
+        acknowledges the deliveries of a moment with one frame and must see every reject of
+        the channel for that. What the policy does not classify (an error in the policy
+        itself) is rejected without requeue, as ``AckPolicy.REJECT_ON_ERROR`` would, so the
+        broker dead-letters it, and the error is raised for FastStream to log.
+
+        Raises:
+            RejectMessage: with requeue, after the reject was sent (FastStream then sends
+                nothing more).
+            aiormq.exceptions.ChannelInvalidStateError: the channel closed before the
+                acknowledgement could be written; the broker requeues the delivery.
+        """
+        raw = message.raw_message
+        try:
+            requeue = await self._process(message)
+        except Exception:
+            await self._acks.reject(raw, requeue=False)
+            raise
+        if requeue:
+            await self._acks.reject(raw, requeue=True)
+            raise RejectMessage(requeue=True)
+        await self._acks.ack(raw)
+
+    async def _process(self, message: RabbitMessage) -> bool:
+        """Process one delivery; True to send it back to its queue, False to acknowledge it.
 
         * A redelivered event is counted first (``count_redelivery``, keyed by its event id,
           read from the envelope); one delivered ``delivery_limit`` times without being
@@ -417,7 +454,7 @@ class _Subscription:
                     **handled.log_fields,
                     duration_ms=duration_ms,
                 )
-                return
+                return False
             if isinstance(result, str) or not isinstance(result.error, MalformedEventError):
                 # Not refused as malformed, so the body is an event: say which one (its ids are
                 # read again here, off the path of handled deliveries).
@@ -426,7 +463,7 @@ class _Subscription:
                 policy.pause(result)
                 metrics.event(self._event, REQUEUED, REQUEUED_TRANSIENT).inc()
                 log.warning(self._requeued, reason=result, duration_ms=duration_ms)
-                raise RejectMessage(requeue=True)
+                return True
             failure = result
             held_seconds = await self._dead_letter(message, failure, log)
             if held_seconds is None:
@@ -441,7 +478,7 @@ class _Subscription:
                     failure_reason=failure.reason,
                     duration_ms=round((time.perf_counter() - started) * 1000, 1),
                 )
-                raise RejectMessage(requeue=True)
+                return True
             # A refused event counts under its own reason, the others under their class.
             label = (
                 failure.error.reason
@@ -459,6 +496,7 @@ class _Subscription:
                 if failure.failure_class is FailureClass.UNEXPECTED
                 else None,
             )
+            return False
         finally:
             metrics.in_flight.dec()
             metrics.handler_duration.observe(time.perf_counter() - started)
