@@ -39,7 +39,7 @@ from fulfilment.composition import (
     run_service,
     service_stops_start,
 )
-from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
+from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureClass
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
@@ -433,7 +433,7 @@ def new_metrics() -> Metrics:
     return Metrics(
         version=__version__,
         event_outcomes=OUTCOMES,
-        dead_letter_classes=SERVICE_FAILURE_CLASSES,
+        dead_letter_classes=(*SERVICE_FAILURE_CLASSES, FailureClass.BROKER_REJECTED),
         database_retry_errors=RETRY_LABELS,
     )
 

@@ -412,7 +412,7 @@ async def test_a_dead_letter_publish_failing_but_by_a_refusal_rejects_the_delive
 
         assert harness.settled == ["reject"]
         assert harness.value("fulfilment_dead_letter_publish_failures_total") == 1
-        assert "dead_lettered:unexpected" not in harness.outcomes()
+        assert harness.outcomes() == ["dead_lettered:broker_rejected"]
         assert lines(logs) == []
         assert harness.value("fulfilment_messages_in_flight") == 0
 

@@ -143,9 +143,11 @@ def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
         if sample.name == "fulfilment_events_total"
     }
 
-    # What the delivery policy adds to every event: dead letters by class, and requeues.
+    # What the delivery policy adds to every event: dead letters by class (and the rejects
+    # left to the broker's dead-lettering), and requeues.
     policy = {
         **{("dead_lettered", str(failure)): 0 for failure in SERVICE_FAILURE_CLASSES},
+        ("dead_lettered", "broker_rejected"): 0,
         ("requeued", "transient"): 0,
         ("requeued", "dead_letter_refused"): 0,
     }

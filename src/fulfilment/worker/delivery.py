@@ -102,6 +102,10 @@ DEAD_LETTER_RETRY_FIRST_SECONDS = 1.0
 DEAD_LETTER_RETRY_MAX_SECONDS = 30.0
 """Longest wait between two tries of a dead letter the broker keeps refusing."""
 
+BROKER_REJECTED = str(FailureClass.BROKER_REJECTED)
+"""The ``reason`` of a delivery the policy could not classify (an error in the policy itself),
+rejected without requeue for the broker to dead-letter: the class its dead letter gets."""
+
 DEAD_LETTER_REFUSALS: tuple[type[BaseException], ...] = (
     aiormq.exceptions.AMQPError,  # a nack (DeliveryError), a return (PublishError), a channel
     aiormq.exceptions.ChannelInvalidStateError,  # its channel closed under it
@@ -403,6 +407,7 @@ class _Subscription:
         try:
             requeue = await self._process(message)
         except Exception:
+            self._policy.metrics.event(self._event, DEAD_LETTERED, BROKER_REJECTED).inc()
             await self._acks.reject(raw, requeue=False)
             raise
         if requeue:
