@@ -236,10 +236,11 @@ class Settings(BaseSettings):
     restart it. Pauses during a database outage do not count."""
 
     database_pool_size: int = Field(default=2, ge=1, le=200)
-    """Reservation transactions one worker process runs at once, each on a connection of its
-    own (opened on demand). Deliveries that arrive while all of them are busy wait, and the
-    next free connection reserves them together in one transaction (group commit, at most
-    ``reservation_batch_max`` orders). The process holds at most this many connections plus
+    """Most reservation transactions one worker process runs at once, each on a connection of
+    its own (opened on demand). Deliveries that arrive while a transaction runs wait, and the
+    next transaction reserves them together (group commit, at most ``reservation_batch_max``
+    orders); one beside a running transaction starts only when a whole batch waits
+    (``adapters.postgres.group_commit``). The process holds at most this many connections plus
     ``ENGINE_POOL_SIZE`` (2) for everything else (``adapters.postgres.engine``)."""
 
     reservation_batch_max: int = Field(default=32, ge=1, le=MAX_RESERVATION_BATCH)
