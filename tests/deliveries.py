@@ -37,8 +37,12 @@ def incoming(
     headers: dict[str, Any] | None = None,
     message_id: str | None = None,
     reply_to: str | None = None,
+    channel: AsyncMock | None = None,
 ) -> PatchedMessage:
-    """A delivery of ``body``; a redelivery carries the broker's ``x-delivery-count`` >= 1."""
+    """A delivery of ``body``; a redelivery carries the broker's ``x-delivery-count`` >= 1.
+
+    It comes on ``channel`` (an open channel of its own by default), as delivery tag 1.
+    """
     if redelivered:
         headers = {"x-delivery-count": 1, **(headers or {})}
     return PatchedMessage(
@@ -59,7 +63,7 @@ def incoming(
                 )
             ),
             body=body,
-            channel=AsyncMock(is_closed=False),
+            channel=channel or AsyncMock(is_closed=False),
         )
     )
 

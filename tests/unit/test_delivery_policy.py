@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
+from unittest.mock import AsyncMock
 
 import aio_pika
 import aiormq.exceptions
@@ -259,6 +260,36 @@ async def test_a_handled_event_is_acknowledged_logged_and_counted_once(monkeypat
         assert line["message_id"] == "m-1"
         assert line["redelivered"] is False
         assert "duration_ms" in line
+
+
+async def test_a_handled_event_is_acknowledged_on_its_channel_once_by_the_policy(
+    monkeypatch,
+) -> None:
+    channel = AsyncMock(is_closed=False)
+    async for harness in _harness(handled, monkeypatch):
+        await harness.deliver(a_ping(), channel=channel)
+
+        channel.basic_ack.assert_awaited_once_with(1, multiple=True, wait=True)
+        channel.basic_reject.assert_not_awaited()
+
+
+async def test_an_acknowledgement_its_closed_channel_cannot_take_is_logged_as_lost(
+    monkeypatch, logs
+) -> None:
+    channel = AsyncMock(is_closed=False)
+    channel.basic_ack.side_effect = aiormq.exceptions.ChannelInvalidStateError("closed")
+    async for harness in _harness(handled, monkeypatch):
+        await harness.deliver(a_ping(), message_id="m-1")  # an open channel first
+        await harness.deliver(a_ping(), message_id="m-2", channel=channel)
+
+        assert harness.outcomes() == ["reserved:", "reserved:"]
+        assert [line["event"] for line in lines(logs)] == [
+            "ping.handled",
+            "ping.handled",
+            "ping.ack_lost",
+        ]
+        assert lines(logs)[-1]["message_id"] == "m-2"
+        assert "ChannelInvalidStateError" in lines(logs)[-1]["reason"]
 
 
 async def test_a_handled_event_without_a_moment_observes_no_latency(monkeypatch) -> None:

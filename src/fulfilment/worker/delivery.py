@@ -114,6 +114,13 @@ DEAD_LETTER_REFUSALS: tuple[type[BaseException], ...] = (
 )
 """How a broker refuses a dead letter: each is tried again while the delivery is held."""
 
+ACK_LOST: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,  # the connection closed under the write
+    aiormq.exceptions.ChannelInvalidStateError,  # the delivery's channel closed
+    ConnectionError,
+)
+"""Why an acknowledgement could not be written: its channel or connection is gone."""
+
 
 class MalformedEventError(Exception):
     """The body can never become the subscription's event; ``str(error)`` says why, in one line."""
@@ -350,6 +357,7 @@ class _Subscription:
     """One subscription's delivery policy: its handler, queue, event label and log line names."""
 
     __slots__ = (
+        "_ack_lost",
         "_acks",
         "_dead_letter_refused",
         "_dead_letter_routing_key",
@@ -387,6 +395,7 @@ class _Subscription:
         self._dead_lettered = f"{name}.dead_lettered"
         self._dead_letter_refused = f"{name}.dead_letter_refused"
         self._requeued = f"{name}.requeued"
+        self._ack_lost = f"{name}.ack_lost"
 
     async def settle(self, message: RabbitMessage) -> None:
         """Process one delivery and settle it: acknowledge, or reject with or without requeue.
@@ -397,11 +406,12 @@ class _Subscription:
         itself) is rejected without requeue, as ``AckPolicy.REJECT_ON_ERROR`` would, so the
         broker dead-letters it, and the error is raised for FastStream to log.
 
+        An acknowledgement that cannot be written because the channel or connection closed
+        logs ``<name>.ack_lost``: the broker requeues the delivery.
+
         Raises:
             RejectMessage: with requeue, after the reject was sent (FastStream then sends
                 nothing more).
-            aiormq.exceptions.ChannelInvalidStateError: the channel closed before the
-                acknowledgement could be written; the broker requeues the delivery.
         """
         raw = message.raw_message
         try:
@@ -413,7 +423,16 @@ class _Subscription:
         if requeue:
             await self._acks.reject(raw, requeue=True)
             raise RejectMessage(requeue=True)
-        await self._acks.ack(raw)
+        try:
+            await self._acks.ack(raw)
+        except ACK_LOST as error:
+            # Nothing to do but say so: the broker requeues what a closed channel held, and
+            # the inbox absorbs the redelivery.
+            logger.warning(
+                self._ack_lost,
+                message_id=raw.message_id,
+                reason=" ".join(f"{type(error).__name__}: {error}".split()),
+            )
 
     async def _process(self, message: RabbitMessage) -> bool:
         """Process one delivery; True to send it back to its queue, False to acknowledge it.
