@@ -194,32 +194,25 @@ async def test_callers_of_a_batch_cancelled_while_it_retries_one_by_one_are_canc
     assert all(isinstance(result, asyncio.CancelledError) for result in results[1:]), results
 
 
-async def test_while_a_batch_runs_the_next_calls_gather_behind_it_rather_than_take_a_free_slot():
+@pytest.mark.parametrize(
+    ("waiting", "most_running"),
+    [
+        (3, 1),  # fewer than a batch: they gather behind the running one, the free slot stays
+        (4, 2),  # a whole batch: it takes the free slot beside the running one
+    ],
+)
+async def test_while_a_batch_runs_a_second_starts_only_for_a_whole_batch(waiting, most_running):
     database = Database(seconds=0.05)
     group = GroupCommit(pool_size=2, batch_max=4)
     first = asyncio.create_task(group.run(database.commit_batch, order()))
     await database.batch_started.wait()
-    later = [order() for _ in range(3)]
+    later = [order() for _ in range(waiting)]
     tasks = [asyncio.create_task(group.run(database.commit_batch, command)) for command in later]
 
     await asyncio.gather(first, *tasks)
 
     assert database.batches == [database.batches[0], later]
-    assert database.most_running == 1
-
-
-async def test_a_whole_batch_waiting_takes_a_free_slot_beside_the_running_one():
-    database = Database(seconds=0.05)
-    group = GroupCommit(pool_size=2, batch_max=4)
-    first = asyncio.create_task(group.run(database.commit_batch, order()))
-    await database.batch_started.wait()
-    later = [order() for _ in range(4)]
-    tasks = [asyncio.create_task(group.run(database.commit_batch, command)) for command in later]
-
-    await asyncio.gather(first, *tasks)
-
-    assert database.batches == [database.batches[0], later]
-    assert database.most_running == 2
+    assert database.most_running == most_running
 
 
 async def test_each_batch_holds_one_kind_in_the_order_it_came_and_the_kinds_share_the_slots():
