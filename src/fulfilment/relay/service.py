@@ -318,7 +318,7 @@ class Relay:
         publishes = [
             asyncio.create_task(
                 channel.basic_publish(
-                    row.body.encode(),
+                    row.body,
                     exchange=RESULT_EVENTS_EXCHANGE,
                     routing_key=row.routing_key,
                     properties=message_properties(row, self._options.app_id),
@@ -348,7 +348,7 @@ class Relay:
                 logger.warning(
                     "relay.publish_failed",
                     reason=reason,
-                    event_id=str(row.event_id),
+                    event_id=row.event_id,
                     routing_key=row.routing_key,
                     outbox_id=row.id,
                 )
@@ -403,9 +403,9 @@ def message_properties(row: OutboxRow, app_id: str) -> aiormq.spec.Basic.Propert
         content_type="application/json",
         delivery_mode=PERSISTENT,
         priority=0,
-        message_id=str(row.event_id),
+        message_id=row.event_id,
         message_type=row.routing_key,
-        correlation_id=str(row.order_id),
+        correlation_id=row.order_id,
         headers={"traceparent": row.traceparent} if row.traceparent else {},
         app_id=app_id,
     )
