@@ -7,9 +7,7 @@ its lock, can no longer read or mark rows.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
-from datetime import datetime
 
 import asyncpg
 
@@ -25,23 +23,24 @@ NOTIFY_CHANNEL = "fulfilment_outbox"
 class OutboxRow:
     """One unpublished result event, as the relay publishes it.
 
+    The ids come as text and the body as UTF-8 bytes, as the message carries them: the relay
+    publishes them without converting anything.
+
     Attributes:
         id: publishing order (``outbox.id``).
-        event_id: the event's id, the message's ``message_id``.
-        order_id: the order it reports on, the message's ``correlation_id``.
+        event_id: the event's id (a UUID's text), the message's ``message_id``.
+        order_id: the order it reports on (a UUID's text), the message's ``correlation_id``.
         routing_key: ``stock.reserved`` ... ``stock.shipped``, also the message's ``type``.
-        body: the JSON text of ``outbox.body``, published as it is.
+        body: the JSON text of ``outbox.body`` in UTF-8, published as it is.
         traceparent: W3C trace context of the transaction that wrote it, or None.
-        created_at: when that transaction wrote it.
     """
 
     id: int
-    event_id: uuid.UUID
-    order_id: uuid.UUID
+    event_id: str
+    order_id: str
     routing_key: str
-    body: str
+    body: bytes
     traceparent: str | None
-    created_at: datetime
 
 
 async def try_relay_lock(connection: asyncpg.Connection) -> bool:
@@ -61,18 +60,20 @@ async def next_batch(connection: asyncpg.Connection, limit: int) -> list[OutboxR
     beside an earlier one that the broker might return or refuse (product contract, "in order
     per order"). The rows left out stay first in line for the next batch.
     """
+    # The columns in OutboxRow's order, which is built from them by position.
     records = await connection.fetch(
-        "SELECT id, event_id, order_id, routing_key, body::text AS body, traceparent,"
-        " created_at FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
+        "SELECT id, event_id::text, order_id::text, routing_key,"
+        " convert_to(body::text, 'UTF8'), traceparent"
+        " FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
         limit,
     )
     batch: list[OutboxRow] = []
-    orders: set[uuid.UUID] = set()
+    orders: set[str] = set()
     for record in records:
-        if record["order_id"] in orders:
-            continue
-        orders.add(record["order_id"])
-        batch.append(OutboxRow(**dict(record)))
+        row = OutboxRow(*record)
+        if row.order_id not in orders:
+            orders.add(row.order_id)
+            batch.append(row)
     return batch
 
 
