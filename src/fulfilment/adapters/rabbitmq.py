@@ -7,7 +7,15 @@ import contextlib
 import ssl
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -151,6 +159,55 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
     return BrokerUnavailableError(
         f"RabbitMQ at {where} is not reachable: {type(error).__name__}: {error}"
     )
+
+
+def closed_reason(connection: AbstractConnection) -> BaseException | None:
+    """Why ``connection`` closed under its user (the error its reader stopped on), else None.
+
+    None while it is open, and for a connection that was never opened or that its user
+    closed. aio-pika 9.5's own ``is_closed`` stays False when the broker drops the connection
+    (a restart, a closed socket): only aiormq's connection under it knows, and its ``closing``
+    future holds the reason (``ConnectionClosed(320, 'CONNECTION_FORCED ...')``, an
+    ``AMQPConnectionError`` for a socket closed without a word).
+    """
+    underlay = connection.transport
+    if underlay is None or not underlay.connection.is_closed:
+        return None
+    closing = underlay.connection.closing
+    if closing.cancelled():
+        return ConnectionError("the connection was closed")
+    return closing.exception() or ConnectionError("the connection was closed")
+
+
+@contextlib.contextmanager
+def connection_lost(connection: AbstractConnection, amqp_url: str) -> Iterator[None]:
+    """Raise a lost ``connection`` (to ``amqp_url``) as a one-line failure without the password.
+
+    For the operations on an open connection that the broker may drop meanwhile: a channel
+    asked of a connection aiormq saw close raises a bare ``RuntimeError('<Connection ...>
+    closed')``, a frame lost on the way an ``AMQPConnectionError``. Any other error, on a
+    connection still open, passes unchanged.
+
+    Raises:
+        BrokerUnavailableError: the block failed and the connection is closed, with the
+            reason it closed (a ``BrokerRefusedError`` when that reason is a refusal).
+    """
+    try:
+        yield
+    except BrokerUnavailableError:
+        raise
+    except Exception as error:
+        reason = closed_reason(connection)
+        if reason is None and not isinstance(error, aiormq.exceptions.AMQPConnectionError):
+            raise
+        failure = connection_failure(amqp_url, reason or error)
+        if isinstance(failure, BrokerRefusedError):
+            raise failure from error
+        url = aio_pika.connection.make_url(amqp_url)
+        where = url.with_password("***") if url.password is not None else url
+        cause = reason or error
+        msg = f"the connection to RabbitMQ at {where} was lost: {type(cause).__name__}: {cause}"
+        raise BrokerUnavailableError(msg) from error
 
 
 def _tls_refusal(error: BaseException, *, port: int) -> str | None:

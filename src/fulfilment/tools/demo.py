@@ -74,6 +74,7 @@ from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.adapters.rabbitmq import (
     UnroutableError,
     connect,
+    connection_lost,
     declare_bound_queue,
     queue_state,
     take_messages,
@@ -332,6 +333,7 @@ async def _play_days(
         ):
             player = _Player(
                 connection=connection,
+                amqp_url=options.amqp_url,
                 warehouse=warehouse,
                 consumer=options.consumer,
                 worker=_Worker(worker),
@@ -368,13 +370,14 @@ async def _received_result_events(
 
     async with connect(options.amqp_url) as connection:
         try:
-            await take_messages(
-                connection,
-                RESULT_EVENTS_QUEUE,
-                count,
-                prefetch=READ_PREFETCH,
-                idle_seconds=READ_IDLE_SECONDS,
-            )
+            with connection_lost(connection, options.amqp_url):
+                await take_messages(
+                    connection,
+                    RESULT_EVENTS_QUEUE,
+                    count,
+                    prefetch=READ_PREFETCH,
+                    idle_seconds=READ_IDLE_SECONDS,
+                )
         except TimeoutError as error:
             msg = (
                 f"{RESULT_EVENTS_QUEUE} delivered no message for {READ_IDLE_SECONDS:g} s while it"
@@ -444,16 +447,18 @@ class _DayCounts:
 class _Player:
     """Plays the days one after the other through the worker, and remembers what it sent."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - what a player uses, by name
         self,
         *,
         connection: AbstractConnection,
+        amqp_url: str,
         warehouse: PostgresWarehouse,
         consumer: str,
         worker: _Worker,
         echo: Echo,
     ) -> None:
         self._connection = connection
+        self._amqp_url = amqp_url
         self._warehouse = warehouse
         self._consumer = consumer
         self._worker = worker
@@ -500,7 +505,8 @@ class _Player:
             return []
         event = _EVENT[type(events[0])]
         answered = (await self._worker.answered())[event]
-        await publish_in_order(self._connection, events)
+        with connection_lost(self._connection, self._amqp_url):
+            await publish_in_order(self._connection, events)
         self.sent[event] += len(events)
         await self._settle(day, event, answered + len(events))
         outcomes = await inbox_outcomes(
@@ -513,9 +519,13 @@ class _Player:
 
         Another worker on the same queues takes some of the demo's events, which the demo's
         worker then never answers; said, or the wait would look like a slow worker.
+
+        Raises:
+            BrokerUnavailableError: the broker dropped the demo's connection (exit 3).
         """
         name = next(queue.name for queue in SUBSCRIBED_QUEUES if queue.event == event)
-        state = await queue_state(self._connection, name)
+        with connection_lost(self._connection, self._amqp_url):
+            state = await queue_state(self._connection, name)
         if state is None or state.consumers <= 1:
             return ""
         return (
