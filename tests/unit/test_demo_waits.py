@@ -1,13 +1,15 @@
 """What the demo's look-ups at the broker do while it waits for the worker to answer a run.
 
-The connection is a fake that fails as aio-pika's does once the broker dropped it: aio-pika
-still calls it open, aiormq's connection under it is closed, and a channel asked of it raises
-``RuntimeError('<Connection ...> closed')``.
+Another consumer on the queue stops it at once; a connection the broker dropped ends it with
+one line and exit 3. The connection is a fake that fails as aio-pika's does once the broker
+dropped it: aio-pika still calls it open, aiormq's connection under it is closed, and a
+channel asked of it raises ``RuntimeError('<Connection ...> closed')``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -16,8 +18,11 @@ import pytest
 import typer
 from aiormq.exceptions import ConnectionClosed
 
+from fulfilment.adapters.rabbitmq import QueueState
 from fulfilment.cli import run
 from fulfilment.tools import demo
+
+DAY = SimpleNamespace(name="2010-12-01")
 
 REASON = ConnectionClosed(320, "CONNECTION_FORCED - broker forced connection closure")
 
@@ -73,3 +78,59 @@ async def test_an_error_on_a_connection_still_open_is_not_taken_for_a_lost_one()
 
     with pytest.raises(RuntimeError, match="closed"):
         await player(connection)._other_consumers("order_placed")
+
+
+@dataclass
+class SilentWorker:
+    """A worker that answers ``answers`` deliveries of ``order_placed`` and then no more."""
+
+    answers: list[int]
+    log: str = "/tmp/worker.log"  # noqa: S108 - named in messages only
+
+    async def answered(self) -> Counter[str]:
+        count = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return Counter(order_placed=count)
+
+
+def watched(monkeypatch: pytest.MonkeyPatch, consumers: int) -> None:
+    """The demo looks every poll, and finds ``consumers`` on each queue."""
+
+    async def queue_state(_connection: object, name: str) -> QueueState:
+        return QueueState(name, ready=3, consumers=consumers)
+
+    monkeypatch.setattr(demo, "queue_state", queue_state)
+    monkeypatch.setattr(demo, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(demo, "SETTLE_POLL_SECONDS", 0.001)
+
+
+async def test_another_consumer_on_the_queue_stops_the_demo_at_the_first_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    watched(monkeypatch, consumers=2)
+    lines: list[str] = []
+    playing = player(object(), lines)
+    playing._worker = SilentWorker([0])  # type: ignore[assignment]
+
+    with pytest.raises(demo.DemoError) as stopped:
+        async with asyncio.timeout(5):  # the stall would take SETTLE_STALL_SECONDS
+            await playing._settle(DAY, "order_placed", answered=3)
+
+    assert str(stopped.value) == (
+        "2010-12-01: waiting for 3 order_placed events; 2 consumers on fulfilment.order-placed:"
+        " another worker takes the demo's events (stop it, or give the demo a virtual host of"
+        " its own in FULFILMENT_AMQP_URL)"
+    )
+    assert lines == []
+
+
+async def test_the_demo_s_own_worker_alone_on_the_queue_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    watched(monkeypatch, consumers=1)
+    lines: list[str] = []
+    playing = player(object(), lines)
+    playing._worker = SilentWorker([0, 0, 1, 3])  # type: ignore[assignment]
+
+    await playing._settle(DAY, "order_placed", answered=3)
+
+    assert lines[:1] == ["2010-12-01: waiting for 3 order_placed events"]

@@ -518,7 +518,8 @@ class _Player:
         """``; N consumers on <queue> ...`` when more than the demo's worker consume ``event``.
 
         Another worker on the same queues takes some of the demo's events, which the demo's
-        worker then never answers; said, or the wait would look like a slow worker.
+        worker then never answers: :meth:`_settle` stops the demo with this, where the wait
+        would look like a slow worker and end only after :data:`SETTLE_STALL_SECONDS`.
 
         Raises:
             BrokerUnavailableError: the broker dropped the demo's connection (exit 3).
@@ -534,7 +535,17 @@ class _Player:
         )
 
     async def _settle(self, day: RetailDay, event: str, answered: int) -> None:
-        """Wait until the worker has answered ``answered`` deliveries of ``event`` in all."""
+        """Wait until the worker has answered ``answered`` deliveries of ``event`` in all.
+
+        Every :data:`PROGRESS_SECONDS` of waiting it looks at the event's queue and says how
+        many are left.
+
+        Raises:
+            DemoError: the worker answered nothing more for :data:`SETTLE_STALL_SECONDS`, or
+                the queue has a consumer besides the demo's worker (at the first look that
+                sees it, with the progress line that says so), or the worker exited.
+            BrokerUnavailableError: the broker dropped the demo's connection (exit 3).
+        """
         last, changed = -1, time.monotonic()
         said = changed
         while (now_answered := (await self._worker.answered())[event]) < answered:
@@ -549,10 +560,12 @@ class _Player:
                 )
                 raise DemoError(msg)
             if now - said > PROGRESS_SECONDS:
-                self._echo(
-                    f"{day.name}: waiting for {answered - now_answered} {event} events"
-                    + await self._other_consumers(event)
-                )
+                others = await self._other_consumers(event)
+                line = f"{day.name}: waiting for {answered - now_answered} {event} events{others}"
+                if others:
+                    # The other consumer keeps the events it took: waiting on cannot end well.
+                    raise DemoError(line)
+                self._echo(line)
                 said = now
             await asyncio.sleep(SETTLE_POLL_SECONDS)
 
