@@ -827,3 +827,74 @@ async def test_a_second_walk_of_the_same_dlq_is_refused_until_the_first_ends_or_
     groups = await dlq.list_groups(connection, [DEAD_LETTER_QUEUE])
     assert [group.count for group in groups] == [1]  # the dead letter is still there, once
     await held.__aexit__(None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("command", "chosen"),
+    [
+        ("replay --yes", dlq.Selection(ids=frozenset({"no-such-event"}))),
+        ("replay", dlq.Selection(ids=frozenset({"no-such-event"}))),
+        ("purge --yes", dlq.Selection(group="poison/NoSuchError")),
+        ("show", dlq.Selection(ids=frozenset({"no-such-event"}))),
+    ],
+)
+async def test_an_id_or_group_that_matches_no_dead_letter_fails_in_one_line(
+    connection, audit, amqp_url: str, clean_database: str, command: str, chosen: dlq.Selection
+) -> None:
+    from fulfilment.adapters.postgres.engine import DatabaseOptions  # noqa: PLC0415 - this test
+    from fulfilment.tools.command import CommandError, ToolOptions  # noqa: PLC0415 - this test
+    from fulfilment.tools.dlq_commands import (  # noqa: PLC0415 - this test only
+        purge_command,
+        replay_command,
+        show_command,
+    )
+
+    body, _ = an_event()
+    await put_service_dead_letter(connection, body, message_id="m-1")
+    options = ToolOptions(
+        amqp_url=amqp_url,
+        database=DatabaseOptions(clean_database, 5.0, 5.0, 5.0, 5.0, 2),
+        consumer="fulfilment",
+    )
+    lines: list[str] = []
+    verb, *flags = command.split()
+    execute = flags == ["--yes"]
+    run = {
+        "replay": lambda: replay_command(
+            options,
+            chosen,
+            execute=execute,
+            rate_per_second=100.0,
+            operator=None,
+            comment=None,
+            echo=lines.append,
+        ),
+        "purge": lambda: purge_command(
+            options, chosen, execute=execute, operator=None, comment=None, echo=lines.append
+        ),
+        "show": lambda: show_command(amqp_url, chosen, limit=10, as_json=False, echo=lines.append),
+    }[verb]
+
+    with pytest.raises(CommandError) as failed:
+        await run()
+
+    # A typo is not "replayed 0 of 0 dead letter(s)" with exit 0.
+    assert failed.value.exit_code == 1
+    assert str(failed.value) == (
+        f"no dead letter matches {chosen.describe()} in {', '.join(DEAD_LETTER_QUEUES)}"
+    )
+    assert lines == []
+    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await audit_rows(audit) == []
+
+
+@pytest.mark.usefixtures("connection")  # the topology, its DLQs emptied
+async def test_all_on_empty_dead_letter_queues_is_no_failure(amqp_url: str) -> None:
+    from fulfilment.tools.dlq_commands import show_command  # noqa: PLC0415 - this test only
+
+    lines: list[str] = []
+    await show_command(
+        amqp_url, dlq.Selection(everything=True), limit=10, as_json=False, echo=lines.append
+    )
+
+    assert lines == ["no dead letter matches"]

@@ -209,6 +209,14 @@ class Selection:
             raise ValueError(msg)
         return cls(frozenset(ids), group, everything)
 
+    def describe(self) -> str:
+        """The selection as its options: ``--id a --id b``, ``--group poison/-`` or ``--all``."""
+        if self.everything:
+            return "--all"
+        if self.group is not None:
+            return f"--group {self.group}"
+        return " ".join(f"--id {event_id}" for event_id in sorted(self.ids))
+
     def matches(self, letter: DeadLetter) -> bool:
         """Whether ``letter`` is chosen."""
         if self.everything:

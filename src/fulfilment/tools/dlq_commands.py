@@ -104,10 +104,13 @@ async def show_command(  # noqa: PLR0913 - each option of the command, by name
     """``fulfilment dlq show``: echo at most ``limit`` chosen dead letters, as text or JSON.
 
     Raises:
+        CommandError: ``--id`` or ``--group`` matches no dead letter (exit 1).
         BrokerUnavailableError: RabbitMQ does not answer.
     """
     async with connect(amqp_url) as connection:
         letters = await find(connection, selection, queues, limit=limit, ttl_seconds=ttl_seconds)
+    if not letters and not selection.everything:
+        raise _no_match(selection, queues)
     if as_json:
         echo(json.dumps([letter.to_document() for letter in letters], indent=2))
     elif not letters:
@@ -135,8 +138,9 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     (:func:`operator_identity`). Each refused dead letter is echoed as ``refused: <why>``.
 
     Raises:
-        CommandError: the replay stopped (exit 1; the rest stay in the DLQ), or, executed,
-            refused some (exit 1, after the summary; those stay in the DLQ).
+        CommandError: ``--id`` or ``--group`` matches no dead letter (exit 1, nothing done),
+            the replay stopped (exit 1; the rest stay in the DLQ), or, executed, it refused
+            some (exit 1, after the summary; those stay in the DLQ).
         BrokerUnavailableError, DatabaseUnavailableError: a service does not answer (the
             database is only needed to execute).
     """
@@ -164,6 +168,8 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     except ReplayStoppedError as error:
         msg = f"{error}; the rest are still in the dead-letter queue"
         raise CommandError(msg) from error
+    if not result.matched and not selection.everything:
+        raise _no_match(selection, queues)
     echo(_summary(result, verb="replayed"))
     if result.executed and result.refused:
         # Not everything asked for was done: a script running the replay must see it.
@@ -187,6 +193,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
     ``operator`` is the stated name, recorded beside the OS user and host.
 
     Raises:
+        CommandError: ``--id`` or ``--group`` matches no dead letter (exit 1, nothing done).
         BrokerUnavailableError, DatabaseUnavailableError: a service does not answer (the
             database is only needed to execute).
     """
@@ -207,6 +214,8 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
         verb="purge",
         echo=echo,
     )
+    if not result.matched and not selection.everything:
+        raise _no_match(selection, queues)
     echo(_summary(result, verb="purged"))
 
 
@@ -244,6 +253,14 @@ def operator_identity(stated: str | None) -> Operator:
     except (KeyError, OSError):  # no user name in the environment or the password database
         os_user = f"uid:{os.getuid()}"
     return Operator(os_user=os_user, host=socket.gethostname(), stated=stated or None)
+
+
+def _no_match(selection: Selection, queues: Sequence[str]) -> CommandError:
+    """``no dead letter matches --id x in <queues>``: a mistyped id or group is no success.
+
+    ``--all`` on empty queues is not one: it asked for whatever is there.
+    """
+    return CommandError(f"no dead letter matches {selection.describe()} in {', '.join(queues)}")
 
 
 def _echo_refusal(refusal: Refusal, echo: Echo) -> None:
