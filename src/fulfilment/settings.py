@@ -1,7 +1,7 @@
 """Typed settings, read once from ``FULFILMENT_*`` environment variables.
 
 Every number that bounds time is a named setting in seconds, and :class:`Settings` refuses to
-exist when they do not nest (product contract, "Configuration")::
+exist when they do not nest (README, "Configuration")::
 
     lock timeout < statement timeout < retry budget < handler deadline < graceful timeout
         < orchestrator grace period

@@ -1,7 +1,7 @@
 """The result events the service publishes to ``fulfilment.events``, version 1.
 
 What the service decided about an order, one event per change of a reservation's status and
-per partial cancel that releases stock (product contract, "Result events"). The bodies are
+per partial cancel that releases stock (README, "Result events: the outbox"). The bodies are
 built in SQL by the functions that make the change (``place_orders()``, ``cancel_orders()``,
 ``ship_orders()``), written to the outbox in the same transaction and published by the relay
 as they were written, with the routing key of the event's model (:data:`RESULT_EVENTS`).
@@ -153,7 +153,7 @@ RESULT_EVENTS: Mapping[str, type[ResultEvent]] = {
     model.ROUTING_KEY: model
     for model in (StockReservedV1, StockRejectedV1, StockReleasedV1, StockShippedV1)
 }
-"""Every result event's model by its routing key, in the order of the product contract."""
+"""Every result event's model by its routing key, in the order the README lists them."""
 
 
 class UnknownRoutingKeyError(ValueError):

@@ -1,4 +1,4 @@
-"""Names of the RabbitMQ topology in the product contract, shared by the worker and the tools.
+"""Names of the RabbitMQ topology (README, "Topology and delivery limit"), for worker and tools.
 
 The worker declares these objects at start (``fulfilment.worker.topology``); the operator tools
 only name them. Renaming one is a change of the external contract.
@@ -27,7 +27,7 @@ ORDER_CANCELLED_DEAD_LETTER_QUEUE = "fulfilment.order-cancelled.dlq"
 
 RESULT_EVENTS_EXCHANGE = "fulfilment.events"
 """Topic exchange (durable) the relay publishes the result events to; owned and declared by
-the service, bound to by the shop's other services (product contract, "Result events")."""
+the service, bound to by the shop's other services (README, "Result events and the relay")."""
 
 RESULT_ROUTING_KEYS = ("stock.reserved", "stock.rejected", "stock.released", "stock.shipped")
 """The routing keys of the result events, also each message's AMQP ``type``."""

@@ -1,6 +1,6 @@
 """Orders, stock levels, and the outcome of reserving stock for an order.
 
-The rule (product contract, promise 2): an order is reserved all-or-nothing across its lines,
+The rule (README, "How it works"): an order is reserved all-or-nothing across its lines,
 and the same SKU on several lines is one demand. An order whose SKUs are not all stocked is
 rejected with ``unknown_sku``; otherwise one whose demand exceeds what is available
 (``on_hand - reserved``) for any SKU is rejected with ``insufficient_stock``. A rejection is a

@@ -59,7 +59,7 @@ SHORT_SHARE = 0.03
 are rejected with ``insufficient_stock``; two in five of the real orders contain one."""
 
 STOCK_HEADER = ("sku", "on_hand")
-"""The header of a stock file, as ``fulfilment stock load`` reads it (product contract)."""
+"""The header of a stock file, as ``fulfilment stock load`` reads it (README, "Command line")."""
 
 _DRAW_BYTES = 8
 

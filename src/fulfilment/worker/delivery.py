@@ -4,7 +4,7 @@ A handler (one per event, ``worker.subscribers``) is a plain function of the raw
 delivery's trace context (:func:`trace_context`): it parses the body (:func:`parse_event`),
 calls its use case and returns what it made of the event (:class:`Handled`). Everything else
 is the policy's, the same for every subscription made with :func:`subscribe`, and every
-delivery ends in exactly one of these (product contract, promise 1):
+delivery ends in exactly one of these (README, "Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its

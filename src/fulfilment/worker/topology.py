@@ -1,4 +1,4 @@
-"""The RabbitMQ topology of the product contract, and its safe declaration at start.
+"""The RabbitMQ topology (README, "Topology and delivery limit"), and its safe declaration.
 
 | name                             | kind                    | notes                               |
 |----------------------------------|-------------------------|-------------------------------------|

@@ -25,7 +25,7 @@ MISMATCH_EXAMPLES = 10
 
 @dataclass(frozen=True, slots=True)
 class InvariantChecks:
-    """What must always hold (product contract, promise 2), with counts of what does not.
+    """What must always hold (README, "Guarantees"), with counts of what does not.
 
     Attributes:
         stock_out_of_bounds: SKUs with ``reserved < 0`` or ``reserved > on_hand`` (the CHECK

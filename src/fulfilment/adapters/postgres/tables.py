@@ -200,7 +200,7 @@ delivery_attempts = sa.Table(
 """Redeliveries the service counted per message (migration 0003), for its own delivery limit."""
 
 OUTBOX_ROUTING_KEYS = ("stock.reserved", "stock.rejected", "stock.released", "stock.shipped")
-"""Every ``outbox.routing_key``: the result events of the product contract."""
+"""Every ``outbox.routing_key``: the result events (README, "Result events: the outbox")."""
 
 outbox = sa.Table(
     "outbox",

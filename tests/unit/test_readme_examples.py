@@ -1,0 +1,60 @@
+"""The README's example messages ("Example messages") validate with the models they show."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from fulfilment.contracts.envelope import find_ambiguity
+from fulfilment.contracts.order_cancelled import OrderCancelledV1
+from fulfilment.contracts.order_placed import OrderPlacedV1
+from fulfilment.contracts.order_shipped import OrderShippedV1
+from fulfilment.contracts.result_events import StockReservedV1, parse_result_event
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def examples() -> list[str]:
+    """The JSON blocks of the README's section "Example messages", in order."""
+    text = README.read_text()
+    section = text.split("### Example messages\n", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"```json\n(.*?)```", section, re.DOTALL)
+
+
+def test_the_section_shows_one_body_of_each_consumed_event_and_a_result_event() -> None:
+    assert len(examples()) == 5
+
+
+@pytest.mark.parametrize(
+    ("index", "model"),
+    [
+        (0, OrderPlacedV1),
+        (1, OrderCancelledV1),
+        (2, OrderCancelledV1),
+        (3, OrderShippedV1),
+        (4, StockReservedV1),
+    ],
+)
+def test_each_example_validates_with_its_model(index: int, model: type[BaseModel]) -> None:
+    body = examples()[index].encode()
+
+    model.model_validate_json(body)
+    assert find_ambiguity(body, model) is None
+
+
+def test_the_whole_and_the_partial_cancel_differ_by_their_lines() -> None:
+    whole, partial = (OrderCancelledV1.model_validate_json(examples()[i]) for i in (1, 2))
+
+    assert whole.lines is None
+    assert partial.lines is not None
+
+
+def test_the_result_event_answers_the_order_placed_example() -> None:
+    placed = OrderPlacedV1.model_validate_json(examples()[0])
+    reserved = parse_result_event("stock.reserved", examples()[4].encode())
+
+    assert isinstance(reserved, StockReservedV1)
+    assert (reserved.causation_id, reserved.order_id) == (placed.event_id, placed.order_id)
