@@ -169,3 +169,21 @@ async def test_a_dlq_deeper_than_a_look_can_hold_is_counted_as_unread_not_as_mis
         "reason": "past 65,535",
         "count": 2,
     }
+
+
+async def test_the_report_says_when_the_virtual_host_has_none_of_the_service_s_queues(
+    clean_database: str, private_vhost_url: str
+) -> None:
+    options = tool_options(
+        Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(private_vhost_url))
+    )
+
+    document = await collect_report(options)
+
+    every_queue = [*(queue.name for queue in SUBSCRIBED_QUEUES), *DEAD_LETTER_QUEUES]
+    assert document["missing_queues"] == every_queue
+    # The same note as dlq list's, after the zeros it explains.
+    assert render_report(document).splitlines()[-1] == (
+        f"note: no queue {', '.join(every_queue)} in this virtual host: is"
+        " FULFILMENT_AMQP_URL the service's? (the worker declares them at start)"
+    )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
-from fulfilment.adapters.rabbitmq import connect, queue_state
+from fulfilment.adapters.rabbitmq import connect
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
@@ -34,6 +34,7 @@ from fulfilment.tools.dlq import (
     render_letter,
     replay,
 )
+from fulfilment.tools.virtual_host import missing_queues, missing_queues_note
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -65,15 +66,12 @@ async def list_command(
     """
     async with connect(amqp_url) as connection:
         groups = await list_groups(connection, queues, ttl_seconds=ttl_seconds)
-        missing = [queue for queue in queues if await queue_state(connection, queue) is None]
+        missing = await missing_queues(connection, queues)
     if not as_json:
         echo(render_groups(groups))
-        if missing:
-            # An empty answer from the wrong virtual host would look like a healthy one.
-            echo(
-                f"note: no queue {', '.join(missing)} in this virtual host: is"
-                " FULFILMENT_AMQP_URL the service's? (the worker declares them at start)"
-            )
+        note = missing_queues_note(missing)
+        if note is not None:
+            echo(note)
         return
     document = [
         {

@@ -24,6 +24,7 @@ from fulfilment.adapters.rabbitmq import (
 )
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions, read_order_files
+from fulfilment.tools.virtual_host import missing_queues_note
 
 
 async def report_command(options: ToolOptions, *, as_json: bool, echo: Echo) -> None:
@@ -63,12 +64,14 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
     "cancelled", "duplicate_orders", "inbox_total", "processed": {outcome: count}},
     "dead_lettered": {"total", "by_queue": {dlq: count}, "by_reason": [{"queue", "class",
     "reason", "count"}]}, "pending": {"ready", "consumers", "by_queue": {queue: {"ready",
-    "consumers"}}}, "outbox": {"unpublished", "published"}, "invariants": {..., "ok"}}``:
+    "consumers"}}}, "outbox": {"unpublished", "published"}, "invariants": {..., "ok"},
+    "missing_queues": [queue]}``:
     orders per state and events per outcome (``fulfilment.adapters.postgres.outcomes``), the
     outbox's result events waiting for the relay and published; ``pending.ready`` is the
     ready messages of all subscribed queues and ``pending.consumers`` the fewest consumers
     any of them has. A DLQ deeper than 65,535 is read up to there; the rest is one
-    ``by_reason`` row of class ``unread``.
+    ``by_reason`` row of class ``unread``. ``missing_queues`` names the subscribed queues and
+    DLQs the virtual host does not have (counted as empty), in that order.
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
@@ -78,9 +81,12 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
     by_reason: list[dict[str, Any]] = []
     dead_by_queue: dict[str, int] = {}
     pending: dict[str, dict[str, int]] = {}
+    missing: list[str] = []
     async with connect(options.amqp_url) as connection:
         for subscribed in SUBSCRIBED_QUEUES:
             state = await queue_state(connection, subscribed.name)
+            if state is None:
+                missing.append(subscribed.name)
             pending[subscribed.name] = {
                 "ready": state.ready if state else 0,
                 "consumers": state.consumers if state else 0,
@@ -89,6 +95,8 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
             # The depth first: browsed messages count as ready again only a moment after the
             # browsing channel has closed.
             dead_state = await queue_state(connection, name)
+            if dead_state is None:
+                missing.append(name)
             dead_by_queue[name] = dead_state.ready if dead_state else 0
             dead = await browse_dead_letters(connection, name)
             by_reason += [
@@ -121,6 +129,7 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
         },
         "outbox": outbox_rows,
         "invariants": {**invariants, "ok": outcomes.ok},
+        "missing_queues": missing,
     }
 
 
@@ -146,6 +155,10 @@ def render_report(document: dict[str, Any]) -> str:
     invariants = document["invariants"]
     lines.append("stock invariants               " + ("hold" if invariants["ok"] else "BROKEN"))
     lines += [f"  {key:<28}{_value(value)}" for key, value in invariants.items() if key != "ok"]
+    # Zeros read from the wrong virtual host would look like a healthy, idle service.
+    note = missing_queues_note(document.get("missing_queues", []))
+    if note is not None:
+        lines.append(note)
     return "\n".join(lines)
 
 
