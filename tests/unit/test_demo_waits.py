@@ -31,7 +31,7 @@ REASON = ConnectionClosed(320, "CONNECTION_FORCED - broker forced connection clo
 class DroppedConnection:
     """An aio-pika connection whose broker closed it with :data:`REASON`."""
 
-    is_closed: bool = False  # as aio-pika 9.5 says after the drop
+    is_closed: bool = False  # as aio-pika 10.2.1 says after the drop
     transport: Any = None
 
     def __post_init__(self) -> None:

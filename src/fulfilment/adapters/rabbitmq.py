@@ -165,7 +165,7 @@ def closed_reason(connection: AbstractConnection) -> BaseException | None:
     """Why ``connection`` closed under its user (the error its reader stopped on), else None.
 
     None while it is open, and for a connection that was never opened or that its user
-    closed. aio-pika 9.5's own ``is_closed`` stays False when the broker drops the connection
+    closed. aio-pika 10.2.1's own ``is_closed`` stays False when the broker drops the connection
     (a restart, a closed socket): only aiormq's connection under it knows, and its ``closing``
     future holds the reason (``ConnectionClosed(320, 'CONNECTION_FORCED ...')``, an
     ``AMQPConnectionError`` for a socket closed without a word).
