@@ -76,10 +76,11 @@ async def drain(amqp_url: str, messages: int, mode: str) -> float:
 
         before = broker_cpu_seconds()
         consumed = await consuming.get_queue(QUEUE)
-        await consumed.consume(on_message)
+        tag = await consumed.consume(on_message)
         await asyncio.wait_for(done.wait(), timeout=600)
         await asyncio.sleep(0.5)  # the broker applies the last settlements
         spent = broker_cpu_seconds() - before
+        await consumed.cancel(tag)
         await queue.delete(if_unused=False, if_empty=False)
         return spent / messages * 1000
     finally:
