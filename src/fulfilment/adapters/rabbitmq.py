@@ -125,7 +125,7 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
     DNS failure, time-out, a closed connection).
     """
     url = aio_pika.connection.make_url(amqp_url)
-    where = url.with_password("***") if url.password is not None else url
+    where = _without_password(amqp_url)
     user = url.user or "guest"
     refusal = _tls_refusal(error, port=url.port or 5671)  # aiormq's default for amqps://
     if refusal is not None:
@@ -203,11 +203,18 @@ def connection_lost(connection: AbstractConnection, amqp_url: str) -> Iterator[N
         failure = connection_failure(amqp_url, reason or error)
         if isinstance(failure, BrokerRefusedError):
             raise failure from error
-        url = aio_pika.connection.make_url(amqp_url)
-        where = url.with_password("***") if url.password is not None else url
         cause = reason or error
-        msg = f"the connection to RabbitMQ at {where} was lost: {type(cause).__name__}: {cause}"
+        msg = (
+            f"the connection to RabbitMQ at {_without_password(amqp_url)} was lost:"
+            f" {type(cause).__name__}: {cause}"
+        )
         raise BrokerUnavailableError(msg) from error
+
+
+def _without_password(amqp_url: str) -> str:
+    """``amqp_url`` as a line may show it: its password, if any, as ``***``."""
+    url = aio_pika.connection.make_url(amqp_url)
+    return str(url.with_password("***") if url.password is not None else url)
 
 
 def _tls_refusal(error: BaseException, *, port: int) -> str | None:
