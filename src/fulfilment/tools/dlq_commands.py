@@ -107,8 +107,7 @@ async def show_command(  # noqa: PLR0913 - each option of the command, by name
     """
     async with connect(amqp_url) as connection:
         letters = await find(connection, selection, queues, limit=limit, ttl_seconds=ttl_seconds)
-    if not letters and not selection.everything:
-        raise _no_match(selection, queues)
+    _require_match(selection, len(letters), queues)
     if as_json:
         echo(json.dumps([letter.to_document() for letter in letters], indent=2))
     elif not letters:
@@ -166,8 +165,7 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     except ReplayStoppedError as error:
         msg = f"{error}; the rest are still in the dead-letter queue"
         raise CommandError(msg) from error
-    if not result.matched and not selection.everything:
-        raise _no_match(selection, queues)
+    _require_match(selection, result.matched, queues)
     echo(_summary(result, verb="replayed"))
     if result.executed and result.refused:
         # Not everything asked for was done: a script running the replay must see it.
@@ -212,8 +210,7 @@ async def purge_command(  # noqa: PLR0913 - each option of the command, by name
         verb="purge",
         echo=echo,
     )
-    if not result.matched and not selection.everything:
-        raise _no_match(selection, queues)
+    _require_match(selection, result.matched, queues)
     echo(_summary(result, verb="purged"))
 
 
@@ -253,12 +250,18 @@ def operator_identity(stated: str | None) -> Operator:
     return Operator(os_user=os_user, host=socket.gethostname(), stated=stated or None)
 
 
-def _no_match(selection: Selection, queues: Sequence[str]) -> CommandError:
-    """``no dead letter matches --id x in <queues>``: a mistyped id or group is no success.
+def _require_match(selection: Selection, matched: int, queues: Sequence[str]) -> None:
+    """Refuse a selection by ``--id`` or ``--group`` that ``matched`` no dead letter.
 
-    ``--all`` on empty queues is not one: it asked for whatever is there.
+    A mistyped id or group is no success; ``--all`` on empty queues is one: it asked for
+    whatever is there.
+
+    Raises:
+        CommandError: ``no dead letter matches --id x in <queues>`` (exit 1).
     """
-    return CommandError(f"no dead letter matches {selection.describe()} in {', '.join(queues)}")
+    if not matched and not selection.everything:
+        msg = f"no dead letter matches {selection.describe()} in {', '.join(queues)}"
+        raise CommandError(msg)
 
 
 def _echo_refusal(refusal: Refusal, echo: Echo) -> None:
