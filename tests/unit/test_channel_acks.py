@@ -30,7 +30,7 @@ class UnknownDeliveryTagError(Exception):
     """What the broker answers with a channel error: a settlement of a tag not outstanding."""
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity, as an aiormq channel is
 class BrokerChannel:
     """The broker's view of one channel's deliveries, and the frames it got."""
 

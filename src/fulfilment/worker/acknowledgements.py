@@ -79,7 +79,7 @@ class ChannelAcks:
     """
 
     def __init__(self) -> None:
-        self._channels: dict[int, _Tags] = {}
+        self._channels: dict[AbstractChannel, _Tags] = {}
         self._sending: set[asyncio.Task[None]] = set()
 
     async def ack(self, message: AbstractIncomingMessage) -> None:
@@ -103,8 +103,9 @@ class ChannelAcks:
         tags.settle(tag)
         tags.unsent.append(tag)
         if tags.sent is None:
-            tags.sent = asyncio.get_running_loop().create_future()
-            asyncio.get_running_loop().call_soon(self._send, tags)
+            loop = asyncio.get_running_loop()
+            tags.sent = loop.create_future()
+            loop.call_soon(self._send, tags)
         # Shielded: the acks of other deliveries wait on the same future, and cancelling this
         # delivery's task must not cancel theirs.
         await asyncio.shield(tags.sent)
@@ -120,17 +121,20 @@ class ChannelAcks:
             aio_pika.exceptions.MessageProcessError: the message was settled already.
         """
         tag = message.delivery_tag
-        tags = None if tag is None else self._tags(message.channel)
+        if tag is None:
+            await message.reject(requeue=requeue)
+            return
+        # Looked up first: the channel may be closed once the frame is written.
+        tags = self._tags(message.channel)
         await message.reject(requeue=requeue)
-        if tags is not None and tag is not None:
-            tags.settle(tag)
+        tags.settle(tag)
 
     def _tags(self, channel: AbstractChannel) -> _Tags:
-        tags = self._channels.get(id(channel))
-        if tags is None or tags.channel is not channel:
-            for key in [key for key, known in self._channels.items() if known.channel.is_closed]:
-                del self._channels[key]
-            tags = self._channels[id(channel)] = _Tags(channel)
+        tags = self._channels.get(channel)
+        if tags is None:
+            for closed in [known for known in self._channels if known.is_closed]:
+                del self._channels[closed]
+            tags = self._channels[channel] = _Tags(channel)
         return tags
 
     def _send(self, tags: _Tags) -> None:
@@ -146,13 +150,12 @@ async def _write(
 ) -> None:
     # Frames go to aiormq's write queue in call order, so a reject written before this task
     # ran precedes any ack here that counts its tag settled.
+    # Only this task resolves ``sent``, and its waiters shield it, so it is still pending here.
     try:
         for index, (tag, multiple) in enumerate(frames):
             await channel.basic_ack(tag, multiple=multiple, wait=index == len(frames) - 1)
     except Exception as error:  # noqa: BLE001 - handed to every delivery waiting on these acks
-        if not sent.done():
-            sent.set_exception(error)
+        sent.set_exception(error)
         sent.exception()  # retrieved here too: a waiter may have been cancelled meanwhile
     else:
-        if not sent.done():
-            sent.set_result(None)
+        sent.set_result(None)
