@@ -1,5 +1,5 @@
-"""Test data: the commands the warehouse tests apply, the worker's parse of a body, and
-example result events."""
+"""Test data: the commands the warehouse tests apply, the worker's parse of a body,
+example result events, and a relay that is not connected."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from fulfilment.contracts.result_events import (
     STOCK_RESERVED_ROUTING_KEY,
     STOCK_SHIPPED_ROUTING_KEY,
 )
+from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine, ReserveStock
+from fulfilment.observability.relay_metrics import RelayMetrics
+from fulfilment.relay.service import Relay, RelayOptions
 from fulfilment.worker.delivery import check_body, parse_event
 
 PLACED_AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
@@ -117,3 +120,19 @@ def parse_order_placed(body: bytes, content_type: str | None) -> OrderPlacedV1:
     every body, then ``on_order_placed``'s parse (both raise ``MalformedEventError``)."""
     check_body(body, content_type)
     return parse_event(OrderPlacedV1, body)
+
+
+def a_relay(publish_timeout_seconds: float = 1) -> tuple[Relay, RelayMetrics]:
+    """A relay that has not connected (local URLs, batches of 10, no window), and its metrics."""
+    metrics = RelayMetrics(RESULT_ROUTING_KEYS)
+    options = RelayOptions(
+        amqp_url="amqp://guest:guest@localhost:5672/",
+        database_url="postgresql://postgres@localhost:5432/fulfilment",
+        batch_size=10,
+        poll_seconds=1,
+        batch_window_seconds=0,
+        connect_timeout_seconds=1,
+        publish_timeout_seconds=publish_timeout_seconds,
+        app_id="fulfilment-test",
+    )
+    return Relay(options, metrics), metrics

@@ -6,25 +6,11 @@ import json
 
 from test_health import call
 
+from builders import a_relay
 from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.health import relay_health_app
-from fulfilment.relay.service import Relay, RelayOptions, Role
-
-
-def a_relay() -> tuple[Relay, RelayMetrics]:
-    metrics = RelayMetrics(RESULT_ROUTING_KEYS)
-    options = RelayOptions(
-        amqp_url="amqp://guest:guest@localhost:5672/",
-        database_url="postgresql://postgres@localhost:5432/fulfilment",
-        batch_size=10,
-        poll_seconds=1,
-        batch_window_seconds=0,
-        connect_timeout_seconds=1,
-        publish_timeout_seconds=1,
-        app_id="fulfilment-test",
-    )
-    return Relay(options, metrics), metrics
+from fulfilment.relay.service import Relay, Role
 
 
 def an_app(relay: Relay, metrics: RelayMetrics):

@@ -12,11 +12,10 @@ import pytest
 from aiormq.abc import DeliveredMessage
 from pamqp.header import ContentHeader
 
+from builders import a_relay
 from fulfilment.adapters.postgres.outbox import OutboxRow
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay import service
-from fulfilment.relay.service import Relay, RelayOptions
 
 
 class Broker:
@@ -59,21 +58,6 @@ def a_row(outbox_id: int, routing_key: str) -> OutboxRow:
         body=b'{"version": 1}',
         traceparent=None,
     )
-
-
-def a_relay(publish_timeout_seconds: float) -> tuple[Relay, RelayMetrics]:
-    metrics = RelayMetrics(RESULT_ROUTING_KEYS)
-    options = RelayOptions(
-        amqp_url="amqp://guest:guest@localhost:5672/",
-        database_url="postgresql://postgres@localhost:5432/fulfilment",
-        batch_size=10,
-        poll_seconds=1,
-        batch_window_seconds=0,
-        connect_timeout_seconds=1,
-        publish_timeout_seconds=publish_timeout_seconds,
-        app_id="fulfilment-test",
-    )
-    return Relay(options, metrics), metrics
 
 
 @pytest.fixture
