@@ -310,7 +310,7 @@ def stock_plan(
     out: Annotated[Path, typer.Option(help="Where to write the sku,on_hand CSV.")],
 ) -> None:
     """Write deterministic stock levels for the orders in DATA (some short, a few unknown)."""
-    from fulfilment.tools.stock_plan import plan_command  # noqa: PLC0415 - see the module's text
+    from fulfilment.dataset.stock_plan import plan_command  # noqa: PLC0415 - see the module's text
 
     try:
         plan_command(data, out, echo=typer.echo)
@@ -336,7 +336,7 @@ def publish(
     skipped and counted; with --cancellations, the cancellations mapped to an order are
     published among the orders, in time order, and the others counted by reason.
     """
-    from fulfilment.tools.publish import publish_command  # noqa: PLC0415 - see the module's text
+    from fulfilment.dataset.publish import publish_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
     run(
@@ -366,15 +366,44 @@ def report(
 @app.command(cls=Command)
 def reconcile(
     files: Annotated[list[Path], typer.Argument(help="Online Retail CSVs that were published.")],
+    cancellations: Annotated[  # noqa: FBT002 - a typer flag
+        bool,
+        typer.Option(
+            "--cancellations",
+            help="Also the OrderCancelled of each cancellation mapped to an order, as"
+            " `publish --cancellations` and `demo` send them.",
+        ),
+    ] = False,
+    shipments: Annotated[  # noqa: FBT002 - a typer flag
+        bool,
+        typer.Option(
+            "--shipments",
+            help="Also the OrderShipped of each order now reserved or shipped, as `demo`"
+            " sends them at the end of each day.",
+        ),
+    ] = False,
 ) -> None:
     """Check that every event published from FILES is processed or dead-lettered, exactly once.
 
-    Exits 1 when an event is missing or a stock invariant does not hold.
+    Checks the OrderPlaced of every order; with --cancellations and --shipments, the other
+    two kinds too, one line per kind. Exits 1 when an event is missing or a stock invariant
+    does not hold.
     """
-    from fulfilment.tools.report import reconcile_command  # noqa: PLC0415 - see the module's text
+    from fulfilment.dataset.reconcile import reconcile_command  # noqa: PLC0415 - see the module's text
 
     options = tool_options(settings_or_exit())
-    run(reconcile_command(options, files, echo=typer.echo))
+    run(
+        reconcile_command(
+            options, files, cancellations=cancellations, shipments=shipments, echo=typer.echo
+        )
+    )
+
+
+DEMO_NOT_INSTALLED = (
+    "the demo is not part of this installation (the production image leaves it out);"
+    " run it from a checkout: make demo"
+)
+"""Why ``fulfilment demo`` exits 2 where the package ``fulfilment.demo`` is not installed."""
 
 
 @app.command(cls=Command)
@@ -416,8 +445,14 @@ def demo(
     ``fulfilment.events`` (``fulfilment.demo.result-events``) received every result event the
     run wrote, valid and in order per order.
     """
-    from fulfilment.tools.demo import demo_command  # noqa: PLC0415 - see the module's text
-
+    try:
+        from fulfilment.demo.run import demo_command  # noqa: PLC0415 - see the module's text
+    except ModuleNotFoundError as error:
+        # The production wheel leaves the demo out (pyproject's wheel ``exclude``): its
+        # --reset truncates the service's tables.
+        if error.name != "fulfilment.demo":
+            raise
+        fail(DEMO_NOT_INSTALLED, EXIT_BAD_INPUT)
     if confirm_reset is not None and not reset:
         fail("--confirm-reset names the database --reset may empty: add --reset", EXIT_BAD_INPUT)
     settings = settings_or_exit()

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from fulfilment.contracts.result_events import RESULT_EVENTS
 from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_PLACED, RESULT_EVENTS_EXCHANGE
-from fulfilment.tools.demo import RESULT_EVENTS_QUEUE
+from fulfilment.demo.run import RESULT_EVENTS_QUEUE
 from services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]

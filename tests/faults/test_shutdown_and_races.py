@@ -31,9 +31,9 @@ from harness import FAST_SETTINGS, free_port, put_stock
 from fulfilment.adapters.rabbitmq import OutgoingEvent
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.dataset.online_retail import csv_files, read_orders
+from fulfilment.dataset.stock_plan import total_demand
 from fulfilment.settings import Settings
-from fulfilment.tools.online_retail import csv_files, read_orders
-from fulfilment.tools.stock_plan import total_demand
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -7,7 +7,7 @@ from uuid import UUID, uuid4
 
 from builders import RESULT_EVENT_EXAMPLES
 from fulfilment.adapters.postgres.admin import OutboxEntry
-from fulfilment.tools.demo_result_events import ResultEventTally
+from fulfilment.demo.result_events import ResultEventTally
 
 QUEUE = "fulfilment.demo.result-events"
 

@@ -20,7 +20,7 @@ from aiormq.exceptions import ConnectionClosed
 
 from fulfilment.adapters.rabbitmq import QueueState
 from fulfilment.cli import run
-from fulfilment.tools import demo
+from fulfilment.demo import run as demo
 
 DAY = SimpleNamespace(name="2010-12-01")
 

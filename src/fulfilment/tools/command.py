@@ -8,13 +8,9 @@ and ``echo`` for standard output. A command that cannot do its job raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-from fulfilment.tools.online_retail import OnlineRetailError, ReadResult, csv_files, read_orders
-from fulfilment.tools.retail_lifecycle import CancellationMatch, match_cancellations
 
 if TYPE_CHECKING:
     # SQLAlchemy is imported with the engine's module: not before a command needs it.
@@ -53,27 +49,3 @@ class ToolOptions:
     """PostgreSQL's URL and time bounds."""
     consumer: str
     """The inbox namespace of the worker (``FULFILMENT_CONSUMER_NAME``)."""
-
-
-def read_order_files(paths: Iterable[Path]) -> ReadResult:
-    """The orders of the Online Retail CSV files among ``paths`` (files, or folders of them).
-
-    Raises:
-        CommandError: a path or file cannot be read, or holds bad data (exit 2).
-    """
-    try:
-        return read_orders([file for path in paths for file in csv_files(path)])
-    except (OnlineRetailError, OSError) as error:
-        raise CommandError(str(error), EXIT_BAD_INPUT) from error
-
-
-def match_read_cancellations(read: ReadResult) -> CancellationMatch:
-    """The cancellations of ``read`` mapped to their orders (``retail_lifecycle``).
-
-    Raises:
-        CommandError: a mapped cancellation does not fit an event (exit 2).
-    """
-    try:
-        return match_cancellations(read.orders, read.cancellations)
-    except OnlineRetailError as error:
-        raise CommandError(str(error), EXIT_BAD_INPUT) from error

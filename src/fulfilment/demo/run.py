@@ -3,12 +3,12 @@
 Steps: create and migrate the database; declare the demo's own queue on the result events'
 exchange (:data:`RESULT_EVENTS_QUEUE`); plan stock from the data and load it for the SKUs that
 have no stock level yet; start the relay and the worker as child processes and wait until each
-is ready; play the data day by day (``fulfilment.tools.retail_lifecycle``): each day's orders
+is ready; play the data day by day (``fulfilment.dataset.retail_lifecycle``): each day's orders
 and mapped cancellations in time order, one run of one kind at a time, each run settled before
 the next is sent, then the ``OrderShipped`` of every order of the day still reserved, settled
 too; stop the worker with SIGTERM (it finishes in-flight work and exits 0); wait until the
 relay has published every outbox row the run wrote, read the demo's queue and check what it
-received against those rows (``tools.demo_result_events``), and stop the relay with SIGTERM;
+received against those rows (``demo.result_events``), and stop the relay with SIGTERM;
 then reconcile every published event of the three kinds against the inbox and the dead-letter
 queues and print the report.
 
@@ -87,22 +87,11 @@ from fulfilment.contracts.topology import (
     RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
-from fulfilment.observability.metrics import REQUEUED
-from fulfilment.tools.command import (
-    EXIT_BAD_INPUT,
-    CommandError,
-    Echo,
-    ToolOptions,
-    match_read_cancellations,
-    read_order_files,
-)
-from fulfilment.tools.demo_result_events import ResultEventTally
-from fulfilment.tools.dlq import Selection, purge
-from fulfilment.tools.dlq_commands import operator_identity
-from fulfilment.tools.online_retail import ReadResult, RetailOrder
-from fulfilment.tools.publish import publish_in_order
-from fulfilment.tools.report import collect_report, reconcile, render_report
-from fulfilment.tools.retail_lifecycle import (
+from fulfilment.dataset.files import match_read_cancellations, read_order_files
+from fulfilment.dataset.online_retail import ReadResult, RetailOrder
+from fulfilment.dataset.publish import publish_in_order
+from fulfilment.dataset.reconcile import reconcile_kinds
+from fulfilment.dataset.retail_lifecycle import (
     CancellationMatch,
     RetailCancellation,
     RetailDay,
@@ -110,7 +99,13 @@ from fulfilment.tools.retail_lifecycle import (
     RetailShipment,
     plan_days,
 )
-from fulfilment.tools.stock_plan import plan_stock
+from fulfilment.dataset.stock_plan import plan_stock
+from fulfilment.demo.result_events import ResultEventTally
+from fulfilment.observability.metrics import REQUEUED
+from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo, ToolOptions
+from fulfilment.tools.dlq import Selection, purge
+from fulfilment.tools.dlq_commands import operator_identity
+from fulfilment.tools.report import collect_report, render_report
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
@@ -292,15 +287,18 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         relay_code = await _stop(relay.process, stop_grace_seconds)
     echo(f"relay stopped with exit code {relay_code}")
 
-    reconciled = True
-    for kind, events in (
-        ("OrderPlaced", read.orders),
-        ("OrderCancelled", match.cancellations),
-        ("OrderShipped", player.shipments),
-    ):
-        reconciliation = await reconcile(options, [event.event_id for event in events])
-        echo(f"{kind}: {reconciliation.describe()}")
-        reconciled = reconciled and reconciliation.ok
+    reconciled, _ = await reconcile_kinds(
+        options,
+        [
+            (kind, [event.event_id for event in events])
+            for kind, events in (
+                ("OrderPlaced", read.orders),
+                ("OrderCancelled", match.cancellations),
+                ("OrderShipped", player.shipments),
+            )
+        ],
+        echo=echo,
+    )
     document = await collect_report(options)
     echo(render_report(document))
     echo(f"wall time {time.monotonic() - started:.1f} s")
