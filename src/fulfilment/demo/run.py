@@ -120,7 +120,7 @@ of the service's topology: the worker and the relay know nothing of it."""
 RESULT_EVENTS_BINDING = "#"
 RELAY_COMMAND = ("-c", "from fulfilment.relay_main import main; main()")
 """``fulfilment relay`` run by this interpreter: what the console script calls, found without
-looking for the script on the ``PATH`` (the tools may not import the relay's root)."""
+looking for the script on the ``PATH`` (the demo may not import the relay's root)."""
 READY_WAIT_SECONDS = 60.0
 """How long the worker and the relay may take to report ready before the demo gives up."""
 RELAY_STALL_SECONDS = 60.0
