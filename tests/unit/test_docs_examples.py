@@ -1,4 +1,4 @@
-"""The example messages of ``docs/events.md`` ("Example messages") validate with the models they show."""
+"""The example messages of ``docs/events.md`` validate with the models they show."""
 
 from __future__ import annotations
 
