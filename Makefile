@@ -8,7 +8,7 @@ DATA ?= data/sample/online-retail
 RESET ?=
 CONFIRM_RESET ?=
 
-.PHONY: help asyncapi demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
+.PHONY: help asyncapi docs demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ install: $(if $(filter .tools/bin/uv,$(UV)),.tools/bin/uv) ## Install the locked
 
 asyncapi: install ## Write docs/asyncapi.json, the messaging contract (consumed and published events), from the code
 	$(UV) run python -m fulfilment.asyncapi docs/asyncapi.json
+
+docs: install ## Write the references generated from the code: docs/configuration.md's table and .env.example (the Settings docstrings), docs/cli.md's (the typer app)
+	$(UV) run python scripts/render-docs
 
 services: ## Start RabbitMQ and PostgreSQL if they are down (local install or docker compose)
 	@scripts/ensure-services
@@ -76,6 +79,8 @@ test-fast: install ## Unit tests that need no service (in-memory fake, no databa
 lint: install check-deploy check-asyncapi ## ruff lint and format check, import layers, deployment files, the AsyncAPI document
 	$(UV) run ruff check src tests bench
 	$(UV) run ruff format --check src tests bench
+	$(UV) run ruff check scripts/render-docs
+	$(UV) run ruff format --check scripts/render-docs
 	$(UV) run lint-imports
 
 check-asyncapi: ## Parse docs/asyncapi.json with @asyncapi/parser (npm); fail on any error or warning

@@ -64,6 +64,9 @@ POSTGRES_SETTINGS = {"max_connections"}
 """PostgreSQL's own settings the runbook names; the database test finds each in pg_settings."""
 
 RABBITMQ_POLICY_WORDS = {
+    "max_message_size",
+    "x-max-length",
+    "user_id",
     "message-ttl",
     "max-length",
     "max-length-bytes",
@@ -71,8 +74,10 @@ RABBITMQ_POLICY_WORDS = {
     "reject-publish",
     "reject-publish-dlx",
 }
-"""RabbitMQ's own policy keys and overflow values the runbook names (RabbitMQ docs, "Queue
-Length Limit" and "Time-To-Live and Expiration"): the broker's vocabulary, not the service's."""
+"""RabbitMQ's own words the runbook names: policy keys and overflow values (RabbitMQ docs,
+"Queue Length Limit" and "Time-To-Live and Expiration"), the queue argument ``x-max-length``,
+the setting ``max_message_size`` (rabbitmq.conf) and the AMQP property ``user_id``: the
+broker's vocabulary, not the service's."""
 
 KINDS = {
     "deploy": "Deployment",
