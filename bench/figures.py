@@ -211,20 +211,26 @@ def ratio_row(label: str, product: Row, reference: Row) -> Ratio:
 
 
 def comparison_table(
-    rows: Sequence[Row | Ratio], cpu_groups: Sequence[str], rss_processes: Sequence[str]
+    rows: Sequence[Row | Ratio],
+    cpu_groups: Sequence[str],
+    rss_processes: Sequence[str],
+    *,
+    events: bool = True,
 ) -> list[str]:
     """The benchmark's table, one Markdown line per string.
 
     Columns: the counted rate (the headline), the drain's rate, commit -> confirm
     p50/p95/p99, CPU seconds per 1,000 orders for each of ``cpu_groups`` then their total and
     the rest of the machine, peak RSS for each of ``rss_processes``. A :class:`Ratio` fills
-    the rates and CPU with ``1.23x`` and leaves the rest blank.
+    the rates and CPU with ``1.23x`` and leaves the rest blank. Without ``events`` (nothing
+    published, the worker alone) the counted rate and the lags are left out.
     """
+    lags = LAG_COLUMNS if events else ()
     header = [
         "drain",
-        "result events confirmed/s",
+        *(["result events confirmed/s"] if events else []),
         "orders drained/s",
-        *(f"commit -> confirm {q} ms" for q in LAG_COLUMNS),
+        *(f"commit -> confirm {q} ms" for q in lags),
         *(f"CPU s/1,000: {group}" for group in cpu_groups),
         "CPU total",
         "CPU rest of the machine",
@@ -235,9 +241,9 @@ def comparison_table(
         if isinstance(row, Ratio):
             cells = [
                 row.label,
-                times(row.counted),
+                *([times(row.counted)] if events else []),
                 times(row.drained),
-                *("" for _ in LAG_COLUMNS),
+                *("" for _ in lags),
                 *(times(row.cpu.get(group, math.nan)) for group in cpu_groups),
                 times(row.cpu["total"]),
                 "",
@@ -246,9 +252,9 @@ def comparison_table(
         else:
             cells = [
                 row.label,
-                number(row.counted),
+                *([number(row.counted)] if events else []),
                 number(row.drained),
-                *(number(row.lag_ms.get(q), 1) for q in LAG_COLUMNS),
+                *(number(row.lag_ms.get(q), 1) for q in lags),
                 *(number(row.cpu.get(group), 3) for group in cpu_groups),
                 number(row.cpu_total, 3),
                 number(row.cpu.get("rest"), 3),

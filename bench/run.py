@@ -14,25 +14,36 @@ so it never touches anybody's queues or stock):
    the same N orders into a queue of the reference consumer (``reference.py``, bound to
    ``orders`` with another routing key, the same quorum-queue arguments; it publishes
    nothing) and drains that; the database is emptied and the stock reloaded before each drain;
-3. measures each drain from the database: the rate is the orders committed between the 1st
-   percentile and the last commit (``reservations.created_at``) divided by that time, so the
-   start-up of either process is left out; CPU seconds per 1,000 orders of the consumer, the
-   relay, the broker (``beam.smp``), PostgreSQL (the benchmark database's backends and the
-   server's shared processes) and the rest of the machine over the same window
-   (``measure.py``); the consumer's and the relay's peak RSS (``VmHWM``, also every 20,000
-   orders committed); transactions and rows per order (``pg_stat_database``); and the result
-   events that reached the events' queue and their rate (:class:`Events`);
+3. measures each drain. The headline, for the worker: an order counts when its result event
+   (``stock.reserved``/``stock.rejected``) is confirmed by the broker, that is when it has
+   reached :data:`EVENTS_QUEUE` (see :class:`Events` for why the queue's depth counts the
+   confirmed events): the rate is the events that arrived from the 1st percentile of the
+   count to the last, read from the queue's depth sampled every 0.1 s. Beside it, the drain's
+   rate: the orders committed (and acknowledged) from the 1st percentile of
+   ``reservations.created_at`` to the last, over that time, so the start-up of either process
+   is left out; the reference, which publishes nothing, is compared on this one. Commit ->
+   confirm p50/p95/p99 per event (:func:`confirm_lags_ms`). CPU seconds per 1,000 orders of
+   each process (the worker or the reference, each of :data:`SERVICE_PROCESSES`), the broker
+   (``beam.smp``), PostgreSQL (the benchmark database's backends and the server's shared
+   processes) and the rest of the machine, from the 1st percentile of the commits to the
+   last confirm (to the last commit where nothing is published; ``measure.py``); peak RSS
+   (``VmHWM``, also every 20,000 orders committed); transactions and rows per order
+   (``pg_stat_database``);
 4. publishes orders at a steady rate of half the worker's median drain rate for
    ``--latency-seconds``, each stamped ``placed_at`` = now, to a running worker and relay
-   (and then to the reference), and reports end-to-end latency percentiles and, for the
-   worker, commit -> published (``outbox.published_at - created_at``);
-5. prints medians, the ratio worker/reference, and writes everything as JSON to ``--results``.
+   (and then to the reference), and reports placed_at -> commit percentiles and, for the
+   worker, commit -> confirm from the events' queue (its depth read every 0.01 s) and
+   commit -> published (``outbox.published_at - created_at``) as a cross-check;
+5. prints the table drain by drain (each round: the worker, the reference, their ratio) and
+   the medians with their ratio, and writes everything as JSON to ``--results``.
 
-``--profile`` instead drains one backlog with the worker under py-spy (its relay beside it)
-and prints where its CPU goes; ``--no-relay`` runs the worker without a relay;
+``--profile`` instead drains one backlog with the worker under py-spy (the processes beside
+it running) and prints where its CPU goes; ``--no-relay`` runs the worker alone (the figures
+before result events counted: an order counts when its delivery is acknowledged);
 ``--worker-src`` runs another version's worker (its ``src/``, e.g. from ``git archive``) to
-compare versions; ``--worker-env`` changes one of its settings. The benchmark is not run by
-CI: it takes minutes and its figures depend on the machine.
+compare versions; ``--env NAME=VALUE`` sets the environment of every service process (a
+setting, tracing). The benchmark is not run by CI: it takes minutes and its figures depend on
+the machine.
 """
 
 from __future__ import annotations
@@ -1201,6 +1212,7 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) ->
                 comparison_rows(drains, plan),
                 cpu_groups=["consumer", *beside, "broker", "postgres"],
                 rss_processes=["consumer", *beside],
+                events=bool(beside),
             ),
         ]
     lines += _events_lines(drains)

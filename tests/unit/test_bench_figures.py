@@ -146,3 +146,13 @@ def test_the_table_gives_the_figures_and_the_ratios_under_one_header():
 def test_a_row_that_does_not_fit_the_header_is_an_error():
     with pytest.raises(ValueError, match="a row of 1 cells under a header of 2"):
         figures.markdown_table(["a", "b"], [["1"]])
+
+
+def test_without_events_the_table_leaves_the_counted_rate_and_the_lags_out():
+    alone = figures.Row("worker", math.nan, 1747, cpu={"consumer": 0.5, "rest": 0.1})
+    lines = figures.comparison_table([alone], ["consumer"], ["consumer"], events=False)
+    assert lines[0] == (
+        "| drain | orders drained/s | CPU s/1,000: consumer | CPU total"
+        " | CPU rest of the machine | peak RSS MiB: consumer |"
+    )
+    assert lines[2] == "| worker | 1,747 | 0.500 | 0.500 | 0.100 | - |"
