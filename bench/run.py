@@ -772,12 +772,10 @@ class RssCheckpoints:
 
     def now(self) -> dict[str, list[float]]:
         """Every process's peak RSS now, by name."""
-        return {"worker": _peak_rss_mib(self.consumers)} | self.beside_now()
-
-    def beside_now(self) -> dict[str, list[float]]:
-        """The peak RSS now of the processes beside the worker, by name."""
         named = _by_name(self.beside)
-        return {name: _peak_rss_mib(processes) for name, processes in named.items()}
+        return {"worker": _peak_rss_mib(self.consumers)} | {
+            name: _peak_rss_mib(processes) for name, processes in named.items()
+        }
 
     def note(self, committed: int) -> None:
         """Record the checkpoints that ``committed`` orders have passed (the last excepted)."""
@@ -792,8 +790,8 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
     """Publish ``orders`` as a backlog, start the consumers (and the processes beside), measure.
 
     Until all are committed and, with a relay, until every result event has reached
-    :data:`EVENTS_QUEUE`; the worker stops once it has committed every order, the processes
-    beside it once the outbox has no unpublished row.
+    :data:`EVENTS_QUEUE`; every process is stopped once the outbox has no unpublished row (the
+    reference once it has committed every order).
     """
     services = plan.services
     await purge_events_queue(services.amqp_url)
@@ -829,14 +827,14 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
                 consumers=[*consumers, *beside],
                 progress=rss.note,
             )
-            worker_rss = _peak_rss_mib(consumers)
-            for consumer in consumers:
-                consumer.stop()
             if beside:
+                # The worker idles until the last confirm: stopped at once, its shutdown
+                # would fall into the counted window, which ends there.
                 await wait_published(
                     services.database_url, within=120 + len(orders) / 50, relays=beside
                 )
-            rss.by_orders[len(orders)] = {"worker": worker_rss} | rss.beside_now()
+            rss.by_orders[len(orders)] = rss.now()
+            worker_rss = rss.by_orders[len(orders)]["worker"]
         finally:
             for process in [*consumers, *beside]:
                 process.stop()
