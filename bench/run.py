@@ -1310,8 +1310,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--env",
-        "--worker-env",
-        dest="env",
         action="append",
         default=[],
         metavar="NAME=VALUE",
