@@ -6,6 +6,7 @@ queue's sampled depth, lag percentiles, medians, ratios) and the figures into Ma
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -61,6 +62,15 @@ def arrivals(samples: Sequence[Sample], levels: Sequence[int]) -> list[float]:
             share = (level - before_depth) / (depth - before_depth)
             found.append(before_time + (moment - before_time) * share)
     return found
+
+
+def spacing_ms(samples: Sequence[Sample]) -> float:
+    """The median time between two samples, in ms: what the arrival times are good to.
+
+    ``nan`` for fewer than two samples.
+    """
+    gaps = [(later[0] - earlier[0]) * 1000 for earlier, later in itertools.pairwise(samples)]
+    return round(median(gaps), 1)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

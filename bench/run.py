@@ -86,6 +86,7 @@ from figures import (
     percentile,
     ratio_row,
     reached,
+    spacing_ms,
 )
 from measure import CpuSampler, peak_rss_bytes
 from workload import Order, Workload, load_workload, publish_backlog, publish_steadily
@@ -472,6 +473,8 @@ class Events:
     finished: float
     """When the depth reached ``count`` (epoch seconds): the last event's confirm."""
     lag_ms: dict[str, float] = field(default_factory=dict)
+    depth_spacing_ms: float = math.nan
+    """The median time between two reads of the depth: what ``lag_ms`` is good to."""
 
 
 @dataclass
@@ -701,6 +704,7 @@ async def events_of_drain(
         started=start,
         finished=end,
         lag_ms=await confirm_lags_ms(services.amqp_url, samples, count),
+        depth_spacing_ms=spacing_ms(samples),
     )
 
 
@@ -891,6 +895,8 @@ class Latency:
     confirm_lag_ms: dict[str, float] = field(default_factory=dict)
     """Commit -> confirm, p50/p95/p99/max (:func:`confirm_lags_ms`, depth read every
     :data:`LATENCY_DEPTH_SAMPLE_SECONDS`); empty without a relay."""
+    depth_spacing_ms: float | None = None
+    """The median time between two reads of the depth: what ``confirm_lag_ms`` is good to."""
     published_lag_p50_ms: float | None = None
     """Commit -> published: ``outbox.published_at - created_at`` of the phase's rows."""
     published_lag_p99_ms: float | None = None
@@ -982,6 +988,7 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
     if beside and lag["events"]:
         result.events = int(lag["events"])
         result.confirm_lag_ms = await confirm_lags_ms(services.amqp_url, depths, depths[-1][1])
+        result.depth_spacing_ms = spacing_ms(depths)
         result.published_lag_p50_ms = round(float(lag["p50"]), 1)
         result.published_lag_p99_ms = round(float(lag["p99"]), 1)
         result.published_lag_max_ms = round(float(lag["top"]), 1)
@@ -1229,7 +1236,8 @@ def _events_lines(drains: Sequence[Drain]) -> list[str]:
             f"worker drain {index}: {e.count:,} result events reached the queue "
             f"({e.outbox_rows:,} outbox rows) at {e.rate:,.0f}/s (marked published: "
             f"{e.marked_rate:,.0f}/s), relay CPU {e.relay_cpu_per_1000:.3f} s per 1,000 events; "
-            f"commit -> confirm max {number(e.lag_ms.get('max'), 1)} ms"
+            f"commit -> confirm max {number(e.lag_ms.get('max'), 1)} ms (depth read every "
+            f"{number(e.depth_spacing_ms, 1)} ms, median)"
         )
     for index, d in enumerate((d for d in drains if d.kind == "worker"), start=1):
         if len(d.peak_rss_by_orders) > 1:
@@ -1266,7 +1274,8 @@ def _latency_line(result: Latency) -> str:
         text += (
             f"; commit -> confirm, {result.events:,} events: "
             + ", ".join(f"{key} {number(value, 1)} ms" for key, value in lag.items())
-            + f" (commit -> published p50 {result.published_lag_p50_ms} ms, p99 "
+            + f" (depth read every {number(result.depth_spacing_ms, 1)} ms, median;"
+            f" commit -> published p50 {result.published_lag_p50_ms} ms, p99 "
             f"{result.published_lag_p99_ms} ms)"
         )
     elif result.kind == "reference":

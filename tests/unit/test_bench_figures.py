@@ -40,6 +40,11 @@ def test_a_level_the_depth_never_reached_is_an_error():
         figures.arrivals(SAMPLES, [20, 21])
 
 
+def test_the_samples_spacing_is_their_median_gap_in_milliseconds():
+    assert figures.spacing_ms([(0.0, 0), (0.01, 1), (0.03, 2), (0.04, 3)]) == 10.0
+    assert math.isnan(figures.spacing_ms([(0.0, 0)]))
+
+
 def test_percentile_is_linear_between_ranks_like_percentile_cont():
     values = [4.0, 1.0, 3.0, 2.0]
     assert figures.percentile(values, 0.5) == 2.5
