@@ -117,7 +117,7 @@ PREFETCH ?=
 WORKERS ?=
 BENCH_ARGS ?=
 
-bench: install services ## Worker vs a hand-written consumer: N=orders, DATA, PREFETCH, WORKERS, BENCH_ARGS
+bench: install services ## Worker + relay (an order counts when its result event is confirmed) vs a hand-written consumer: N=orders, DATA, PREFETCH, WORKERS, BENCH_ARGS
 	$(UV) run python bench/run.py --orders $(N) --data $(DATA) $(if $(PREFETCH),--prefetch $(PREFETCH)) $(if $(WORKERS),--workers $(WORKERS)) $(BENCH_ARGS)
 
 clean: ## Remove the virtual environments and caches
