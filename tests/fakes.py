@@ -5,11 +5,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.application.ports import Warehouse
+from fulfilment.domain.handoff import (
+    HandoffCancellation,
+    RequestKind,
+    RequestStatus,
+    cancel_with_handoff,
+)
 from fulfilment.domain.lifecycle import (
     CancelKind,
     CancelOrder,
@@ -43,6 +50,7 @@ CANCEL_INBOX_OUTCOMES = {
     CancelKind.TOMBSTONED: "tombstoned",
     CancelKind.IGNORED: "cancel_ignored",
     CancelKind.CANCEL_AFTER_SHIP: "cancel_after_ship",
+    CancelKind.CANCEL_REQUESTED: "cancel_requested",
 }
 """The ``inbox_messages.outcome`` of each recorded cancel, as ``cancel_orders()`` writes it."""
 
@@ -117,6 +125,34 @@ class Reservation:
         )
 
 
+@dataclass
+class StoredRequest:
+    """What the fake keeps per warehouse request, like a row of ``warehouse_requests``.
+
+    ``lines`` are units per SKU in code-point order (None: a cancellation of the whole
+    order); times are timezone-aware (the fake's clock is the wall clock, as ``now()`` is).
+    """
+
+    id: int
+    idempotency_key: UUID
+    kind: RequestKind
+    order_id: UUID
+    causation_id: UUID
+    lines: dict[str, int] | None
+    traceparent: str | None
+    created_at: datetime
+    status: RequestStatus = RequestStatus.PENDING
+    body: bytes | None = None
+    attempts: int = 0
+    next_attempt_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    first_attempt_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    answered_at: datetime | None = None
+    warehouse_id: str | None = None
+    last_status_code: int | None = None
+    last_answer: str | None = None
+
+
 class InMemoryWarehouse(Warehouse):
     """The ``Warehouse`` in memory, with the rules of ``PostgresWarehouse``.
 
@@ -129,10 +165,16 @@ class InMemoryWarehouse(Warehouse):
     lists the result events in the order they were written, as the functions write them to the
     outbox: one per change of a reservation's status and per partial release, none for a
     tombstone, a duplicate or an event that changes nothing.
+
+    With ``handoff=True`` it records the requests to the warehouse system in ``requests`` (in
+    ``id`` order) and defers cancels as ``fulfilment.domain.handoff`` says, as
+    ``PostgresWarehouse(..., handoff=True)`` does.
     """
 
-    def __init__(self, *, consumer: str = "fulfilment") -> None:
+    def __init__(self, *, consumer: str = "fulfilment", handoff: bool = False) -> None:
         self.consumer = consumer
+        self.handoff = handoff
+        self.requests: list[StoredRequest] = []
         self.levels: dict[str, StockLevel] = {}
         self.inbox: dict[tuple[str, UUID], str] = {}
         self.reservations: dict[UUID, Reservation] = {}
@@ -180,6 +222,14 @@ class InMemoryWarehouse(Warehouse):
             self.inbox[key] = "reserved" if reason is None else "rejected"
             if reason is None:
                 self._record("stock.reserved", command, lines=as_lines(placement.state.lines))
+                if self.handoff:
+                    self.add_request(
+                        RequestKind.FULFILMENT_ORDER,
+                        command.order_id,
+                        command.event_id,
+                        dict(placement.state.lines),
+                        command.traceparent,
+                    )
             else:
                 # A rejection as cancelled names every SKU the order asked for.
                 named = sorted(demand) if reason is RejectionReason.CANCELLED else skus
@@ -201,9 +251,31 @@ class InMemoryWarehouse(Warehouse):
             if key in self.inbox:
                 return CancelOutcome(CancelKind.DUPLICATE, command.order_id, command.event_id)
             existing = self.reservations.get(command.order_id)
-            cancellation = apply_cancelled(
-                None if existing is None else existing.state, command.cancelled()
+            state = None if existing is None else existing.state
+            fulfilment_order = self.fulfilment_order(command.order_id)
+            decided = (
+                cancel_with_handoff(
+                    state,
+                    command.cancelled(),
+                    None if fulfilment_order is None else fulfilment_order.status,
+                )
+                if self.handoff
+                else HandoffCancellation(apply_cancelled(state, command.cancelled()))
             )
+            cancellation = decided.cancellation
+            if fulfilment_order is not None:
+                if decided.withdrawn:
+                    fulfilment_order.status = RequestStatus.WITHDRAWN
+                elif decided.fulfilment_lines is not None:
+                    fulfilment_order.lines = dict(decided.fulfilment_lines)
+            if decided.ask:
+                self.add_request(
+                    RequestKind.CANCELLATION,
+                    command.order_id,
+                    command.event_id,
+                    None if decided.asked is None else dict(decided.asked),
+                    command.traceparent,
+                )
             for sku, units in cancellation.lines.items():
                 self.levels[sku] = released(self.levels[sku], units)
             self.reservations[command.order_id] = (
@@ -276,6 +348,39 @@ class InMemoryWarehouse(Warehouse):
 
     async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
         return {sku: self.levels[sku] for sku in skus if sku in self.levels}
+
+    def add_request(
+        self,
+        kind: RequestKind,
+        order_id: UUID,
+        causation_id: UUID,
+        lines: dict[str, int] | None,
+        traceparent: str | None,
+    ) -> StoredRequest:
+        """Record a pending request with a new idempotency key, as the SQL functions do."""
+        request = StoredRequest(
+            id=len(self.requests) + 1,
+            idempotency_key=uuid4(),
+            kind=kind,
+            order_id=order_id,
+            causation_id=causation_id,
+            lines=lines,
+            traceparent=traceparent,
+            created_at=datetime.now(UTC),
+        )
+        self.requests.append(request)
+        return request
+
+    def fulfilment_order(self, order_id: UUID) -> StoredRequest | None:
+        """The fulfilment-order request of ``order_id``, or None when it has none."""
+        return next(
+            (
+                request
+                for request in self.requests
+                if request.order_id == order_id and request.kind is RequestKind.FULFILMENT_ORDER
+            ),
+            None,
+        )
 
     def _record(
         self, routing_key: str, command: ReserveStock | CancelOrder | ShipOrder, **fields: Any

@@ -4,18 +4,52 @@ The shop's warehouse management system (or third-party logistics provider) picks
 ships. Every reservation becomes a *fulfilment order* there and every cancel of an order it
 already holds a *cancellation*, each sent over HTTP with an idempotency key minted when the
 request is recorded, in the transaction of the change that caused it (README, "The warehouse
-system"). This module holds the vocabulary that the store, the client and the dispatcher share;
-it is plain data, standard library and ``domain.model`` only.
+system"). This module holds the vocabulary that the store, the client and the dispatcher
+share, and the specification of what the hand-off changes in the lifecycle (product
+contract, "The warehouse system", "What it does to the lifecycle"), as pure functions of an
+order's state and its requests' statuses:
+
+=====================================  ==========================================================
+the order's fulfilment-order request   an ``OrderCancelled`` of the reserved order
+=====================================  ==========================================================
+none (reserved before the hand-off)    releases at once, as without the hand-off
+``pending`` (never sent)               releases at once; the request shrinks to what the order
+                                       still holds, ``withdrawn`` when it holds nothing
+``failed``                             releases at once (the warehouse holds no order)
+``sending``, ``accepted``, ``expired`` releases nothing: records a cancellation request
+                                       (``cancel_requested``); the order stays ``reserved``
+=====================================  ==========================================================
+
+``expired`` counts as sent: the warehouse may hold the order, and an operator may re-send it.
+A cancel that would release nothing (``ignored``) records nothing either. Then:
+
+- the warehouse accepts the cancellation: the cancel is applied to the order now, by the
+  lifecycle's table (:func:`cancellation_accepted`): released, and a ``stock.released`` event
+  caused by the cancel; an order shipped meanwhile releases nothing;
+- it refuses (``too_late``): nothing is released, the order stays ``reserved`` and will ship;
+  a ``stock.cancel_refused`` event says so;
+- the fulfilment order fails: its order's waiting cancellations are applied at once, in the
+  order they were recorded (:func:`fulfilment_order_failed`), and are ``withdrawn``.
+
+The in-memory warehouse of the tests runs these functions; ``cancel_orders()`` v3
+(``migrations/sql/cancel_orders/v3.sql``) implements them for a batch, and the property tests
+of ``tests/integration/test_postgres_lifecycle.py`` hold the two to the same answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from uuid import UUID
 
+from fulfilment.domain.lifecycle import (
+    CancelKind,
+    Cancellation,
+    OrderState,
+    apply_cancelled,
+)
 from fulfilment.domain.model import OrderLine
 
 
@@ -183,3 +217,95 @@ class RequestBacklog:
     open_count: int
     oldest_open_age_seconds: float | None
     by_kind_and_status: Mapping[tuple[RequestKind, RequestStatus], int]
+
+
+SENT_STATUSES = frozenset({RequestStatus.SENDING, RequestStatus.ACCEPTED, RequestStatus.EXPIRED})
+"""The statuses of a fulfilment order the warehouse may hold: a cancel of its order must ask."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffCancellation:
+    """What :func:`cancel_with_handoff` concluded.
+
+    ``cancellation`` is what happens to the order now (its ``kind`` is ``cancel_requested``
+    when the warehouse must be asked, and then nothing is released). ``fulfilment_lines`` is
+    the pending fulfilment order's lines after the cancel (units per SKU), None when it does
+    not change; ``withdrawn`` says that it is never to be sent. ``ask`` says whether a
+    cancellation request is recorded, and ``asked`` its lines (units per SKU the order holds,
+    at most those cancelled; None: the whole order).
+    """
+
+    cancellation: Cancellation
+    fulfilment_lines: Mapping[str, int] | None = None
+    withdrawn: bool = False
+    ask: bool = False
+    asked: Mapping[str, int] | None = None
+
+
+def cancel_with_handoff(
+    state: OrderState | None,
+    cancelled: Mapping[str, int] | None,
+    request: RequestStatus | None,
+) -> HandoffCancellation:
+    """Apply an ``OrderCancelled`` with the hand-off on (the table of this module).
+
+    Args:
+        state: the order's state, None without a row.
+        cancelled: units cancelled per SKU (``CancelOrder.cancelled()``), None: the whole order.
+        request: the status of the order's fulfilment-order request, None when it has none.
+
+    Returns:
+        The cancel of :func:`~fulfilment.domain.lifecycle.apply_cancelled`, unless the order is
+        reserved, the cancel would release something, and ``request`` is one of
+        :data:`SENT_STATUSES`: then ``cancel_requested`` with the order unchanged and a
+        cancellation to record. A ``pending`` request shrinks with a release, or is withdrawn.
+    """
+    cancellation = apply_cancelled(state, cancelled)
+    released = cancellation.kind in {CancelKind.RELEASED, CancelKind.PARTIALLY_RELEASED}
+    if not released or state is None:
+        return HandoffCancellation(cancellation)
+    if request in SENT_STATUSES:
+        waiting = Cancellation(CancelKind.CANCEL_REQUESTED, state)
+        asked = None if cancelled is None else dict(cancellation.lines)
+        return HandoffCancellation(waiting, ask=True, asked=asked)
+    if request is RequestStatus.PENDING:
+        if cancellation.kind is CancelKind.RELEASED:
+            return HandoffCancellation(cancellation, withdrawn=True)
+        return HandoffCancellation(cancellation, fulfilment_lines=dict(cancellation.state.lines))
+    return HandoffCancellation(cancellation)
+
+
+def cancellation_accepted(state: OrderState, asked: Mapping[str, int] | None) -> Cancellation:
+    """The cancel the warehouse accepted, applied to the order in ``state`` now.
+
+    ``asked`` is the cancellation's lines (None: the whole order). It is the lifecycle's
+    cancel (:func:`~fulfilment.domain.lifecycle.apply_cancelled`) on the order as it is when
+    the answer comes: a reserved order gives back what it still holds of ``asked``; a shipped
+    one releases nothing (``cancel_after_ship``); a released one nothing (``ignored``).
+    """
+    return apply_cancelled(state, asked)
+
+
+def cancellation_refused(state: OrderState) -> Cancellation:
+    """A cancellation the warehouse refused (``too_late``): nothing changes, nothing is released.
+
+    The order keeps its state (``reserved``: it will ship); the kind is ``ignored``.
+    """
+    return Cancellation(CancelKind.IGNORED, state)
+
+
+def fulfilment_order_failed(
+    state: OrderState, waiting: Sequence[Mapping[str, int] | None]
+) -> tuple[OrderState, list[Cancellation]]:
+    """Apply an order's ``waiting`` cancellations (in the order recorded) once its order failed.
+
+    The warehouse holds no order to cancel, so each is the lifecycle's cancel applied locally,
+    one after the other (None in ``waiting``: a cancel of the whole order). Returns the order's
+    state after all of them and each one's :class:`~fulfilment.domain.lifecycle.Cancellation`.
+    """
+    results: list[Cancellation] = []
+    for asked in waiting:
+        cancellation = apply_cancelled(state, asked)
+        results.append(cancellation)
+        state = cancellation.state
+    return state, results
