@@ -13,8 +13,10 @@ import json
 from typing import Any
 
 import asyncpg
+import sqlalchemy as sa
 
 from fakes import InMemoryWarehouse
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 
 RequestRow = tuple[str, Any, Any, tuple[tuple[str, int], ...] | None, str, str | None]
 
@@ -24,22 +26,24 @@ _REQUESTS = (
 )
 
 
+def _row(kind, order_id, causation_id, lines, status, traceparent) -> RequestRow:
+    if isinstance(lines, str):  # asyncpg hands jsonb over as text, SQLAlchemy decoded
+        lines = json.loads(lines)
+    pairs = None if lines is None else tuple((line["sku"], line["quantity"]) for line in lines)
+    return (kind, order_id, causation_id, pairs, status, traceparent)
+
+
 async def requests_in_database(connection: asyncpg.Connection | asyncpg.Pool) -> list[RequestRow]:
-    """The requests PostgreSQL holds, in ``id`` order."""
-    rows = await connection.fetch(_REQUESTS)
-    return [
-        (
-            row["kind"],
-            row["order_id"],
-            row["causation_id"],
-            None
-            if row["lines"] is None
-            else tuple((line["sku"], line["quantity"]) for line in json.loads(row["lines"])),
-            row["status"],
-            row["traceparent"],
-        )
-        for row in rows
-    ]
+    """The requests PostgreSQL holds, in ``id`` order (on an asyncpg connection or pool)."""
+    return [_row(*row) for row in await connection.fetch(_REQUESTS)]
+
+
+async def requests_of(warehouse: InMemoryWarehouse | PostgresWarehouse) -> list[RequestRow]:
+    """The requests ``warehouse`` recorded, in ``id`` order, from the fake or PostgreSQL."""
+    if isinstance(warehouse, InMemoryWarehouse):
+        return requests_in_fake(warehouse)
+    async with warehouse.engine.connect() as connection:
+        return [_row(*row) for row in await connection.execute(sa.text(_REQUESTS))]
 
 
 def requests_in_fake(fake: InMemoryWarehouse) -> list[RequestRow]:

@@ -37,21 +37,22 @@ import asyncio
 import json
 import uuid
 from collections import Counter
-from itertools import groupby
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Self
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import event as count_example
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from builders import CANCELLED_AT, PLACED_AT, SHIPPED_AT
 from fakes import InMemoryWarehouse
-from fulfilment.domain.handoff import RequestStatus
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.composition import database_options
+from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import (
     CancelOrder,
     OrderState,
@@ -229,7 +230,6 @@ class Database:
         assert len({row["event_id"] for row in rows}) == len(rows)
         return [(row["order_id"], row["routing_key"], json.loads(row["body"])) for row in rows]
 
-
     async def move_on(self, sent: Sent) -> None:
         """The dispatcher's step ``sent``, on the rows (its own store is tested on its own)."""
         await self.pool.execute(
@@ -383,7 +383,7 @@ def test_with_the_handoff_postgresql_gives_every_event_and_request_what_the_fake
     assert state == _fake_state(fake)
     assert requests == requests_in_fake(fake)
     for kind, *_, status, _ in requests:
-        event(f"{kind} {status}")
+        count_example(f"{kind} {status}")
 
 
 @PROPERTY
