@@ -528,7 +528,8 @@ async def _apply_cancels(
     Each that releases stock writes its ``stock.released`` event, caused by its cancel.
     """
     status = (await connection.execute(_LOCK_ORDER, {"order_id": order_id})).scalar_one()
-    held: dict[str, int] = dict(await connection.execute(_ORDER_LINES, {"order_id": order_id}))
+    rows = await connection.execute(_ORDER_LINES, {"order_id": order_id})
+    held = {str(sku): int(quantity) for sku, quantity in rows}
     state = OrderState(OrderStatus(status), held)
     asked = [_units(lines) for _, lines, _ in cancels]
     if one_by_one:
