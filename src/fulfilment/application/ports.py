@@ -70,8 +70,11 @@ class Warehouse(ABC):
         order gives back the cancelled units (``reserved`` goes down, its lines shrink) and is
         ``released`` when none remain; without a row, a ``cancelled`` tombstone remembers the
         cancel for the ``OrderPlaced`` to come; otherwise nothing changes (``ignored``,
-        ``cancel_after_ship``). The inbox row is written in the same transaction, so a second
-        call with the same ``event_id`` changes nothing and answers ``duplicate``.
+        ``cancel_after_ship``). With the hand-off to the warehouse system on, a cancel of an
+        order the warehouse may hold releases nothing yet and records a cancellation request
+        (``cancel_requested``), and one of an order never sent shrinks or withdraws its request
+        (``fulfilment.domain.handoff``). The inbox row is written in the same transaction, so a
+        second call with the same ``event_id`` changes nothing and answers ``duplicate``.
 
         Raises:
             TransientError: as for :meth:`reserve`.
