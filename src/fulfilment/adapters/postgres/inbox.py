@@ -19,7 +19,8 @@ Kept, whatever their age: a partial cancel (``partially_released``) of an order 
 before its order (``tombstoned``) while the order is a tombstone (``cancelled``) or reserved,
 which again would make the tombstone remember, or the reservation release, the lines twice;
 and a cancel waiting for the warehouse system's answer (``cancel_requested``) while its order
-is reserved, which again would record a second cancellation request. They go once their order reaches a final state.
+is reserved, which again would record a second cancellation request. They go once their
+order reaches a final state.
 
 Each deleted row is counted in ``inbox_pruned`` (per consumer and outcome) in the same
 transaction, so ``fulfilment report`` and the invariant check (``outcomes``) still count every
