@@ -28,6 +28,7 @@ from fulfilment.domain.handoff import (
     WarehouseRequest,
     cancel_with_handoff,
     cancellation_accepted,
+    cancellation_refused,
     fulfilment_order_failed,
 )
 from fulfilment.domain.lifecycle import (
@@ -507,6 +508,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
                 return
             if isinstance(answer, Refused) and stored.kind is RequestKind.CANCELLATION:
                 stored.status = RequestStatus.REFUSED
+                self._apply(stored, cancellation_refused(self._state(stored)))
                 self.warehouse.result_events.append(
                     RecordedEvent(
                         "stock.cancel_refused",
