@@ -9,6 +9,7 @@ from uuid import UUID, uuid4
 
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.result_events import (
+    STOCK_CANCEL_REFUSED_ROUTING_KEY,
     STOCK_REJECTED_ROUTING_KEY,
     STOCK_RELEASED_ROUTING_KEY,
     STOCK_RESERVED_ROUTING_KEY,
@@ -66,9 +67,14 @@ RESULT_EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
         **_COMMON,
         "lines": [{"sku": "71053", "quantity": 6}, {"sku": "85123A", "quantity": 10}],
     },
+    STOCK_CANCEL_REFUSED_ROUTING_KEY: {
+        **_COMMON,
+        "lines": [{"sku": "85123A", "quantity": 2}],
+        "warehouse_id": "WH-000123",
+    },
 }
-"""One body per routing key, as ``place_orders()``, ``cancel_orders()`` and ``ship_orders()``
-write them into the outbox."""
+"""One body per routing key, as ``place_orders()``, ``cancel_orders()``, ``ship_orders()`` and
+the dispatcher's store write them into the outbox."""
 
 
 def order(

@@ -167,6 +167,7 @@ def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
             ("tombstoned", ""): 0,
             ("ignored", ""): 0,
             ("cancel_after_ship", ""): 0,
+            ("cancel_requested", ""): 0,
             ("duplicate", "event"): 0,
             **policy,
         },

@@ -29,7 +29,13 @@ RESULT_EVENTS_EXCHANGE = "fulfilment.events"
 """Topic exchange (durable) the relay publishes the result events to; owned and declared by
 the service, bound to by the shop's other services (README, "Result events and the relay")."""
 
-RESULT_ROUTING_KEYS = ("stock.reserved", "stock.rejected", "stock.released", "stock.shipped")
+RESULT_ROUTING_KEYS = (
+    "stock.reserved",
+    "stock.rejected",
+    "stock.released",
+    "stock.shipped",
+    "stock.cancel_refused",
+)
 """The routing keys of the result events, also each message's AMQP ``type``."""
 
 ORDER_SHIPPED_ROUTING_KEY = "order.shipped"

@@ -60,7 +60,7 @@ _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
 
 _PLACE_ORDERS = sa.text(
     "SELECT ordinal, outcome, reason, skus FROM place_orders(:consumer, :event_ids, :order_ids,"
-    " :placed_at, :line_orders, :line_skus, :line_quantities, :traceparents)"
+    " :placed_at, :line_orders, :line_skus, :line_quantities, :traceparents, :handoff)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
     sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
@@ -70,18 +70,19 @@ _PLACE_ORDERS = sa.text(
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
     sa.bindparam("traceparents", type_=_TEXT_ARRAY),
+    sa.bindparam("handoff", type_=sa.Boolean),
 )
 """One statement, one round trip (``migrations/sql/place_orders/``), through the engine."""
 
 _PLACE_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7, $8)"
+    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 )
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
 
 _CANCEL_ORDERS = sa.text(
     "SELECT ordinal, outcome, status, skus, quantities FROM cancel_orders(:consumer,"
     " :event_ids, :order_ids, :cancelled_at, :whole, :line_orders, :line_skus, :line_quantities,"
-    " :traceparents)"
+    " :traceparents, :handoff)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
     sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
@@ -92,12 +93,13 @@ _CANCEL_ORDERS = sa.text(
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
     sa.bindparam("traceparents", type_=_TEXT_ARRAY),
+    sa.bindparam("handoff", type_=sa.Boolean),
 )
 """A batch of cancels in one statement (``migrations/sql/cancel_orders/``), through the engine."""
 
 _CANCEL_ORDERS_ON_POOL = (
     "SELECT ordinal, outcome, status, skus, quantities"
-    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 )
 
 _SHIP_ORDERS = sa.text(
@@ -169,6 +171,10 @@ class PostgresWarehouse(Warehouse):
             (``FULFILMENT_DATABASE_POOL_SIZE``).
         batch_max: most events one transaction applies
             (``FULFILMENT_RESERVATION_BATCH_MAX``); 1 commits every event on its own.
+        handoff: record the requests to the warehouse system (``warehouse_requests``) in the
+            transactions of the changes, and defer the cancels of orders it may hold
+            (``fulfilment.domain.handoff``): ``p_handoff`` of ``place_orders()`` and
+            ``cancel_orders()`` v3. False (the default): the lifecycle without the hand-off.
 
     Every method retries transient errors under the same policy and then raises
     :class:`~fulfilment.application.ports.TransientError`; other database errors propagate.
@@ -184,8 +190,10 @@ class PostgresWarehouse(Warehouse):
         pool: asyncpg.Pool | None = None,
         pool_size: int = DEFAULT_POOL_SIZE,
         batch_max: int = DEFAULT_BATCH_MAX,
+        handoff: bool = False,
     ) -> None:
         self._engine = engine
+        self._handoff = handoff
         self._pool = pool
         # A single autocommit statement: the place_orders function body is the transaction,
         # and no BEGIN/COMMIT round trips surround it.
@@ -245,7 +253,7 @@ class PostgresWarehouse(Warehouse):
         rows = await self._batch_rows(
             _PLACE_ORDERS_ON_POOL,
             _PLACE_ORDERS,
-            _arguments(self._consumer, commands),
+            _arguments(self._consumer, commands, handoff=self._handoff),
             operation="reserve",
             size=len(commands),
         )
@@ -262,7 +270,7 @@ class PostgresWarehouse(Warehouse):
         rows = await self._batch_rows(
             _CANCEL_ORDERS_ON_POOL,
             _CANCEL_ORDERS,
-            _cancel_arguments(self._consumer, commands),
+            _cancel_arguments(self._consumer, commands, handoff=self._handoff),
             operation="cancel",
             size=len(commands),
         )
@@ -437,24 +445,25 @@ class PostgresWarehouse(Warehouse):
 
 
 def reserve_orders_statement(
-    consumer: str, commands: Sequence[ReserveStock]
+    consumer: str, commands: Sequence[ReserveStock], *, handoff: bool = False
 ) -> tuple[sa.TextClause, dict[str, Any]]:
     """``place_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
 
     For a connection of the engine (``connection.execute(statement, arguments)``), in a
-    transaction of the caller's; every command must have at least one line.
+    transaction of the caller's; every command must have at least one line. ``handoff`` as
+    for :class:`PostgresWarehouse`.
     """
-    return _PLACE_ORDERS, _arguments(consumer, commands)
+    return _PLACE_ORDERS, _arguments(consumer, commands, handoff=handoff)
 
 
 def cancel_orders_statement(
-    consumer: str, commands: Sequence[CancelOrder]
+    consumer: str, commands: Sequence[CancelOrder], *, handoff: bool = False
 ) -> tuple[sa.TextClause, dict[str, Any]]:
     """``cancel_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
 
     As :func:`reserve_orders_statement`; a command that cancels lines must name at least one.
     """
-    return _CANCEL_ORDERS, _cancel_arguments(consumer, commands)
+    return _CANCEL_ORDERS, _cancel_arguments(consumer, commands, handoff=handoff)
 
 
 def ship_orders_statement(
@@ -467,7 +476,7 @@ def ship_orders_statement(
     return _SHIP_ORDERS, _ship_arguments(consumer, commands)
 
 
-def _arguments(consumer: str, commands: Sequence[ReserveStock]) -> dict[str, Any]:
+def _arguments(consumer: str, commands: Sequence[ReserveStock], *, handoff: bool) -> dict[str, Any]:
     """The arguments of ``place_orders()``, by name and in its order."""
     line_orders: list[int] = []
     line_skus: list[str] = []
@@ -487,10 +496,13 @@ def _arguments(consumer: str, commands: Sequence[ReserveStock]) -> dict[str, Any
         "line_skus": line_skus,
         "line_quantities": line_quantities,
         "traceparents": [command.traceparent for command in commands],
+        "handoff": handoff,
     }
 
 
-def _cancel_arguments(consumer: str, commands: Sequence[CancelOrder]) -> dict[str, Any]:
+def _cancel_arguments(
+    consumer: str, commands: Sequence[CancelOrder], *, handoff: bool
+) -> dict[str, Any]:
     """The arguments of ``cancel_orders()``, by name and in its order."""
     line_orders: list[int] = []
     line_skus: list[str] = []
@@ -510,6 +522,7 @@ def _cancel_arguments(consumer: str, commands: Sequence[CancelOrder]) -> dict[st
         "line_skus": line_skus,
         "line_quantities": line_quantities,
         "traceparents": [command.traceparent for command in commands],
+        "handoff": handoff,
     }
 
 
