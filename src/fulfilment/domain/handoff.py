@@ -5,15 +5,18 @@ ships. Every reservation becomes a *fulfilment order* there and every cancel of 
 already holds a *cancellation*, each sent over HTTP with an idempotency key minted when the
 request is recorded, in the transaction of the change that caused it (README, "The warehouse
 system"). This module holds the vocabulary that the store, the client and the dispatcher share;
-it is plain data, standard library only.
+it is plain data, standard library and ``domain.model`` only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from uuid import UUID
+
+from fulfilment.domain.model import OrderLine
 
 
 class RequestKind(StrEnum):
@@ -133,3 +136,50 @@ class CredentialsRefused:
 
 Answer = Accepted | Refused | Retry | RateLimited | Failed | CredentialsRefused
 """Every class of answer the warehouse's API can give a request."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One row of ``warehouse_requests`` as an operator sees it (``list``, ``show``).
+
+    ``lines`` is what the request asks, merged per SKU and sorted by SKU, or None for a
+    cancellation of the whole order. ``body`` is the exact bytes sent, None before the first
+    attempt. Times are timezone-aware; ``first_attempt_at``, ``last_attempt_at`` and
+    ``answered_at`` are None until they happen. ``last_status_code`` is None when no answer
+    came (timeout, connection error) or none yet; ``last_answer`` is the warehouse's body or
+    the error, kept for operators.
+    """
+
+    id: int
+    idempotency_key: UUID
+    kind: RequestKind
+    order_id: UUID
+    causation_id: UUID
+    status: RequestStatus
+    lines: tuple[OrderLine, ...] | None
+    body: bytes | None
+    attempts: int
+    created_at: datetime
+    next_attempt_at: datetime
+    first_attempt_at: datetime | None
+    last_attempt_at: datetime | None
+    answered_at: datetime | None
+    warehouse_id: str | None
+    last_status_code: int | None
+    last_answer: str | None
+    traceparent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBacklog:
+    """How far the hand-off is behind: what the dispatcher's gauges and the report show.
+
+    ``open_count`` counts requests in :data:`OPEN_STATUSES`; ``oldest_open_age_seconds`` is
+    the age (seconds, from ``created_at`` to the store's ``now()``) of the oldest of them, None
+    when none is open; ``by_kind_and_status`` counts every request by ``(kind, status)``, the
+    pairs without requests absent.
+    """
+
+    open_count: int
+    oldest_open_age_seconds: float | None
+    by_kind_and_status: Mapping[tuple[RequestKind, RequestStatus], int]
