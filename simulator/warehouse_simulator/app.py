@@ -62,6 +62,8 @@ class Faults:
             their answer, then stall for ``stall_seconds`` before answering (a client's timeout
             sees nothing; its retry is answered as a replay).
         stall_seconds: how long such a request stalls.
+        work_seconds: how long the work of a key's first request takes, while the key is in
+            flight (a request with the same key meanwhile is answered 409 ``in_flight``).
         rate_limit_per_second: most requests of the API answered per sliding second; the
             others get 429 with ``Retry-After``. None: no limit.
         retry_after_seconds: the ``Retry-After`` of a 429; until it ends every request is 429.
@@ -80,6 +82,7 @@ class Faults:
     latency_seconds: float = 0.0
     stall_after_commit_rate: float = 0.0
     stall_seconds: float = 30.0
+    work_seconds: float = 0.0
     rate_limit_per_second: float | None = None
     retry_after_seconds: float = 1.0
     retry_after_format: Literal["seconds", "http-date"] = "seconds"
@@ -126,6 +129,8 @@ class Order:
     idempotency_key: str
     created_at: float
     """``time.monotonic()`` at its creation."""
+    traceparent: str | None
+    """The W3C trace context the request carried, if any."""
     remaining: dict[str, int] = field(default_factory=dict)
 
 
@@ -263,7 +268,7 @@ class WarehouseSimulator:
             if stored.status is None:
                 return _reply(409, {"error": "in_flight"})
             return Reply(200 if stored.status == 201 else stored.status, stored.body)  # noqa: PLR2004 - a replay of a creation is 200
-        return await self._first(key, Stored(fingerprint), route, body)
+        return await self._first(key, Stored(fingerprint), route, body, headers)
 
     def _refusal(self, now: float, headers: dict[str, str]) -> Reply | None:
         """401/403 for the token, 429 above the rate, an injected 503; None: go on."""
@@ -279,14 +284,19 @@ class WarehouseSimulator:
             return _reply(503, {"error": "unavailable"})
         return None
 
-    async def _first(self, key: str, stored: Stored, route: str, body: bytes) -> Reply:
+    async def _first(
+        self, key: str, stored: Stored, route: str, body: bytes, headers: dict[str, str]
+    ) -> Reply:
         """Do the work of a key's first request, store its answer, and answer."""
         self._keys[key] = stored
         try:
-            # The work yields once, as a real warehouse's would, so that a second request
-            # with the same key can find it in flight.
-            await asyncio.sleep(0)
-            reply = self._create(key, body) if route == "" else self._cancel(key, route, body)
+            # The work yields at least once, as a real warehouse's would, so that a second
+            # request with the same key can find it in flight.
+            await asyncio.sleep(self.faults.work_seconds)
+            if route == "":
+                reply = self._create(key, body, headers.get("traceparent"))
+            else:
+                reply = self._cancel(key, route, body)
         except BaseException:
             del self._keys[key]
             raise
@@ -327,7 +337,7 @@ class WarehouseSimulator:
             value = f"{max(left, 0.001):.3f}".rstrip("0").rstrip(".")
         return _reply(429, {"error": "rate_limited"}, (b"retry-after", value.encode()))
 
-    def _create(self, key: str, body: bytes) -> Reply:
+    def _create(self, key: str, body: bytes, traceparent: str | None) -> Reply:
         document = _json(body)
         if document is None:
             return _reply(400, {"error": "malformed_json"})
@@ -348,7 +358,7 @@ class WarehouseSimulator:
         for line in lines:
             remaining[line["sku"]] += line["quantity"]
         self.orders[order_id] = Order(
-            order_id, reference, lines, key, time.monotonic(), dict(remaining)
+            order_id, reference, lines, key, time.monotonic(), traceparent, dict(remaining)
         )
         self._by_reference[reference] = order_id
         return _reply(201, {"id": order_id, "status": "received"})
