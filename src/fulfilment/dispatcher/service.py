@@ -114,7 +114,7 @@ def backoff_seconds(attempts: int) -> float:
     tenacity's ``wait_exponential_jitter`` (1 s, 2 s, 4 s ... up to 300 s, plus up to 1 s of
     jitter) computed for that attempt number, as a retry loop would wait.
     """
-    wait = wait_exponential_jitter(initial=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS)
+    wait = wait_exponential_jitter(multiplier=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS)
     state = RetryCallState(AsyncRetrying(), None, (), {})
     state.attempt_number = max(1, attempts)
     return wait(state)
@@ -123,7 +123,7 @@ def backoff_seconds(attempts: int) -> float:
 def probe_interval_seconds(failed_probes: int) -> float:
     """Seconds before the next probe after ``failed_probes`` failed ones (tenacity's wait)."""
     wait = wait_exponential_jitter(
-        initial=PROBE_INITIAL_SECONDS, max=PROBE_MAX_SECONDS, jitter=PROBE_INITIAL_SECONDS
+        multiplier=PROBE_INITIAL_SECONDS, max=PROBE_MAX_SECONDS, jitter=PROBE_INITIAL_SECONDS
     )
     state = RetryCallState(AsyncRetrying(), None, (), {})
     state.attempt_number = failed_probes + 1
