@@ -45,9 +45,9 @@ from fulfilment.composition import (
     require_current_schema,
     run_service,
 )
-from fulfilment.dispatcher.health import dispatcher_health_app
-from fulfilment.dispatcher.leadership import Leadership, Role
-from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt
+from fulfilment.dispatcher.health import DispatcherState, dispatcher_health_app
+from fulfilment.dispatcher.leadership import Leadership
+from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.settings import Settings
@@ -144,24 +144,12 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         poll_seconds=POLL_SECONDS,
     )
     stopping = asyncio.Event()
-    current: list[Dispatcher] = []
-
-    def readiness() -> dict[str, bool | str]:
-        halt = current[-1].halt if current and leadership.role is Role.ACTIVE else Halt.NONE
-        return {
-            "database": leadership.role is not Role.CONNECTING,
-            "role": str(leadership.role),
-            "halt": str(halt),
-        }
-
-    def ready() -> bool:
-        checks = readiness()
-        return bool(checks["database"]) and checks["halt"] != Halt.CREDENTIALS_REFUSED
+    state = DispatcherState(leadership)
 
     async def active(lost: asyncio.Event) -> None:
         # A new loop per turn on the lock: its gates start open, as another replica's did.
         dispatcher = Dispatcher(requests, client, dispatcher_options(settings), metrics)
-        current.append(dispatcher)
+        state.dispatcher = dispatcher
         metrics.active.set(1)
         running = asyncio.create_task(dispatcher.run())
         ending = [asyncio.create_task(lost.wait()), asyncio.create_task(stopping.wait())]
@@ -173,14 +161,16 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
                 task.cancel()
             await running
             metrics.active.set(0)
-            current.clear()
+            state.dispatcher = None
 
     async def standby() -> None:
         await Dispatcher(requests, client, dispatcher_options(settings), metrics).read_backlog()
 
     http = ProbeServer(
         uvicorn.Config(
-            dispatcher_health_app(readiness=readiness, ready=ready, registry=metrics.registry),
+            dispatcher_health_app(
+                readiness=state.readiness, ready=state.ready, registry=metrics.registry
+            ),
             host=settings.http_host,
             port=settings.dispatcher_port,
             lifespan="off",

@@ -269,3 +269,23 @@ async def test_requests_first_attempted_before_the_key_retention_expire(
         await http.aclose()
     assert metrics.registry.get_sample_value("fulfilment_warehouse_requests_expired_total") == 1
     assert row.request.kind is RequestKind.FULFILMENT_ORDER
+
+
+async def test_a_timeout_after_the_warehouse_committed_ends_as_a_replay_of_one_order(
+    server: SimulatorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "backoff_seconds", lambda _attempts: 0.2)
+    server.simulator.faults.update({"stall_after_commit_rate": 1.0, "stall_seconds": 3})
+    store = MemoryWarehouseRequests()
+    row = store.add_order([("85123A", 1)])
+
+    def first_timed_out() -> bool:
+        if row.answers and server.simulator.faults.stall_after_commit_rate:
+            server.simulator.faults.stall_after_commit_rate = 0.0
+        return row.status is RequestStatus.ACCEPTED
+
+    await run_until(store, server, first_timed_out, timeout=20, what="accepted")
+    assert row.request.attempts == 2
+    assert row.answers[0].status_code is None
+    assert row.answers[-1].status_code == 200
+    assert len(server.simulator.orders) == 1
