@@ -101,14 +101,14 @@ class Faults:
         names = {f.name for f in fields(self)}
         for name, value in changes.items():
             if name == "down_for_seconds":
-                self.down_until = time.monotonic() + float(value)
+                self.down_until = time.monotonic() + _checked("down_until", value)
             elif name == "refused_skus":
                 self.refused_skus = frozenset(str(sku) for sku in value)
             elif name not in names:
                 msg = f"no knob {name!r}; knobs: {', '.join(sorted(names))}, down_for_seconds"
                 raise ValueError(msg)
             else:
-                setattr(self, name, value)
+                setattr(self, name, _checked(name, value))
 
     def document(self) -> dict[str, Any]:
         """The knobs as JSON (``down_for_seconds``: what is left of the outage)."""
@@ -117,6 +117,40 @@ class Faults:
         document["down_for_seconds"] = max(0.0, self.down_until - time.monotonic())
         del document["down_until"]
         return document
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "retry_after_format": ("seconds", "http-date"),
+    "down_mode": ("503", "refuse"),
+}
+"""The knobs that take one of a few words."""
+
+OPTIONAL_NUMBERS = frozenset({"rate_limit_per_second", "pick_delay_seconds"})
+"""The knobs that take a number or null (off)."""
+
+
+def _checked(name: str, value: Any) -> Any:  # noqa: ANN401 - a knob's value, checked here
+    """``value`` if knob ``name`` can take it.
+
+    Raises:
+        ValueError: a value of the wrong kind, or a negative number.
+    """
+    if name in CHOICES:
+        if value not in CHOICES[name]:
+            msg = f"{name} must be one of {', '.join(CHOICES[name])}"
+            raise ValueError(msg)
+        return value
+    if name == "token":
+        if not isinstance(value, str):
+            msg = "token must be a string"
+            raise ValueError(msg)
+        return value
+    if value is None and name in OPTIONAL_NUMBERS:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        msg = f"{name} must be a number >= 0" + (" or null" if name in OPTIONAL_NUMBERS else "")
+        raise ValueError(msg)
+    return float(value)
 
 
 @dataclass

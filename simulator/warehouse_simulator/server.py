@@ -76,7 +76,9 @@ class SimulatorServer:
         """Stop serving (requests in flight get :data:`SHUTDOWN_SECONDS`)."""
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
-            await self._serving
+            # wait(), not await: a stop cancelled half-way (an outage's restart, cancelled by
+            # close()) must not cancel the server's task, which close() then waits for.
+            await asyncio.wait([self._serving])
         self._server = self._serving = None
 
     async def close(self) -> None:

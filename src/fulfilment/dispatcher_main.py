@@ -87,10 +87,11 @@ def dispatcher_options(settings: Settings) -> DispatcherOptions:
     )
 
 
-def postgres_requests(engine: AsyncEngine) -> WarehouseRequests:
+def postgres_requests(engine: AsyncEngine, *, retry_budget_seconds: float) -> WarehouseRequests:
     """The PostgreSQL store of the warehouse requests on ``engine``."""
     module = importlib.import_module("fulfilment.adapters.postgres.warehouse_requests")
-    return cast("WarehouseRequests", module.PostgresWarehouseRequests(engine))
+    store = module.PostgresWarehouseRequests(engine, retry_budget_seconds=retry_budget_seconds)
+    return cast("WarehouseRequests", store)
 
 
 async def run_dispatcher(settings: Settings) -> int:
@@ -136,7 +137,7 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         return refused.exit_code
     metrics = DispatcherMetrics(version=__version__)
     engine = create_engine(database_options(settings))
-    requests = postgres_requests(engine)
+    requests = postgres_requests(engine, retry_budget_seconds=settings.retry_budget_seconds)
     client = WarehouseClient(http_client, timeout_seconds=settings.warehouse_timeout_seconds)
     leadership = Leadership(
         database_url=asyncpg_dsn(settings.database_url.get_secret_value()),
