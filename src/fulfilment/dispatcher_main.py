@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import logging
 import signal
 import ssl
 import sys
@@ -106,6 +107,8 @@ async def run_dispatcher(settings: Settings) -> int:
     be recorded, and closes the lock's session (a standby takes over), the client's pool and
     the HTTP server.
     """
+    # httpx logs each request at INFO; the dispatcher's own dispatcher.answer line says more.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if settings.warehouse_url is None:
         sys.stderr.write(
             "fulfilment: invalid settings: FULFILMENT_WAREHOUSE_URL is not set: without the"
