@@ -48,7 +48,7 @@ from fulfilment.composition import (
 )
 from fulfilment.dispatcher.health import DispatcherState, dispatcher_health_app
 from fulfilment.dispatcher.leadership import Leadership
-from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions
+from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, read_backlog
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.settings import Settings
@@ -60,8 +60,7 @@ POLL_SECONDS = 1.0
 the lock and reads the backlog."""
 
 EXPIRE_INTERVAL_SECONDS = 60.0
-"""How often the active dispatcher expires requests past their key's retention and reads the
-backlog for its gauges."""
+"""How often the active dispatcher expires requests past their key's retention."""
 
 
 def client_options(settings: Settings) -> WarehouseClientOptions:
@@ -168,7 +167,7 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
             state.dispatcher = None
 
     async def standby() -> None:
-        await Dispatcher(requests, client, dispatcher_options(settings), metrics).read_backlog()
+        await read_backlog(requests, metrics)
 
     http = ProbeServer(
         uvicorn.Config(

@@ -88,7 +88,7 @@ class DispatcherOptions:
         poll_seconds: how long the loop waits when nothing is due before it looks again.
         key_retention_seconds: how long the warehouse keeps a key; older unanswered requests
             are expired every ``expire_interval_seconds``.
-        expire_interval_seconds: how often the loop expires requests and reads the backlog.
+        expire_interval_seconds: how often the loop expires requests.
     """
 
     rate_per_second: float
@@ -106,6 +106,24 @@ class DispatcherOptions:
         ``timeout_seconds`` for its answer; :data:`LEASE_MARGIN_SECONDS` covers the record.
         """
         return self.concurrency / self.rate_per_second + self.timeout_seconds + LEASE_MARGIN_SECONDS
+
+
+BACKLOG_INTERVAL_SECONDS = 15.0
+"""How often the active dispatcher counts the open requests for its gauges (the scrape
+interval): the count reads the table, so not at every claim."""
+
+
+async def read_backlog(requests: WarehouseRequests, metrics: DispatcherMetrics) -> None:
+    """Set the backlog gauges from the store.
+
+    A standby does it too, so that the alerts on them hold when no dispatcher sends.
+
+    Raises:
+        TransientError: the store failed.
+    """
+    backlog = await requests.backlog()
+    metrics.open_requests.set(backlog.open_count)
+    metrics.oldest_open_age.set(backlog.oldest_open_age_seconds or 0.0)
 
 
 def backoff_seconds(attempts: int) -> float:
@@ -165,6 +183,7 @@ class Dispatcher:
         self._failed_probes = 0
         self._probe_at = 0.0
         self._expired_at = float("-inf")
+        self._backlog_read_at = float("-inf")
         self.halt = Halt.NONE
 
     def stop(self) -> None:
@@ -324,21 +343,18 @@ class Dispatcher:
         self._metrics.credentials_refused.set(0)
 
     async def _housekeeping(self) -> None:
-        """Expire requests past the key retention and read the backlog, every interval."""
-        if self._clock() - self._expired_at < self._options.expire_interval_seconds:
+        """Read the backlog every :data:`BACKLOG_INTERVAL_SECONDS`; expire every interval."""
+        now = self._clock()
+        if now - self._backlog_read_at >= BACKLOG_INTERVAL_SECONDS:
+            self._backlog_read_at = now
+            await read_backlog(self._requests, self._metrics)
+        if now - self._expired_at < self._options.expire_interval_seconds:
             return
-        self._expired_at = self._clock()
+        self._expired_at = now
         expired = await self._requests.expire(self._options.key_retention_seconds)
         if expired:
             self._metrics.expired.inc(expired)
             logger.warning("dispatcher.requests_expired", count=expired)
-        await self.read_backlog()
-
-    async def read_backlog(self) -> None:
-        """Set the backlog gauges from the store (also done by a standby)."""
-        backlog = await self._requests.backlog()
-        self._metrics.open_requests.set(backlog.open_count)
-        self._metrics.oldest_open_age.set(backlog.oldest_open_age_seconds or 0.0)
 
     async def _wait(self, seconds: float) -> None:
         """Wait ``seconds``, or less when a request finished or the loop is stopped."""
