@@ -14,7 +14,7 @@ import pytest
 
 from fulfilment.dispatcher import service
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt
-from fulfilment.domain.handoff import Failed, RequestKind, RequestStatus
+from fulfilment.domain.handoff import Failed, RequestKind, RequestStatus, Retry
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from memory_requests import MemoryWarehouseRequests
 from simulated_warehouse import TOKEN, a_client
@@ -289,3 +289,31 @@ async def test_a_timeout_after_the_warehouse_committed_ends_as_a_replay_of_one_o
     assert row.answers[0].status_code is None
     assert row.answers[-1].status_code == 200
     assert len(server.simulator.orders) == 1
+
+
+async def test_a_retry_after_longer_than_the_timeout_hands_the_waiting_requests_back_unsent(
+    server: SimulatorServer,
+) -> None:
+    server.simulator.faults.update({"rate_limit_per_second": 2, "retry_after_seconds": 4})
+    store = MemoryWarehouseRequests()
+    for n in range(8):
+        store.add_order([("85123A", n + 1)])
+
+    def handed_back() -> bool:
+        return any(
+            isinstance(answer, Retry) and answer.answer == "not sent: Retry-After"
+            for row in store.rows
+            for answer in row.answers
+        )
+
+    await run_until(store, server, handed_back, timeout=10, what="a request handed back", rate=20)
+    assert server.simulator.statuses[429] >= 1
+    assert server.simulator.early_requests == 0
+    back = next(
+        (row, retry_in)
+        for row in store.rows
+        for answer, retry_in in zip(row.answers, row.retry_ins, strict=True)
+        if isinstance(answer, Retry) and answer.status_code is None
+    )
+    assert back[1] is not None
+    assert back[1] > 2.0  # due when the gate opens, not at the next claim

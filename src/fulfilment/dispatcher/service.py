@@ -100,12 +100,18 @@ class DispatcherOptions:
 
     @property
     def lease_seconds(self) -> float:
-        """Seconds a claimed request is kept from other claims: its wait at the caps, its send.
+        """Seconds a claimed request is kept from other claims: its waits at the gates, its send.
 
-        A whole claim waits at most ``concurrency / rate_per_second`` for the rate cap, then
-        ``timeout_seconds`` for its answer; :data:`LEASE_MARGIN_SECONDS` covers the record.
+        A claimed request may wait up to ``timeout_seconds`` for a ``Retry-After`` gate (a
+        longer one hands it back), then up to ``concurrency / rate_per_second`` for the rate
+        cap, then ``timeout_seconds`` for its answer; :data:`LEASE_MARGIN_SECONDS` covers the
+        record.
         """
-        return self.concurrency / self.rate_per_second + self.timeout_seconds + LEASE_MARGIN_SECONDS
+        return (
+            self.concurrency / self.rate_per_second
+            + 2 * self.timeout_seconds
+            + LEASE_MARGIN_SECONDS
+        )
 
 
 BACKLOG_INTERVAL_SECONDS = 15.0
@@ -273,15 +279,17 @@ class Dispatcher:
 
         Returns None when the request may be sent now, else a ``Retry`` to record unsent and
         the seconds until it is due again (a 429, the circuit or the credentials closed the
-        way while it waited).
+        way while it waited). The gates' waits together stay within ``timeout_seconds``, so
+        that the request's lease (:attr:`DispatcherOptions.lease_seconds`) outlasts them.
         """
+        gates_end = self._clock() + self._options.timeout_seconds
         while True:
             if self.halt is not Halt.NONE:
                 return Retry(answer=f"not sent: {self.halt}"), max(
                     0.0, self._probe_at - self._clock()
                 )
             gate = self._gate_until - self._clock()
-            if gate > self._options.timeout_seconds:
+            if gate > 0 and self._gate_until > gates_end:
                 return Retry(answer="not sent: Retry-After"), gate
             if gate > 0:
                 await asyncio.sleep(gate)
