@@ -8,7 +8,9 @@ DATA ?= data/sample/online-retail
 RESET ?=
 CONFIRM_RESET ?=
 
-.PHONY: help asyncapi docs demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
+WAREHOUSE_PORT ?= 8090
+
+.PHONY: help warehouse-simulator asyncapi docs demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -25,6 +27,9 @@ asyncapi: install ## Write docs/asyncapi.json, the messaging contract (consumed 
 
 docs: install ## Write the references generated from the code: docs/configuration.md's table and .env.example (the Settings docstrings), docs/cli.md's (the typer app)
 	$(UV) run python scripts/render-docs
+
+warehouse-simulator: install ## Serve the simulated warehouse system on WAREHOUSE_PORT (8090) until Ctrl-C; prints its FULFILMENT_WAREHOUSE_URL and token
+	PYTHONPATH=simulator $(UV) run python -m warehouse_simulator --port $(WAREHOUSE_PORT)
 
 services: ## Start RabbitMQ and PostgreSQL if they are down (local install or docker compose)
 	@scripts/ensure-services
@@ -77,8 +82,8 @@ test-fast: install ## Unit tests that need no service (in-memory fake, no databa
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
 
 lint: install check-deploy check-asyncapi ## ruff lint and format check, import layers, deployment files, the AsyncAPI document
-	$(UV) run ruff check src tests bench
-	$(UV) run ruff format --check src tests bench
+	$(UV) run ruff check src tests bench simulator
+	$(UV) run ruff format --check src tests bench simulator
 	$(UV) run ruff check scripts/render-docs
 	$(UV) run ruff format --check scripts/render-docs
 	$(UV) run lint-imports
@@ -109,8 +114,8 @@ typecheck: install ## mypy --strict
 	$(UV) run mypy
 
 format: install ## Format and fix what ruff can
-	$(UV) run ruff format src tests bench
-	$(UV) run ruff check --fix src tests bench
+	$(UV) run ruff format src tests bench simulator
+	$(UV) run ruff check --fix src tests bench simulator
 
 N ?= 20000
 PREFETCH ?=

@@ -221,6 +221,18 @@ def relay() -> None:
     main()
 
 
+@app.command(cls=Command)
+def dispatcher() -> None:
+    """Send the recorded requests to the warehouse system until SIGTERM or SIGINT.
+
+    Needs ``FULFILMENT_WAREHOUSE_URL`` (else exit 2). One replica at a time sends (it holds a
+    PostgreSQL advisory lock); the others stand by.
+    """
+    from fulfilment.dispatcher_main import main  # noqa: PLC0415 - keeps the other commands' start fast
+
+    main()
+
+
 @outbox_app.command("prune", cls=Command)
 def outbox_prune() -> None:
     """Delete published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS``.

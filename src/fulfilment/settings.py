@@ -296,6 +296,44 @@ class Settings(BaseSettings):
     """Port of the relay's ``/health/live``, ``/health/ready`` and ``/metrics`` (on
     ``FULFILMENT_HTTP_HOST``)."""
 
+    # The hand-off to the warehouse system and the dispatcher that sends it (README, "The
+    # warehouse system").
+
+    warehouse_url: str | None = None
+    """Base of the warehouse system's API, e.g. ``https://wms.example/api/v1`` (``http://`` or
+    ``https://``). Unset: no hand-off; the service behaves as without a warehouse system and
+    ``fulfilment dispatcher`` refuses to start."""
+
+    warehouse_token: SecretStr = SecretStr("")
+    """The API's secret, sent as ``Authorization: Bearer <token>``; empty: no
+    ``Authorization`` header."""
+
+    warehouse_ca_file: str | None = None
+    """A PEM CA bundle the warehouse system's certificate is checked against (an ``https://``
+    URL only); unset: the system's CAs. Read when the dispatcher starts."""
+
+    warehouse_timeout_seconds: Seconds = 10.0
+    """One request's timeout, for each of connect, write, read and the wait for a pooled
+    connection, and for the request as a whole. A request that times out is sent again later
+    under the same key (the warehouse may have committed it)."""
+
+    warehouse_rate_per_second: Seconds = 2.5
+    """Most requests per second to the warehouse system (2.5: 150 a minute, what real 3PL APIs
+    allow per account). Held for every request, retries and probes included, and never
+    exceeded within a second (requests go at least ``1 / rate`` seconds apart)."""
+
+    warehouse_concurrency: int = Field(default=4, ge=1, le=256)
+    """Most requests in flight at once, and the most connections of the dispatcher's pool."""
+
+    warehouse_key_retention_seconds: Seconds = 24 * 3600.0
+    """How long the warehouse system keeps an idempotency key (24 h, as Stripe). A request
+    still unanswered this long after its first attempt is ``expired``: a retry after it could
+    create a second order, so it waits for an operator (``resend``)."""
+
+    dispatcher_port: int = Field(default=8082, ge=1, le=65535)
+    """Port of the dispatcher's ``/health/live``, ``/health/ready`` and ``/metrics`` (on
+    ``FULFILMENT_HTTP_HOST``)."""
+
     outbox_retention_seconds: Seconds = 7 * 24 * 3600.0
     """How long a published outbox row is kept (7 days) before ``fulfilment outbox prune``
     deletes it: the window in which an event can be looked up by its ``event_id``."""
@@ -354,6 +392,25 @@ class Settings(BaseSettings):
                 return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
         msg = "must start with postgresql:// or postgresql+asyncpg://"
         raise ValueError(msg)
+
+    @field_validator("warehouse_url")
+    @classmethod
+    def _warehouse_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urllib.parse.urlsplit(value)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            msg = "must be an http:// or https:// URL with a host, e.g. https://wms.example/api/v1"
+            raise ValueError(msg)
+        if parts.query or parts.fragment:
+            msg = "is the API's base: no ?query or #fragment"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("warehouse_ca_file")
+    @classmethod
+    def _warehouse_ca_file(cls, value: str | None) -> str | None:
+        return value or None
 
     @field_validator("database_runtime_role")
     @classmethod
@@ -425,9 +482,16 @@ class Settings(BaseSettings):
                 # Processed ids outlive every way a message can come back (README, "Retention").
                 ("dead_letter_ttl_seconds", "processed_id_retention_seconds"),
                 ("outbox_retention_seconds", "processed_id_retention_seconds"),
+                # A request must be able to time out many times within its key's retention.
+                ("warehouse_timeout_seconds", "warehouse_key_retention_seconds"),
             ]
             if getattr(self, inner) >= getattr(self, outer)
         ]
+        if self.warehouse_ca_file and not (self.warehouse_url or "").startswith("https://"):
+            problems.append(
+                f"{env_name('warehouse_ca_file')} is set but {env_name('warehouse_url')} is not"
+                " an https:// URL: the CA file would check nothing"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
