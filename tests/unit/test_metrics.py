@@ -70,10 +70,7 @@ def test_every_metric_of_the_dashboard_and_the_alerts_is_exported(worker_registr
     relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
     dispatcher = DispatcherMetrics().registry
     missing = (
-        used
-        - exported_names(worker_registry)
-        - exported_names(relay)
-        - exported_names(dispatcher)
+        used - exported_names(worker_registry) - exported_names(relay) - exported_names(dispatcher)
     )
     assert missing == set()
 
