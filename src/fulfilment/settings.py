@@ -32,7 +32,6 @@ from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfig
 
 from fulfilment.adapters.postgres.errors import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
-from fulfilment.worker.fault_injection import parse_fault_plan
 
 ENV_PREFIX = "FULFILMENT_"
 
@@ -320,11 +319,6 @@ class Settings(BaseSettings):
     """Replays after which ``fulfilment dlq replay`` refuses a dead letter without ``--force``
     (counted by its ``x-fulfilment-replay-count`` header and by the audit table)."""
 
-    fault_injection: str = ""
-    """Crash injection of the fault suite (``worker.fault_injection``), e.g.
-    ``before_transaction:0.01,after_commit:0.01,poison_sku:POISON``. Empty, and so off, in
-    production."""
-
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Threshold of the service's logs."""
 
@@ -385,12 +379,6 @@ class Settings(BaseSettings):
                 f"one of {value - 1}"
             )
             raise ValueError(msg)
-        return value
-
-    @field_validator("fault_injection")
-    @classmethod
-    def _fault_plan(cls, value: str) -> str:
-        parse_fault_plan(value)
         return value
 
     @model_validator(mode="before")

@@ -53,7 +53,7 @@ async def test_crashes_at_each_point_of_the_handler_lose_nothing_and_apply_nothi
     # unlucky several times from being taken for poison (that is the next scenario's subject).
     cluster.start(
         1,
-        FULFILMENT_FAULT_INJECTION=plan,
+        FULFILMENT_TEST_CRASH_PLAN=plan,
         FULFILMENT_DELIVERY_LIMIT="20",
         FULFILMENT_PREFETCH_COUNT="16",
     )
@@ -121,7 +121,7 @@ async def test_a_message_that_crashes_every_worker_is_dead_lettered_and_its_neig
     await publish(broker, orders)
     cluster.start(
         1,
-        FULFILMENT_FAULT_INJECTION="poison_sku:POISON",
+        FULFILMENT_TEST_CRASH_PLAN="poison_sku:POISON",
         FULFILMENT_DELIVERY_LIMIT=str(limit),
         FULFILMENT_PREFETCH_COUNT=prefetch,
     )

@@ -8,7 +8,7 @@ their orders so that some overtake them (the queues are not ordered with each ot
 order is both cancelled and shipped: a cancel and a shipment of the same order do not commute
 (``fulfilment.domain.lifecycle``), the rest of the table does.
 
-While the workers crash (``FULFILMENT_FAULT_INJECTION``, every crash point, every kind of
+While the workers crash (``FULFILMENT_TEST_CRASH_PLAN``, every crash point, every kind of
 event) and are stopped with SIGTERM and started again, the scenario waits until every event
 is settled; a shipment that overtook its order is dead-lettered ``order_not_reserved``, and the
 scenario replays it once the orders are placed, as an operator would (``fulfilment dlq
@@ -304,7 +304,7 @@ async def run_plan(
     await publish_plan_events(broker, plan.early)
     cluster.start(
         WORKERS,
-        FULFILMENT_FAULT_INJECTION=CRASHES,
+        FULFILMENT_TEST_CRASH_PLAN=CRASHES,
         FULFILMENT_DELIVERY_LIMIT=DELIVERY_LIMIT,
         FULFILMENT_PREFETCH_COUNT="16",
     )

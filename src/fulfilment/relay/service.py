@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -44,7 +44,6 @@ from fulfilment.adapters.postgres.outbox import (
 )
 from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
-from fulfilment.worker.fault_injection import CrashPoint, FaultPlan, crash
 
 logger = structlog.get_logger("fulfilment.relay")
 
@@ -129,7 +128,6 @@ class RelayOptions:
         publish_timeout_seconds: time a batch may wait for its confirms before the broker
             connection is taken for lost.
         app_id: the messages' ``app_id`` (``fulfilment-<version>``).
-        faults: crash points of the fault suite (``worker.fault_injection``).
     """
 
     amqp_url: str = field(repr=False)
@@ -140,15 +138,32 @@ class RelayOptions:
     connect_timeout_seconds: float
     publish_timeout_seconds: float
     app_id: str
-    faults: FaultPlan = field(default_factory=FaultPlan)
+
+
+class RelayHooks:
+    """Points of a batch where a subclass may act; the relay's own hooks do nothing.
+
+    The fault suite's subclass kills the process at them (``tests/faults/crash_plan.py``), so
+    that the relay's code carries no crash injection.
+    """
+
+    def before_publish(self, batch: Sequence[OutboxRow]) -> None:
+        """Called with a batch read from the outbox, before any of it is published."""
+
+    def after_publish(self, batch: Sequence[OutboxRow]) -> None:
+        """Called once the batch's publishes are done (confirmed or failed), before the marks."""
 
 
 class Relay:
     """One relay process's loop; :meth:`run` until :meth:`stop`."""
 
-    def __init__(self, options: RelayOptions, metrics: RelayMetrics) -> None:
+    def __init__(
+        self, options: RelayOptions, metrics: RelayMetrics, hooks: RelayHooks | None = None
+    ) -> None:
+        """A relay that does nothing until :meth:`run`; ``hooks`` default to doing nothing."""
         self._options = options
         self._metrics = metrics
+        self._hooks = hooks or RelayHooks()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._database: asyncpg.Connection | None = None
@@ -309,9 +324,7 @@ class Relay:
                 all come within ``publish_timeout_seconds``; the confirmed rows are marked
                 first, the others are published again after the reconnect.
         """
-        faults = self._options.faults
-        if faults.crashes_at(CrashPoint.BEFORE_PUBLISH):
-            crash(CrashPoint.BEFORE_PUBLISH, batch[0].event_id)
+        self._hooks.before_publish(batch)
         # A task per row: basic_publish returns only once its confirm came. wait=False: a
         # publish does not wait for the writer to send it (the confirm says it was), so the
         # whole batch is queued in one turn of the event loop (BrokerConnection).
@@ -354,8 +367,7 @@ class Relay:
                 )
             else:
                 lost = error
-        if faults.crashes_at(CrashPoint.AFTER_PUBLISH):
-            crash(CrashPoint.AFTER_PUBLISH, batch[0].event_id)
+        self._hooks.after_publish(batch)
         if confirmed:
             self._metrics.record_published(await mark_published(database, confirmed))
         if lost is not None:
