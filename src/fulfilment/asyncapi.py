@@ -43,6 +43,7 @@ from fulfilment.contracts.topology import (
     SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
+from fulfilment.exit_codes import ExitCode
 
 CONTRACT_VERSION = "1.0.0"
 """The document's ``info.version``: the version of the messaging contract, not of the package
@@ -162,7 +163,7 @@ def asyncapi_document() -> str:
     return json.dumps(specification.to_jsonable(), indent=2, sort_keys=True) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> ExitCode:
     """``python -m fulfilment.asyncapi FILE``: write :func:`asyncapi_document` to FILE.
 
     Returns the exit status: 0, or 2 with a one-line usage when FILE is not the one argument.
@@ -170,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if len(arguments) != 1:
         sys.stderr.write("usage: python -m fulfilment.asyncapi FILE\n")
-        return 2
+        return ExitCode.BAD_INPUT
     Path(arguments[0]).write_text(asyncapi_document(), encoding="utf-8")
-    return 0
+    return ExitCode.OK
 
 
 def _takes(model: type[BaseModel]) -> Callable[[BaseModel], Awaitable[None]]:

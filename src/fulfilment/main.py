@@ -41,6 +41,7 @@ from fulfilment.composition import (
 )
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureClass
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
 from fulfilment.settings import Settings
@@ -287,7 +288,7 @@ async def run_worker(
     settings: Settings,
     *,
     wrap_warehouse: Callable[[PostgresWarehouse], Warehouse] | None = None,
-) -> int:
+) -> ExitCode:
     """Run the worker until SIGTERM or SIGINT; return the process exit code.
 
     ``wrap_warehouse``, when given, wraps the PostgreSQL warehouse the handlers use (the fault
@@ -391,13 +392,13 @@ async def run_worker(
         return refused.exit_code
     except Exception as error:
         logger.exception("worker.start_failed", reason=f"{type(error).__name__}: {error}")
-        return 1
+        return ExitCode.FAILED
     finally:
         http.should_exit = True
         await serving
         pool.terminate()
         await engine.dispose()
-    return 1 if worker.watchdog.gave_up else 0
+    return ExitCode.FAILED if worker.watchdog.gave_up else ExitCode.OK
 
 
 async def ping_database(engine: AsyncEngine) -> None:

@@ -26,6 +26,7 @@ from fulfilment.composition import (
     run_service,
 )
 from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.health import relay_health_app
@@ -55,7 +56,7 @@ def relay_options(settings: Settings) -> RelayOptions:
     )
 
 
-async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> int:
+async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> ExitCode:
     """Run the relay and its HTTP server until SIGTERM or SIGINT; return the exit code.
 
     ``hooks`` act at the points of each batch (:class:`RelayHooks`; none by default: the
@@ -122,7 +123,7 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> i
     finally:
         http.should_exit = True
         await serving
-    return 0
+    return ExitCode.OK
 
 
 async def wait_for_start(settings: Settings, stopping: asyncio.Event) -> None:

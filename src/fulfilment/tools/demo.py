@@ -87,9 +87,9 @@ from fulfilment.contracts.topology import (
     RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import REQUEUED
 from fulfilment.tools.command import (
-    EXIT_BAD_INPUT,
     CommandError,
     Echo,
     ToolOptions,
@@ -158,7 +158,7 @@ class ResetRefusedError(CommandError):
     """``--reset`` would empty a database that is not the demo's (exit 2, nothing changed)."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason, EXIT_BAD_INPUT)
+        super().__init__(reason, ExitCode.BAD_INPUT)
 
 
 def reset_refusal(database: DemoDatabase, confirmed: str | None) -> str | None:

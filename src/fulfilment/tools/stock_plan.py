@@ -42,7 +42,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from fulfilment.domain.model import OrderLine, aggregate_demand
-from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo, read_order_files
+from fulfilment.exit_codes import ExitCode
+from fulfilment.tools.command import CommandError, Echo, read_order_files
 from fulfilment.tools.online_retail import (
     OnlineRetailError,
     RetailOrder,
@@ -143,7 +144,7 @@ def plan_command(data: Sequence[Path], out: Path, *, echo: Echo) -> None:
         write_stock_csv(levels, out)
     except OSError as error:
         msg = f"{out}: cannot write: {error.strerror or error}"
-        raise CommandError(msg, EXIT_BAD_INPUT) from error
+        raise CommandError(msg, ExitCode.BAD_INPUT) from error
     echo(f"planned {len(levels)} stock levels for {len(orders)} orders into {out}")
 
 
