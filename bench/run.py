@@ -67,12 +67,12 @@ from measure import CpuSampler, peak_rss_bytes
 from workload import Order, Workload, load_workload, publish_backlog, publish_steadily
 
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
+    EVENTS_EXCHANGE,
     ORDER_PLACED,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
-    RESULT_EVENTS_EXCHANGE,
 )
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import Topology, declare_topology
@@ -182,7 +182,7 @@ async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
         events = await channel.declare_queue(
             EVENTS_QUEUE, durable=True, arguments={"x-queue-type": "quorum"}
         )
-        await events.bind(RESULT_EVENTS_EXCHANGE, routing_key="#")
+        await events.bind(EVENTS_EXCHANGE, routing_key="#")
     finally:
         await connection.close()
 
@@ -384,7 +384,7 @@ def _route(kind: str) -> str:
 
 
 def _queue(kind: str) -> str:
-    return MAIN_QUEUE if kind == "worker" else REFERENCE_QUEUE
+    return ORDER_PLACED_QUEUE if kind == "worker" else REFERENCE_QUEUE
 
 
 # --- measurements ---------------------------------------------------------------------------
@@ -625,7 +625,10 @@ async def outcomes(services: Services, kind: str) -> dict[str, int]:
     broker = await aio_pika.connect(services.amqp_url)
     try:
         channel = await broker.channel()
-        for name, queue in (("left_in_queue", _queue(kind)), ("dead_letters", DEAD_LETTER_QUEUE)):
+        for name, queue in (
+            ("left_in_queue", _queue(kind)),
+            ("dead_letters", ORDER_PLACED_DEAD_LETTER_QUEUE),
+        ):
             declared = await channel.declare_queue(queue, passive=True)
             counts[name] = int(declared.declaration_result.message_count or 0)
     finally:

@@ -25,7 +25,7 @@ from fulfilment.composition import (
     require_current_schema,
     run_service,
 )
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics

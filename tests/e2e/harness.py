@@ -24,7 +24,7 @@ import pytest
 
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
@@ -209,7 +209,7 @@ async def drain_dead_letters(
 ) -> list[aio_pika.abc.AbstractIncomingMessage]:
     """Take (and acknowledge) ``expect`` messages from the DLQ, failing after ``timeout``."""
     channel = await connection.channel()
-    queue = await channel.get_queue(DEAD_LETTER_QUEUE, ensure=True)
+    queue = await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE, ensure=True)
     taken: list[aio_pika.abc.AbstractIncomingMessage] = []
     deadline = time.monotonic() + timeout
     while len(taken) < expect and time.monotonic() < deadline:

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 from harness import WorkerProcess, free_port, program
 
-from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.contracts.topology import EVENTS_EXCHANGE
 
 FULFILMENT = str(Path(sys.executable).with_name("fulfilment"))
 
@@ -87,7 +87,7 @@ async def bind_events_queue(
     """A new exclusive queue bound to ``fulfilment.events`` with ``routing_keys`` (``#``)."""
     channel = await connection.channel()
     exchange = await channel.declare_exchange(
-        RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
     )
     queue = await channel.declare_queue(exclusive=True)
     for key in routing_keys or ("#",):

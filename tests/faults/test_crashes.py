@@ -147,10 +147,10 @@ async def test_a_message_that_crashes_every_worker_is_dead_lettered_and_its_neig
 async def _dead_letter_classes(broker: aio_pika.abc.AbstractConnection) -> dict[str, str]:
     import json  # noqa: PLC0415
 
-    from fulfilment.contracts.topology import DEAD_LETTER_QUEUE  # noqa: PLC0415
+    from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE  # noqa: PLC0415
 
     channel = await broker.channel()
-    queue = await channel.get_queue(DEAD_LETTER_QUEUE, ensure=True)
+    queue = await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE, ensure=True)
     found: dict[str, str] = {}
     while (message := await queue.get(no_ack=False, fail=False)) is not None:
         found[json.loads(message.body)["event_id"]] = str(

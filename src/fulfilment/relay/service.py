@@ -42,7 +42,7 @@ from fulfilment.adapters.postgres.outbox import (
     next_batch,
     try_relay_lock,
 )
-from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
 
 logger = structlog.get_logger("fulfilment.relay")
@@ -249,9 +249,7 @@ class Relay:
                     "aiormq.Channel",
                     await broker.channel(publisher_confirms=True, on_return_raises=True),
                 )
-                await channel.exchange_declare(
-                    RESULT_EVENTS_EXCHANGE, exchange_type="topic", durable=True
-                )
+                await channel.exchange_declare(EVENTS_EXCHANGE, exchange_type="topic", durable=True)
                 self._database, self._broker = database, broker
                 self.role = Role.STANDBY
                 logger.info("relay.standing_by")
@@ -332,7 +330,7 @@ class Relay:
             asyncio.create_task(
                 channel.basic_publish(
                     row.body,
-                    exchange=RESULT_EVENTS_EXCHANGE,
+                    exchange=EVENTS_EXCHANGE,
                     routing_key=row.routing_key,
                     properties=message_properties(row, self._options.app_id),
                     mandatory=True,

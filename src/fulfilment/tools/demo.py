@@ -81,10 +81,10 @@ from fulfilment.adapters.rabbitmq import (
 )
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
+    EVENTS_EXCHANGE,
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_SHIPPED,
-    RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
 from fulfilment.exit_codes import ExitCode
@@ -240,7 +240,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         await declare_bound_queue(
             connection,
             RESULT_EVENTS_QUEUE,
-            exchange=RESULT_EVENTS_EXCHANGE,
+            exchange=EVENTS_EXCHANGE,
             binding_key=RESULT_EVENTS_BINDING,
         )
     created = await ensure_database(database_url)
@@ -275,7 +275,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         + (f"; {kept} SKUs kept the level they had (--reset starts from the plan)" if kept else "")
     )
     echo(
-        f"result events: the relay publishes them to {RESULT_EVENTS_EXCHANGE}, where the demo's"
+        f"result events: the relay publishes them to {EVENTS_EXCHANGE}, where the demo's"
         f" queue {RESULT_EVENTS_QUEUE} (bound with {RESULT_EVENTS_BINDING}) receives them"
     )
 
