@@ -166,6 +166,17 @@ class Handled:
     log_fields: Mapping[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """A delivery to send back to its queue while the consumers pause.
+
+    The store failed past its retry budget, or the handler's deadline passed. ``reason`` says
+    which, in the ``<name>.requeued`` log line and in the pause it trips.
+    """
+
+    reason: str
+
+
 Handler = Callable[[bytes, str | None], Awaitable[Handled]]
 """An event's handler: the raw body and the delivery's W3C trace context
 (:func:`trace_context`, None without one) in, what it made of the event out. The trace
@@ -479,14 +490,14 @@ class _Subscription:
                     duration_ms=duration_ms,
                 )
                 return False
-            if isinstance(result, str) or not isinstance(result.error, MalformedEventError):
+            if isinstance(result, Requeue) or not isinstance(result.error, MalformedEventError):
                 # Not refused as malformed, so the body is an event: say which one (its ids are
                 # read again here, off the path of handled deliveries).
                 log = log.bind(**_ids(raw.body))
-            if isinstance(result, str):
-                policy.pause(result)
+            if isinstance(result, Requeue):
+                policy.pause(result.reason)
                 metrics.event(self._event, REQUEUED, REQUEUED_TRANSIENT).inc()
-                log.warning(self._requeued, reason=result, duration_ms=duration_ms)
+                log.warning(self._requeued, reason=result.reason, duration_ms=duration_ms)
                 return True
             failure = result
             held_seconds = await self._dead_letter(message, failure, log)
@@ -525,11 +536,11 @@ class _Subscription:
             metrics.in_flight.dec()
             metrics.handler_duration.observe(time.perf_counter() - started)
 
-    async def _run(self, raw: AbstractIncomingMessage) -> Handled | Failure | str:
+    async def _run(self, raw: AbstractIncomingMessage) -> Handled | Failure | Requeue:
         """Run the handler within the deadline.
 
-        Returns what it made of the event, the failure to dead-letter, or the reason to
-        requeue the delivery (a string).
+        Returns what it made of the event, the failure to dead-letter, or the delivery sent
+        back to its queue, with why.
         """
         limits = self._policy.limits
         body = raw.body
@@ -544,9 +555,9 @@ class _Subscription:
         except (MalformedEventError, EventRefusedError) as error:
             return Failure(FailureClass.PERMANENT, str(error), error)
         except TransientError as error:
-            return f"database: {error}"
+            return Requeue(f"database: {error}")
         except TimeoutError:
-            return f"handler deadline of {limits.handler_deadline_seconds:g} s exceeded"
+            return Requeue(f"handler deadline of {limits.handler_deadline_seconds:g} s exceeded")
         except Exception as error:  # noqa: BLE001 - an unknown error is classified and dead-lettered, not lost
             return Failure(FailureClass.UNEXPECTED, f"{type(error).__name__}: {error}", error)
 
