@@ -42,6 +42,7 @@ from fulfilment.adapters.postgres.outbox import (
     next_batch,
     try_relay_lock,
 )
+from fulfilment.backoff import Backoff
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
 
@@ -80,6 +81,9 @@ class SessionLostError(Exception):
         super().__init__(f"{type(lost).__name__}: {lost}")
 
 
+RETRY_FIRST_SECONDS = 1.0
+"""Back-off before the rows of a batch the broker returned or refused are published again;
+doubled after each such batch in a row."""
 RETRY_MAX_SECONDS = 30.0
 """Longest back-off before a returned or refused row is published again."""
 
@@ -289,7 +293,9 @@ class Relay:
     async def _publish_until_stopped(
         self, database: asyncpg.Connection, broker: BrokerConnection, channel: aiormq.Channel
     ) -> None:
-        failed_batches = 0
+        # Not tenacity's AsyncRetrying: the session goes on between the tries, reading the
+        # backlog and the next batch (fulfilment.backoff).
+        backoff = Backoff(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         while not self._stopping.is_set():
             if broker.is_closed:
                 raise ConnectionError("the broker closed the relay's connection")  # noqa: EM101, TRY003 - a reconnect, logged by the retry
@@ -301,10 +307,9 @@ class Relay:
                 continue
             confirmed = await self._publish(database, channel, batch)
             if len(confirmed) < len(batch):
-                failed_batches += 1
-                await self._pause(min(RETRY_MAX_SECONDS, 0.5 * 2 ** min(failed_batches, 6)))
+                await self._pause(backoff.next())
                 continue
-            failed_batches = 0
+            backoff.reset()
             if len(batch) < self._options.batch_size:
                 # The worker commits every few milliseconds, each commit a notification: read
                 # at once, the relay would publish batches of a few rows, and each batch costs

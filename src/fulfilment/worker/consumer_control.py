@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from fulfilment.backoff import Backoff
 from fulfilment.worker.faststream_internals import (
     broker_consumer_tags,
     consumed_queue,
@@ -161,14 +162,15 @@ class ConsumerPause:
             await cancel_consumer(subscriber)
         for subscriber in subscribers:
             await subscriber.stop()  # waits for its in-flight deliveries to settle
-        wait = FIRST_CHECK_SECONDS
+        # Not tenacity's AsyncRetrying: the first look at the database comes after a wait,
+        # not at once (fulfilment.backoff).
+        backoff = Backoff(FIRST_CHECK_SECONDS, MAX_CHECK_SECONDS)
         while True:
-            await asyncio.sleep(wait)
+            await asyncio.sleep(backoff.next())
             try:
                 await self._database_ping()
             except Exception as error:  # noqa: BLE001 - any failure means "still down"
                 logger.info("consumer.still_paused", reason=f"{type(error).__name__}: {error}")
-                wait = min(wait * 2, MAX_CHECK_SECONDS)
                 continue
             break
         for subscriber in subscribers:

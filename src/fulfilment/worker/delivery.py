@@ -63,6 +63,7 @@ from faststream.rabbit import Channel, RabbitBroker
 from pydantic import BaseModel, ValidationError
 
 from fulfilment.application.ports import TransientError
+from fulfilment.backoff import Backoff
 from fulfilment.contracts.envelope import (
     JSON_CONTENT_TYPES,
     MAX_BODY_BYTES,
@@ -605,7 +606,9 @@ class _Subscription:
         metrics = policy.metrics
         loop = asyncio.get_running_loop()
         started = loop.time()
-        wait = DEAD_LETTER_RETRY_FIRST_SECONDS
+        # Not tenacity's AsyncRetrying: the give-up is decided on the next wait, and logged with
+        # it, before that wait is slept (fulfilment.backoff).
+        backoff = Backoff(DEAD_LETTER_RETRY_FIRST_SECONDS, DEAD_LETTER_RETRY_MAX_SECONDS)
         held = False
         try:
             while True:
@@ -621,6 +624,7 @@ class _Subscription:
                         held = True
                         metrics.dead_letters_held.inc()
                     held_seconds = loop.time() - started
+                    wait = backoff.next()
                     give_up = held_seconds + wait > limits.dead_letter_hold_seconds
                     log.warning(
                         self._dead_letter_refused,
@@ -632,7 +636,6 @@ class _Subscription:
                     if give_up:
                         return None
                     await asyncio.sleep(wait)
-                    wait = min(wait * 2, DEAD_LETTER_RETRY_MAX_SECONDS)
                 except Exception:
                     metrics.dead_letter_publish_failures.inc()
                     raise
