@@ -144,11 +144,8 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         DatabaseUnavailableError,
         privilege_refusal,
     )
-    from fulfilment.adapters.rabbitmq import (  # noqa: PLC0415 - loads aio-pika
-        BrokerRefusedError,
-        BrokerUnavailableError,
-        WalkInProgressError,
-    )
+    from fulfilment.adapters.rabbitmq.connection import BrokerRefusedError, BrokerUnavailableError  # noqa: PLC0415 - loads aio-pika
+    from fulfilment.adapters.rabbitmq.walk import WalkInProgressError  # noqa: PLC0415 - loads aio-pika
 
     # The client libraries log a failed connection attempt on their own; the one-line
     # reason below says the same, once.

@@ -27,7 +27,11 @@ from fulfilment.adapters.postgres.errors import DatabaseRefusedError, DatabaseUn
 from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
 from fulfilment.adapters.postgres.privileges import missing_runtime_privileges
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
-from fulfilment.adapters.rabbitmq import BrokerRefusedError, BrokerUnavailableError, connect
+from fulfilment.adapters.rabbitmq.connection import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    connect,
+)
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import Settings, SettingsError, load_settings

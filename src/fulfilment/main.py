@@ -30,7 +30,7 @@ from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.adapters.rabbitmq import connection_failure as broker_connection_failure
+from fulfilment.adapters.rabbitmq.connection import connection_failure as broker_connection_failure
 from fulfilment.composition import (
     StartRefusedError,
     database_options,

@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
 from fulfilment.cli import tool_options
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.result_events import StockReleasedV1, parse_result_event

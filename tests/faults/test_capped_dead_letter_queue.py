@@ -44,7 +44,9 @@ from harness import put_stock, queue_depth
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent, browse_dead_letters, connect
+from fulfilment.adapters.rabbitmq.connection import connect
+from fulfilment.adapters.rabbitmq.inspection import browse_dead_letters
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
 from fulfilment.cli import tool_options
 from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
 from fulfilment.settings import Settings

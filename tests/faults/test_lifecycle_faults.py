@@ -51,7 +51,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
 from fulfilment.cli import tool_options
 from fulfilment.contracts.order_cancelled import OrderCancelledV1, order_cancelled_body
 from fulfilment.contracts.order_placed import OrderPlacedV1, order_placed_body

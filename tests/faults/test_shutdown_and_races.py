@@ -28,7 +28,7 @@ from faultlib import (
 )
 from harness import FAST_SETTINGS, free_port, put_stock
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
 from fulfilment.settings import Settings

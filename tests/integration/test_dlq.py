@@ -22,12 +22,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
-from fulfilment.adapters.rabbitmq import (
-    WALK_LOCK_SUFFIX,
-    WalkInProgressError,
-    queue_state,
-    walk_queue,
-)
+from fulfilment.adapters.rabbitmq.inspection import queue_state
+from fulfilment.adapters.rabbitmq.walk import WALK_LOCK_SUFFIX, WalkInProgressError, walk_queue
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body

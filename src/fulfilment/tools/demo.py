@@ -71,14 +71,10 @@ from fulfilment.adapters.postgres.admin import (
     warehouse_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.adapters.rabbitmq import (
-    UnroutableError,
-    connect,
-    connection_lost,
-    declare_bound_queue,
-    queue_state,
-    take_messages,
-)
+from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
+from fulfilment.adapters.rabbitmq.demo_queue import declare_bound_queue, take_messages
+from fulfilment.adapters.rabbitmq.inspection import queue_state
+from fulfilment.adapters.rabbitmq.publishing import UnroutableError
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
     EVENTS_EXCHANGE,

@@ -28,7 +28,7 @@ import structlog
 from sqlalchemy import text
 
 from fulfilment.adapters.postgres.outcomes import outcome_report
-from fulfilment.adapters.rabbitmq import QueueState, peek_head, queue_state
+from fulfilment.adapters.rabbitmq.inspection import QueueState, peek_head, queue_state
 from fulfilment.backoff import Backoff
 from fulfilment.contracts.dead_letter import describe_dead_letter
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
