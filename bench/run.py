@@ -92,12 +92,12 @@ from measure import CpuSampler, peak_rss_bytes
 from workload import Order, Workload, load_workload, publish_backlog, publish_steadily
 
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
+    EVENTS_EXCHANGE,
     ORDER_PLACED,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
-    RESULT_EVENTS_EXCHANGE,
 )
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import Topology, declare_topology
@@ -210,7 +210,7 @@ async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
         events = await channel.declare_queue(
             EVENTS_QUEUE, durable=True, arguments={"x-queue-type": "quorum"}
         )
-        await events.bind(RESULT_EVENTS_EXCHANGE, routing_key="#")
+        await events.bind(EVENTS_EXCHANGE, routing_key="#")
     finally:
         await connection.close()
 
@@ -441,7 +441,7 @@ def _route(kind: str) -> str:
 
 
 def _queue(kind: str) -> str:
-    return MAIN_QUEUE if kind == "worker" else REFERENCE_QUEUE
+    return ORDER_PLACED_QUEUE if kind == "worker" else REFERENCE_QUEUE
 
 
 # --- measurements ---------------------------------------------------------------------------
@@ -753,7 +753,10 @@ async def outcomes(services: Services, kind: str) -> dict[str, int]:
     broker = await aio_pika.connect(services.amqp_url)
     try:
         channel = await broker.channel()
-        for name, queue in (("left_in_queue", _queue(kind)), ("dead_letters", DEAD_LETTER_QUEUE)):
+        for name, queue in (
+            ("left_in_queue", _queue(kind)),
+            ("dead_letters", ORDER_PLACED_DEAD_LETTER_QUEUE),
+        ):
             declared = await channel.declare_queue(queue, passive=True)
             counts[name] = int(declared.declaration_result.message_count or 0)
     finally:
@@ -1202,7 +1205,7 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) ->
     if drains:
         counted = (
             "an order counts when its result event is confirmed (it has reached "
-            f"`{EVENTS_QUEUE}`, bound to `{RESULT_EVENTS_EXCHANGE}`)"
+            f"`{EVENTS_QUEUE}`, bound to `{EVENTS_EXCHANGE}`)"
             if beside
             else "the worker alone: an order counts when its delivery is acknowledged"
         )

@@ -9,13 +9,13 @@ from uuid import UUID, uuid4
 
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.result_events import (
+    RESULT_ROUTING_KEYS,
     STOCK_CANCEL_REFUSED_ROUTING_KEY,
     STOCK_REJECTED_ROUTING_KEY,
     STOCK_RELEASED_ROUTING_KEY,
     STOCK_RESERVED_ROUTING_KEY,
     STOCK_SHIPPED_ROUTING_KEY,
 )
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine, ReserveStock
 from fulfilment.observability.relay_metrics import RelayMetrics

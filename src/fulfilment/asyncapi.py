@@ -55,6 +55,7 @@ from fulfilment.contracts.topology import (
     SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
+from fulfilment.exit_codes import ExitCode
 
 CONTRACT_VERSION = "1.0.0"
 """The document's ``info.version``: the version of the messaging contract, not of the package
@@ -257,7 +258,7 @@ def _first_paragraph(text: str | None) -> str:
     return " ".join(paragraph.replace("``", "").split())
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> ExitCode:
     """``python -m fulfilment.asyncapi FILE``: write :func:`asyncapi_document` to FILE.
 
     Returns the exit status: 0, or 2 with a one-line usage when FILE is not the one argument.
@@ -265,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if len(arguments) != 1:
         sys.stderr.write("usage: python -m fulfilment.asyncapi FILE\n")
-        return 2
+        return ExitCode.BAD_INPUT
     Path(arguments[0]).write_text(asyncapi_document(), encoding="utf-8")
-    return 0
+    return ExitCode.OK
 
 
 def _takes(model: type[BaseModel]) -> Callable[[BaseModel], Awaitable[None]]:

@@ -31,15 +31,9 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from fulfilment import __version__
+from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import Settings, SettingsError, load_settings
-from fulfilment.tools.command import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILED,
-    EXIT_REFUSED,
-    EXIT_UNAVAILABLE,
-    CommandError,
-    ToolOptions,
-)
+from fulfilment.tools.command import CommandError, ToolOptions
 
 if TYPE_CHECKING:
     # Typer vendors click; its context and help formatter types are reachable only there.
@@ -110,7 +104,7 @@ app.add_typer(outbox_app, name="outbox")
 T = TypeVar("T")
 
 
-def fail(reason: str, code: int = EXIT_FAILED) -> NoReturn:
+def fail(reason: str, code: ExitCode = ExitCode.FAILED) -> NoReturn:
     """Print ``fulfilment: <reason>`` (one line) on standard error and exit with ``code``."""
     sys.stderr.write(f"fulfilment: {' '.join(reason.split())}\n")
     raise typer.Exit(code)
@@ -121,7 +115,7 @@ def settings_or_exit() -> Settings:
     try:
         return load_settings()
     except SettingsError as error:
-        fail(f"invalid settings: {'; '.join(str(error).splitlines())}", EXIT_BAD_INPUT)
+        fail(f"invalid settings: {'; '.join(str(error).splitlines())}", ExitCode.BAD_INPUT)
 
 
 def tool_options(settings: Settings) -> ToolOptions:
@@ -150,11 +144,8 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         DatabaseUnavailableError,
         privilege_refusal,
     )
-    from fulfilment.adapters.rabbitmq import (  # noqa: PLC0415 - loads aio-pika
-        BrokerRefusedError,
-        BrokerUnavailableError,
-        WalkInProgressError,
-    )
+    from fulfilment.adapters.rabbitmq.connection import BrokerRefusedError, BrokerUnavailableError  # noqa: PLC0415 - loads aio-pika
+    from fulfilment.adapters.rabbitmq.walk import WalkInProgressError  # noqa: PLC0415 - loads aio-pika
 
     # The client libraries log a failed connection attempt on their own; the one-line
     # reason below says the same, once.
@@ -163,24 +154,25 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(command)
     except (BrokerRefusedError, DatabaseRefusedError) as error:
-        fail(str(error), EXIT_REFUSED)
+        fail(str(error), ExitCode.REFUSED)
     except (BrokerUnavailableError, DatabaseUnavailableError) as error:
-        fail(str(error), EXIT_UNAVAILABLE)
+        fail(str(error), ExitCode.UNAVAILABLE)
     except ChannelAccessRefused as error:
         # A name outside the user's permissions (README, "Broker users and permissions").
         fail(
-            f"RabbitMQ refused an operation: {error.args[0] if error.args else error}", EXIT_REFUSED
+            f"RabbitMQ refused an operation: {error.args[0] if error.args else error}",
+            ExitCode.REFUSED,
         )
     except CommandError as error:
         fail(str(error), error.exit_code)
     except WalkInProgressError as error:
-        fail(str(error), EXIT_FAILED)
+        fail(str(error), ExitCode.FAILED)
     except Exception as error:
         # A command that needs the owner's rights, run with the runtime role's URL.
         refusal = privilege_refusal(error)
         if refusal is None:
             raise
-        fail(str(refusal), EXIT_REFUSED)
+        fail(str(refusal), ExitCode.REFUSED)
 
 
 def _print_version(value: bool) -> None:  # noqa: FBT001 - typer passes the flag's value
@@ -464,9 +456,11 @@ def demo(
         # --reset truncates the service's tables.
         if error.name != "fulfilment.demo":
             raise
-        fail(DEMO_NOT_INSTALLED, EXIT_BAD_INPUT)
+        fail(DEMO_NOT_INSTALLED, ExitCode.BAD_INPUT)
     if confirm_reset is not None and not reset:
-        fail("--confirm-reset names the database --reset may empty: add --reset", EXIT_BAD_INPUT)
+        fail(
+            "--confirm-reset names the database --reset may empty: add --reset", ExitCode.BAD_INPUT
+        )
     settings = settings_or_exit()
     code = run(
         demo_command(
@@ -664,7 +658,7 @@ def _selection(ids: list[str] | None, group: str | None, *, everything: bool) ->
     try:
         return Selection.build(ids or [], group, everything=everything)
     except ValueError as error:
-        fail(str(error), EXIT_BAD_INPUT)
+        fail(str(error), ExitCode.BAD_INPUT)
 
 
 def _queues(names: list[str] | None) -> tuple[str, ...]:
@@ -674,4 +668,4 @@ def _queues(names: list[str] | None) -> tuple[str, ...]:
     try:
         return dead_letter_queues(names or [])
     except ValueError as error:
-        fail(str(error), EXIT_BAD_INPUT)
+        fail(str(error), ExitCode.BAD_INPUT)

@@ -18,28 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import ssl
 import sys
-from typing import cast
 
 import httpx
 import structlog
 import uvicorn
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
+from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.warehouse_system.client import (
     WarehouseClient,
     WarehouseClientOptions,
     build_http_client,
 )
-from fulfilment.application.ports import WarehouseRequests
 from fulfilment.composition import (
-    EXIT_INVALID_SETTINGS,
     StartRefusedError,
     database_options,
     listen,
@@ -49,6 +45,7 @@ from fulfilment.composition import (
 from fulfilment.dispatcher.health import DispatcherState, dispatcher_health_app
 from fulfilment.dispatcher.leadership import Leadership
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, read_backlog
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.settings import Settings
@@ -87,13 +84,6 @@ def dispatcher_options(settings: Settings) -> DispatcherOptions:
     )
 
 
-def postgres_requests(engine: AsyncEngine, *, retry_budget_seconds: float) -> WarehouseRequests:
-    """The PostgreSQL store of the warehouse requests on ``engine``."""
-    module = importlib.import_module("fulfilment.adapters.postgres.warehouse_requests")
-    store = module.PostgresWarehouseRequests(engine, retry_budget_seconds=retry_budget_seconds)
-    return cast("WarehouseRequests", store)
-
-
 async def run_dispatcher(settings: Settings) -> int:
     """Run the dispatcher and its HTTP server until SIGTERM or SIGINT; return the exit code.
 
@@ -113,7 +103,7 @@ async def run_dispatcher(settings: Settings) -> int:
             "fulfilment: invalid settings: FULFILMENT_WAREHOUSE_URL is not set: without the"
             " warehouse system's URL there is no hand-off and no dispatcher to run\n"
         )
-        return EXIT_INVALID_SETTINGS
+        return ExitCode.BAD_INPUT
     try:
         http_client = build_http_client(client_options(settings))
     except (OSError, ssl.SSLError) as error:
@@ -121,7 +111,7 @@ async def run_dispatcher(settings: Settings) -> int:
             "fulfilment: invalid settings: FULFILMENT_WAREHOUSE_CA_FILE: cannot be read as a"
             f" CA bundle: {error}\n"
         )
-        return EXIT_INVALID_SETTINGS
+        return ExitCode.BAD_INPUT
     async with http_client:
         return await _serve(settings, http_client)
 
@@ -139,7 +129,7 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         return refused.exit_code
     metrics = DispatcherMetrics(version=__version__)
     engine = create_engine(database_options(settings))
-    requests = postgres_requests(engine, retry_budget_seconds=settings.retry_budget_seconds)
+    requests = PostgresWarehouseRequests(engine, retry_budget_seconds=settings.retry_budget_seconds)
     client = WarehouseClient(http_client, timeout_seconds=settings.warehouse_timeout_seconds)
     leadership = Leadership(
         database_url=asyncpg_dsn(settings.database_url.get_secret_value()),

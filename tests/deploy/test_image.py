@@ -34,7 +34,7 @@ from sqlalchemy.engine import make_url
 from stack import ROOT, Stack, dockerfile_env, dockerfile_stages, instructions, load_stack
 
 from fulfilment.cli import DEMO_NOT_INSTALLED
-from fulfilment.tools.command import EXIT_BAD_INPUT
+from fulfilment.exit_codes import ExitCode
 from services import ADMIN_DATABASE_URL, service_unavailable
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.e2e]
@@ -180,7 +180,7 @@ def test_the_image_leaves_the_demo_out_and_fulfilment_demo_says_so_in_one_line(
         timeout=60,
         check=False,
     )
-    assert result.returncode == EXIT_BAD_INPUT, result.stderr
+    assert result.returncode == ExitCode.BAD_INPUT, result.stderr
     assert result.stderr.splitlines() == [f"fulfilment: {DEMO_NOT_INSTALLED}"]
     assert result.stdout == ""
     found = subprocess.run(

@@ -45,7 +45,7 @@ from fakes import InMemoryWarehouse
 from fulfilment import cli
 from fulfilment.contracts import dead_letter
 from fulfilment.contracts.dead_letter import FailureClass
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.main import build_worker
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.relay_metrics import RelayMetrics

@@ -20,8 +20,7 @@ from fulfilment.adapters.postgres.outbox import (
     prune_published,
     try_relay_lock,
 )
-from fulfilment.contracts.result_events import RESULT_EVENTS
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.contracts.result_events import RESULT_EVENTS, RESULT_ROUTING_KEYS
 from fulfilment.observability.relay_metrics import RelayMetrics
 
 pytestmark = pytest.mark.postgres

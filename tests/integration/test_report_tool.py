@@ -16,9 +16,9 @@ import pytest
 from pydantic import SecretStr
 
 from builders import cancellation, order, shipment
-from fulfilment.adapters import rabbitmq
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.rabbitmq import inspection
 from fulfilment.cli import tool_options
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -155,7 +155,7 @@ async def test_a_dlq_deeper_than_a_look_can_hold_is_counted_as_unread_not_as_mis
 ) -> None:
     # The look holds what it reads unacknowledged, at most 65,535 (the largest prefetch);
     # three stand for them here, so that five dead letters overflow it.
-    monkeypatch.setattr(rabbitmq, "PEEK_LIMIT", 3)
+    monkeypatch.setattr(inspection, "PEEK_LIMIT", 3)
     refused = [await refused_shipment(amqp_url) for _ in range(5)]
 
     result = await reconcile(options, refused)

@@ -18,7 +18,7 @@ import pytest
 import typer
 from aiormq.exceptions import ConnectionClosed
 
-from fulfilment.adapters.rabbitmq import QueueState
+from fulfilment.adapters.rabbitmq.inspection import QueueState
 from fulfilment.cli import run
 from fulfilment.demo import run as demo
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fulfilment.composition import EXIT_INVALID_SETTINGS
+from fulfilment.exit_codes import ExitCode
 
 
 def dispatcher(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -27,7 +27,7 @@ def dispatcher(tmp_path, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_without_the_warehouse_url_it_exits_2_with_one_line_naming_it(tmp_path) -> None:
     result = dispatcher(tmp_path)
-    assert result.returncode == EXIT_INVALID_SETTINGS
+    assert result.returncode == ExitCode.BAD_INPUT
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "FULFILMENT_WAREHOUSE_URL" in lines[0]
@@ -62,5 +62,5 @@ def test_without_the_warehouse_url_it_exits_2_with_one_line_naming_it(tmp_path) 
 )
 def test_an_invalid_warehouse_setting_exits_2_naming_it(tmp_path, env, named) -> None:
     result = dispatcher(tmp_path, **env)
-    assert result.returncode == EXIT_INVALID_SETTINGS
+    assert result.returncode == ExitCode.BAD_INPUT
     assert named in result.stderr

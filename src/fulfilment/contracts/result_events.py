@@ -185,6 +185,10 @@ RESULT_EVENTS: Mapping[str, type[ResultEvent]] = {
 }
 """Every result event's model by its routing key, in the order the README lists them."""
 
+RESULT_ROUTING_KEYS: tuple[str, ...] = tuple(RESULT_EVENTS)
+"""The routing keys of the result events on ``fulfilment.events``, also each message's AMQP
+``type``: the models' ``ROUTING_KEY``, in the same order."""
+
 
 class UnknownRoutingKeyError(ValueError):
     """A routing key that names no result event; ``str(error)`` names it and the known ones."""

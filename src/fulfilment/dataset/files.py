@@ -7,7 +7,8 @@ from pathlib import Path
 
 from fulfilment.dataset.online_retail import OnlineRetailError, ReadResult, csv_files, read_orders
 from fulfilment.dataset.retail_lifecycle import CancellationMatch, match_cancellations
-from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError
+from fulfilment.exit_codes import ExitCode
+from fulfilment.tools.command import CommandError
 
 
 def read_order_files(paths: Iterable[Path]) -> ReadResult:
@@ -19,7 +20,7 @@ def read_order_files(paths: Iterable[Path]) -> ReadResult:
     try:
         return read_orders([file for path in paths for file in csv_files(path)])
     except (OnlineRetailError, OSError) as error:
-        raise CommandError(str(error), EXIT_BAD_INPUT) from error
+        raise CommandError(str(error), ExitCode.BAD_INPUT) from error
 
 
 def match_read_cancellations(read: ReadResult) -> CancellationMatch:
@@ -31,4 +32,4 @@ def match_read_cancellations(read: ReadResult) -> CancellationMatch:
     try:
         return match_cancellations(read.orders, read.cancellations)
     except OnlineRetailError as error:
-        raise CommandError(str(error), EXIT_BAD_INPUT) from error
+        raise CommandError(str(error), ExitCode.BAD_INPUT) from error

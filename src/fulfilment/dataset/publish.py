@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent, UnroutableError, connect, publish_events
+from fulfilment.adapters.rabbitmq.connection import connect
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, UnroutableError, publish_events
 from fulfilment.contracts.topology import (
     ORDER_CANCELLED_ROUTING_KEY,
     ORDER_PLACED_ROUTING_KEY,

@@ -49,7 +49,8 @@ from fulfilment.dataset.online_retail import (
     read_orders,
 )
 from fulfilment.domain.model import OrderLine, aggregate_demand
-from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo
+from fulfilment.exit_codes import ExitCode
+from fulfilment.tools.command import CommandError, Echo
 
 ABSENT_SHARE = 0.003
 """Share of SKUs (about 3 in 1,000) left out of the plan, so that their orders are rejected
@@ -144,7 +145,7 @@ def plan_command(data: Sequence[Path], out: Path, *, echo: Echo) -> None:
         write_stock_csv(levels, out)
     except OSError as error:
         msg = f"{out}: cannot write: {error.strerror or error}"
-        raise CommandError(msg, EXIT_BAD_INPUT) from error
+        raise CommandError(msg, ExitCode.BAD_INPUT) from error
     echo(f"planned {len(levels)} stock levels for {len(orders)} orders into {out}")
 
 

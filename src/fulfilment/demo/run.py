@@ -71,20 +71,16 @@ from fulfilment.adapters.postgres.admin import (
     warehouse_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.adapters.rabbitmq import (
-    UnroutableError,
-    connect,
-    connection_lost,
-    declare_bound_queue,
-    queue_state,
-    take_messages,
-)
+from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
+from fulfilment.adapters.rabbitmq.demo_queue import declare_bound_queue, take_messages
+from fulfilment.adapters.rabbitmq.inspection import queue_state
+from fulfilment.adapters.rabbitmq.publishing import UnroutableError
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
+    EVENTS_EXCHANGE,
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_SHIPPED,
-    RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
@@ -101,8 +97,9 @@ from fulfilment.dataset.retail_lifecycle import (
 )
 from fulfilment.dataset.stock_plan import plan_stock
 from fulfilment.demo.result_events import ResultEventTally
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import REQUEUED
-from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo, ToolOptions
+from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dlq import Selection, purge
 from fulfilment.tools.dlq_commands import operator_identity
 from fulfilment.tools.report import collect_report, render_report
@@ -153,7 +150,7 @@ class ResetRefusedError(CommandError):
     """``--reset`` would empty a database that is not the demo's (exit 2, nothing changed)."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason, EXIT_BAD_INPUT)
+        super().__init__(reason, ExitCode.BAD_INPUT)
 
 
 def reset_refusal(database: DemoDatabase, confirmed: str | None) -> str | None:
@@ -235,7 +232,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         await declare_bound_queue(
             connection,
             RESULT_EVENTS_QUEUE,
-            exchange=RESULT_EVENTS_EXCHANGE,
+            exchange=EVENTS_EXCHANGE,
             binding_key=RESULT_EVENTS_BINDING,
         )
     created = await ensure_database(database_url)
@@ -270,7 +267,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         + (f"; {kept} SKUs kept the level they had (--reset starts from the plan)" if kept else "")
     )
     echo(
-        f"result events: the relay publishes them to {RESULT_EVENTS_EXCHANGE}, where the demo's"
+        f"result events: the relay publishes them to {EVENTS_EXCHANGE}, where the demo's"
         f" queue {RESULT_EVENTS_QUEUE} (bound with {RESULT_EVENTS_BINDING}) receives them"
     )
 

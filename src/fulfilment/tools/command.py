@@ -12,20 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fulfilment.exit_codes import ExitCode
+
 if TYPE_CHECKING:
     # SQLAlchemy is imported with the engine's module: not before a command needs it.
     from fulfilment.adapters.postgres.engine import DatabaseOptions
-
-EXIT_FAILED = 1
-"""A run that failed, or invariants that do not hold."""
-EXIT_BAD_INPUT = 2
-"""Bad arguments, files or settings."""
-EXIT_UNAVAILABLE = 3
-"""RabbitMQ or PostgreSQL does not answer."""
-EXIT_REFUSED = 4
-"""RabbitMQ or PostgreSQL answered but refused the user (wrong name or password, no
-permission) or has no such virtual host or database: a setting to fix, not a service to wait
-for."""
 
 Echo = Callable[[str], object]
 """Writes one line (or block) of a command's output."""
@@ -34,7 +25,7 @@ Echo = Callable[[str], object]
 class CommandError(Exception):
     """A command cannot do its job; ``str(error)`` says why, ``exit_code`` is the exit status."""
 
-    def __init__(self, reason: str, exit_code: int = EXIT_FAILED) -> None:
+    def __init__(self, reason: str, exit_code: ExitCode = ExitCode.FAILED) -> None:
         super().__init__(reason)
         self.exit_code = exit_code
 

@@ -17,10 +17,10 @@ from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_session
 from fulfilment.adapters.postgres.outcomes import outcome_report
-from fulfilment.adapters.rabbitmq import (
+from fulfilment.adapters.rabbitmq.connection import connect
+from fulfilment.adapters.rabbitmq.inspection import (
     DeadLetterSummary,
     browse_dead_letters,
-    connect,
     queue_state,
 )
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
