@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from builders import order
+from builders import cancellation, order
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
@@ -285,6 +285,31 @@ async def test_resend_without_a_stated_operator_audits_the_os_user_and_host(
 
     assert lines[-1] == "resent 1 of 1 request(s)"
     assert await requests.audit() == [(requests.failed.idempotency_key, "resent", "failed", seat())]
+
+
+async def test_resend_refuses_a_failed_fulfilment_order_whose_order_was_cancelled_since(
+    options: ToolOptions, requests: Requests
+) -> None:
+    stock = PostgresWarehouse(
+        requests.engine, consumer=options.consumer, retry_budget_seconds=2.0, handoff=True
+    )
+    # The warehouse holds nothing of a failed order: its cancel releases it at once.
+    await stock.cancel(cancellation(requests.failed.order_id, ("A", 1)))
+    lines, echo = echoed()
+
+    with pytest.raises(CommandError):
+        await resend_command(
+            options, [requests.failed.idempotency_key], execute=True, operator="ops", echo=echo
+        )
+
+    assert lines[0].startswith(f"refused: {requests.failed.idempotency_key}  ")
+    assert lines[0].endswith(
+        ": its order is no longer reserved as the body says, or the status"
+        " changed meanwhile (fulfilment warehouse show)"
+    )
+    assert lines[1] == "resent 0 of 1 request(s), 1 refused (unchanged)"
+    assert await requests.status_of(requests.failed) is RequestStatus.FAILED
+    assert await requests.audit() == []
 
 
 async def test_resend_of_keys_no_request_has_fails_in_one_line_and_does_nothing(
