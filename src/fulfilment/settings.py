@@ -183,7 +183,8 @@ class Settings(BaseSettings):
     set by libpq's query parameters: ``sslmode`` (one of :data:`SSL_MODES`), ``sslrootcert``
     (the CA file), ``sslcert``/``sslkey`` (a client certificate). ``verify-full`` checks the
     server's certificate and host name; ``require`` only encrypts, unless ``sslrootcert`` is
-    given (libpq's meaning)."""
+    given (libpq's meaning). Servers of which the primary is to be used: one ``host`` each,
+    ``?host=a:5432&host=b:5432&target_session_attrs=read-write`` (``engine.asyncpg_dsn``)."""
 
     database_runtime_role: str = ""
     """The PostgreSQL role the worker and the relay connect as (the user of their

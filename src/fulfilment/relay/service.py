@@ -55,12 +55,16 @@ RECONNECT_ERRORS = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.TargetServerAttributeNotMatched,
     aiormq.exceptions.AMQPConnectionError,
     aiormq.exceptions.ChannelInvalidStateError,
     aiormq.exceptions.ChannelClosed,
 )
 """What ends a relay's session and makes it connect again: a broker or database that is down,
-restarting, or closed the connection (``admin_shutdown``, ``cannot_connect_now``)."""
+restarting, or closed the connection (``admin_shutdown``, ``cannot_connect_now``); a server
+that is a standby (``read_only_sql_transaction``), or no primary among the URL's hosts, during
+a database failover."""
 
 RECONNECT_INITIAL_SECONDS = 0.5
 """First wait before connecting again (plus up to 1 s of jitter), after a failed attempt or
