@@ -35,14 +35,23 @@ HANDLED = tuple(f"{queue.event}.handled" for queue in SUBSCRIBED_QUEUES)
 
 
 class Primary:
-    """A plain asyncpg connection to whichever server is primary, opened again when lost."""
+    """A plain asyncpg connection to whichever server is primary, opened again when lost.
+
+    The load and the test ask at once: one statement at a time (a lock), so neither sends on
+    the connection while the other waits for its answer, nor replaces it unclosed.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._connection: asyncpg.Connection | None = None
+        self._lock = asyncio.Lock()
 
     async def fetchval(self, statement: str, *args: object) -> object:
         """One value, retried on a new connection for up to 60 s while the servers move."""
+        async with self._lock:
+            return await self._fetchval(statement, *args)
+
+    async def _fetchval(self, statement: str, *args: object) -> object:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -147,8 +156,8 @@ class Timings:
     """How processing went around the fault (epoch seconds in, seconds and rates out)."""
 
     recover_seconds: float
-    """From the fault to the first delivery handled after it: the first commit on the new
-    primary, as a worker sees it."""
+    """From the fault to the first delivery handled after the promotion: the first commit on
+    the new primary, as a worker sees it."""
     longest_pause_seconds: float
     """Longest stretch after the fault with no delivery handled."""
     rate_before: float
@@ -162,11 +171,12 @@ class Timings:
 WINDOW_SECONDS = 10.0
 
 
-def timings(workers: Cluster, fault: float, end: float) -> Timings:
-    """The :class:`Timings` of ``workers`` around ``fault`` (epoch seconds), up to ``end``."""
+def timings(workers: Cluster, fault: float, promoted: float, end: float) -> Timings:
+    """The :class:`Timings` of ``workers`` around ``fault`` (epoch seconds), whose new primary
+    serves from ``promoted``, up to ``end``."""
     times = [when for when, _ in handled_lines(workers)]
     after = [t for t in times if t > fault]
-    first = after[0] if after else end
+    first = next((t for t in after if t > promoted), end)
     points = [fault, *(t for t in after if t < end), end]
     pause = max(b - a for a, b in itertools.pairwise(points))
 
