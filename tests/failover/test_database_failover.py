@@ -163,6 +163,7 @@ async def run_scenario(
                 len(workers.log_events(f"{queue.event}.requeued")) for queue in SUBSCRIBED_QUEUES
             ),
             retried=len(workers.log_events("database_retry")),
+            paused=len(workers.log_events("consumer.paused")),
         ),
         plan,
     )

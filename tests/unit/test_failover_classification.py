@@ -66,6 +66,7 @@ def test_no_primary_to_connect_to_is_transient(error):
     [
         asyncpg.exceptions.ReadOnlySQLTransactionError("read-only transaction"),
         asyncpg.exceptions.TargetServerAttributeNotMatched("no read-write host"),
+        asyncpg.InternalClientError("cannot switch to state 12; another operation is in progress"),
         asyncpg.exceptions.CannotConnectNowError("the database system is in recovery mode"),
         asyncpg.exceptions.AdminShutdownError("terminating connection"),
         ConnectionRefusedError(111, "Connection refused"),
