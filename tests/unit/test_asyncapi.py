@@ -159,6 +159,7 @@ EVENT_NAMES = {
     "stock.rejected": ("StockRejectedV1", "StockRejected v1"),
     "stock.released": ("StockReleasedV1", "StockReleased v1"),
     "stock.shipped": ("StockShippedV1", "StockShipped v1"),
+    "stock.cancel_refused": ("StockCancelRefusedV1", "StockCancelRefused v1"),
 }
 """Each channel's message as another team reads it: its name and its title."""
 
