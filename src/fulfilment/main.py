@@ -43,6 +43,7 @@ from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureCla
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
+from fulfilment.observability.tracing import start_tracing
 from fulfilment.settings import Settings
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
@@ -306,6 +307,7 @@ async def run_worker(settings: Settings) -> int:
         logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
         return refused.exit_code
     metrics = new_metrics()
+    tracing = start_tracing(metrics.registry, service_name="fulfilment-worker", version=__version__)
     database = database_options(settings)
     engine = create_engine(database)
     pool = await create_pool(database)  # the reservations' (hot path); the engine for the rest
@@ -397,6 +399,8 @@ async def run_worker(settings: Settings) -> int:
         await serving
         pool.terminate()
         await engine.dispose()
+        if tracing is not None:
+            await tracing.shutdown()
     return 1 if worker.watchdog.gave_up else 0
 
 
