@@ -36,6 +36,7 @@ from fulfilment.domain.model import (
     StockLevel,
     aggregate_demand,
 )
+from fulfilment.observability.tracing import current_traceparent
 
 CANCEL_INBOX_OUTCOMES = {
     CancelKind.RELEASED: "released",
@@ -57,7 +58,7 @@ class RecordedEvent:
 
     ``body`` is the message without ``event_id`` and ``occurred_at`` (a new UUID and the
     transaction's time, which no two warehouses share); ``traceparent`` the trace context of
-    the input event that caused it.
+    the span current when it was written (the delivery's).
     """
 
     routing_key: str
@@ -281,7 +282,7 @@ class InMemoryWarehouse(Warehouse):
         self, routing_key: str, command: ReserveStock | CancelOrder | ShipOrder, **fields: Any
     ) -> None:
         self.result_events.append(
-            RecordedEvent(routing_key, result_body(command, **fields), command.traceparent)
+            RecordedEvent(routing_key, result_body(command, **fields), current_traceparent())
         )
 
     @staticmethod

@@ -60,6 +60,8 @@ __all__ = [
     "current_traceparent",
     "start_tracing",
     "traceparent_of",
+    "tracing_configured",
+    "tracing_enabled",
 ]
 
 logger = structlog.get_logger("fulfilment.tracing")
@@ -262,7 +264,8 @@ def _max_queue_size() -> int:
         return _DEFAULT_MAX_QUEUE_SIZE
 
 
-def _enabled() -> bool:
+def tracing_enabled() -> bool:
+    """True once :func:`start_tracing` set the SDK's provider: spans are worth building."""
     return isinstance(trace.get_tracer_provider(), TracerProvider)
 
 
@@ -305,10 +308,11 @@ def consumer_span(
 
     With tracing off no span is started: ``parent`` alone becomes current, so what reads the
     current span context (:func:`current_traceparent`, the log lines) still sees the incoming
-    trace, and the block gets the parent's non-recording span. Exceptions are recorded on the
-    span and propagate.
+    trace, and the block gets the parent's non-recording span. Exceptions propagate without
+    marking the span: a requeue is raised (``RejectMessage``) and is no error, so the caller
+    sets the status from the outcome.
     """
-    if not _enabled():
+    if not tracing_enabled():
         token = otel_context.attach(parent)
         try:
             yield trace.get_current_span(parent)
@@ -316,6 +320,11 @@ def consumer_span(
             otel_context.detach(token)
         return
     with tracer.start_as_current_span(
-        name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes
+        name,
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
         yield span
