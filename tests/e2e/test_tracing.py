@@ -4,11 +4,13 @@ One order placed, partly cancelled and shipped, each event with its producer's
 ``traceparent``, gives one connected trace per event: the delivery's consumer span (child of
 the producer's), the group commit (child of the delivery, linked to it) with the database
 call inside, and the relay's publish of the result event (child of the delivery, whose
-context the outbox row kept). A collector that is down costs counted spans, not the drain.
+context the outbox row kept). A collector that is down or hangs costs counted spans, not the
+drain or readiness.
 """
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -207,18 +209,31 @@ async def test_a_dead_letter_s_span_names_its_class_and_a_malformed_traceparent_
     assert worker.terminate()[0] == 0
 
 
-async def test_a_collector_that_is_down_costs_counted_spans_not_the_drain_or_readiness(
+@pytest.fixture(params=["down", "hanging"])
+def collector_port(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A collector that is down (nothing listens) or hangs (connects, never answers)."""
+    if request.param == "down":
+        yield free_port()
+        return
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(128)  # never accepted: the kernel completes connects, nobody answers
+        yield listening.getsockname()[1]
+
+
+async def test_a_collector_that_is_down_or_hangs_costs_counted_spans_not_drain_or_readiness(
+    collector_port: int,
     workers: list[WorkerProcess],
     worker_env: dict[str, str],
     tmp_path: Path,
     broker: aio_pika.abc.AbstractRobustConnection,
     db: asyncpg.Connection,
 ) -> None:
-    nothing_listens = free_port()
     otel = {
         **EXPORT_QUICKLY,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{nothing_listens}",
-        "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector_port}",
+        # Each export waits up to 3 s (retrying a refused connection after 1 s and 2 s).
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
         "OTEL_BSP_MAX_QUEUE_SIZE": "16",
         "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8",
     }
@@ -240,7 +255,7 @@ async def test_a_collector_that_is_down_costs_counted_spans_not_the_drain_or_rea
     async def export_failed_counted() -> bool:
         return worker_metric(worker, export_failed) > 0
 
-    await wait_for(export_failed_counted, timeout=10, what="a failed export counted")
+    await wait_for(export_failed_counted, timeout=20, what="a failed export counted")
     # Each order is at least a delivery span and its share of a group commit: far more
     # than the queue of 16 holds while the exporter waits for a collector that is not there.
     assert worker_metric(worker, queue_full) > orders / 2
