@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Final
 
@@ -302,9 +302,11 @@ def consumer_span(
     tracer: trace.Tracer,
     name: str,
     parent: Context,
-    attributes: Mapping[str, AttributeValue],
+    attributes: Callable[[], Mapping[str, AttributeValue]],
 ) -> Iterator[Span]:
     """A ``CONSUMER`` span, child of ``parent``, current while the block runs.
+
+    ``attributes`` is called only when a span is started.
 
     With tracing off no span is started: ``parent`` alone becomes current, so what reads the
     current span context (:func:`current_traceparent`, the log lines) still sees the incoming
@@ -323,7 +325,7 @@ def consumer_span(
         name,
         context=parent,
         kind=SpanKind.CONSUMER,
-        attributes=attributes,
+        attributes=attributes(),
         record_exception=False,
         set_status_on_exception=False,
     ) as span:

@@ -1,10 +1,10 @@
 """The delivery policy: what every subscriber does with a delivery, whatever its event.
 
 A handler (one per event, ``worker.subscribers``) is a plain function of the raw body: it
-parses the body (:func:`parse_event`),
-calls its use case and returns what it made of the event (:class:`Handled`). Everything else
-is the policy's, the same for every subscription made with :func:`subscribe`, and every
-delivery ends in exactly one of these (README, "Outcomes and failures"):
+parses the body (:func:`parse_event`), calls its use case and returns what it made of the
+event (:class:`Handled`). Everything else is the policy's, the same for every subscription
+made with :func:`subscribe`, and every delivery ends in exactly one of these (README,
+"Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
@@ -66,6 +66,7 @@ from faststream.exceptions import RejectMessage
 from faststream.rabbit import Channel, RabbitBroker
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
+from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ValidationError
 
 from fulfilment.application.ports import TransientError
@@ -432,21 +433,25 @@ class _Subscription:
             tracer,
             self._span_name,
             context_of(trace_context(headers), tracestate if isinstance(tracestate, str) else None),
-            {
-                # OpenTelemetry semantic conventions for messaging (RabbitMQ), then the
-                # service's own attributes under fulfilment.*.
-                "messaging.system": "rabbitmq",
-                "messaging.operation.type": "process",
-                "messaging.operation.name": "process",
-                "messaging.destination.name": raw.exchange or "",
-                "messaging.rabbitmq.destination.routing_key": raw.routing_key or "",
-                "messaging.consumer.group.name": self._queue,
-                "messaging.message.id": raw.message_id or "",
-                "messaging.message.body.size": len(raw.body),
-                "fulfilment.event": self._event,
-            },
+            lambda: self._span_attributes(raw),
         ):
             await self._settle(message)
+
+    def _span_attributes(self, raw: AbstractIncomingMessage) -> dict[str, AttributeValue]:
+        """The delivery span's attributes known at its start."""
+        return {
+            # OpenTelemetry semantic conventions for messaging (RabbitMQ), then the service's
+            # own attributes under fulfilment.*.
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": raw.exchange or "",
+            "messaging.rabbitmq.destination.routing_key": raw.routing_key or "",
+            "messaging.consumer.group.name": self._queue,
+            "messaging.message.id": raw.message_id or "",
+            "messaging.message.body.size": len(raw.body),
+            "fulfilment.event": self._event,
+        }
 
     async def _settle(self, message: RabbitMessage) -> None:
         raw = message.raw_message
