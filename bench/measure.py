@@ -1,11 +1,11 @@
-"""CPU seconds of the consumer, the relay, the broker and PostgreSQL, from the kernel's counters.
+"""CPU seconds of the processes under test, the broker and PostgreSQL, from the kernel's counters.
 
 A thread reads user + system CPU time (``/proc/<pid>/stat`` through psutil) of these groups of
 processes every :data:`SAMPLE_SECONDS`:
 
-- ``consumer``: the processes under test;
-- ``relay``: the ``fulfilment relay`` process that publishes the worker's outbox (none for the
-  reference consumer, which publishes nothing);
+- one group per process under test, by name (``consumer`` for the worker or the reference,
+  ``relay`` for the ``fulfilment relay`` that publishes the worker's outbox, ...): the
+  benchmark's list of the service's processes decides which;
 - ``broker``: ``beam.smp`` (the whole broker: other virtual hosts' traffic counts too);
 - ``postgres``: the backends of the benchmark's database (their process title names it) and
   the server's shared processes (WAL writer, checkpointer, ...), not other databases' backends;
@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -43,8 +43,8 @@ DATABASE_SHARED_PROCESSES = (
 """Process titles (after ``postgres: <cluster>: ``) of the server's processes shared by all
 databases; a backend's title starts with its user and database instead."""
 
-
-GROUPS = ("consumer", "relay", "broker", "postgres", "rest")
+SHARED_GROUPS = ("broker", "postgres", "rest")
+"""The groups every sampler has after its processes' own."""
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -68,22 +68,20 @@ class _Group:
 
 
 class CpuSampler:
-    """Samples the CPU seconds of ``consumers()``, ``relays()``, the broker and PostgreSQL.
+    """Samples the CPU seconds of each group of ``processes``, the broker and PostgreSQL.
 
     In a thread. Use as a context manager; :meth:`between` then gives the seconds each group
     spent between two wall-clock moments (``time.time()``, the clock PostgreSQL's ``now()``
-    also follows). ``consumers`` and ``relays`` return the process ids of their group now.
+    also follows). ``processes`` maps a group's name to a function that returns its process
+    ids now (they start and stop while the sampler runs).
     """
 
-    def __init__(
-        self,
-        consumers: Callable[[], Sequence[int]],
-        database: str,
-        relays: Callable[[], Sequence[int]] = tuple,
-    ) -> None:
-        self._pids = {"consumer": consumers, "relay": relays}
+    def __init__(self, processes: Mapping[str, Callable[[], Sequence[int]]], database: str) -> None:
+        self._pids = dict(processes)
         self._database = database
-        self._groups = {name: _Group() for name in ("consumer", "relay", "broker", "postgres")}
+        self.groups = (*self._pids, *SHARED_GROUPS)
+        """Every group's name: ``processes``' then :data:`SHARED_GROUPS`."""
+        self._groups = {name: _Group() for name in self.groups if name != "rest"}
         self.samples: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
@@ -133,8 +131,8 @@ class CpuSampler:
         return role.startswith(DATABASE_SHARED_PROCESSES) or f" {self._database} " in f" {role} "
 
     def between(self, start: float, end: float) -> dict[str, float]:
-        """CPU seconds per group (:data:`GROUPS`)."""
-        return {group: self._at(end, group) - self._at(start, group) for group in GROUPS}
+        """CPU seconds per group (:attr:`groups`) between ``start`` and ``end`` (epoch seconds)."""
+        return {group: self._at(end, group) - self._at(start, group) for group in self.groups}
 
     def _at(self, moment: float, group: str) -> float:
         times = [sample[0] for sample in self.samples]

@@ -31,7 +31,8 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE, RESULT_ROUTING_KEYS
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
+from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.service import Relay, RelayOptions
 from services import AMQP_URL, throwaway_database
@@ -64,7 +65,7 @@ async def measure(url: str, rows: int, batch_size: int) -> None:
     async with await aio_pika.connect(AMQP_URL) as broker:
         channel = await broker.channel()
         exchange = await channel.declare_exchange(
-            RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+            EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
         )
         queue = await channel.declare_queue(exclusive=True)
         await queue.bind(exchange, "#")

@@ -14,25 +14,36 @@ so it never touches anybody's queues or stock):
    the same N orders into a queue of the reference consumer (``reference.py``, bound to
    ``orders`` with another routing key, the same quorum-queue arguments; it publishes
    nothing) and drains that; the database is emptied and the stock reloaded before each drain;
-3. measures each drain from the database: the rate is the orders committed between the 1st
-   percentile and the last commit (``reservations.created_at``) divided by that time, so the
-   start-up of either process is left out; CPU seconds per 1,000 orders of the consumer, the
-   relay, the broker (``beam.smp``), PostgreSQL (the benchmark database's backends and the
-   server's shared processes) and the rest of the machine over the same window
-   (``measure.py``); the consumer's and the relay's peak RSS (``VmHWM``, also every 20,000
-   orders committed); transactions and rows per order (``pg_stat_database``); and the result
-   events that reached the events' queue and their rate (:class:`Events`);
+3. measures each drain. The headline, for the worker: an order counts when its result event
+   (``stock.reserved``/``stock.rejected``) is confirmed by the broker, that is when it has
+   reached :data:`EVENTS_QUEUE` (see :class:`Events` for why the queue's depth counts the
+   confirmed events): the rate is the events that arrived from the 1st percentile of the
+   count to the last, read from the queue's depth sampled every 0.1 s. Beside it, the drain's
+   rate: the orders committed (and acknowledged) from the 1st percentile of
+   ``reservations.created_at`` to the last, over that time, so the start-up of either process
+   is left out; the reference, which publishes nothing, is compared on this one. Commit ->
+   confirm p50/p95/p99 per event (:func:`confirm_lags_ms`). CPU seconds per 1,000 orders of
+   each process (the worker or the reference, each of :data:`SERVICE_PROCESSES`), the broker
+   (``beam.smp``), PostgreSQL (the benchmark database's backends and the server's shared
+   processes) and the rest of the machine, from the 1st percentile of the commits to the
+   last confirm (to the last commit where nothing is published; ``measure.py``); peak RSS
+   (``VmHWM``, also every 20,000 orders committed); transactions and rows per order
+   (``pg_stat_database``);
 4. publishes orders at a steady rate of half the worker's median drain rate for
    ``--latency-seconds``, each stamped ``placed_at`` = now, to a running worker and relay
-   (and then to the reference), and reports end-to-end latency percentiles and, for the
-   worker, commit -> published (``outbox.published_at - created_at``);
-5. prints medians, the ratio worker/reference, and writes everything as JSON to ``--results``.
+   (and then to the reference), and reports placed_at -> commit percentiles and, for the
+   worker, commit -> confirm from the events' queue (its depth read every 0.01 s) and
+   commit -> published (``outbox.published_at - created_at``) as a cross-check;
+5. prints the table drain by drain (each round: the worker, the reference, their ratio) and
+   the medians with their ratio, and writes everything as JSON to ``--results``.
 
-``--profile`` instead drains one backlog with the worker under py-spy (its relay beside it)
-and prints where its CPU goes; ``--no-relay`` runs the worker without a relay;
+``--profile`` instead drains one backlog with the worker under py-spy (the processes beside
+it running) and prints where its CPU goes; ``--no-relay`` runs the worker alone (the figures
+before result events counted: an order counts when its delivery is acknowledged);
 ``--worker-src`` runs another version's worker (its ``src/``, e.g. from ``git archive``) to
-compare versions; ``--worker-env`` changes one of its settings. The benchmark is not run by
-CI: it takes minutes and its figures depend on the machine.
+compare versions; ``--env NAME=VALUE`` sets the environment of every service process (a
+setting, tracing). The benchmark is not run by CI: it takes minutes and its figures depend on
+the machine.
 """
 
 from __future__ import annotations
@@ -41,12 +52,12 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,16 +74,30 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+from figures import (
+    Ratio,
+    Row,
+    arrivals,
+    comparison_table,
+    lag_percentiles_ms,
+    median,
+    median_row,
+    number,
+    percentile,
+    ratio_row,
+    reached,
+    spacing_ms,
+)
 from measure import CpuSampler, peak_rss_bytes
 from workload import Order, Workload, load_workload, publish_backlog, publish_steadily
 
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
+    EVENTS_EXCHANGE,
     ORDER_PLACED,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
-    RESULT_EVENTS_EXCHANGE,
 )
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import Topology, declare_topology
@@ -86,7 +111,10 @@ nobody consumes, so its depth counts the result events that reached it."""
 WARM_UP_SHARE = 0.01
 """Share of the first commits of a drain left out of its rate and CPU (start-up, warm-up)."""
 DEPTH_SAMPLE_SECONDS = 0.1
-"""Time between two reads of :data:`EVENTS_QUEUE`'s depth (a passive declare)."""
+"""Time between two reads of :data:`EVENTS_QUEUE`'s depth (a passive declare) in a drain."""
+LATENCY_DEPTH_SAMPLE_SECONDS = 0.01
+"""The same in the latency phase, whose commit -> confirm lags are tens of milliseconds: the
+lag read from the depth is good to about this spacing (a drain's rate is not measured there)."""
 RSS_CHECKPOINT_ORDERS = 20_000
 """Every this many orders committed, a drain records its processes' peak RSS (``VmHWM``)."""
 
@@ -182,7 +210,7 @@ async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
         events = await channel.declare_queue(
             EVENTS_QUEUE, durable=True, arguments={"x-queue-type": "quorum"}
         )
-        await events.bind(RESULT_EVENTS_EXCHANGE, routing_key="#")
+        await events.bind(EVENTS_EXCHANGE, routing_key="#")
     finally:
         await connection.close()
 
@@ -315,6 +343,31 @@ class Consumer:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceProcess:
+    """One of the service's processes that runs beside the worker in the product's drains."""
+
+    name: str
+    """Its CPU group, log file and column in the table."""
+    command: tuple[str, ...]
+    port_setting: str
+    """The environment variable of its HTTP port (``/health/ready``, ``/metrics``)."""
+
+
+SERVICE_PROCESSES = (
+    ServiceProcess(
+        "relay",
+        (str(Path(sys.executable).parent / "fulfilment"), "relay"),
+        "FULFILMENT_RELAY_HTTP_PORT",
+    ),
+)
+"""The processes measured beside the worker (``--workers`` copies of it), at their defaults.
+
+Each is started before the worker, stopped once the outbox has no unpublished row, and gets
+its own CPU and peak-RSS columns. The warehouse dispatcher, when it lands, is one more entry
+(and, if it finishes on something other than the outbox, its own wait in :func:`drain`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What to run: the settings of one benchmark invocation."""
 
@@ -322,12 +375,13 @@ class Plan:
     logs: Path
     prefetch: int
     workers: int
-    worker_env: dict[str, str]
-    relay: bool = True
-    """Whether a ``fulfilment relay`` runs beside the worker (it publishes the outbox)."""
+    env: dict[str, str]
+    """Extra environment of every service process (``--env``), e.g. tracing's settings."""
+    beside_worker: tuple[ServiceProcess, ...] = SERVICE_PROCESSES
+    """The processes run beside the worker: none with ``--no-relay`` (the worker alone)."""
 
     def _service_env(self) -> dict[str, str]:
-        """The worker's and relay's environment: this run's services, JSON logs, extras."""
+        """The service's processes' environment: this run's services, JSON logs, extras."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
         return env | {
             "FULFILMENT_AMQP_URL": self.services.amqp_url,
@@ -337,20 +391,23 @@ class Plan:
             "FULFILMENT_PREFETCH_COUNT": str(self.prefetch),
             "FULFILMENT_HTTP_HOST": "127.0.0.1",
             "FULFILMENT_LOG_FORMAT": "json",
-            **self.worker_env,
+            **self.env,
         }
 
-    def relays(self, kind: str, label: str) -> list[Consumer]:
-        """The relay process (``fulfilment relay``, its own port) beside ``kind``, not started.
+    def beside(self, kind: str, label: str) -> list[Consumer]:
+        """The processes of :attr:`beside_worker` (each on a port of its own), not started.
 
-        None (an empty list) for the reference, which publishes nothing, and with ``relay`` off.
+        None (an empty list) for the reference, which publishes nothing.
         """
-        if kind != "worker" or not self.relay:
+        if kind != "worker":
             return []
-        port = _free_port()
-        env = self._service_env() | {"FULFILMENT_RELAY_HTTP_PORT": str(port)}
-        command = [str(Path(sys.executable).parent / "fulfilment"), "relay"]
-        return [Consumer("relay", command, env, self.logs / f"{label}-relay.log", http_port=port)]
+        made = []
+        for process in self.beside_worker:
+            port = _free_port()
+            env = self._service_env() | {process.port_setting: str(port)}
+            log = self.logs / f"{label}-{process.name}.log"
+            made.append(Consumer(process.name, list(process.command), env, log, http_port=port))
+        return made
 
     def consumers(self, kind: str, label: str) -> list[Consumer]:
         """``workers`` processes of ``kind`` (``worker`` or ``reference``), not started."""
@@ -384,7 +441,7 @@ def _route(kind: str) -> str:
 
 
 def _queue(kind: str) -> str:
-    return MAIN_QUEUE if kind == "worker" else REFERENCE_QUEUE
+    return ORDER_PLACED_QUEUE if kind == "worker" else REFERENCE_QUEUE
 
 
 # --- measurements ---------------------------------------------------------------------------
@@ -394,13 +451,16 @@ def _queue(kind: str) -> str:
 class Events:
     """The result events of one worker drain, as they reached :data:`EVENTS_QUEUE`.
 
-    ``count`` is the queue's depth once the outbox has no unpublished row. ``rate`` (events
-    per second) is read from the depth sampled every :data:`DEPTH_SAMPLE_SECONDS`: the events
-    that arrived from the moment the depth passed :data:`WARM_UP_SHARE` of ``count`` to the
-    moment it reached ``count`` (both interpolated between samples), over that time, as for
-    the orders' rate. ``marked_rate`` is the same from ``outbox.published_at`` (set after the
-    confirm), a cross-check. ``relay_cpu_per_1000`` is the relay's CPU seconds per 1,000
-    events over the queue's window.
+    ``count`` is the queue's depth once the outbox has no unpublished row: a message counts
+    in a quorum queue's depth once its Raft log has committed it, which is when the broker
+    confirms it to the relay (``fulfilment.events`` routes it to no other queue here), so the
+    depth is the number of confirmed events. ``rate`` (events per second, one per order here)
+    is read from the depth sampled every :data:`DEPTH_SAMPLE_SECONDS`: the events that arrived
+    from the moment the depth passed :data:`WARM_UP_SHARE` of ``count`` to the moment it
+    reached ``count`` (both interpolated between samples), over that time, as for the orders'
+    rate. ``marked_rate`` is the same from ``outbox.published_at`` (set after the confirm), a
+    cross-check. ``relay_cpu_per_1000`` is the relay's CPU seconds per 1,000 events over the
+    queue's window. ``lag_ms`` is commit -> confirm (:func:`confirm_lags_ms`).
     """
 
     count: int
@@ -408,30 +468,48 @@ class Events:
     rate: float
     marked_rate: float
     relay_cpu_per_1000: float
+    started: float
+    """When the depth passed the warm-up share (epoch seconds)."""
+    finished: float
+    """When the depth reached ``count`` (epoch seconds): the last event's confirm."""
+    lag_ms: dict[str, float] = field(default_factory=dict)
+    depth_spacing_ms: float = math.nan
+    """The median time between two reads of the depth: what ``lag_ms`` is good to."""
 
 
 @dataclass
 class Drain:
-    """One drain of a backlog: rate in orders per second, CPU in seconds per 1,000 orders."""
+    """One drain of a backlog: rates in orders per second, CPU in seconds per 1,000 orders."""
 
     kind: str
     orders: int
     publish_seconds: float
     rate: float
+    """The drain's rate: orders committed (the worker acknowledges each after its commit)."""
     cpu_per_1000: dict[str, float]
+    """Per group (``consumer``, each process beside it, ``broker``, ``postgres``, ``rest``)
+    over the counted window: from the warm-up share of commits to the last result event's
+    confirm, or to the last commit where no event is published (the reference, ``--no-relay``)."""
+    cpu_per_1000_drain: dict[str, float]
+    """The same over the commits' window alone (the figure before result events counted)."""
     peak_rss_mib: list[float]
     outcomes: dict[str, int]
     database_per_order: dict[str, float]
     """Transactions and rows written per order (``pg_stat_database``), all clients of the
     benchmark's database included; once the consumers have exited, so their counts are in."""
-    relay_peak_rss_mib: float | None = None
-    """The relay's ``VmHWM`` once it has published every event; None without a relay."""
+    beside_peak_rss_mib: dict[str, float] = field(default_factory=dict)
+    """``VmHWM`` of each process beside the worker once every event is published, by name."""
     events: Events | None = None
     """None for the reference (it publishes nothing) and without a relay."""
     peak_rss_by_orders: dict[int, dict[str, list[float]]] = field(default_factory=dict)
     """``{orders committed: {"worker": [MiB per process], "relay": [MiB]}}``: ``VmHWM`` read
     every :data:`RSS_CHECKPOINT_ORDERS` orders committed and at the end (the relay's last
     once it has published every event)."""
+
+    @property
+    def counted_rate(self) -> float:
+        """The headline: result events confirmed per second, or the drain's rate without any."""
+        return self.events.rate if self.events is not None else self.rate
 
 
 DATABASE_COUNTERS = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated")
@@ -498,7 +576,7 @@ async def wait_published(database_url: str, *, within: float, relays: Sequence[C
     """Until the outbox has no unpublished row.
 
     Raises:
-        RuntimeError: not within ``within`` seconds, or a relay exited.
+        RuntimeError: not within ``within`` seconds, or one of ``relays`` exited.
     """
     connection = await asyncpg.connect(database_url)
     try:
@@ -511,8 +589,8 @@ async def wait_published(database_url: str, *, within: float, relays: Sequence[C
                 return
             for relay in relays:
                 if relay.process is not None and relay.process.poll() is not None:
-                    msg = f"relay exited with {relay.process.returncode}: {relay.log_tail()}"
-                    raise RuntimeError(msg)
+                    msg = f"{relay.kind} exited with {relay.process.returncode}: "
+                    raise RuntimeError(msg + relay.log_tail())
             await asyncio.sleep(0.1)
     finally:
         await connection.close()
@@ -521,13 +599,17 @@ async def wait_published(database_url: str, *, within: float, relays: Sequence[C
 
 
 async def sample_depth(
-    amqp_url: str, samples: list[tuple[float, int]], stop: asyncio.Event
+    amqp_url: str,
+    samples: list[tuple[float, int]],
+    stop: asyncio.Event,
+    every: float = DEPTH_SAMPLE_SECONDS,
 ) -> None:
-    """Append ``(time.time(), depth of EVENTS_QUEUE)`` every :data:`DEPTH_SAMPLE_SECONDS`.
+    """Append ``(time.time(), depth of EVENTS_QUEUE)`` every ``every`` seconds.
 
     Until ``stop`` is set, then once more. The depth is the ``message_count`` of a passive
     declare, the queue's own count (the management statistics lag by seconds); the time is
-    the middle of the round trip.
+    the middle of the round trip. Nobody consumes the queue meanwhile: a consumer would add
+    the broker's deliveries to the figures.
     """
     connection = await aio_pika.connect(amqp_url)
     try:
@@ -540,29 +622,59 @@ async def sample_depth(
             if stop.is_set():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), DEPTH_SAMPLE_SECONDS)
+                await asyncio.wait_for(stop.wait(), every)
     finally:
         await connection.close()
 
 
-def _reached(samples: Sequence[tuple[float, int]], level: int) -> float:
-    """When the depth first reached ``level``, interpolated linearly between two samples."""
-    before_time, before_depth = samples[0]
-    for moment, depth in samples:
-        if depth >= level:
-            if depth == before_depth:
-                return moment
-            share = (level - before_depth) / (depth - before_depth)
-            return before_time + (moment - before_time) * share
-        before_time, before_depth = moment, depth
-    msg = f"the depth never reached {level}"
-    raise ValueError(msg)
+async def commit_times_in_queue_order(amqp_url: str, count: int) -> list[float]:
+    """The ``occurred_at`` of the first ``count`` events of :data:`EVENTS_QUEUE`, in its order.
+
+    In epoch seconds. Consumes them (no acknowledgements): called once the figures' window
+    is over. ``occurred_at`` is the outbox row's time, ``now()`` of the transaction that wrote
+    it (its start, a few milliseconds before its commit, so the lag is a little longer than
+    from the commit itself).
+
+    Raises:
+        TimeoutError: fewer than ``count`` messages came.
+    """
+    connection = await aio_pika.connect(amqp_url)
+    committed: list[float] = []
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(EVENTS_QUEUE, passive=True)
+        async with asyncio.timeout(60 + count / 100), queue.iterator(no_ack=True) as messages:
+            async for message in messages:
+                occurred = json.loads(message.body)["occurred_at"]
+                committed.append(datetime.fromisoformat(occurred).timestamp())
+                if len(committed) >= count:
+                    break
+    finally:
+        await connection.close()
+    return committed
+
+
+async def confirm_lags_ms(
+    amqp_url: str, samples: Sequence[tuple[float, int]], count: int
+) -> dict[str, float]:
+    """Commit -> confirm of the queue's ``count`` events: p50, p95, p99 and max, in ms.
+
+    The ``k``-th message of the queue arrived (was confirmed) when its sampled depth reached
+    ``k`` (:func:`figures.arrivals`, good to the samples' spacing); its commit is its body's
+    ``occurred_at`` (:func:`commit_times_in_queue_order`). Reading the arrival from the depth
+    rather than from a consumer leaves the broker's work as in production minus a consumer,
+    the same in every drain, and the rate undisturbed; both times are this machine's clock.
+    """
+    if count == 0:
+        return {}
+    committed = await commit_times_in_queue_order(amqp_url, count)
+    return lag_percentiles_ms(committed, arrivals(samples, range(1, count + 1)))
 
 
 async def events_of_drain(
     services: Services, samples: Sequence[tuple[float, int]], sampler: CpuSampler
 ) -> Events:
-    """The drain's result events: count, arrival rate, relay CPU (see :class:`Events`)."""
+    """The drain's result events: count, arrival rate, relay CPU, lag (see :class:`Events`)."""
     connection = await aio_pika.connect(services.amqp_url)
     try:
         channel = await connection.channel()
@@ -571,7 +683,7 @@ async def events_of_drain(
     finally:
         await connection.close()
     skip = max(1, int(count * WARM_UP_SHARE))
-    start, end = _reached(samples, skip), _reached(samples, count)
+    start, end = reached(samples, skip), reached(samples, count)
     database = await asyncpg.connect(services.database_url)
     try:
         row = await database.fetchrow(
@@ -582,12 +694,17 @@ async def events_of_drain(
     finally:
         await database.close()
     marked = (row["rows"] - skip - 1) / (row["last"] - row["first"]).total_seconds()
+    relay_cpu = sampler.between(start, end).get("relay", math.nan)
     return Events(
         count=count,
         outbox_rows=int(row["rows"]),
         rate=round((count - skip) / (end - start), 1),
         marked_rate=round(marked, 1),
-        relay_cpu_per_1000=round(sampler.between(start, end)["relay"] / (count - skip) * 1000, 3),
+        relay_cpu_per_1000=round(relay_cpu / (count - skip) * 1000, 3),
+        started=start,
+        finished=end,
+        lag_ms=await confirm_lags_ms(services.amqp_url, samples, count),
+        depth_spacing_ms=spacing_ms(samples),
     )
 
 
@@ -598,6 +715,17 @@ def _peak_rss_mib(processes: Sequence[Consumer]) -> list[float]:
         for process in processes
         if process.process is not None
     ]
+
+
+def _by_name(processes: Sequence[Consumer]) -> dict[str, list[Consumer]]:
+    grouped: dict[str, list[Consumer]] = {}
+    for process in processes:
+        grouped.setdefault(process.kind, []).append(process)
+    return grouped
+
+
+def _pids(processes: Sequence[Consumer]) -> list[int]:
+    return [process.process.pid for process in processes if process.process is not None]
 
 
 async def commit_window(database_url: str, total: int) -> tuple[float, float, int]:
@@ -625,7 +753,10 @@ async def outcomes(services: Services, kind: str) -> dict[str, int]:
     broker = await aio_pika.connect(services.amqp_url)
     try:
         channel = await broker.channel()
-        for name, queue in (("left_in_queue", _queue(kind)), ("dead_letters", DEAD_LETTER_QUEUE)):
+        for name, queue in (
+            ("left_in_queue", _queue(kind)),
+            ("dead_letters", ORDER_PLACED_DEAD_LETTER_QUEUE),
+        ):
             declared = await channel.declare_queue(queue, passive=True)
             counts[name] = int(declared.declaration_result.message_count or 0)
     finally:
@@ -633,12 +764,41 @@ async def outcomes(services: Services, kind: str) -> dict[str, int]:
     return counts
 
 
+@dataclass
+class RssCheckpoints:
+    """Peak RSS (``VmHWM``, MiB) of a drain's processes every :data:`RSS_CHECKPOINT_ORDERS`.
+
+    ``by_orders`` is ``{orders committed: {"worker": [MiB per process], name: [MiB]}}``, a
+    name for each process beside the worker.
+    """
+
+    consumers: Sequence[Consumer]
+    beside: Sequence[Consumer]
+    orders: int
+    by_orders: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+
+    def now(self) -> dict[str, list[float]]:
+        """Every process's peak RSS now, by name."""
+        named = _by_name(self.beside)
+        return {"worker": _peak_rss_mib(self.consumers)} | {
+            name: _peak_rss_mib(processes) for name, processes in named.items()
+        }
+
+    def note(self, committed: int) -> None:
+        """Record the checkpoints that ``committed`` orders have passed (the last excepted)."""
+        for mark in range(
+            RSS_CHECKPOINT_ORDERS, min(committed + 1, self.orders), RSS_CHECKPOINT_ORDERS
+        ):
+            if mark not in self.by_orders:
+                self.by_orders[mark] = self.now()
+
+
 async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> Drain:
-    """Publish ``orders`` as a backlog, start the consumers (and the worker's relay), measure.
+    """Publish ``orders`` as a backlog, start the consumers (and the processes beside), measure.
 
     Until all are committed and, with a relay, until every result event has reached
-    :data:`EVENTS_QUEUE`; the worker stops once it has committed every order, the relay once
-    the outbox has no unpublished row.
+    :data:`EVENTS_QUEUE`; every process is stopped once the outbox has no unpublished row (the
+    reference once it has committed every order).
     """
     services = plan.services
     await purge_events_queue(services.amqp_url)
@@ -653,71 +813,68 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
     finally:
         await broker.close()
     consumers = plan.consumers(kind, label)
-    relays = plan.relays(kind, label)
+    beside = plan.beside(kind, label)
     before = await database_counters(services.database_url)
     database = urllib.parse.urlsplit(services.database_url).path.lstrip("/")
-    rss_by_orders: dict[int, dict[str, list[float]]] = {}
-
-    def note_rss(committed: int) -> None:
-        for mark in range(
-            RSS_CHECKPOINT_ORDERS, min(committed + 1, len(orders)), RSS_CHECKPOINT_ORDERS
-        ):
-            if mark not in rss_by_orders:
-                rss_by_orders[mark] = {
-                    "worker": _peak_rss_mib(consumers),
-                    "relay": _peak_rss_mib(relays),
-                }
-
-    def pids(processes: Sequence[Consumer]) -> list[int]:
-        return [process.process.pid for process in processes if process.process is not None]
-
+    rss = RssCheckpoints(consumers, beside, len(orders))
+    groups: dict[str, Callable[[], Sequence[int]]] = {"consumer": lambda: _pids(consumers)}
+    for process in beside:
+        groups[process.kind] = lambda name=process.kind: _pids(_by_name(beside)[name])
     depths: list[tuple[float, int]] = []
     stop_depths = asyncio.Event()
-    with CpuSampler(lambda: pids(consumers), database, relays=lambda: pids(relays)) as sampler:
+    with CpuSampler(groups, database) as sampler:
         depth_task = asyncio.create_task(sample_depth(services.amqp_url, depths, stop_depths))
-        for process in [*relays, *consumers]:
+        for process in [*beside, *consumers]:
             process.start()
         try:
             await wait_committed(
                 services.database_url,
                 len(orders),
                 within=120 + len(orders) / 50,
-                consumers=[*consumers, *relays],
-                progress=note_rss,
+                consumers=[*consumers, *beside],
+                progress=rss.note,
             )
-            rss = _peak_rss_mib(consumers)
-            for consumer in consumers:
-                consumer.stop()
-            if relays:
+            if beside:
+                # The worker idles until the last confirm: stopped at once, its shutdown
+                # would fall into the counted window, which ends there.
                 await wait_published(
-                    services.database_url, within=120 + len(orders) / 50, relays=relays
+                    services.database_url, within=120 + len(orders) / 50, relays=beside
                 )
-            relay_rss = _peak_rss_mib(relays)
-            rss_by_orders[len(orders)] = {"worker": rss, "relay": relay_rss}
+            rss.by_orders[len(orders)] = rss.now()
+            worker_rss = rss.by_orders[len(orders)]["worker"]
         finally:
-            for process in [*consumers, *relays]:
+            for process in [*consumers, *beside]:
                 process.stop()
             stop_depths.set()
             await depth_task
     start, end, counted = await commit_window(services.database_url, len(orders))
-    cpu = sampler.between(start, end)
-    events = await events_of_drain(services, depths, sampler) if relays else None
+    events = await events_of_drain(services, depths, sampler) if beside else None
+    counted_end = max(end, events.finished) if events is not None else end
     await asyncio.sleep(1)  # backends report their counters when they exit
     after = await database_counters(services.database_url)
+
+    def per_1000(cpu: dict[str, float]) -> dict[str, float]:
+        return {group: seconds / counted * 1000 for group, seconds in cpu.items()}
+
     return Drain(
         kind=kind,
         orders=len(orders),
         publish_seconds=round(publish_seconds, 2),
         rate=counted / (end - start),
-        cpu_per_1000={group: seconds / counted * 1000 for group, seconds in cpu.items()},
-        peak_rss_mib=rss,
+        cpu_per_1000=per_1000(sampler.between(start, counted_end)),
+        cpu_per_1000_drain=per_1000(sampler.between(start, end)),
+        peak_rss_mib=worker_rss,
         outcomes=await outcomes(services, kind),
         database_per_order={
             name: round((after[name] - before[name]) / len(orders), 2) for name in DATABASE_COUNTERS
         },
-        relay_peak_rss_mib=max(relay_rss) if relay_rss else None,
+        beside_peak_rss_mib={
+            name: max(values)
+            for name, values in rss.by_orders[len(orders)].items()
+            if name != "worker" and values
+        },
         events=events,
-        peak_rss_by_orders=rss_by_orders,
+        peak_rss_by_orders=rss.by_orders,
     )
 
 
@@ -738,6 +895,11 @@ class Latency:
     handler_p99_ms: float | None = None
     events: int | None = None
     """Result events the relay published in the phase; None without a relay."""
+    confirm_lag_ms: dict[str, float] = field(default_factory=dict)
+    """Commit -> confirm, p50/p95/p99/max (:func:`confirm_lags_ms`, depth read every
+    :data:`LATENCY_DEPTH_SAMPLE_SECONDS`); empty without a relay."""
+    depth_spacing_ms: float | None = None
+    """The median time between two reads of the depth: what ``confirm_lag_ms`` is good to."""
     published_lag_p50_ms: float | None = None
     """Commit -> published: ``outbox.published_at - created_at`` of the phase's rows."""
     published_lag_p99_ms: float | None = None
@@ -745,46 +907,9 @@ class Latency:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -> Latency:
-    """Publish ``orders`` at ``rate`` per second to running consumers; measure placed_at->commit.
-
-    From the database: ``reservations.created_at`` (the start of the reserving transaction)
-    minus ``placed_at``. From the worker's metric ``fulfilment_order_latency_seconds``
-    (observed after the commit): the share within 100 ms and p99 interpolated in its buckets.
-    With the worker's relay running too: commit -> published, ``outbox.published_at`` (set
-    when the broker has confirmed the event) minus ``outbox.created_at`` (the start of the
-    transaction that wrote it, a few milliseconds before its commit), over the phase's rows.
-    """
-    services = plan.services
-    consumers = plan.consumers(kind, f"latency-{kind}")
-    relays = plan.relays(kind, f"latency-{kind}")
-    await purge_events_queue(services.amqp_url)
-    for process in [*relays, *consumers]:
-        process.start()
-    try:
-        for process in [*relays, *consumers]:
-            process.wait_ready()
-        broker = await aio_pika.connect(services.amqp_url)
-        try:
-            achieved = await publish_steadily(
-                broker,
-                exchange=ORDERS_EXCHANGE,
-                routing_key=_route(kind),
-                orders=orders,
-                rate=rate,
-            )
-        finally:
-            await broker.close()
-        await wait_committed(
-            services.database_url, len(orders), within=120, consumers=[*consumers, *relays]
-        )
-        if relays:
-            await wait_published(services.database_url, within=120, relays=relays)
-        exposition = [consumer.metrics() for consumer in consumers]
-    finally:
-        for process in [*consumers, *relays]:
-            process.stop()
-    connection = await asyncpg.connect(services.database_url)
+async def _database_latencies(database_url: str) -> tuple[asyncpg.Record, asyncpg.Record]:
+    """placed_at -> commit and commit -> published (p50, p99, max in ms) from the tables."""
+    connection = await asyncpg.connect(database_url)
     try:
         row = await connection.fetchrow(
             "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,"
@@ -801,6 +926,59 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
         )
     finally:
         await connection.close()
+    return row, lag
+
+
+async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -> Latency:
+    """Publish ``orders`` at ``rate`` per second to running consumers; measure placed_at->commit.
+
+    From the database: ``reservations.created_at`` (the start of the reserving transaction)
+    minus ``placed_at``. From the worker's metric ``fulfilment_order_latency_seconds``
+    (observed after the commit): the share within 100 ms and p99 interpolated in its buckets.
+    With the worker's relay running too: commit -> confirm from the events' queue
+    (:func:`confirm_lags_ms`), and as a cross-check commit -> published,
+    ``outbox.published_at`` (set when the broker has confirmed the event) minus
+    ``outbox.created_at`` (the start of the transaction that wrote it), over the phase's rows.
+    """
+    services = plan.services
+    consumers = plan.consumers(kind, f"latency-{kind}")
+    beside = plan.beside(kind, f"latency-{kind}")
+    await purge_events_queue(services.amqp_url)
+    depths: list[tuple[float, int]] = []
+    stop_depths = asyncio.Event()
+    for process in [*beside, *consumers]:
+        process.start()
+    try:
+        for process in [*beside, *consumers]:
+            process.wait_ready()
+        depth_task = asyncio.create_task(
+            sample_depth(services.amqp_url, depths, stop_depths, LATENCY_DEPTH_SAMPLE_SECONDS)
+        )
+        try:
+            broker = await aio_pika.connect(services.amqp_url)
+            try:
+                achieved = await publish_steadily(
+                    broker,
+                    exchange=ORDERS_EXCHANGE,
+                    routing_key=_route(kind),
+                    orders=orders,
+                    rate=rate,
+                )
+            finally:
+                await broker.close()
+            await wait_committed(
+                services.database_url, len(orders), within=120, consumers=[*consumers, *beside]
+            )
+            if beside:
+                await wait_published(services.database_url, within=120, relays=beside)
+        finally:
+            stop_depths.set()
+            await depth_task
+        exposition = [consumer.metrics() for consumer in consumers]
+    finally:
+        for process in [*consumers, *beside]:
+            process.stop()
+    row, lag = await _database_latencies(services.database_url)
     result = Latency(
         kind=kind,
         target_rate=round(rate, 1),
@@ -810,8 +988,10 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
         p99_ms=round(float(row["p99"]), 1),
         max_ms=round(float(row["top"]), 1),
     )
-    if relays and lag["events"]:
+    if beside and lag["events"]:
         result.events = int(lag["events"])
+        result.confirm_lag_ms = await confirm_lags_ms(services.amqp_url, depths, depths[-1][1])
+        result.depth_spacing_ms = spacing_ms(depths)
         result.published_lag_p50_ms = round(float(lag["p50"]), 1)
         result.published_lag_p99_ms = round(float(lag["p99"]), 1)
         result.published_lag_max_ms = round(float(lag["top"]), 1)
@@ -822,8 +1002,8 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
             result.metric_p99_ms = round(_quantile(buckets, 0.99) * 1000, 1)
         handled = _handler_durations(consumers)
         if handled:
-            result.handler_p50_ms = round(_percentile(handled, 0.5), 1)
-            result.handler_p99_ms = round(_percentile(handled, 0.99), 1)
+            result.handler_p50_ms = round(percentile(handled, 0.5), 1)
+            result.handler_p99_ms = round(percentile(handled, 0.99), 1)
     return result
 
 
@@ -859,11 +1039,6 @@ def _quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
     return float("nan")
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _handler_durations(consumers: Sequence[Consumer]) -> list[float]:
     durations = []
     for consumer in consumers:
@@ -881,7 +1056,7 @@ def _handler_durations(consumers: Sequence[Consumer]) -> list[float]:
 async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
     """Drain ``orders`` with one worker under py-spy; print the hottest functions.
 
-    The relay runs beside it as in a drain (unless the plan has none), not profiled.
+    The processes beside it run as in a drain (none with ``--no-relay``), not profiled.
     """
     await purge_events_queue(plan.services.amqp_url)
     broker = await aio_pika.connect(plan.services.amqp_url)
@@ -895,8 +1070,8 @@ async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
     finally:
         await broker.close()
     (worker,) = plan.consumers("worker", "profile")[:1]
-    relays = plan.relays("worker", "profile")
-    for process in [*relays, worker]:
+    beside = plan.beside("worker", "profile")
+    for process in [*beside, worker]:
         process.start()
     assert worker.process is not None  # noqa: S101 - just started
     command = ["py-spy", "record", "--pid", str(worker.process.pid), "--rate", "200"]
@@ -907,10 +1082,10 @@ async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
     )
     try:
         await wait_committed(
-            plan.services.database_url, len(orders), within=600, consumers=[worker, *relays]
+            plan.services.database_url, len(orders), within=600, consumers=[worker, *beside]
         )
     finally:
-        for process in [worker, *relays]:
+        for process in [worker, *beside]:
             process.stop()
         spy.wait(timeout=60)
     print(summarise_profile(out))
@@ -978,56 +1153,76 @@ def _short(frame: str) -> str:
 # --- main -----------------------------------------------------------------------------------
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
+def _row(label: str, drain: Drain) -> Row:
+    rss = {"consumer": max(drain.peak_rss_mib, default=math.nan)} | drain.beside_peak_rss_mib
+    return Row(
+        label=label,
+        counted=drain.events.rate if drain.events is not None else math.nan,
+        drained=drain.rate,
+        lag_ms=drain.events.lag_ms if drain.events is not None else {},
+        cpu=drain.cpu_per_1000,
+        rss_mib=rss,
+    )
+
+
+def _name(kind: str, plan: Plan) -> str:
+    if kind == "reference":
+        return "reference (publishes nothing)"
+    return " + ".join(["worker", *(process.name for process in plan.beside_worker)])
+
+
+def comparison_rows(drains: Sequence[Drain], plan: Plan) -> list[Row | Ratio]:
+    """Drain by drain (each round: the product, the reference, their ratio), then the medians."""
+    rows: list[Row | Ratio] = []
+    by_kind: dict[str, list[Row]] = {"worker": [], "reference": []}
+    rounds = max(sum(1 for d in drains if d.kind == kind) for kind in by_kind)
+    for index in range(rounds):
+        made: dict[str, Row] = {}
+        for kind, runs in by_kind.items():
+            mine = [d for d in drains if d.kind == kind]
+            if index < len(mine):
+                made[kind] = _row(f"round {index + 1}: {_name(kind, plan)}", mine[index])
+                runs.append(made[kind])
+                rows.append(made[kind])
+        if len(made) == len(by_kind):
+            rows.append(ratio_row(f"round {index + 1}: ratio", made["worker"], made["reference"]))
+    medians = {
+        kind: median_row(f"**median: {_name(kind, plan)}**", runs)
+        for kind, runs in by_kind.items()
+        if runs
+    }
+    rows += medians.values()
+    if len(medians) == len(by_kind):
+        rows.append(ratio_row("**median: ratio**", medians["worker"], medians["reference"]))
+    return rows
 
 
 def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) -> str:
-    """The result table, as Markdown."""
+    """The result table and the lines under it, as Markdown."""
     rounds = sum(1 for d in drains if d.kind == "worker")
+    beside = [process.name for process in plan.beside_worker]
     lines: list[str] = []
     if drains:
-        relay = "with `fulfilment relay` publishing" if plan.relay else "without a relay"
+        counted = (
+            "an order counts when its result event is confirmed (it has reached "
+            f"`{EVENTS_QUEUE}`, bound to `{EVENTS_EXCHANGE}`)"
+            if beside
+            else "the worker alone: an order counts when its delivery is acknowledged"
+        )
         lines += [
             (
                 f"orders per drain: {drains[0].orders:,}; prefetch (concurrency) {plan.prefetch}; "
-                f"{plan.workers} process(es) per consumer; the worker {relay}; "
-                f"medians of {rounds} drain(s)"
+                f"{plan.workers} worker process(es); {counted}; {rounds} round(s); CPU over the "
+                "counted window; the reference is compared on its drain"
             ),
             "",
-            (
-                "| consumer | orders/s | result events/s into a consumer queue "
-                "| CPU s per 1,000 orders: consumer | relay | broker | PostgreSQL | total "
-                "| peak RSS MiB: consumer | relay | rest of the machine, CPU s per 1,000 |"
+            *comparison_table(
+                comparison_rows(drains, plan),
+                cpu_groups=["consumer", *beside, "broker", "postgres"],
+                rss_processes=["consumer", *beside],
+                events=bool(beside),
             ),
-            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-    medians = {}
-    for kind in ("worker", "reference"):
-        runs = [d for d in drains if d.kind == kind]
-        if not runs:
-            continue
-        rate = _median([d.rate for d in runs])
-        medians[kind] = rate
-        cpu = {g: _median([d.cpu_per_1000[g] for d in runs]) for g in runs[0].cpu_per_1000}
-        rss = max(value for d in runs for value in d.peak_rss_mib)
-        published = [d.events for d in runs if d.events is not None]
-        relay_rss = [d.relay_peak_rss_mib for d in runs if d.relay_peak_rss_mib is not None]
-        if kind == "worker":
-            name = "worker"
-            events = f"{_median([e.rate for e in published]):,.0f}" if published else "not run"
-        else:
-            name = "reference (aio-pika + asyncpg)"
-            events = "none: publishes nothing"
-        total = sum(cpu[group] for group in ("consumer", "relay", "broker", "postgres"))
-        lines.append(
-            f"| {name} | {rate:,.0f} | {events} | {cpu['consumer']:.3f} "
-            f"| {cpu['relay']:.3f} | {cpu['broker']:.3f} | {cpu['postgres']:.3f} "
-            f"| {total:.3f} | {rss:.0f} | {f'{max(relay_rss):.0f}' if relay_rss else '-'} "
-            f"| {cpu['rest']:.3f} |"
-        )
-    if len(medians) == 2:
-        lines += ["", f"ratio worker/reference: {medians['worker'] / medians['reference']:.2f}x"]
     lines += _events_lines(drains)
     for result in latencies:
         lines += ["", _latency_line(result)]
@@ -1043,15 +1238,18 @@ def _events_lines(drains: Sequence[Drain]) -> list[str]:
         lines.append(
             f"worker drain {index}: {e.count:,} result events reached the queue "
             f"({e.outbox_rows:,} outbox rows) at {e.rate:,.0f}/s (marked published: "
-            f"{e.marked_rate:,.0f}/s), relay CPU {e.relay_cpu_per_1000:.3f} s per 1,000 events"
+            f"{e.marked_rate:,.0f}/s), relay CPU {e.relay_cpu_per_1000:.3f} s per 1,000 events; "
+            f"commit -> confirm max {number(e.lag_ms.get('max'), 1)} ms (depth read every "
+            f"{number(e.depth_spacing_ms, 1)} ms, median)"
         )
     for index, d in enumerate((d for d in drains if d.kind == "worker"), start=1):
         if len(d.peak_rss_by_orders) > 1:
-            for process in ("worker", "relay"):
+            names = dict.fromkeys(name for rss in d.peak_rss_by_orders.values() for name in rss)
+            for process in names:
                 marks = ", ".join(
                     f"{orders:,}: {'/'.join(f'{v:.1f}' for v in rss[process])}"
                     for orders, rss in sorted(d.peak_rss_by_orders.items())
-                    if rss[process]
+                    if rss.get(process)
                 )
                 if marks:
                     lines.append(
@@ -1075,10 +1273,13 @@ def _latency_line(result: Latency) -> str:
     if result.handler_p50_ms is not None:
         text += f"; handler p50 {result.handler_p50_ms} ms, p99 {result.handler_p99_ms} ms"
     if result.events is not None:
+        lag = result.confirm_lag_ms
         text += (
-            f"; commit -> published, {result.events:,} events: p50 "
-            f"{result.published_lag_p50_ms} ms, p99 {result.published_lag_p99_ms} ms, "
-            f"max {result.published_lag_max_ms} ms"
+            f"; commit -> confirm, {result.events:,} events: "
+            + ", ".join(f"{key} {number(value, 1)} ms" for key, value in lag.items())
+            + f" (depth read every {number(result.depth_spacing_ms, 1)} ms, median;"
+            f" commit -> published p50 {result.published_lag_p50_ms} ms, p99 "
+            f"{result.published_lag_p99_ms} ms)"
         )
     elif result.kind == "reference":
         text += "; publishes no events"
@@ -1115,14 +1316,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-relay",
         action="store_true",
-        help="run no `fulfilment relay` beside the worker: its outbox rows stay unpublished",
+        help="the worker alone, as before result events counted: no `fulfilment relay` (nor"
+        " any other process) beside it, its outbox rows stay unpublished, an order counts when"
+        " its delivery is acknowledged",
     )
     parser.add_argument(
-        "--worker-env",
+        "--env",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="extra environment of the worker, e.g. FULFILMENT_DATABASE_POOL_SIZE=16",
+        help="extra environment of every service process (the worker and those beside it),"
+        " e.g. FULFILMENT_DATABASE_POOL_SIZE=16 or tracing's settings; repeat for more",
     )
     parser.add_argument(
         "--worker-src",
@@ -1159,9 +1363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     backlog = workload.make_orders(args.orders, seed=args.seed, namespace="backlog")
     args.results.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    env = dict(item.split("=", 1) for item in args.env)
     if args.worker_src is not None:
-        worker_env["PYTHONPATH"] = str(args.worker_src.resolve())
+        env["PYTHONPATH"] = str(args.worker_src.resolve())
     with (
         tempfile.TemporaryDirectory(prefix="fulfilment-bench-") as temporary,
         dedicated_services(args.admin_database_url, args.amqp_url) as services,
@@ -1169,7 +1373,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs = args.results / f"logs-{stamp}" if args.keep_logs else Path(temporary)
         logs.mkdir(exist_ok=True)
         plan = Plan(
-            services, Path(logs), args.prefetch, args.workers, worker_env, relay=not args.no_relay
+            services,
+            Path(logs),
+            args.prefetch,
+            args.workers,
+            env,
+            beside_worker=() if args.no_relay else SERVICE_PROCESSES,
         )
         asyncio.run(declare_queues(services.amqp_url, SETTING_DEFAULTS["delivery_limit"]))
         servers = asyncio.run(versions(services))
@@ -1190,16 +1399,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = asyncio.run(drain(plan, kind, backlog, f"round{round_number}"))
                 drains.append(result)
                 print(
-                    f"round {round_number} {kind}: {result.rate:,.0f} orders/s, CPU/1k "
+                    f"round {round_number} {kind}: {result.rate:,.0f} orders/s drained, "
+                    + (f"{result.events.rate:,.0f}/s confirmed, " if result.events else "")
+                    + "CPU/1k "
                     + ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_per_1000.items())
-                    + f", peak RSS {result.peak_rss_mib} MiB (relay "
-                    + f"{result.relay_peak_rss_mib}), {result.outcomes}, per order "
+                    + f", peak RSS {result.peak_rss_mib} MiB (beside "
+                    + f"{result.beside_peak_rss_mib}), {result.outcomes}, per order "
                     + f"{result.database_per_order}, events {result.events}",
                     flush=True,
                 )
         latencies = []
         if args.latency_seconds > 0:
-            rate = args.latency_rate or _median([d.rate for d in drains if d.kind == "worker"]) / 2
+            rate = args.latency_rate or median([d.rate for d in drains if d.kind == "worker"]) / 2
             steady = workload.make_orders(
                 int(rate * args.latency_seconds), seed=args.seed + 1, namespace="steady"
             )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import aio_pika
 
-from fulfilment.tools.online_retail import csv_files, read_orders
+from fulfilment.dataset.online_retail import csv_files, read_orders
 
 SKU_COUNT = 1_000
 """SKUs the orders draw from (the issue's reference figures use 1,000)."""
@@ -95,7 +95,7 @@ def load_workload(data: Path) -> Workload:
 
     Raises:
         SystemExit: the files hold fewer than :data:`SKU_COUNT` distinct SKUs.
-        fulfilment.tools.online_retail.OnlineRetailError: a file cannot be read.
+        fulfilment.dataset.online_retail.OnlineRetailError: a file cannot be read.
     """
     result = read_orders(csv_files(data))
     invoices: Counter[str] = Counter()

@@ -13,12 +13,13 @@ from opentelemetry import context as otel_context
 
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.result_events import (
+    RESULT_ROUTING_KEYS,
+    STOCK_CANCEL_REFUSED_ROUTING_KEY,
     STOCK_REJECTED_ROUTING_KEY,
     STOCK_RELEASED_ROUTING_KEY,
     STOCK_RESERVED_ROUTING_KEY,
     STOCK_SHIPPED_ROUTING_KEY,
 )
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine, ReserveStock
 from fulfilment.observability.relay_metrics import RelayMetrics
@@ -71,9 +72,14 @@ RESULT_EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
         **_COMMON,
         "lines": [{"sku": "71053", "quantity": 6}, {"sku": "85123A", "quantity": 10}],
     },
+    STOCK_CANCEL_REFUSED_ROUTING_KEY: {
+        **_COMMON,
+        "lines": [{"sku": "85123A", "quantity": 2}],
+        "warehouse_id": "WH-000123",
+    },
 }
-"""One body per routing key, as ``place_orders()``, ``cancel_orders()`` and ``ship_orders()``
-write them into the outbox."""
+"""One body per routing key, as ``place_orders()``, ``cancel_orders()``, ``ship_orders()`` and
+the dispatcher's store write them into the outbox."""
 
 
 @contextmanager

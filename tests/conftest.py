@@ -148,7 +148,8 @@ async def clean_database(database_url: str) -> str:
     try:
         await connection.execute(
             "TRUNCATE inbox_messages, inbox_pruned, reservation_lines, reservations,"
-            " stock_levels, tombstone_lines, delivery_attempts, outbox CASCADE"
+            " stock_levels, tombstone_lines, delivery_attempts, outbox, warehouse_requests,"
+            " warehouse_request_audit CASCADE"
         )
     finally:
         await connection.close()

@@ -3,15 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
-from fulfilment.application.ports import Warehouse
+from fulfilment.application.ports import Warehouse, WarehouseRequests
+from fulfilment.contracts.warehouse_bodies import request_body
+from fulfilment.domain.handoff import (
+    OPEN_STATUSES,
+    Accepted,
+    Answer,
+    CredentialsRefused,
+    HandoffCancellation,
+    RateLimited,
+    Refused,
+    RequestBacklog,
+    RequestKind,
+    RequestRecord,
+    RequestStatus,
+    Retry,
+    WarehouseRequest,
+    cancel_with_handoff,
+    cancellation_accepted,
+    cancellation_refused,
+    fulfilment_order_failed,
+)
 from fulfilment.domain.lifecycle import (
     CancelKind,
+    Cancellation,
     CancelOrder,
     CancelOutcome,
     OrderState,
@@ -29,6 +51,7 @@ from fulfilment.domain.lifecycle import (
 )
 from fulfilment.domain.model import (
     DuplicateOf,
+    OrderLine,
     OutcomeKind,
     RejectionReason,
     ReservationOutcome,
@@ -44,6 +67,7 @@ CANCEL_INBOX_OUTCOMES = {
     CancelKind.TOMBSTONED: "tombstoned",
     CancelKind.IGNORED: "cancel_ignored",
     CancelKind.CANCEL_AFTER_SHIP: "cancel_after_ship",
+    CancelKind.CANCEL_REQUESTED: "cancel_requested",
 }
 """The ``inbox_messages.outcome`` of each recorded cancel, as ``cancel_orders()`` writes it."""
 
@@ -118,6 +142,34 @@ class Reservation:
         )
 
 
+@dataclass
+class StoredRequest:
+    """What the fake keeps per warehouse request, like a row of ``warehouse_requests``.
+
+    ``lines`` are units per SKU in code-point order (None: a cancellation of the whole
+    order); times are timezone-aware (the fake's clock is the wall clock, as ``now()`` is).
+    """
+
+    id: int
+    idempotency_key: UUID
+    kind: RequestKind
+    order_id: UUID
+    causation_id: UUID
+    lines: dict[str, int] | None
+    traceparent: str | None
+    created_at: datetime
+    status: RequestStatus = RequestStatus.PENDING
+    body: bytes | None = None
+    attempts: int = 0
+    next_attempt_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    first_attempt_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    answered_at: datetime | None = None
+    warehouse_id: str | None = None
+    last_status_code: int | None = None
+    last_answer: str | None = None
+
+
 class InMemoryWarehouse(Warehouse):
     """The ``Warehouse`` in memory, with the rules of ``PostgresWarehouse``.
 
@@ -130,16 +182,23 @@ class InMemoryWarehouse(Warehouse):
     lists the result events in the order they were written, as the functions write them to the
     outbox: one per change of a reservation's status and per partial release, none for a
     tombstone, a duplicate or an event that changes nothing.
+
+    With ``handoff=True`` it records the requests to the warehouse system in ``requests`` (in
+    ``id`` order) and defers cancels as ``fulfilment.domain.handoff`` says, as
+    ``PostgresWarehouse(..., handoff=True)`` does.
     """
 
-    def __init__(self, *, consumer: str = "fulfilment") -> None:
+    def __init__(self, *, consumer: str = "fulfilment", handoff: bool = False) -> None:
         self.consumer = consumer
+        self.handoff = handoff
+        self.requests: list[StoredRequest] = []
         self.levels: dict[str, StockLevel] = {}
         self.inbox: dict[tuple[str, UUID], str] = {}
         self.reservations: dict[UUID, Reservation] = {}
         self.redeliveries: dict[tuple[str, UUID], int] = {}
         self.result_events: list[RecordedEvent] = []
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()
+        """Serialises the calls as row locks do; the requests' store shares it."""
 
     async def count_redelivery(self, event_id: UUID) -> int:
         key = (self.consumer, event_id)
@@ -151,7 +210,7 @@ class InMemoryWarehouse(Warehouse):
         if not demand:
             msg = f"order {command.order_id} has no lines"
             raise ValueError(msg)
-        async with self._lock:
+        async with self.lock:
             key = (self.consumer, command.event_id)
             if key in self.inbox:
                 return self._duplicate(command, DuplicateOf.EVENT)
@@ -181,6 +240,14 @@ class InMemoryWarehouse(Warehouse):
             self.inbox[key] = "reserved" if reason is None else "rejected"
             if reason is None:
                 self._record("stock.reserved", command, lines=as_lines(placement.state.lines))
+                if self.handoff:
+                    self.add_request(
+                        RequestKind.FULFILMENT_ORDER,
+                        command.order_id,
+                        command.event_id,
+                        dict(placement.state.lines),
+                        current_traceparent(),
+                    )
             else:
                 # A rejection as cancelled names every SKU the order asked for.
                 named = sorted(demand) if reason is RejectionReason.CANCELLED else skus
@@ -197,14 +264,36 @@ class InMemoryWarehouse(Warehouse):
         if command.lines is not None and not command.lines:
             msg = f"the cancel of order {command.order_id} names no lines"
             raise ValueError(msg)
-        async with self._lock:
+        async with self.lock:
             key = (self.consumer, command.event_id)
             if key in self.inbox:
                 return CancelOutcome(CancelKind.DUPLICATE, command.order_id, command.event_id)
             existing = self.reservations.get(command.order_id)
-            cancellation = apply_cancelled(
-                None if existing is None else existing.state, command.cancelled()
+            state = None if existing is None else existing.state
+            fulfilment_order = self.fulfilment_order(command.order_id)
+            decided = (
+                cancel_with_handoff(
+                    state,
+                    command.cancelled(),
+                    None if fulfilment_order is None else fulfilment_order.status,
+                )
+                if self.handoff
+                else HandoffCancellation(apply_cancelled(state, command.cancelled()))
             )
+            cancellation = decided.cancellation
+            if fulfilment_order is not None:
+                if decided.withdrawn:
+                    fulfilment_order.status = RequestStatus.WITHDRAWN
+                elif decided.fulfilment_lines is not None:
+                    fulfilment_order.lines = dict(decided.fulfilment_lines)
+            if decided.ask:
+                self.add_request(
+                    RequestKind.CANCELLATION,
+                    command.order_id,
+                    command.event_id,
+                    None if decided.asked is None else dict(decided.asked),
+                    current_traceparent(),
+                )
             for sku, units in cancellation.lines.items():
                 self.levels[sku] = released(self.levels[sku], units)
             self.reservations[command.order_id] = (
@@ -235,7 +324,7 @@ class InMemoryWarehouse(Warehouse):
             )
 
     async def ship(self, command: ShipOrder) -> ShipOutcome:
-        async with self._lock:
+        async with self.lock:
             key = (self.consumer, command.event_id)
             if key in self.inbox:
                 return ShipOutcome(ShipKind.DUPLICATE, command.order_id, command.event_id)
@@ -263,7 +352,7 @@ class InMemoryWarehouse(Warehouse):
         if any(units < 0 for units in on_hand.values()):
             msg = "on_hand must be >= 0"
             raise ValueError(msg)
-        async with self._lock:
+        async with self.lock:
             below = [
                 sku
                 for sku, units in on_hand.items()
@@ -277,6 +366,39 @@ class InMemoryWarehouse(Warehouse):
 
     async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
         return {sku: self.levels[sku] for sku in skus if sku in self.levels}
+
+    def add_request(
+        self,
+        kind: RequestKind,
+        order_id: UUID,
+        causation_id: UUID,
+        lines: dict[str, int] | None,
+        traceparent: str | None,
+    ) -> StoredRequest:
+        """Record a pending request with a new idempotency key, as the SQL functions do."""
+        request = StoredRequest(
+            id=len(self.requests) + 1,
+            idempotency_key=uuid4(),
+            kind=kind,
+            order_id=order_id,
+            causation_id=causation_id,
+            lines=lines,
+            traceparent=traceparent,
+            created_at=datetime.now(UTC),
+        )
+        self.requests.append(request)
+        return request
+
+    def fulfilment_order(self, order_id: UUID) -> StoredRequest | None:
+        """The fulfilment-order request of ``order_id``, or None when it has none."""
+        return next(
+            (
+                request
+                for request in self.requests
+                if request.order_id == order_id and request.kind is RequestKind.FULFILMENT_ORDER
+            ),
+            None,
+        )
 
     def _record(
         self, routing_key: str, command: ReserveStock | CancelOrder | ShipOrder, **fields: Any
@@ -293,3 +415,248 @@ class InMemoryWarehouse(Warehouse):
             event_id=command.event_id,
             duplicate_of=of,
         )
+
+
+class InMemoryWarehouseRequests(WarehouseRequests):
+    """The ``WarehouseRequests`` in memory, over the requests of an ``InMemoryWarehouse``.
+
+    It shares the stock store's rows and lock, as the PostgreSQL store shares the database:
+    an accepted cancellation releases stock in ``warehouse`` (``fulfilment.domain.handoff``)
+    and writes its result event there. ``audit`` lists ``(key, status before, operator)`` per
+    re-send. Times are the wall clock.
+    """
+
+    def __init__(self, warehouse: InMemoryWarehouse) -> None:
+        self.warehouse = warehouse
+        self.audit: list[tuple[UUID, RequestStatus, str]] = []
+
+    def _claimable(self, request: StoredRequest, now: datetime) -> bool:
+        if request.status not in OPEN_STATUSES or request.next_attempt_at > now:
+            return False
+        same_order = [r for r in self.warehouse.requests if r.order_id == request.order_id]
+        if any(r.id < request.id and r.status in OPEN_STATUSES for r in same_order):
+            return False
+        if request.kind is RequestKind.FULFILMENT_ORDER:
+            return True
+        fulfilment_order = self.warehouse.fulfilment_order(request.order_id)
+        return fulfilment_order is not None and fulfilment_order.status is RequestStatus.ACCEPTED
+
+    async def claim(self, limit: int, *, lease_seconds: float) -> list[WarehouseRequest]:
+        if limit < 1 or lease_seconds <= 0:
+            msg = f"limit {limit} must be >= 1 and lease_seconds {lease_seconds} > 0"
+            raise ValueError(msg)
+        async with self.warehouse.lock:
+            now = datetime.now(UTC)
+            due = sorted(
+                (r for r in self.warehouse.requests if self._claimable(r, now)),
+                key=lambda r: (r.next_attempt_at, r.id),
+            )[:limit]
+            claimed = []
+            for request in due:
+                if request.body is None:
+                    request.body = request_body(
+                        request.kind, request.order_id, request.lines, request.created_at
+                    )
+                request.attempts += 1
+                request.first_attempt_at = request.first_attempt_at or now
+                request.last_attempt_at = now
+                request.status = RequestStatus.SENDING
+                request.next_attempt_at = now + timedelta(seconds=lease_seconds)
+                if request.warehouse_id is None:
+                    fulfilment_order = self.warehouse.fulfilment_order(request.order_id)
+                    request.warehouse_id = (
+                        None if fulfilment_order is None else fulfilment_order.warehouse_id
+                    )
+                claimed.append(
+                    WarehouseRequest(
+                        id=request.id,
+                        idempotency_key=request.idempotency_key,
+                        kind=request.kind,
+                        order_id=request.order_id,
+                        causation_id=request.causation_id,
+                        body=request.body,
+                        attempts=request.attempts,
+                        first_attempt_at=request.first_attempt_at,
+                        warehouse_id=request.warehouse_id,
+                        traceparent=request.traceparent,
+                    )
+                )
+            return sorted(claimed, key=lambda claimed_one: claimed_one.id)
+
+    async def record(
+        self,
+        request: WarehouseRequest,
+        answer: Answer,
+        *,
+        retry_in_seconds: float | None = None,
+    ) -> None:
+        async with self.warehouse.lock:
+            stored = self.warehouse.requests[request.id - 1]
+            if stored.status is not RequestStatus.SENDING:
+                return
+            now = datetime.now(UTC)
+            stored.last_status_code = answer.status_code
+            stored.last_answer = answer.answer
+            if isinstance(answer, Retry | RateLimited | CredentialsRefused):
+                stored.next_attempt_at = now + timedelta(seconds=retry_in_seconds or 0.0)
+                return
+            stored.answered_at = now
+            if isinstance(answer, Accepted):
+                stored.status = RequestStatus.ACCEPTED
+                stored.warehouse_id = answer.warehouse_id or stored.warehouse_id
+                if stored.kind is RequestKind.CANCELLATION:
+                    self._apply(stored, cancellation_accepted(self._state(stored), stored.lines))
+                return
+            if isinstance(answer, Refused) and stored.kind is RequestKind.CANCELLATION:
+                stored.status = RequestStatus.REFUSED
+                self._apply(stored, cancellation_refused(self._state(stored)))
+                self.warehouse.result_events.append(
+                    RecordedEvent(
+                        "stock.cancel_refused",
+                        {
+                            "version": 1,
+                            "causation_id": str(stored.causation_id),
+                            "order_id": str(stored.order_id),
+                            "lines": None
+                            if stored.lines is None
+                            else [
+                                {"sku": sku, "quantity": units}
+                                for sku, units in sorted(stored.lines.items())
+                            ],
+                            "warehouse_id": stored.warehouse_id,
+                        },
+                        stored.traceparent,
+                    )
+                )
+                return
+            stored.status = RequestStatus.FAILED
+            if stored.kind is RequestKind.FULFILMENT_ORDER:
+                waiting = [
+                    r
+                    for r in self.warehouse.requests
+                    if r.order_id == stored.order_id
+                    and r.kind is RequestKind.CANCELLATION
+                    and r.status in OPEN_STATUSES
+                ]
+                _, results = fulfilment_order_failed(
+                    self._state(stored), [r.lines for r in waiting]
+                )
+                for cancel, cancellation in zip(waiting, results, strict=True):
+                    self._apply(cancel, cancellation)
+                    cancel.status = RequestStatus.WITHDRAWN
+
+    def _state(self, request: StoredRequest) -> OrderState:
+        return self.warehouse.reservations[request.order_id].state
+
+    def _apply(self, cancel: StoredRequest, cancellation: Cancellation) -> None:
+        """Release what ``cancellation`` gives back, as ``cancel``'s cancel, with its event."""
+        if not cancellation.lines:
+            return
+        for sku, units in cancellation.lines.items():
+            self.warehouse.levels[sku] = released(self.warehouse.levels[sku], units)
+        existing = self.warehouse.reservations[cancel.order_id]
+        self.warehouse.reservations[cancel.order_id] = existing.after(cancellation.state)
+        self.warehouse.result_events.append(
+            RecordedEvent(
+                "stock.released",
+                {
+                    "version": 1,
+                    "causation_id": str(cancel.causation_id),
+                    "order_id": str(cancel.order_id),
+                    "lines": [
+                        {"sku": line.sku, "quantity": line.quantity}
+                        for line in as_lines(cancellation.lines)
+                    ],
+                    "order_status": str(cancellation.state.status),
+                },
+                cancel.traceparent,
+            )
+        )
+
+    async def expire(self, retention_seconds: float) -> int:
+        async with self.warehouse.lock:
+            horizon = datetime.now(UTC) - timedelta(seconds=retention_seconds)
+            expired = [
+                r
+                for r in self.warehouse.requests
+                if r.status in OPEN_STATUSES
+                and r.first_attempt_at is not None
+                and r.first_attempt_at < horizon
+            ]
+            for request in expired:
+                request.status = RequestStatus.EXPIRED
+            return len(expired)
+
+    async def backlog(self) -> RequestBacklog:
+        now = datetime.now(UTC)
+        counts: dict[tuple[RequestKind, RequestStatus], int] = {}
+        for request in self.warehouse.requests:
+            key = (request.kind, request.status)
+            counts[key] = counts.get(key, 0) + 1
+        ages = [
+            (now - r.created_at).total_seconds()
+            for r in self.warehouse.requests
+            if r.status in OPEN_STATUSES
+        ]
+        return RequestBacklog(len(ages), max(ages, default=None), counts)
+
+    async def find(self, statuses: Collection[RequestStatus], limit: int) -> list[RequestRecord]:
+        return [_record_of(r) for r in self.warehouse.requests if r.status in set(statuses)][:limit]
+
+    async def get(self, idempotency_key: UUID) -> RequestRecord | None:
+        found = self._by_key(idempotency_key)
+        return None if found is None else _record_of(found)
+
+    async def resend(self, idempotency_key: UUID, *, operator: str) -> bool:
+        async with self.warehouse.lock:
+            request = self._by_key(idempotency_key)
+            if request is None or request.status not in {
+                RequestStatus.FAILED,
+                RequestStatus.EXPIRED,
+            }:
+                return False
+            if request.kind is RequestKind.FULFILMENT_ORDER and (
+                self._state(request).status is not OrderStatus.RESERVED
+                or any(
+                    r.order_id == request.order_id
+                    and r.kind is RequestKind.CANCELLATION
+                    and r.status is RequestStatus.WITHDRAWN
+                    for r in self.warehouse.requests
+                )
+            ):
+                return False
+            self.audit.append((idempotency_key, request.status, operator))
+            request.status = RequestStatus.SENDING
+            request.next_attempt_at = datetime.now(UTC)
+            request.answered_at = None
+            return True
+
+    def _by_key(self, idempotency_key: UUID) -> StoredRequest | None:
+        return next(
+            (r for r in self.warehouse.requests if r.idempotency_key == idempotency_key), None
+        )
+
+
+def _record_of(request: StoredRequest) -> RequestRecord:
+    return RequestRecord(
+        id=request.id,
+        idempotency_key=request.idempotency_key,
+        kind=request.kind,
+        order_id=request.order_id,
+        causation_id=request.causation_id,
+        status=request.status,
+        lines=None
+        if request.lines is None
+        else tuple(OrderLine(sku, units) for sku, units in sorted(request.lines.items())),
+        body=request.body,
+        attempts=request.attempts,
+        created_at=request.created_at,
+        next_attempt_at=request.next_attempt_at,
+        first_attempt_at=request.first_attempt_at,
+        last_attempt_at=request.last_attempt_at,
+        answered_at=request.answered_at,
+        warehouse_id=request.warehouse_id,
+        last_status_code=request.last_status_code,
+        last_answer=request.last_answer,
+        traceparent=request.traceparent,
+    )

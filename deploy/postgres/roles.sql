@@ -1,4 +1,4 @@
--- The two roles of the local stack (README, "Least privilege"), made by the postgres image's
+-- The two roles of the local stack (docs/security.md, "Least privilege"), made by the postgres image's
 -- entrypoint at the first start of an empty data volume, in the database POSTGRES_DB names.
 -- The owner owns the database (and so, on PostgreSQL 15 and later, its schema public) and
 -- runs `fulfilment migrate`, which gives the runtime role its privileges; the worker and the

@@ -15,6 +15,16 @@ FastStream subscriber takes its payload from its handler's parameters, so each c
 gets a handler that takes its model and never runs; a publisher takes its model as ``schema``.
 ``tests/unit/test_asyncapi.py`` also holds the document's queues, exchange and routing keys to
 those the worker subscribes.
+
+A reader of another team finds each event by its model's name: FastStream names a channel
+after its subscriber's or publisher's title, which is here the queue (consumed) or the routing
+key (published), and names its messages ``<channel>:SubscribeMessage`` and
+``<channel>:Message`` without a ``name``. :func:`asyncapi_document` renames each message after
+its wire model (``OrderPlacedV1``, ``StockReservedV1``: the class's name, so that a new result
+event of ``RESULT_EVENTS`` is named by its model), with the model's title and a summary, and
+each operation ``receive<Model>`` or ``send<Model>``. The document stays AsyncAPI 3.0.0:
+FastStream 0.7.8 writes no 3.1 (``faststream.specification.asyncapi`` has v2_6_0 and v3_0_0
+only). ``make check-asyncapi`` parses it with the AsyncAPI project's parser.
 """
 
 from __future__ import annotations
@@ -22,7 +32,9 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from faststream import FastStream
 from faststream.rabbit import ExchangeType, QueueType, RabbitBroker, RabbitExchange, RabbitQueue
@@ -43,6 +55,7 @@ from fulfilment.contracts.topology import (
     SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
+from fulfilment.exit_codes import ExitCode
 
 CONTRACT_VERSION = "1.0.0"
 """The document's ``info.version``: the version of the messaging contract, not of the package
@@ -82,11 +95,55 @@ class UndocumentedQueueError(LookupError):
     """A queue of ``SUBSCRIBED_QUEUES`` has no entry in :data:`CONSUMED`."""
 
 
+@dataclass(frozen=True, slots=True)
+class DocumentedMessage:
+    """One event of the document: its channel, its operation and the model it carries."""
+
+    channel: str
+    """The channel's key: the queue the event is consumed from, or its published routing key."""
+    action: str
+    """``receive`` (consumed by the service) or ``send`` (published by it)."""
+    model: type[BaseModel]
+    """The wire model; its class name names the message (``OrderPlacedV1``)."""
+    summary: str
+    """One sentence for the message's ``summary``."""
+
+    @property
+    def name(self) -> str:
+        """The message's ``name`` and key: the model's class name, e.g. ``StockReservedV1``."""
+        return self.model.__name__
+
+    @property
+    def operation(self) -> str:
+        """The operation's key, e.g. ``receiveOrderPlacedV1`` or ``sendStockReservedV1``."""
+        return f"{self.action}{self.name}"
+
+
+def documented_messages() -> list[DocumentedMessage]:
+    """Every event of the document: each subscribed queue's, then each result event's.
+
+    Raises:
+        UndocumentedQueueError: a subscribed queue has no wire model in :data:`CONSUMED`.
+    """
+    consumed = []
+    for subscribed in SUBSCRIBED_QUEUES:
+        if subscribed not in CONSUMED:
+            msg = f"queue {subscribed.name} has no wire model in fulfilment.asyncapi.CONSUMED"
+            raise UndocumentedQueueError(msg)
+        model, description = CONSUMED[subscribed]
+        consumed.append(DocumentedMessage(subscribed.name, "receive", model, description))
+    published = [
+        DocumentedMessage(routing_key, "send", event, _first_paragraph(event.__doc__))
+        for routing_key, event in RESULT_EVENTS.items()
+    ]
+    return consumed + published
+
+
 def documentation_app() -> FastStream:
     """The FastStream app whose AsyncAPI schema is the published contract; never run.
 
-    One subscriber per queue of ``SUBSCRIBED_QUEUES`` (titled ``on_<event>`` as the worker's),
-    bound to ``orders`` with the queue's routing key, whose payload is the event's wire model;
+    One subscriber per queue of ``SUBSCRIBED_QUEUES`` (titled with the queue's name), bound to
+    ``orders`` with the queue's routing key, whose payload is the event's wire model;
     one publisher per result event of ``contracts.result_events.RESULT_EVENTS`` on
     ``fulfilment.events`` with its routing key, persistent and mandatory as the relay
     publishes, whose payload is the event's model.
@@ -110,7 +167,7 @@ def documentation_app() -> FastStream:
                 subscribed.name, queue_type=QueueType.QUORUM, routing_key=subscribed.routing_key
             ),
             orders,
-            title=f"on_{subscribed.event}",
+            title=subscribed.name,
             # AsyncAPI 3.0's AMQP binding of a queue cannot name the exchange it is bound to.
             description=(
                 f"{description} Queue {subscribed.name}, bound to the topic exchange "
@@ -159,10 +216,49 @@ def asyncapi_document() -> str:
     order from one process to the next; sorted keys make the committed file one text.
     """
     specification = documentation_app().schema.to_specification()
-    return json.dumps(specification.to_jsonable(), indent=2, sort_keys=True) + "\n"
+    document: dict[str, Any] = specification.to_jsonable()
+    for message in documented_messages():
+        _name_message(document, message)
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _name_message(document: dict[str, Any], message: DocumentedMessage) -> None:
+    """Key ``message``'s channel message, component and operation by its model's name.
+
+    FastStream's keys are ``<channel>:SubscribeMessage`` or ``<channel>:Message`` (components),
+    ``SubscribeMessage`` or ``Message`` (the channel's) and the channel's own key (operations);
+    every ``$ref`` to them is rewritten with them.
+    """
+    channel = document["channels"][message.channel]
+    ((_, reference),) = channel["messages"].items()
+    component = document["components"]["messages"].pop(reference["$ref"].rsplit("/", 1)[1])
+    component.update(
+        name=message.name,
+        title=message.model.model_config.get("title", message.name),
+        summary=message.summary,
+    )
+    document["components"]["messages"][message.name] = component
+    channel["messages"] = {message.name: {"$ref": f"#/components/messages/{message.name}"}}
+    operation = document["operations"].pop(message.channel)
+    operation["summary"] = message.summary
+    operation["messages"] = [
+        {"$ref": f"#/channels/{_pointer(message.channel)}/messages/{message.name}"}
+    ]
+    document["operations"][message.operation] = operation
+
+
+def _pointer(key: str) -> str:
+    """``key`` as one part of a JSON pointer (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _first_paragraph(text: str | None) -> str:
+    """The first paragraph of a docstring on one line, without reStructuredText's backticks."""
+    paragraph = (text or "").strip().split("\n\n", 1)[0]
+    return " ".join(paragraph.replace("``", "").split())
+
+
+def main(argv: list[str] | None = None) -> ExitCode:
     """``python -m fulfilment.asyncapi FILE``: write :func:`asyncapi_document` to FILE.
 
     Returns the exit status: 0, or 2 with a one-line usage when FILE is not the one argument.
@@ -170,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     if len(arguments) != 1:
         sys.stderr.write("usage: python -m fulfilment.asyncapi FILE\n")
-        return 2
+        return ExitCode.BAD_INPUT
     Path(arguments[0]).write_text(asyncapi_document(), encoding="utf-8")
-    return 0
+    return ExitCode.OK
 
 
 def _takes(model: type[BaseModel]) -> Callable[[BaseModel], Awaitable[None]]:

@@ -31,15 +31,9 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from fulfilment import __version__
+from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import Settings, SettingsError, load_settings
-from fulfilment.tools.command import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILED,
-    EXIT_REFUSED,
-    EXIT_UNAVAILABLE,
-    CommandError,
-    ToolOptions,
-)
+from fulfilment.tools.command import CommandError, ToolOptions
 
 if TYPE_CHECKING:
     # Typer vendors click; its context and help formatter types are reachable only there.
@@ -110,7 +104,7 @@ app.add_typer(outbox_app, name="outbox")
 T = TypeVar("T")
 
 
-def fail(reason: str, code: int = EXIT_FAILED) -> NoReturn:
+def fail(reason: str, code: ExitCode = ExitCode.FAILED) -> NoReturn:
     """Print ``fulfilment: <reason>`` (one line) on standard error and exit with ``code``."""
     sys.stderr.write(f"fulfilment: {' '.join(reason.split())}\n")
     raise typer.Exit(code)
@@ -121,7 +115,7 @@ def settings_or_exit() -> Settings:
     try:
         return load_settings()
     except SettingsError as error:
-        fail(f"invalid settings: {'; '.join(str(error).splitlines())}", EXIT_BAD_INPUT)
+        fail(f"invalid settings: {'; '.join(str(error).splitlines())}", ExitCode.BAD_INPUT)
 
 
 def tool_options(settings: Settings) -> ToolOptions:
@@ -150,11 +144,8 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         DatabaseUnavailableError,
         privilege_refusal,
     )
-    from fulfilment.adapters.rabbitmq import (  # noqa: PLC0415 - loads aio-pika
-        BrokerRefusedError,
-        BrokerUnavailableError,
-        WalkInProgressError,
-    )
+    from fulfilment.adapters.rabbitmq.connection import BrokerRefusedError, BrokerUnavailableError  # noqa: PLC0415 - loads aio-pika
+    from fulfilment.adapters.rabbitmq.walk import WalkInProgressError  # noqa: PLC0415 - loads aio-pika
 
     # The client libraries log a failed connection attempt on their own; the one-line
     # reason below says the same, once.
@@ -163,24 +154,25 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(command)
     except (BrokerRefusedError, DatabaseRefusedError) as error:
-        fail(str(error), EXIT_REFUSED)
+        fail(str(error), ExitCode.REFUSED)
     except (BrokerUnavailableError, DatabaseUnavailableError) as error:
-        fail(str(error), EXIT_UNAVAILABLE)
+        fail(str(error), ExitCode.UNAVAILABLE)
     except ChannelAccessRefused as error:
         # A name outside the user's permissions (README, "Broker users and permissions").
         fail(
-            f"RabbitMQ refused an operation: {error.args[0] if error.args else error}", EXIT_REFUSED
+            f"RabbitMQ refused an operation: {error.args[0] if error.args else error}",
+            ExitCode.REFUSED,
         )
     except CommandError as error:
         fail(str(error), error.exit_code)
     except WalkInProgressError as error:
-        fail(str(error), EXIT_FAILED)
+        fail(str(error), ExitCode.FAILED)
     except Exception as error:
         # A command that needs the owner's rights, run with the runtime role's URL.
         refusal = privilege_refusal(error)
         if refusal is None:
             raise
-        fail(str(refusal), EXIT_REFUSED)
+        fail(str(refusal), ExitCode.REFUSED)
 
 
 def _print_version(value: bool) -> None:  # noqa: FBT001 - typer passes the flag's value
@@ -217,6 +209,18 @@ def relay() -> None:
     One replica at a time publishes (it holds a PostgreSQL advisory lock); the others stand by.
     """
     from fulfilment.relay_main import main  # noqa: PLC0415 - keeps the other commands' start fast
+
+    main()
+
+
+@app.command(cls=Command)
+def dispatcher() -> None:
+    """Send the recorded requests to the warehouse system until SIGTERM or SIGINT.
+
+    Needs ``FULFILMENT_WAREHOUSE_URL`` (else exit 2). One replica at a time sends (it holds a
+    PostgreSQL advisory lock); the others stand by.
+    """
+    from fulfilment.dispatcher_main import main  # noqa: PLC0415 - keeps the other commands' start fast
 
     main()
 
@@ -310,7 +314,7 @@ def stock_plan(
     out: Annotated[Path, typer.Option(help="Where to write the sku,on_hand CSV.")],
 ) -> None:
     """Write deterministic stock levels for the orders in DATA (some short, a few unknown)."""
-    from fulfilment.tools.stock_plan import plan_command  # noqa: PLC0415 - see the module's text
+    from fulfilment.dataset.stock_plan import plan_command  # noqa: PLC0415 - see the module's text
 
     try:
         plan_command(data, out, echo=typer.echo)
@@ -336,7 +340,7 @@ def publish(
     skipped and counted; with --cancellations, the cancellations mapped to an order are
     published among the orders, in time order, and the others counted by reason.
     """
-    from fulfilment.tools.publish import publish_command  # noqa: PLC0415 - see the module's text
+    from fulfilment.dataset.publish import publish_command  # noqa: PLC0415 - see the module's text
 
     settings = settings_or_exit()
     run(
@@ -366,15 +370,44 @@ def report(
 @app.command(cls=Command)
 def reconcile(
     files: Annotated[list[Path], typer.Argument(help="Online Retail CSVs that were published.")],
+    cancellations: Annotated[  # noqa: FBT002 - a typer flag
+        bool,
+        typer.Option(
+            "--cancellations",
+            help="Also the OrderCancelled of each cancellation mapped to an order, as"
+            " `publish --cancellations` and `demo` send them.",
+        ),
+    ] = False,
+    shipments: Annotated[  # noqa: FBT002 - a typer flag
+        bool,
+        typer.Option(
+            "--shipments",
+            help="Also the OrderShipped of each order now reserved or shipped, as `demo`"
+            " sends them at the end of each day.",
+        ),
+    ] = False,
 ) -> None:
     """Check that every event published from FILES is processed or dead-lettered, exactly once.
 
-    Exits 1 when an event is missing or a stock invariant does not hold.
+    Checks the OrderPlaced of every order; with --cancellations and --shipments, the other
+    two kinds too, one line per kind. Exits 1 when an event is missing or a stock invariant
+    does not hold.
     """
-    from fulfilment.tools.report import reconcile_command  # noqa: PLC0415 - see the module's text
+    from fulfilment.dataset.reconcile import reconcile_command  # noqa: PLC0415 - see the module's text
 
     options = tool_options(settings_or_exit())
-    run(reconcile_command(options, files, echo=typer.echo))
+    run(
+        reconcile_command(
+            options, files, cancellations=cancellations, shipments=shipments, echo=typer.echo
+        )
+    )
+
+
+DEMO_NOT_INSTALLED = (
+    "the demo is not part of this installation (the production image leaves it out);"
+    " run it from a checkout: make demo"
+)
+"""Why ``fulfilment demo`` exits 2 where the package ``fulfilment.demo`` is not installed."""
 
 
 @app.command(cls=Command)
@@ -416,10 +449,18 @@ def demo(
     ``fulfilment.events`` (``fulfilment.demo.result-events``) received every result event the
     run wrote, valid and in order per order.
     """
-    from fulfilment.tools.demo import demo_command  # noqa: PLC0415 - see the module's text
-
+    try:
+        from fulfilment.demo.run import demo_command  # noqa: PLC0415 - see the module's text
+    except ModuleNotFoundError as error:
+        # The production wheel leaves the demo out (pyproject's wheel ``exclude``): its
+        # --reset truncates the service's tables.
+        if error.name != "fulfilment.demo":
+            raise
+        fail(DEMO_NOT_INSTALLED, ExitCode.BAD_INPUT)
     if confirm_reset is not None and not reset:
-        fail("--confirm-reset names the database --reset may empty: add --reset", EXIT_BAD_INPUT)
+        fail(
+            "--confirm-reset names the database --reset may empty: add --reset", ExitCode.BAD_INPUT
+        )
     settings = settings_or_exit()
     code = run(
         demo_command(
@@ -617,7 +658,7 @@ def _selection(ids: list[str] | None, group: str | None, *, everything: bool) ->
     try:
         return Selection.build(ids or [], group, everything=everything)
     except ValueError as error:
-        fail(str(error), EXIT_BAD_INPUT)
+        fail(str(error), ExitCode.BAD_INPUT)
 
 
 def _queues(names: list[str] | None) -> tuple[str, ...]:
@@ -627,4 +668,4 @@ def _queues(names: list[str] | None) -> tuple[str, ...]:
     try:
         return dead_letter_queues(names or [])
     except ValueError as error:
-        fail(str(error), EXIT_BAD_INPUT)
+        fail(str(error), ExitCode.BAD_INPUT)

@@ -27,29 +27,27 @@ from fulfilment.adapters.postgres.errors import DatabaseRefusedError, DatabaseUn
 from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
 from fulfilment.adapters.postgres.privileges import missing_runtime_privileges
 from fulfilment.adapters.postgres.schema import SchemaNotCurrentError, check_schema_current
-from fulfilment.adapters.rabbitmq import BrokerRefusedError, BrokerUnavailableError, connect
+from fulfilment.adapters.rabbitmq.connection import (
+    BrokerRefusedError,
+    BrokerUnavailableError,
+    connect,
+)
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import Settings, SettingsError, load_settings
-
-EXIT_INVALID_SETTINGS = 2
-EXIT_START_FAILED = 1
-EXIT_SERVICE_UNREACHABLE = 3
-EXIT_SERVICE_REFUSED = 4
-"""The services' exit codes besides 0, as for every ``fulfilment`` command (README, "Command
-line")."""
 
 
 class StartRefusedError(Exception):
     """A start-up check failed; the root logs it in one line and exits with ``exit_code``.
 
     ``event`` is that line's log event (``worker.schema_not_current``, ``relay.broker_refused``
-    ...), the message the reason. ``exit_code`` is :data:`EXIT_SERVICE_UNREACHABLE` when a
-    service did not answer, :data:`EXIT_SERVICE_REFUSED` when it refused the user or has no
+    ...), the message the reason. ``exit_code`` is :attr:`ExitCode.UNAVAILABLE` when a
+    service did not answer, :attr:`ExitCode.REFUSED` when it refused the user or has no
     such virtual host or database, or the URL's TLS or settings cannot work with it, else
-    :data:`EXIT_START_FAILED`.
+    :attr:`ExitCode.FAILED`.
     """
 
-    def __init__(self, reason: str, *, event: str, exit_code: int = EXIT_START_FAILED) -> None:
+    def __init__(self, reason: str, *, event: str, exit_code: ExitCode = ExitCode.FAILED) -> None:
         super().__init__(reason)
         self.event = event
         self.exit_code = exit_code
@@ -57,7 +55,7 @@ class StartRefusedError(Exception):
     @property
     def unreachable(self) -> bool:
         """True when a service did not answer: a wait may mend it, unlike a refusal."""
-        return self.exit_code == EXIT_SERVICE_UNREACHABLE
+        return self.exit_code == ExitCode.UNAVAILABLE
 
 
 def service_stops_start(
@@ -77,7 +75,7 @@ def service_stops_start(
     return StartRefusedError(
         str(failure).splitlines()[0],
         event=event,
-        exit_code=EXIT_SERVICE_REFUSED if refused else EXIT_SERVICE_UNREACHABLE,
+        exit_code=ExitCode.REFUSED if refused else ExitCode.UNAVAILABLE,
     )
 
 
@@ -115,7 +113,7 @@ async def require_current_schema(engine: AsyncEngine, database_url: str, *, prog
             " (README, 'Least privilege')"
         )
         raise StartRefusedError(
-            msg, event=f"{program}.privileges_missing", exit_code=EXIT_SERVICE_REFUSED
+            msg, event=f"{program}.privileges_missing", exit_code=ExitCode.REFUSED
         )
 
 
@@ -180,7 +178,7 @@ def run_service(service: Callable[[Settings], Coroutine[Any, Any, int]]) -> NoRe
     """Run a service's coroutine from the environment's settings and exit with its code.
 
     Reads the settings (an invalid one: a line on standard error naming the variable, exit
-    :data:`EXIT_INVALID_SETTINGS`), configures logging, and runs ``service(settings)`` on the
+    :attr:`ExitCode.BAD_INPUT`), configures logging, and runs ``service(settings)`` on the
     event loop that ``FULFILMENT_EVENT_LOOP`` names: uvloop by default, which spends less CPU
     per message than the standard library's loop (README, "Performance").
     """
@@ -188,7 +186,7 @@ def run_service(service: Callable[[Settings], Coroutine[Any, Any, int]]) -> NoRe
         settings = load_settings()
     except SettingsError as error:
         sys.stderr.write(f"fulfilment: invalid settings: {error}\n")
-        sys.exit(EXIT_INVALID_SETTINGS)
+        sys.exit(ExitCode.BAD_INPUT)
     configure_logging(level=settings.log_level, log_format=settings.log_format)
     loop_factory = uvloop.new_event_loop if settings.event_loop == "uvloop" else None
     with asyncio.Runner(loop_factory=loop_factory) as runner:

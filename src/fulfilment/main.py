@@ -30,7 +30,7 @@ from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.adapters.rabbitmq import connection_failure as broker_connection_failure
+from fulfilment.adapters.rabbitmq.connection import connection_failure as broker_connection_failure
 from fulfilment.composition import (
     StartRefusedError,
     database_options,
@@ -41,6 +41,7 @@ from fulfilment.composition import (
 )
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureClass
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
 from fulfilment.observability.tracing import start_tracing
@@ -51,10 +52,8 @@ from fulfilment.worker.consumer_control import (
     cancel_consumer,
     consumer_attached,
 )
-from fulfilment.worker.crashing_warehouse import CrashingWarehouse
 from fulfilment.worker.dead_lettering import DeadLetterChannel, DeadLetterPublisher, record_retry
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, subscribe
-from fulfilment.worker.fault_injection import parse_fault_plan
 from fulfilment.worker.health import health_app
 from fulfilment.worker.monitors import (
     BackgroundTask,
@@ -286,8 +285,15 @@ def delivery_limits(settings: Settings) -> DeliveryLimits:
     )
 
 
-async def run_worker(settings: Settings) -> int:
+async def run_worker(
+    settings: Settings,
+    *,
+    wrap_warehouse: Callable[[PostgresWarehouse], Warehouse] | None = None,
+) -> ExitCode:
     """Run the worker until SIGTERM or SIGINT; return the process exit code.
+
+    ``wrap_warehouse``, when given, wraps the PostgreSQL warehouse the handlers use (the fault
+    suite's crash points go around it this way); by default they use it as it is.
 
     0 after a clean shutdown; 3 when RabbitMQ or PostgreSQL did not answer at start, 4 when
     one refused the user or has no such virtual host or database; 1 when another start-up
@@ -316,7 +322,7 @@ async def run_worker(settings: Settings) -> int:
         metrics.count_database_retry(retry_label(error))
         record_retry()  # for the attempt count and first failure time of a dead letter
 
-    warehouse: Warehouse = PostgresWarehouse(
+    postgres = PostgresWarehouse(
         engine,
         consumer=settings.consumer_name,
         retry_budget_seconds=settings.retry_budget_seconds,
@@ -325,12 +331,7 @@ async def run_worker(settings: Settings) -> int:
         pool_size=settings.database_pool_size,
         batch_max=settings.reservation_batch_max,
     )
-    faults = parse_fault_plan(settings.fault_injection)
-    if faults.armed:  # the fault suite only
-        logger.warning("worker.fault_injection_armed", plan=settings.fault_injection)
-        warehouse = CrashingWarehouse(
-            warehouse, faults, engine=engine, consumer=settings.consumer_name
-        )
+    warehouse: Warehouse = postgres if wrap_warehouse is None else wrap_warehouse(postgres)
 
     async def database_ping() -> None:
         await ping_database(engine)
@@ -393,7 +394,7 @@ async def run_worker(settings: Settings) -> int:
         return refused.exit_code
     except Exception as error:
         logger.exception("worker.start_failed", reason=f"{type(error).__name__}: {error}")
-        return 1
+        return ExitCode.FAILED
     finally:
         http.should_exit = True
         await serving
@@ -401,7 +402,7 @@ async def run_worker(settings: Settings) -> int:
         await engine.dispose()
         if tracing is not None:
             await tracing.shutdown()
-    return 1 if worker.watchdog.gave_up else 0
+    return ExitCode.FAILED if worker.watchdog.gave_up else ExitCode.OK
 
 
 async def ping_database(engine: AsyncEngine) -> None:

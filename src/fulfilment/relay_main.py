@@ -25,7 +25,8 @@ from fulfilment.composition import (
     require_current_schema,
     run_service,
 )
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
+from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.observability.tracing import start_tracing
@@ -34,10 +35,10 @@ from fulfilment.relay.service import (
     RECONNECT_INITIAL_SECONDS,
     RECONNECT_MAX_SECONDS,
     Relay,
+    RelayHooks,
     RelayOptions,
 )
 from fulfilment.settings import Settings
-from fulfilment.worker.fault_injection import parse_fault_plan
 
 logger = structlog.get_logger("fulfilment.relay")
 
@@ -53,12 +54,14 @@ def relay_options(settings: Settings) -> RelayOptions:
         connect_timeout_seconds=settings.database_connect_timeout_seconds,
         publish_timeout_seconds=settings.relay_publish_timeout_seconds,
         app_id=f"fulfilment-{__version__}",
-        faults=parse_fault_plan(settings.fault_injection),
     )
 
 
-async def run_relay(settings: Settings) -> int:
+async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> ExitCode:
     """Run the relay and its HTTP server until SIGTERM or SIGINT; return the exit code.
+
+    ``hooks`` act at the points of each batch (:class:`RelayHooks`; none by default: the
+    fault suite passes its crash points).
 
     0 after a stop. Before its first session the relay checks, as the worker does at start,
     that the database is at this build's migration (else exit 1, ``relay.schema_not_current``)
@@ -83,7 +86,7 @@ async def run_relay(settings: Settings) -> int:
         return refused.exit_code
     metrics = RelayMetrics(RESULT_ROUTING_KEYS, version=__version__)
     tracing = start_tracing(metrics.registry, service_name="fulfilment-relay", version=__version__)
-    relay = Relay(relay_options(settings), metrics)
+    relay = Relay(relay_options(settings), metrics, hooks)
     http = ProbeServer(
         uvicorn.Config(
             relay_health_app(
@@ -124,7 +127,7 @@ async def run_relay(settings: Settings) -> int:
         await serving
         if tracing is not None:
             await tracing.shutdown()
-    return 0
+    return ExitCode.OK
 
 
 async def wait_for_start(settings: Settings, stopping: asyncio.Event) -> None:

@@ -30,9 +30,8 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
 
-from fulfilment.adapters.postgres.errors import ASYNCPG_URL_PARAMETERS
+from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
-from fulfilment.worker.fault_injection import parse_fault_plan
 
 ENV_PREFIX = "FULFILMENT_"
 
@@ -55,7 +54,7 @@ def _check_tls_parameters(url: str) -> None:
 
     Raises:
         ValueError: a near miss of a parameter asyncpg reads (``sslmod``, ``sslrootcrt``,
-            ``SSLMODE``; ``errors.ASYNCPG_URL_PARAMETERS``), which asyncpg would send to the
+            ``SSLMODE``; ``asyncpg_url.ASYNCPG_URL_PARAMETERS``), which asyncpg would send to the
             server as a setting (no setting in PostgreSQL 15's ``pg_settings`` is that near
             one); an ``sslmode`` outside :data:`SSL_MODES`; or ``ssl=`` (asyncpg's keyword,
             which a URL would send to the server as a setting, failing every pooled connection
@@ -161,7 +160,12 @@ class SettingsError(Exception):
 
 
 class Settings(BaseSettings):
-    """All of the service's configuration; built only by the composition root and the CLI."""
+    """All of the service's configuration; built only by the composition roots and the CLI.
+
+    The fields are grouped by the process that reads them: shared, the worker, the relay, the
+    operator tools. One flat model, so that every variable keeps its plain name
+    (``FULFILMENT_<FIELD>``; nested models would prefix their group's name).
+    """
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -171,6 +175,7 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
+    # Shared: read by more than one of the worker, the relay and the operator tools.
     amqp_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
     """RabbitMQ URL (``amqp://`` or ``amqps://``), credentials and virtual host included. Every
     connection of the service reads TLS from it the same way (aiormq's query parameters,
@@ -185,17 +190,38 @@ class Settings(BaseSettings):
     server's certificate and host name; ``require`` only encrypts, unless ``sslrootcert`` is
     given (libpq's meaning)."""
 
-    database_runtime_role: str = ""
-    """The PostgreSQL role the worker and the relay connect as (the user of their
-    ``FULFILMENT_DATABASE_URL``), for ``fulfilment migrate`` only: after upgrading, it gives this
-    role the privileges of ``adapters.postgres.privileges.RUNTIME_PRIVILEGES`` and nothing
-    else (README, "Least privilege"). Empty: no grants (one line says so), as when every
-    process connects as the owner."""
-
     consumer_name: str = Field(default="fulfilment", min_length=1, max_length=100)
     """Inbox namespace: the ``consumer`` column of ``inbox_messages``. Never change it on a live
     database, or every past event would look new."""
 
+    database_connect_timeout_seconds: Seconds = 2.0
+    """Time allowed to open one PostgreSQL connection."""
+
+    database_statement_timeout_seconds: Seconds = 3.0
+    """Server-side ``statement_timeout`` of the worker's sessions: the server, not the client,
+    cancels a slow statement, so a statement time-out never leaves its commit in doubt. The
+    reservation pool waits 1 s longer, and only then gives up on the connection."""
+
+    database_lock_timeout_seconds: Seconds = 1.0
+    """Server-side ``lock_timeout``: a reservation waiting this long for a stock row lock fails
+    with a retryable error instead of queueing behind a stuck transaction."""
+
+    http_host: str = "0.0.0.0"  # noqa: S104 - probes and scrapes reach the pod on its own IP
+    """IP address (v4 or v6) the HTTP server for ``/health/live``, ``/health/ready`` and
+    ``/metrics`` listens on; ``0.0.0.0`` is every IPv4 interface, ``::`` every IPv6 one. A
+    host name is refused: it would be resolved only when the server starts."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Threshold of the service's logs."""
+
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """``auto`` writes JSON unless standard error is a terminal."""
+
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """The event loop of the worker and the relay: ``uvloop`` (libuv; it spends less CPU per
+    message, see the README's "Performance") or the standard library's ``asyncio`` loop."""
+
+    # The worker (``fulfilment worker``).
     prefetch_count: int = Field(default=32, ge=1, le=1000)
     """Unacknowledged deliveries per worker process, hence handlers running at once: FastStream
     starts one task per delivery and has no other concurrency limit on RabbitMQ."""
@@ -247,23 +273,6 @@ class Settings(BaseSettings):
     """Most orders one reservation transaction carries. Unset, it follows ``prefetch_count``
     (every delivery in flight); 1 commits every order in a transaction of its own."""
 
-    database_connect_timeout_seconds: Seconds = 2.0
-    """Time allowed to open one PostgreSQL connection."""
-
-    database_statement_timeout_seconds: Seconds = 3.0
-    """Server-side ``statement_timeout`` of the worker's sessions: the server, not the client,
-    cancels a slow statement, so a statement time-out never leaves its commit in doubt. The
-    reservation pool waits 1 s longer, and only then gives up on the connection."""
-
-    database_lock_timeout_seconds: Seconds = 1.0
-    """Server-side ``lock_timeout``: a reservation waiting this long for a stock row lock fails
-    with a retryable error instead of queueing behind a stuck transaction."""
-
-    http_host: str = "0.0.0.0"  # noqa: S104 - probes and scrapes reach the pod on its own IP
-    """IP address (v4 or v6) the HTTP server for ``/health/live``, ``/health/ready`` and
-    ``/metrics`` listens on; ``0.0.0.0`` is every IPv4 interface, ``::`` every IPv6 one. A
-    host name is refused: it would be resolved only when the server starts."""
-
     http_port: int = Field(default=8080, ge=1, le=65535)
     """Port of that HTTP server."""
 
@@ -275,6 +284,7 @@ class Settings(BaseSettings):
     """How often each worker checks the stock invariants for
     ``fulfilment_stock_invariant_violations``: one read of the stock and reservation tables."""
 
+    # The relay (``fulfilment relay``).
     relay_batch_size: int = Field(default=100, ge=1, le=10000)
     """Most outbox rows the relay reads and publishes at once (one per order in a batch)."""
 
@@ -294,6 +304,52 @@ class Settings(BaseSettings):
 
     relay_http_port: int = Field(default=8081, ge=1, le=65535)
     """Port of the relay's ``/health/live``, ``/health/ready`` and ``/metrics`` (on
+    ``FULFILMENT_HTTP_HOST``)."""
+
+    # The operator tools (``migrate``, ``prune``, ``outbox prune``, ``dlq``).
+    database_runtime_role: str = ""
+    """The PostgreSQL role the worker and the relay connect as (the user of their
+    ``FULFILMENT_DATABASE_URL``), for ``fulfilment migrate`` only: after upgrading, it gives this
+    role the privileges of ``adapters.postgres.privileges.RUNTIME_PRIVILEGES`` and nothing
+    else (README, "Least privilege"). Empty: no grants (one line says so), as when every
+    process connects as the owner."""
+
+    # The hand-off to the warehouse system and the dispatcher that sends it (README, "The
+    # warehouse system").
+
+    warehouse_url: str | None = None
+    """Base of the warehouse system's API, e.g. ``https://wms.example/api/v1`` (``http://`` or
+    ``https://``). Unset: no hand-off; the service behaves as without a warehouse system and
+    ``fulfilment dispatcher`` refuses to start."""
+
+    warehouse_token: SecretStr = SecretStr("")
+    """The API's secret, sent as ``Authorization: Bearer <token>``; empty: no
+    ``Authorization`` header."""
+
+    warehouse_ca_file: str | None = None
+    """A PEM CA bundle the warehouse system's certificate is checked against (an ``https://``
+    URL only); unset: the system's CAs. Read when the dispatcher starts."""
+
+    warehouse_timeout_seconds: Seconds = 10.0
+    """One request's timeout, for each of connect, write, read and the wait for a pooled
+    connection, and for the request as a whole. A request that times out is sent again later
+    under the same key (the warehouse may have committed it)."""
+
+    warehouse_rate_per_second: Seconds = 2.5
+    """Most requests per second to the warehouse system (2.5: 150 a minute, what real 3PL APIs
+    allow per account). Held for every request, retries and probes included, and never
+    exceeded within a second (requests go at least ``1 / rate`` seconds apart)."""
+
+    warehouse_concurrency: int = Field(default=4, ge=1, le=256)
+    """Most requests in flight at once, and the most connections of the dispatcher's pool."""
+
+    warehouse_key_retention_seconds: Seconds = 24 * 3600.0
+    """How long the warehouse system keeps an idempotency key (24 h, as Stripe). A request
+    still unanswered this long after its first attempt is ``expired``: a retry after it could
+    create a second order, so it waits for an operator (``resend``)."""
+
+    dispatcher_port: int = Field(default=8082, ge=1, le=65535)
+    """Port of the dispatcher's ``/health/live``, ``/health/ready`` and ``/metrics`` (on
     ``FULFILMENT_HTTP_HOST``)."""
 
     outbox_retention_seconds: Seconds = 7 * 24 * 3600.0
@@ -320,21 +376,6 @@ class Settings(BaseSettings):
     """Replays after which ``fulfilment dlq replay`` refuses a dead letter without ``--force``
     (counted by its ``x-fulfilment-replay-count`` header and by the audit table)."""
 
-    fault_injection: str = ""
-    """Crash injection of the fault suite (``worker.fault_injection``), e.g.
-    ``before_transaction:0.01,after_commit:0.01,poison_sku:POISON``. Empty, and so off, in
-    production."""
-
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Threshold of the service's logs."""
-
-    log_format: Literal["auto", "json", "console"] = "auto"
-    """``auto`` writes JSON unless standard error is a terminal."""
-
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
-    """The event loop of the worker and the relay: ``uvloop`` (libuv; it spends less CPU per
-    message, see the README's "Performance") or the standard library's ``asyncio`` loop."""
-
     @field_validator("amqp_url")
     @classmethod
     def _amqp_scheme(cls, value: SecretStr) -> SecretStr:
@@ -354,6 +395,25 @@ class Settings(BaseSettings):
                 return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
         msg = "must start with postgresql:// or postgresql+asyncpg://"
         raise ValueError(msg)
+
+    @field_validator("warehouse_url")
+    @classmethod
+    def _warehouse_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urllib.parse.urlsplit(value)
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            msg = "must be an http:// or https:// URL with a host, e.g. https://wms.example/api/v1"
+            raise ValueError(msg)
+        if parts.query or parts.fragment:
+            msg = "is the API's base: no ?query or #fragment"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("warehouse_ca_file")
+    @classmethod
+    def _warehouse_ca_file(cls, value: str | None) -> str | None:
+        return value or None
 
     @field_validator("database_runtime_role")
     @classmethod
@@ -385,12 +445,6 @@ class Settings(BaseSettings):
                 f"one of {value - 1}"
             )
             raise ValueError(msg)
-        return value
-
-    @field_validator("fault_injection")
-    @classmethod
-    def _fault_plan(cls, value: str) -> str:
-        parse_fault_plan(value)
         return value
 
     @model_validator(mode="before")
@@ -425,9 +479,16 @@ class Settings(BaseSettings):
                 # Processed ids outlive every way a message can come back (README, "Retention").
                 ("dead_letter_ttl_seconds", "processed_id_retention_seconds"),
                 ("outbox_retention_seconds", "processed_id_retention_seconds"),
+                # A request must be able to time out many times within its key's retention.
+                ("warehouse_timeout_seconds", "warehouse_key_retention_seconds"),
             ]
             if getattr(self, inner) >= getattr(self, outer)
         ]
+        if self.warehouse_ca_file and not (self.warehouse_url or "").startswith("https://"):
+            problems.append(
+                f"{env_name('warehouse_ca_file')} is set but {env_name('warehouse_url')} is not"
+                " an https:// URL: the CA file would check nothing"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -23,7 +23,11 @@ from faultlib import Cluster, Order
 from harness import WorkerProcess
 from rabbit_cluster import ClusterError, Node, RabbitCluster
 
-from fulfilment.contracts.topology import MAIN_QUEUE, ORDER_PLACED_ROUTING_KEY, ORDERS_EXCHANGE
+from fulfilment.contracts.topology import (
+    ORDER_PLACED_QUEUE,
+    ORDER_PLACED_ROUTING_KEY,
+    ORDERS_EXCHANGE,
+)
 
 HANDLED = "order_placed.handled"
 """The log line each worker writes for a handled delivery (``worker.delivery``)."""
@@ -194,7 +198,7 @@ async def all_members_online(cluster: RabbitCluster, watch: Watch, timeout: floa
     info: dict[str, object] = {}
     while time.monotonic() < deadline:
         with contextlib.suppress(ClusterError):
-            info = await asyncio.to_thread(cluster.queue_info, MAIN_QUEUE)
+            info = await asyncio.to_thread(cluster.queue_info, ORDER_PLACED_QUEUE)
             members = info.get("members") or []
             online = info.get("online") or []
             if len(members) == len(cluster.nodes) and sorted(online) == sorted(members):  # type: ignore[arg-type]

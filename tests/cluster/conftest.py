@@ -23,7 +23,7 @@ from harness import FAST_SETTINGS
 from pydantic import SecretStr
 from rabbit_cluster import ClusterError, RabbitCluster, missing_tools
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
 from fulfilment.settings import Settings
 from services import service_unavailable
 
@@ -101,7 +101,7 @@ async def delete_service_queues(cluster_url: str) -> None:
     """Delete the service's queues that the scenarios declare, on a fresh connection."""
     async with await aio_pika.connect(cluster_url) as cleanup:
         channel = await cleanup.channel()
-        for name in (MAIN_QUEUE, DEAD_LETTER_QUEUE):
+        for name in (ORDER_PLACED_QUEUE, ORDER_PLACED_DEAD_LETTER_QUEUE):
             await channel.queue_delete(name)
 
 

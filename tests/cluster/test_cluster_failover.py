@@ -33,7 +33,7 @@ from faultlib import (
 from harness import put_stock
 from rabbit_cluster import Node, RabbitCluster
 
-from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import INITIAL_GROUP_SIZE
 
@@ -64,7 +64,7 @@ async def run_scenario(
 ) -> None:
     await put_stock(db, AMPLE_STOCK)
     await declare(rabbit_cluster.amqp_url(), LIMIT)
-    info = await asyncio.to_thread(rabbit_cluster.queue_info, MAIN_QUEUE)
+    info = await asyncio.to_thread(rabbit_cluster.queue_info, ORDER_PLACED_QUEUE)
     assert len(info["members"]) == 3, info  # the initial group size made it three
     await one_consumer_per_node(rabbit_cluster, workers)
     publisher = SteadyPublisher(
@@ -122,11 +122,11 @@ async def one_consumer_per_node(cluster: RabbitCluster, workers: Cluster) -> Non
     """
     for _ in range(WORKERS):
         for _attempt in range(ATTEMPTS_PER_WORKER):
-            before = Counter(await asyncio.to_thread(cluster.consumer_nodes, MAIN_QUEUE))
+            before = Counter(await asyncio.to_thread(cluster.consumer_nodes, ORDER_PLACED_QUEUE))
             (worker,) = workers.start(1, wait_ready=True)
             deadline = time.monotonic() + 10
             while True:
-                after = Counter(await asyncio.to_thread(cluster.consumer_nodes, MAIN_QUEUE))
+                after = Counter(await asyncio.to_thread(cluster.consumer_nodes, ORDER_PLACED_QUEUE))
                 if after.total() > before.total() or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
@@ -138,24 +138,24 @@ async def one_consumer_per_node(cluster: RabbitCluster, workers: Cluster) -> Non
             # would count in the next try's ``before`` and hide the node it is on.
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                now = Counter(await asyncio.to_thread(cluster.consumer_nodes, MAIN_QUEUE))
+                now = Counter(await asyncio.to_thread(cluster.consumer_nodes, ORDER_PLACED_QUEUE))
                 if now.total() <= before.total():
                     break
                 await asyncio.sleep(0.2)
         else:
             pytest.fail("the proxy kept sending new consumers to nodes that had one")
-    nodes = await asyncio.to_thread(cluster.consumer_nodes, MAIN_QUEUE)
+    nodes = await asyncio.to_thread(cluster.consumer_nodes, ORDER_PLACED_QUEUE)
     assert sorted(nodes) == sorted(node.name for node in cluster.nodes), nodes
 
 
 async def consumers_on(cluster: RabbitCluster, node: Node) -> int:
-    return (await asyncio.to_thread(cluster.consumer_nodes, MAIN_QUEUE)).count(node.name)
+    return (await asyncio.to_thread(cluster.consumer_nodes, ORDER_PLACED_QUEUE)).count(node.name)
 
 
 async def kill_the_leader_then_the_next(cluster: RabbitCluster, watch: Watch) -> str:
     killed = []
     for _ in range(2):
-        leader = await asyncio.to_thread(cluster.leader, MAIN_QUEUE)
+        leader = await asyncio.to_thread(cluster.leader, ORDER_PLACED_QUEUE)
         watch.consumers_hit += await consumers_on(cluster, leader)
         cluster.kill(leader)
         killed.append(leader.name.split("@")[0])
@@ -180,7 +180,7 @@ async def rolling_restart(cluster: RabbitCluster, watch: Watch) -> str:
 
 
 async def cut_off_the_leader(cluster: RabbitCluster, watch: Watch) -> str:
-    leader = await asyncio.to_thread(cluster.leader, MAIN_QUEUE)
+    leader = await asyncio.to_thread(cluster.leader, ORDER_PLACED_QUEUE)
     watch.consumers_hit += await consumers_on(cluster, leader)
     await asyncio.to_thread(cluster.cut_off, leader)
     try:
@@ -199,7 +199,7 @@ async def cut_off_the_leader(cluster: RabbitCluster, watch: Watch) -> str:
 
 
 async def restart_the_proxy(cluster: RabbitCluster, watch: Watch) -> str:
-    watch.consumers_hit += len(await asyncio.to_thread(cluster.consumer_nodes, MAIN_QUEUE))
+    watch.consumers_hit += len(await asyncio.to_thread(cluster.consumer_nodes, ORDER_PLACED_QUEUE))
     await asyncio.to_thread(cluster.restart_proxy)
     await watch.sleep(0)
     return "HAProxy killed and started again: every worker connection dropped"
@@ -237,7 +237,7 @@ async def test_the_cluster_fault_loses_nothing_and_consumption_recovers_within_3
 @pytest.mark.usefixtures("cluster_broker")
 async def test_every_quorum_queue_has_a_member_on_each_node(rabbit_cluster: RabbitCluster) -> None:
     await declare(rabbit_cluster.amqp_url(), LIMIT)
-    for queue in (MAIN_QUEUE, f"{MAIN_QUEUE}.dlq"):
+    for queue in (ORDER_PLACED_QUEUE, f"{ORDER_PLACED_QUEUE}.dlq"):
         info = await asyncio.to_thread(rabbit_cluster.queue_info, queue)
         assert sorted(info["members"]) == sorted(node.name for node in rabbit_cluster.nodes)
         assert info["arguments"][INITIAL_GROUP_SIZE] == 3, info

@@ -16,6 +16,7 @@ from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.composition import database_options
+from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import CancelKind, OrderStatus, ShipKind
 from fulfilment.domain.model import (
     DuplicateOf,
@@ -25,6 +26,7 @@ from fulfilment.domain.model import (
     StockLevel,
 )
 from fulfilment.settings import Settings
+from warehouse_rows import requests_of
 
 
 @pytest.fixture
@@ -48,6 +50,33 @@ async def postgres_warehouse(clean_database):
     ]
 )
 def warehouse(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+async def postgres_handoff_warehouse(clean_database):
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    try:
+        yield PostgresWarehouse(
+            engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True
+        )
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def memory_handoff_warehouse():
+    return InMemoryWarehouse(handoff=True)
+
+
+@pytest.fixture(
+    params=[
+        "memory_handoff_warehouse",
+        pytest.param("postgres_handoff_warehouse", marks=pytest.mark.postgres),
+    ]
+)
+def handoff_warehouse(request):
+    """A warehouse with the hand-off to the warehouse system on."""
     return request.getfixturevalue(request.param)
 
 
@@ -854,3 +883,166 @@ async def test_every_event_of_a_batch_gets_its_own_row_and_trace_context(warehou
     assert sorted((event.order_id, event.traceparent) for event in events) == sorted(
         (str(command.order_id), trace) for command, trace in zip(commands, traces, strict=True)
     )
+
+
+# The hand-off to the warehouse system (product contract, "The warehouse system"): the requests
+# are recorded in the transaction of the change, and a cancel of an order the warehouse may
+# hold waits for its answer (fulfilment.domain.handoff).
+
+
+async def move_on(warehouse, order_id, status):
+    """Stand in for the dispatcher: the order's pending fulfilment order is now ``status``."""
+    if isinstance(warehouse, InMemoryWarehouse):
+        warehouse.fulfilment_order(order_id).status = status
+        return
+    async with warehouse.engine.begin() as connection:
+        await connection.execute(
+            sa.text(
+                "UPDATE warehouse_requests SET status = :status, attempts = 1, body = '{}',"
+                " first_attempt_at = now(), last_attempt_at = now()"
+                " WHERE order_id = :order_id AND kind = 'fulfilment_order'"
+            ),
+            {"status": str(status), "order_id": order_id},
+        )
+
+
+async def inbox_outcome(warehouse, event_id):
+    if isinstance(warehouse, InMemoryWarehouse):
+        return warehouse.inbox[(warehouse.consumer, event_id)]
+    async with warehouse.engine.connect() as connection:
+        return await connection.scalar(
+            sa.text("SELECT outcome FROM inbox_messages WHERE event_id = :event_id"),
+            {"event_id": event_id},
+        )
+
+
+async def test_without_the_handoff_nothing_is_recorded_for_the_warehouse_system(warehouse):
+    placed = await reserved_order(warehouse, ("A", 3))
+    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+
+    assert await requests_of(warehouse) == []
+
+
+async def test_a_reservation_records_its_fulfilment_order_pending_with_its_lines(
+    handoff_warehouse,
+):
+    await handoff_warehouse.put_stock({"b": 10, "B": 10, "A": 10})
+    command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4))
+
+    with in_trace(TRACEPARENT):
+        await handoff_warehouse.reserve(command)
+
+    # The request continues the order's trace from the span that wrote its result event.
+    assert [event.traceparent for event in await result_events(handoff_warehouse)] == [TRACEPARENT]
+    assert await requests_of(handoff_warehouse) == [
+        (
+            "fulfilment_order",
+            command.order_id,
+            command.event_id,
+            (("A", 2), ("B", 3), ("b", 5)),
+            "pending",
+            TRACEPARENT,
+        )
+    ]
+
+
+async def test_a_rejection_and_a_duplicate_record_no_request(handoff_warehouse):
+    await handoff_warehouse.put_stock({"A": 1})
+    placed = order(("A", 1))
+    await handoff_warehouse.reserve(placed)
+
+    await handoff_warehouse.reserve(order(("A", 5)))
+    await handoff_warehouse.reserve(placed)
+    await handoff_warehouse.reserve(order(("A", 1), order_id=placed.order_id))
+
+    assert [row[1] for row in await requests_of(handoff_warehouse)] == [placed.order_id]
+
+
+async def test_a_cancel_before_the_send_releases_at_once_and_shrinks_the_request(
+    handoff_warehouse,
+):
+    placed = await reserved_order(handoff_warehouse, ("A", 3), ("B", 2))
+
+    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("B", 2)))
+
+    assert (outcome.kind, outcome.lines) == (
+        CancelKind.PARTIALLY_RELEASED,
+        lines(("A", 1), ("B", 2)),
+    )
+    assert await handoff_warehouse.stock(["A", "B"]) == {
+        "A": StockLevel(10, 2),
+        "B": StockLevel(10, 0),
+    }
+    [request] = await requests_of(handoff_warehouse)
+    assert (request[0], request[3], request[4]) == ("fulfilment_order", (("A", 2),), "pending")
+
+
+async def test_a_whole_cancel_before_the_send_withdraws_the_request(handoff_warehouse):
+    placed = await reserved_order(handoff_warehouse, ("A", 3))
+
+    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id))
+
+    assert (outcome.kind, outcome.status) == (CancelKind.RELEASED, OrderStatus.RELEASED)
+    assert [row[4] for row in await requests_of(handoff_warehouse)] == ["withdrawn"]
+    assert await handoff_warehouse.stock(["A"]) == {"A": StockLevel(10, 0)}
+
+
+@pytest.mark.parametrize("sent", [RequestStatus.SENDING, RequestStatus.ACCEPTED])
+@pytest.mark.parametrize(
+    ("asked", "recorded"),
+    [((), None), ((("A", 5), ("Z", 1)), (("A", 3),))],
+    ids=["whole", "lines"],
+)
+async def test_a_cancel_after_the_send_releases_nothing_and_records_a_cancellation(
+    handoff_warehouse, sent, asked, recorded
+):
+    placed = await reserved_order(handoff_warehouse, ("A", 3), ("B", 2))
+    await move_on(handoff_warehouse, placed.order_id, sent)
+    command = cancellation(placed.order_id, *asked)
+    events_before = await result_events(handoff_warehouse)
+
+    with in_trace(TRACEPARENT):
+        outcome = await handoff_warehouse.cancel(command)
+
+    assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
+        CancelKind.CANCEL_REQUESTED,
+        OrderStatus.RESERVED,
+        (),
+        "cancel_requested",
+    )
+    assert await handoff_warehouse.stock(["A", "B"]) == {
+        "A": StockLevel(10, 3),
+        "B": StockLevel(10, 2),
+    }
+    assert (await requests_of(handoff_warehouse))[1:] == [
+        ("cancellation", placed.order_id, command.event_id, recorded, "pending", TRACEPARENT)
+    ]
+    assert await result_events(handoff_warehouse) == events_before
+    assert await inbox_outcome(handoff_warehouse, command.event_id) == "cancel_requested"
+    again = await handoff_warehouse.cancel(command)
+    assert again.kind is CancelKind.DUPLICATE
+    assert len(await requests_of(handoff_warehouse)) == 2
+
+
+async def test_a_cancel_after_the_send_of_skus_the_order_does_not_hold_is_ignored(
+    handoff_warehouse,
+):
+    placed = await reserved_order(handoff_warehouse, ("A", 3))
+    await move_on(handoff_warehouse, placed.order_id, RequestStatus.ACCEPTED)
+
+    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id, ("Z", 1)))
+
+    assert outcome.kind is CancelKind.IGNORED
+    assert len(await requests_of(handoff_warehouse)) == 1
+
+
+async def test_a_cancel_of_an_order_that_failed_at_the_warehouse_releases_at_once(
+    handoff_warehouse,
+):
+    placed = await reserved_order(handoff_warehouse, ("A", 3))
+    await move_on(handoff_warehouse, placed.order_id, RequestStatus.FAILED)
+
+    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id))
+
+    assert (outcome.kind, outcome.lines) == (CancelKind.RELEASED, lines(("A", 3)))
+    assert [row[4] for row in await requests_of(handoff_warehouse)] == ["failed"]

@@ -1208,6 +1208,63 @@ def check_kustomization(stack: Stack) -> list[str]:
     return problems
 
 
+def check_dispatcher(stack: Stack) -> list[str]:
+    """The dispatcher's port agrees everywhere, it runs its command, and it has its URL.
+
+    The container port, the probes' and the PodMonitor's port, the compose healthcheck and
+    expose, and Prometheus' scrape are all ``FULFILMENT_DISPATCHER_PORT`` as the settings read
+    it; the Deployment and the compose service run ``dispatcher``, which exits 2 without
+    ``FULFILMENT_WAREHOUSE_URL``.
+    """
+    problems = []
+    pod = stack.resource("Deployment", "fulfilment-dispatcher")["spec"]["template"]["spec"]
+    settings = effective_settings(k8s_environment(stack, pod))
+    container = pod["containers"][0]
+    ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    if list(ports.values()) != [settings.dispatcher_port]:
+        problems.append(
+            f"k8s dispatcher: containerPort {list(ports.values())} is not"
+            f" FULFILMENT_DISPATCHER_PORT {settings.dispatcher_port}"
+        )
+    for probe_name in ("livenessProbe", "readinessProbe"):
+        port = container[probe_name]["httpGet"]["port"]
+        if ports.get(port, port) != settings.dispatcher_port:
+            problems.append(f"k8s dispatcher: {probe_name} port {port!r} is not the container's")
+    monitor = stack.resource("PodMonitor", "fulfilment-dispatcher")["spec"]
+    problems.extend(
+        f"k8s dispatcher PodMonitor: port {endpoint['port']!r} is not the container's"
+        for endpoint in monitor["podMetricsEndpoints"]
+        if ports.get(endpoint["port"]) != settings.dispatcher_port
+    )
+    if container.get("args") != ["dispatcher"] or settings.warehouse_url is None:
+        problems.append("k8s dispatcher: must run [dispatcher] with FULFILMENT_WAREHOUSE_URL set")
+    service = stack.compose["services"]["dispatcher"]
+    compose = effective_settings(compose_environment(stack, "dispatcher"))
+    health = " ".join(service["healthcheck"]["test"])
+    found = re.search(r"http://127\.0\.0\.1:(\d+)/health/ready", health)
+    if found is None or int(found[1]) != compose.dispatcher_port:
+        problems.append(
+            f"docker-compose.yml dispatcher: healthcheck port is not {compose.dispatcher_port}"
+        )
+    if [str(p) for p in service.get("expose", [])] != [str(compose.dispatcher_port)]:
+        problems.append(f"docker-compose.yml dispatcher: expose is not [{compose.dispatcher_port}]")
+    if service.get("command") != ["dispatcher"] or compose.warehouse_url is None:
+        problems.append(
+            "docker-compose.yml dispatcher: must run [dispatcher] with FULFILMENT_WAREHOUSE_URL set"
+        )
+    scraped = [
+        sd["port"]
+        for job in stack.prometheus["scrape_configs"]
+        if job["job_name"] == "fulfilment-dispatcher"
+        for sd in job["dns_sd_configs"]
+    ]
+    if scraped != [compose.dispatcher_port]:
+        problems.append(
+            f"prometheus.yml: scrapes the dispatcher on {scraped}, not [{compose.dispatcher_port}]"
+        )
+    return problems
+
+
 CHECKS: list[Callable[[Stack], list[str]]] = [
     check_environment_variables_exist,
     check_settings_validate,
@@ -1229,6 +1286,7 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_database_roles,
     check_prometheus_rule_rendered,
     check_kustomization,
+    check_dispatcher,
 ]
 
 

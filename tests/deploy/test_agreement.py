@@ -272,6 +272,23 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "the broker's CA not mounted in the relay": lambda s: s.resource(
         "Deployment", "fulfilment-relay"
     )["spec"]["template"]["spec"]["containers"][0]["volumeMounts"].pop(),
+    "the dispatcher's port moved in the ConfigMap only": lambda s: _configmap(s).update(
+        FULFILMENT_DISPATCHER_PORT="9082"
+    ),
+    "the dispatcher without its URL": lambda s: _configmap(s).pop("FULFILMENT_WAREHOUSE_URL"),
+    "the compose dispatcher's healthcheck on the relay's port": lambda s: s.compose["services"][
+        "dispatcher"
+    ]["healthcheck"].update(
+        test=[
+            "CMD",
+            "python",
+            "-c",
+            "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8081/health/ready')",
+        ]
+    ),
+    "Prometheus scraping the dispatcher on another port": lambda s: next(
+        job for job in s.prometheus["scrape_configs"] if job["job_name"] == "fulfilment-dispatcher"
+    )["dns_sd_configs"][0].update(port=9999),
 }
 
 

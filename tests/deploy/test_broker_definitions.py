@@ -27,8 +27,8 @@ from stack import Stack, compose_environment, load_stack
 
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
+    EVENTS_EXCHANGE,
     ORDERS_EXCHANGE,
-    RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
 from fulfilment.settings import Settings
@@ -185,7 +185,7 @@ async def test_the_monitoring_user_counts_messages_and_can_do_nothing_else(
 
         said = [
             await _refused(connection, _publish(ORDERS_EXCHANGE, "order.placed")),
-            await _refused(connection, _publish(RESULT_EVENTS_EXCHANGE, "stock.reserved")),
+            await _refused(connection, _publish(EVENTS_EXCHANGE, "stock.reserved")),
             await _refused(connection, lambda c: c.declare_queue("fulfilment.monitoring")),
             await _refused(
                 connection,

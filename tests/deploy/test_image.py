@@ -3,9 +3,10 @@
 There is no Docker engine on the CI machines, so these tests replay what the Dockerfile does:
 the build stage's ``uv sync`` commands on a copy of the files it copies, the runtime stage's
 copies into a working directory, then the ENTRYPOINT with its CMD. What they prove: the lock
-file installs without the source tree (non-editable), ``fulfilment migrate`` finds the
-migrations from the image's working directory, the HEALTHCHECK command passes, and the worker
-as PID 1 of its own PID namespace (as in a container) drains and exits 0 on SIGTERM.
+file installs without the source tree (non-editable) and without the demo (``fulfilment demo``
+refuses in one line), ``fulfilment migrate`` finds the migrations from the image's working
+directory, the HEALTHCHECK command passes, and the worker as PID 1 of its own PID namespace
+(as in a container) drains and exits 0 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from harness import free_port
 from sqlalchemy.engine import make_url
 from stack import ROOT, Stack, dockerfile_env, dockerfile_stages, instructions, load_stack
 
+from fulfilment.cli import DEMO_NOT_INSTALLED
+from fulfilment.exit_codes import ExitCode
 from services import ADMIN_DATABASE_URL, service_unavailable
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.e2e]
@@ -162,6 +165,40 @@ def test_the_image_migrates_a_new_database_from_its_working_directory(
         check=True,
     ).stdout
     assert not package.startswith(str(ROOT))
+
+
+def test_the_image_leaves_the_demo_out_and_fulfilment_demo_says_so_in_one_line(
+    image: Image,
+) -> None:
+    # ``demo --reset`` truncates the service's tables: the production wheel does not carry it.
+    result = subprocess.run(
+        image.command("demo", "--reset"),
+        cwd=image.workdir,
+        env=image.environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == ExitCode.BAD_INPUT, result.stderr
+    assert result.stderr.splitlines() == [f"fulfilment: {DEMO_NOT_INSTALLED}"]
+    assert result.stdout == ""
+    found = subprocess.run(
+        [
+            str(image.bin / "python"),
+            "-c",
+            (
+                "import importlib.util as u; print(u.find_spec('fulfilment.demo'),"
+                " u.find_spec('fulfilment.dataset.publish') is None)"
+            ),
+        ],
+        cwd=image.workdir,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    # The data set's commands (publish, reconcile, stock plan) stay: they are the product's.
+    assert found == ["None", "False"]
 
 
 def _get(port: int, path: str) -> int:

@@ -9,9 +9,10 @@ code and the manifests, never against a copy of them:
   selector selects exactly the worker's pods; a container or port is the worker's; nothing
   scales a Deployment that KEDA scales; annotations are KEDA's documented pause annotations; a
   patch of the ScaledObject is one its CRD accepts and keeps the scaling rules of ``stack.py``;
-- every metric (with its label matchers) is exported by the worker, every alert is a rule of
-  ``deploy/prometheus/alerts.yml``, every dashboard panel the runbook names is one of the
-  dashboard's, every ``FULFILMENT_*`` variable is a setting, every link points at a section;
+- every metric (with its label matchers) is exported by the worker, the relay or the
+  dispatcher, every alert is a rule of ``deploy/prometheus/alerts.yml``, every dashboard panel
+  the runbook names is one of the dashboard's, every ``FULFILMENT_*`` variable is a setting,
+  every link points at a section;
 - every other name (log events, queues, headers, labels, columns) is a string of the source,
   every file exists, every failure class is one, and every ``SELECT`` plans on a migrated
   database.
@@ -44,8 +45,9 @@ from fakes import InMemoryWarehouse
 from fulfilment import cli
 from fulfilment.contracts import dead_letter
 from fulfilment.contracts.dead_letter import FailureClass
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.main import build_worker
+from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.settings import Settings
 
@@ -64,6 +66,9 @@ POSTGRES_SETTINGS = {"max_connections"}
 """PostgreSQL's own settings the runbook names; the database test finds each in pg_settings."""
 
 RABBITMQ_POLICY_WORDS = {
+    "max_message_size",
+    "x-max-length",
+    "user_id",
     "message-ttl",
     "max-length",
     "max-length-bytes",
@@ -71,8 +76,10 @@ RABBITMQ_POLICY_WORDS = {
     "reject-publish",
     "reject-publish-dlx",
 }
-"""RabbitMQ's own policy keys and overflow values the runbook names (RabbitMQ docs, "Queue
-Length Limit" and "Time-To-Live and Expiration"): the broker's vocabulary, not the service's."""
+"""RabbitMQ's own words the runbook names: policy keys and overflow values (RabbitMQ docs,
+"Queue Length Limit" and "Time-To-Live and Expiration"), the queue argument ``x-max-length``,
+the setting ``max_message_size`` (rabbitmq.conf) and the AMQP property ``user_id``: the
+broker's vocabulary, not the service's."""
 
 KINDS = {
     "deploy": "Deployment",
@@ -192,10 +199,12 @@ def _worker_registry() -> Any:
 
 
 def exported_samples() -> dict[str, list[dict[str, str]]]:
-    """Every sample name the worker or the relay exports, with the label sets of its series."""
+    """Every sample name the worker, the relay or the dispatcher exports, with the label sets of
+    its series."""
     samples: dict[str, list[dict[str, str]]] = {}
     relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
-    for family in [*_worker_registry().collect(), *relay.collect()]:
+    dispatcher = DispatcherMetrics().registry
+    for family in [*_worker_registry().collect(), *relay.collect(), *dispatcher.collect()]:
         names = {
             "counter": [f"{family.name}_total"],
             "histogram": [f"{family.name}{end}" for end in ("_bucket", "_count", "_sum")],

@@ -24,7 +24,7 @@ import pytest
 
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
@@ -42,6 +42,26 @@ FAST_SETTINGS = {
 }
 
 
+CRASH_PLAN_VARIABLE = "FULFILMENT_TEST_CRASH_PLAN"
+"""Where a scenario puts the fault suite's crash plan (``tests/faults/crash_plan.py``)."""
+
+CRASHING = Path(__file__).parents[1] / "faults" / "crashing.py"
+"""The fault suite's entry of the worker and the relay, run instead of the programs when the
+environment holds a crash plan: the production roots with the plan's crash points."""
+
+
+def program(name: str, env: dict[str, str]) -> list[str]:
+    """The command that starts ``name`` (``worker`` or ``relay``) with ``env``.
+
+    The installed program, or the fault suite's crashing one when ``env`` holds a plan.
+    """
+    if env.get(CRASH_PLAN_VARIABLE):
+        return [sys.executable, str(CRASHING), name]
+    if name == "worker":
+        return [sys.executable, "-m", "fulfilment"]
+    return [str(Path(sys.executable).with_name("fulfilment")), name]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -50,7 +70,11 @@ def free_port() -> int:
 
 @dataclass
 class WorkerProcess:
-    """One ``python -m fulfilment`` child with its own HTTP port and log file."""
+    """One ``python -m fulfilment`` child with its own HTTP port and log file.
+
+    With a crash plan in ``env`` (:data:`CRASH_PLAN_VARIABLE`) the child is the fault suite's
+    crashing worker (:func:`program`).
+    """
 
     env: dict[str, str]
     log_path: Path
@@ -62,7 +86,7 @@ class WorkerProcess:
         self.env["FULFILMENT_HTTP_PORT"] = str(self.port)
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "fulfilment"], env=self.env, stdout=log, stderr=log
+                program("worker", self.env), env=self.env, stdout=log, stderr=log
             )
         if not wait_ready:
             return
@@ -185,7 +209,7 @@ async def drain_dead_letters(
 ) -> list[aio_pika.abc.AbstractIncomingMessage]:
     """Take (and acknowledge) ``expect`` messages from the DLQ, failing after ``timeout``."""
     channel = await connection.channel()
-    queue = await channel.get_queue(DEAD_LETTER_QUEUE, ensure=True)
+    queue = await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE, ensure=True)
     taken: list[aio_pika.abc.AbstractIncomingMessage] = []
     deadline = time.monotonic() + timeout
     while len(taken) < expect and time.monotonic() < deadline:

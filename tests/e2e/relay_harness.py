@@ -18,9 +18,9 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, free_port
+from harness import WorkerProcess, free_port, program
 
-from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.contracts.topology import EVENTS_EXCHANGE
 
 FULFILMENT = str(Path(sys.executable).with_name("fulfilment"))
 
@@ -87,7 +87,7 @@ async def bind_events_queue(
     """A new exclusive queue bound to ``fulfilment.events`` with ``routing_keys`` (``#``)."""
     channel = await connection.channel()
     exchange = await channel.declare_exchange(
-        RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+        EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
     )
     queue = await channel.declare_queue(exclusive=True)
     for key in routing_keys or ("#",):
@@ -117,13 +117,16 @@ async def unpublished(db: asyncpg.Connection) -> int:
 
 
 class RelayProcess(WorkerProcess):
-    """One ``fulfilment relay`` child with its own HTTP port and log file."""
+    """One ``fulfilment relay`` child with its own HTTP port and log file.
+
+    With a crash plan in ``env`` the child is the fault suite's crashing relay (``program``).
+    """
 
     def start(self, *, wait_ready: bool = True) -> None:
         self.env["FULFILMENT_RELAY_HTTP_PORT"] = str(self.port)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [FULFILMENT, "relay"], env=self.env, stdout=log, stderr=log
+                program("relay", self.env), env=self.env, stdout=log, stderr=log
             )
         if not wait_ready:
             return

@@ -25,7 +25,7 @@ from harness import (
     wait_for,
 )
 
-from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -73,7 +73,7 @@ async def test_ambiguous_orders_are_dead_lettered_as_permanent_and_nothing_is_re
         assert by_id[name].body == body
         assert headers["x-fulfilment-failure-class"] == "permanent"
         assert headers["x-fulfilment-delivery-count"] == 0
-        assert headers["x-fulfilment-original-queue"] == MAIN_QUEUE
+        assert headers["x-fulfilment-original-queue"] == ORDER_PLACED_QUEUE
         assert reason in str(headers["x-fulfilment-reason"]), name
 
     async def valid_reserved() -> bool:

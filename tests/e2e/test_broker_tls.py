@@ -32,7 +32,7 @@ from harness import (
 )
 from relay_harness import FULFILMENT, RelayProcess, take
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, RESULT_EVENTS_EXCHANGE
+from fulfilment.contracts.topology import EVENTS_EXCHANGE, ORDER_PLACED_DEAD_LETTER_QUEUE
 from private_broker import PrivateBroker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -72,7 +72,7 @@ async def test_the_worker_the_relay_and_the_tools_run_through_amqps_as_the_servi
     try:
         channel = await broker.channel()
         events_exchange = await channel.declare_exchange(
-            RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+            EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
         )
         # A name of the service's own: the user may declare fulfilment.* only.
         events = await channel.declare_queue(
@@ -105,7 +105,7 @@ async def test_the_worker_the_relay_and_the_tools_run_through_amqps_as_the_servi
             await wait_for(published, what="the relay's mark after the confirm")
 
             async def dead_lettered() -> bool:
-                return await queue_depth(broker, DEAD_LETTER_QUEUE) == 1
+                return await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE) == 1
 
             await wait_for(dead_lettered, what="the invalid payload in the DLQ")
             assert worker.ready()
@@ -121,7 +121,7 @@ async def test_the_worker_the_relay_and_the_tools_run_through_amqps_as_the_servi
 
     dlq = await asyncio.to_thread(fulfilment, env, "dlq", "list", "--json")
     assert dlq.returncode == 0, dlq.stderr
-    [group] = [g for g in json.loads(dlq.stdout) if g["queue"] == DEAD_LETTER_QUEUE]
+    [group] = [g for g in json.loads(dlq.stdout) if g["queue"] == ORDER_PLACED_DEAD_LETTER_QUEUE]
     assert group["count"] == 1
 
 

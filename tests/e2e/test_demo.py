@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from fulfilment.contracts.result_events import RESULT_EVENTS
-from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_PLACED, RESULT_EVENTS_EXCHANGE
-from fulfilment.tools.demo import RESULT_EVENTS_QUEUE
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, EVENTS_EXCHANGE, ORDER_PLACED
+from fulfilment.demo.run import RESULT_EVENTS_QUEUE
 from services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -183,7 +183,7 @@ async def test_a_result_event_the_contract_refuses_fails_the_demo_with_one_line(
     try:
         channel = await connection.channel()
         exchange = await channel.declare_exchange(
-            RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+            EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
         )
         queue = await channel.declare_queue(RESULT_EVENTS_QUEUE, durable=True)
         await queue.bind(exchange, routing_key="#")

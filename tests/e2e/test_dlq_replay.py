@@ -22,9 +22,9 @@ from fulfilment import __version__
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUE,
-    DEAD_LETTER_ROUTING_KEY,
-    MAIN_QUEUE,
+    ORDER_PLACED,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -76,7 +76,7 @@ async def test_an_order_dead_lettered_by_a_bug_is_reserved_once_when_replayed_af
     await publish(broker, body, message_id=event_id)
 
     async def dead_lettered() -> bool:
-        return await queue_depth(broker, DEAD_LETTER_QUEUE) == 1
+        return await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE) == 1
 
     await wait_for(dead_lettered, what="the order in the DLQ")
     shown = json.loads(cli(worker_env, "dlq", "show", "--id", event_id, "--json"))
@@ -93,7 +93,7 @@ async def test_an_order_dead_lettered_by_a_bug_is_reserved_once_when_replayed_af
     assert first <= last <= datetime.now(UTC)
     assert headers[h.SERVICE_VERSION] == __version__
     assert headers[h.HOST]
-    assert headers[h.ORIGINAL_QUEUE] == MAIN_QUEUE
+    assert headers[h.ORIGINAL_QUEUE] == ORDER_PLACED_QUEUE
     assert headers[h.ORIGINAL_ROUTING_KEY] == "order.placed"
     assert headers[h.STACK]
     group = letter["group"]
@@ -101,7 +101,7 @@ async def test_an_order_dead_lettered_by_a_bug_is_reserved_once_when_replayed_af
 
     dry = cli(worker_env, "dlq", "replay", "--group", group)
     assert "dry run: 1 dead letter(s) would be replayed" in dry
-    assert await queue_depth(broker, DEAD_LETTER_QUEUE) == 1
+    assert await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE) == 1
 
     await db.execute("ALTER TABLE reservations DROP CONSTRAINT broken_release")  # the fix
     done = cli(
@@ -113,7 +113,7 @@ async def test_an_order_dead_lettered_by_a_bug_is_reserved_once_when_replayed_af
 
     await wait_for(lambda: _at_least(reservations(db), 1), what="the replayed order reserved")
     assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = '85123A'") == 2
-    assert await queue_depth(broker, DEAD_LETTER_QUEUE) == 0
+    assert await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE) == 0
     audit = await db.fetch("SELECT action, event_id, operator, comment FROM dead_letter_audit")
     assert [tuple(row) for row in audit] == [("replayed", event_id, "ops", "constraint dropped")]
     counted = events(worker)
@@ -152,8 +152,8 @@ async def test_replaying_an_applied_event_is_a_counted_duplicate_and_a_fixed_one
     await wait_for(both_handled, what="one reservation and one duplicate")
     assert await reservations(db) == 2
     assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = '71053'") == 7
-    assert await queue_depth(broker, DEAD_LETTER_QUEUE) == 0
-    assert await queue_depth(broker, MAIN_QUEUE) == 0
+    assert await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE) == 0
+    assert await queue_depth(broker, ORDER_PLACED_QUEUE) == 0
     audited = await db.fetch("SELECT event_id, failure_class FROM dead_letter_audit ORDER BY id")
     assert [tuple(row) for row in audited] == [
         (applied_id, "unexpected"),
@@ -184,7 +184,7 @@ async def put_dead_letter(
                 h.REPLAY_ID: str(uuid.uuid4()),  # stripped and replaced by the new replay's
             },
         ),
-        routing_key=DEAD_LETTER_ROUTING_KEY,
+        routing_key=ORDER_PLACED.dead_letter_routing_key,
         mandatory=True,
     )
     await channel.close()

@@ -77,7 +77,7 @@ async def test_a_relay_killed_at_a_crash_point_leaves_no_gap_and_repeats_only_ev
     events = await insert_outbox(db, lifecycle_rows(5))
     crashing = spawn_relay(
         relays,
-        {**relay_env, "FULFILMENT_FAULT_INJECTION": f"{point}:1"},
+        {**relay_env, "FULFILMENT_TEST_CRASH_PLAN": f"{point}:1"},
         tmp_path,
         wait_ready=False,
     )

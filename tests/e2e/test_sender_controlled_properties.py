@@ -24,8 +24,8 @@ from harness import WorkerProcess, order_event, put_stock, queue_depth, spawn, w
 
 from fulfilment.contracts.dead_letter import FailureClass, describe_dead_letter
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
@@ -41,7 +41,7 @@ REPLY_EXCHANGE = "amq.direct"
 REPLY_ADDRESSES = [
     "no-such-queue",  # FastStream's reply would be returned unroutable
     ORDER_PLACED_ROUTING_KEY,  # a routing key, read as a queue name of the default exchange
-    MAIN_QUEUE,  # the worker's own queue: an empty reply would come back as a delivery
+    ORDER_PLACED_QUEUE,  # the worker's own queue: an empty reply would come back as a delivery
     f"{ORDER_PLACED_ROUTING_KEY}|{ORDERS_EXCHANGE}",  # FastStream's "queue|exchange" form
     # A queue that exists and takes whatever reaches it, so a reply would stay there to be
     # seen: through the default exchange, and through another in the "queue|exchange" form.
@@ -117,8 +117,8 @@ async def settled_quietly(
     await asyncio.sleep(1.5)
     assert len(log_events(worker, "order_placed.handled")) == handled
     assert log_events(worker, "order_placed.dead_lettered") == []
-    assert await queue_depth(broker, DEAD_LETTER_QUEUE) == 0
-    assert await queue_depth(broker, MAIN_QUEUE) == 0
+    assert await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE) == 0
+    assert await queue_depth(broker, ORDER_PLACED_QUEUE) == 0
 
 
 async def test_an_order_with_a_reply_address_is_reserved_once_and_no_reply_is_sent(
@@ -158,7 +158,7 @@ async def test_properties_and_look_alike_headers_of_the_sender_change_no_outcome
     await put_stock(db, {"85123A": 100})
     worker = spawn(workers, worker_env, tmp_path)
     other_event = str(uuid.uuid4())
-    forged_death = [{"count": 9, "reason": "delivery_limit", "queue": MAIN_QUEUE}]
+    forged_death = [{"count": 9, "reason": "delivery_limit", "queue": ORDER_PLACED_QUEUE}]
     variants: list[dict[str, Any]] = [
         {"priority": 9},
         {"expiration": 60},
@@ -193,7 +193,7 @@ async def test_a_dead_letter_says_what_happened_whatever_headers_the_sender_forg
     spawn(workers, worker_env, tmp_path)
     forged = {
         "x-delivery-count": 4,
-        "x-death": [{"count": 9, "reason": "delivery_limit", "queue": MAIN_QUEUE}],
+        "x-death": [{"count": 9, "reason": "delivery_limit", "queue": ORDER_PLACED_QUEUE}],
         "x-first-death-reason": "delivery_limit",
         "x-fulfilment-failure-class": "poison",
         "x-fulfilment-delivery-count": 99,
@@ -203,7 +203,7 @@ async def test_a_dead_letter_says_what_happened_whatever_headers_the_sender_forg
     await publish_with(broker, b'{"version": 1}', message_id="forged", headers=forged)
 
     channel = await broker.channel()
-    queue = await channel.get_queue(DEAD_LETTER_QUEUE)
+    queue = await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE)
 
     async def taken() -> aio_pika.abc.AbstractIncomingMessage | None:
         return await queue.get(no_ack=True, fail=False)
@@ -239,11 +239,11 @@ async def test_an_order_whose_expiration_passed_in_the_queue_is_kept_in_the_dlq_
     await publish_with(broker, body, message_id=event_id, expiration=0.2)
 
     async def dead_lettered() -> bool:
-        return await queue_depth(broker, DEAD_LETTER_QUEUE) == 1
+        return await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE) == 1
 
     await wait_for(dead_lettered, timeout=15, what="the expired order in the DLQ")
     channel = await broker.channel()
-    letter = await (await channel.get_queue(DEAD_LETTER_QUEUE)).get(no_ack=True)
+    letter = await (await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE)).get(no_ack=True)
     await channel.close()
     assert letter.body == body
     assert letter.expiration is None  # the broker drops it on dead-lettering: kept for good

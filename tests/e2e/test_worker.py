@@ -26,7 +26,7 @@ from harness import (
     wait_for,
 )
 
-from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
 from fulfilment.worker.topology import Topology, declare_topology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -62,7 +62,7 @@ async def test_an_invalid_payload_is_dead_lettered_on_its_first_delivery_with_it
     assert headers["x-fulfilment-failure-class"] == "permanent"
     assert "event_id" in str(headers["x-fulfilment-reason"])
     assert headers["x-fulfilment-delivery-count"] == 0
-    assert headers["x-fulfilment-original-queue"] == MAIN_QUEUE
+    assert headers["x-fulfilment-original-queue"] == ORDER_PLACED_QUEUE
     assert "x-death" not in headers  # published by the service, not dead-lettered by the broker
 
     await wait_for(lambda: _reserved(db, 2), what="both valid orders reserved")
@@ -105,7 +105,7 @@ async def test_the_same_event_published_twice_reserves_once(
     assert outcomes == ["duplicate:event", "duplicate:event", "reserved"]
     assert await reservation_count(db) == 1
     assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = '71053'") == 4
-    assert await queue_depth(broker, MAIN_QUEUE) == 0
+    assert await queue_depth(broker, ORDER_PLACED_QUEUE) == 0
 
 
 async def test_a_worker_killed_in_the_middle_of_a_handler_leads_to_one_reservation_after_restart(
@@ -156,7 +156,7 @@ async def test_a_worker_killed_in_the_middle_of_a_handler_leads_to_one_reservati
     assert len(handled) == 1
     assert handled[0]["outcome"] in {"reserved", "duplicate:event"}
     assert handled[0]["redelivered"] is True
-    assert await queue_depth(broker, MAIN_QUEUE) == 0
+    assert await queue_depth(broker, ORDER_PLACED_QUEUE) == 0
 
 
 async def test_sigterm_under_load_loses_nothing_and_dead_letters_nothing(
@@ -211,8 +211,10 @@ async def test_the_worker_refuses_to_start_when_the_queue_exists_with_other_argu
     worker_env: dict[str, str], tmp_path: Path, broker: aio_pika.abc.AbstractRobustConnection
 ) -> None:
     channel = await broker.channel()
-    await channel.queue_delete(MAIN_QUEUE)
-    await channel.declare_queue(MAIN_QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+    await channel.queue_delete(ORDER_PLACED_QUEUE)
+    await channel.declare_queue(
+        ORDER_PLACED_QUEUE, durable=True, arguments={"x-queue-type": "quorum"}
+    )
     await channel.close()
     worker = WorkerProcess(dict(worker_env), tmp_path / "refused.log")
     worker.env["FULFILMENT_HTTP_PORT"] = str(worker.port)
@@ -222,7 +224,7 @@ async def test_the_worker_refuses_to_start_when_the_queue_exists_with_other_argu
     )
     _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
     channel = await broker.channel()
-    await channel.queue_delete(MAIN_QUEUE)
+    await channel.queue_delete(ORDER_PLACED_QUEUE)
     await channel.close()
 
     assert process.returncode != 0
@@ -231,7 +233,8 @@ async def test_the_worker_refuses_to_start_when_the_queue_exists_with_other_argu
     assert mismatch, stderr.decode()[-2000:]
     # RabbitMQ names the first argument that differs; the queue above has none of ours.
     assert re.search(
-        rf"queue '{re.escape(MAIN_QUEUE)}' exists with x-[a-z-]+=none, the service expects \S+",
+        rf"queue '{re.escape(ORDER_PLACED_QUEUE)}' exists with x-[a-z-]+=none,"
+        r" the service expects \S+",
         mismatch[0],
     ), mismatch[0]
 

@@ -19,13 +19,13 @@ import asyncpg
 import pytest
 from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
 from fulfilment.cli import tool_options
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.result_events import StockReleasedV1, parse_result_event
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUE,
-    MAIN_QUEUE,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
@@ -147,7 +147,7 @@ async def publish(
 
 async def settled(db: asyncpg.Connection, broker: aio_pika.abc.AbstractConnection) -> int:
     """Events processed (inbox rows) plus events dead-lettered (DLQ depth)."""
-    return await inbox_count(db) + await queue_depth(broker, DEAD_LETTER_QUEUE)
+    return await inbox_count(db) + await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE)
 
 
 async def run_until_settled(
@@ -165,7 +165,10 @@ async def run_until_settled(
     while time.monotonic() < deadline:
         if restart:
             restarts += cluster.restart_dead()
-        if await settled(db, broker) >= expected and await queue_depth(broker, MAIN_QUEUE) == 0:
+        if (
+            await settled(db, broker) >= expected
+            and await queue_depth(broker, ORDER_PLACED_QUEUE) == 0
+        ):
             return restarts
         await asyncio.sleep(0.3)
     pytest.fail(

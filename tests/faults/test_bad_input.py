@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from builders import parse_order_placed
 from fulfilment.contracts.order_placed import MAX_LINES, order_placed_body
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE
 from fulfilment.worker.delivery import MalformedEventError
 
 
@@ -251,7 +251,7 @@ async def _publish_and_take_dead_letter(
     message_id = str(uuid.uuid4())
     await publish(broker, body, message_id=message_id, content_type=content_type, headers=headers)
     channel = await broker.channel()
-    queue = await channel.get_queue(DEAD_LETTER_QUEUE, ensure=True)
+    queue = await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE, ensure=True)
     deadline = time.monotonic() + 20
     try:
         while time.monotonic() < deadline:

@@ -24,7 +24,7 @@ from faultlib import (
 )
 from harness import WorkerProcess, put_stock
 
-from fulfilment.contracts.topology import MAIN_QUEUE, ORDER_PLACED
+from fulfilment.contracts.topology import ORDER_PLACED, ORDER_PLACED_QUEUE
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import INITIAL_GROUP_SIZE, Topology
 
@@ -122,7 +122,7 @@ async def test_a_consumer_cancelled_by_the_broker_comes_back_within_30_seconds(
     # Deleting the queue makes the broker cancel its consumer (basic.cancel to the worker);
     # aio-pika's robust channel declares the queue again and consumes from it.
     channel = await broker.channel()
-    await channel.queue_delete(MAIN_QUEUE)
+    await channel.queue_delete(ORDER_PLACED_QUEUE)
     await channel.close()
     cancelled_at = time.monotonic()
     await asyncio.sleep(0.5)
@@ -154,7 +154,7 @@ async def test_a_queue_created_before_the_group_size_setting_is_consumed_and_com
     arguments = dict(Topology(LIMIT).queue(ORDER_PLACED).arguments or {})
     del arguments[INITIAL_GROUP_SIZE]
     channel = await broker.channel()
-    await channel.declare_queue(MAIN_QUEUE, durable=True, arguments=arguments)
+    await channel.declare_queue(ORDER_PLACED_QUEUE, durable=True, arguments=arguments)
     await channel.close()
 
     (worker,) = cluster.start(1, wait_ready=True)
@@ -164,7 +164,7 @@ async def test_a_queue_created_before_the_group_size_setting_is_consumed_and_com
     # aio-pika declares the queue again, with what the broker accepted at start, when the
     # broker cancels the consumer: the consumer comes back on the queue the worker kept.
     channel = await broker.channel()
-    await channel.queue_delete(MAIN_QUEUE)
+    await channel.queue_delete(ORDER_PLACED_QUEUE)
     await channel.close()
     await asyncio.sleep(0.5)
     await _ready_within(worker, 30)
@@ -188,8 +188,10 @@ async def test_a_consumer_that_cannot_come_back_makes_the_worker_exit_1(
     # Someone replaces the queue with a classic one: the robust channel cannot declare it
     # again with the service's arguments, so the consumer stays gone.
     channel = await broker.channel()
-    await channel.queue_delete(MAIN_QUEUE)
-    await channel.declare_queue(MAIN_QUEUE, durable=True, arguments={"x-queue-type": "classic"})
+    await channel.queue_delete(ORDER_PLACED_QUEUE)
+    await channel.declare_queue(
+        ORDER_PLACED_QUEUE, durable=True, arguments={"x-queue-type": "classic"}
+    )
     await channel.close()
     cancelled_at = time.monotonic()
 

@@ -44,9 +44,11 @@ from harness import put_stock, queue_depth
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent, browse_dead_letters, connect
+from fulfilment.adapters.rabbitmq.connection import connect
+from fulfilment.adapters.rabbitmq.inspection import browse_dead_letters
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
 from fulfilment.cli import tool_options
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
 from fulfilment.settings import Settings
 from fulfilment.tools.report import Reconciliation, reconcile
 
@@ -144,7 +146,7 @@ def scrape(port: int) -> dict[str, float]:
                 figures["refusals"] = sample.value
             elif (
                 sample.name == "fulfilment_queue_messages_ready"
-                and sample.labels["queue"] == DEAD_LETTER_QUEUE
+                and sample.labels["queue"] == ORDER_PLACED_DEAD_LETTER_QUEUE
             ):
                 figures["dlq_ready"] = sample.value
     return figures
@@ -214,19 +216,19 @@ async def run_capped(
     await wait_until(all_settled_or_held, "valid orders reserved, dead letters stored or held")
     await asyncio.sleep(2)  # two queue polls: the DLQ gauge catches up with the queue
     peak = scrape(worker.port)
-    in_dlq_under_cap = await queue_depth(broker, DEAD_LETTER_QUEUE)
+    in_dlq_under_cap = await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE)
     refusing = case in REFUSING
     if refusing:
         clear = "clear_operator_policy" if command == "set_operator_policy" else "clear_policy"
         rabbitmqctl(clear, "-p", vhost, "cap")
 
         async def all_in_dlq() -> bool:
-            return int(await queue_depth(broker, DEAD_LETTER_QUEUE)) == MALFORMED
+            return int(await queue_depth(broker, ORDER_PLACED_DEAD_LETTER_QUEUE)) == MALFORMED
 
         await wait_until(all_in_dlq, "every held dead letter stored once the cap was lifted")
     settled = scrape(worker.port)
     async with connect(url) as connection:
-        classes = (await browse_dead_letters(connection, DEAD_LETTER_QUEUE)).by_reason
+        classes = (await browse_dead_letters(connection, ORDER_PLACED_DEAD_LETTER_QUEUE)).by_reason
     settings = Settings(database_url=SecretStr(database_url), amqp_url=SecretStr(url))
     result = await reconcile(
         tool_options(settings),
@@ -241,7 +243,7 @@ async def run_capped(
         settled=settled,
         in_dlq_under_cap=in_dlq_under_cap,
         missing_by_alert=peak["dead_lettered"] - peak["dlq_ready"],
-        main_queue=await queue_depth(broker, MAIN_QUEUE),
+        main_queue=await queue_depth(broker, ORDER_PLACED_QUEUE),
     )
 
 
@@ -343,9 +345,9 @@ async def test_a_dlq_capped_by_argument_stops_the_start_with_one_line(
 ) -> None:
     await declare(private_vhost_url, LIMIT)
     channel = await vhost_broker.channel()
-    await channel.queue_delete(DEAD_LETTER_QUEUE)
+    await channel.queue_delete(ORDER_PLACED_DEAD_LETTER_QUEUE)
     await channel.declare_queue(
-        DEAD_LETTER_QUEUE,
+        ORDER_PLACED_DEAD_LETTER_QUEUE,
         durable=True,
         arguments={
             "x-queue-type": "quorum",
@@ -367,4 +369,4 @@ async def test_a_dlq_capped_by_argument_stops_the_start_with_one_line(
     assert time.monotonic() - started < 60
     lines = [line for line in stderr.decode().splitlines() if "topology_mismatch" in line]
     assert lines, stderr.decode()[-2000:]
-    assert f"queue '{DEAD_LETTER_QUEUE}' exists with x-max-length={CAP}" in lines[0]
+    assert f"queue '{ORDER_PLACED_DEAD_LETTER_QUEUE}' exists with x-max-length={CAP}" in lines[0]

@@ -53,7 +53,7 @@ async def test_crashes_at_each_point_of_the_handler_lose_nothing_and_apply_nothi
     # unlucky several times from being taken for poison (that is the next scenario's subject).
     cluster.start(
         1,
-        FULFILMENT_FAULT_INJECTION=plan,
+        FULFILMENT_TEST_CRASH_PLAN=plan,
         FULFILMENT_DELIVERY_LIMIT="20",
         FULFILMENT_PREFETCH_COUNT="16",
     )
@@ -121,7 +121,7 @@ async def test_a_message_that_crashes_every_worker_is_dead_lettered_and_its_neig
     await publish(broker, orders)
     cluster.start(
         1,
-        FULFILMENT_FAULT_INJECTION="poison_sku:POISON",
+        FULFILMENT_TEST_CRASH_PLAN="poison_sku:POISON",
         FULFILMENT_DELIVERY_LIMIT=str(limit),
         FULFILMENT_PREFETCH_COUNT=prefetch,
     )
@@ -147,10 +147,10 @@ async def test_a_message_that_crashes_every_worker_is_dead_lettered_and_its_neig
 async def _dead_letter_classes(broker: aio_pika.abc.AbstractConnection) -> dict[str, str]:
     import json  # noqa: PLC0415
 
-    from fulfilment.contracts.topology import DEAD_LETTER_QUEUE  # noqa: PLC0415
+    from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE  # noqa: PLC0415
 
     channel = await broker.channel()
-    queue = await channel.get_queue(DEAD_LETTER_QUEUE, ensure=True)
+    queue = await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE, ensure=True)
     found: dict[str, str] = {}
     while (message := await queue.get(no_ack=False, fail=False)) is not None:
         found[json.loads(message.body)["event_id"]] = str(

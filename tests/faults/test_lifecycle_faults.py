@@ -8,7 +8,7 @@ their orders so that some overtake them (the queues are not ordered with each ot
 order is both cancelled and shipped: a cancel and a shipment of the same order do not commute
 (``fulfilment.domain.lifecycle``), the rest of the table does.
 
-While the workers crash (``FULFILMENT_FAULT_INJECTION``, every crash point, every kind of
+While the workers crash (``FULFILMENT_TEST_CRASH_PLAN``, every crash point, every kind of
 event) and are stopped with SIGTERM and started again, the scenario waits until every event
 is settled; a shipment that overtook its order is dead-lettered ``order_not_reserved``, and the
 scenario replays it once the orders are placed, as an operator would (``fulfilment dlq
@@ -51,7 +51,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.rabbitmq import OutgoingEvent, publish_events
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
 from fulfilment.cli import tool_options
 from fulfilment.contracts.order_cancelled import OrderCancelledV1, order_cancelled_body
 from fulfilment.contracts.order_placed import OrderPlacedV1, order_placed_body
@@ -304,7 +304,7 @@ async def run_plan(
     await publish_plan_events(broker, plan.early)
     cluster.start(
         WORKERS,
-        FULFILMENT_FAULT_INJECTION=CRASHES,
+        FULFILMENT_TEST_CRASH_PLAN=CRASHES,
         FULFILMENT_DELIVERY_LIMIT=DELIVERY_LIMIT,
         FULFILMENT_PREFETCH_COUNT="16",
     )

@@ -38,7 +38,7 @@ from harness import WorkerProcess, put_stock
 from harness import publish as publish_body
 from prometheus_client.parser import text_string_to_metric_families
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, MAIN_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
 from fulfilment.settings import Settings
 from services import AMQP_PORT
 
@@ -116,7 +116,7 @@ def monitor_errors(worker: WorkerProcess) -> float | None:
 
 
 def consumers(worker: WorkerProcess) -> float | None:
-    return value(scrape(worker), "fulfilment_queue_consumers", queue=MAIN_QUEUE)
+    return value(scrape(worker), "fulfilment_queue_consumers", queue=ORDER_PLACED_QUEUE)
 
 
 async def close_connections(worker: WorkerProcess, vhost: str) -> int:
@@ -162,7 +162,10 @@ async def test_the_monitor_after_connection_closes(
         # Neither readiness nor the gauges claim a broker the worker cannot reach.
         await eventually(lambda: readiness(worker)["broker"] is False, what="broker: false")
         await eventually(lambda: consumers(worker) is None, what="the queue gauges to go")
-        assert value(scrape(worker), "fulfilment_queue_messages_ready", queue=MAIN_QUEUE) is None
+        assert (
+            value(scrape(worker), "fulfilment_queue_messages_ready", queue=ORDER_PLACED_QUEUE)
+            is None
+        )
     finally:
         await asyncio.to_thread(rabbitmqctl, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
     await eventually(lambda: consumers(worker) == 1, what="the monitor back after the outage")
@@ -183,7 +186,7 @@ async def test_the_monitor_after_connection_closes(
         # One poll sets the depth, then reads the DLQ's head and sets the age: a scrape in
         # between sees the depth of 1 and the age of the empty DLQ (0).
         metrics = scrape(worker)
-        return value(metrics, dead_letters, queue=DEAD_LETTER_QUEUE) == 1 and bool(
+        return value(metrics, dead_letters, queue=ORDER_PLACED_DEAD_LETTER_QUEUE) == 1 and bool(
             value(metrics, age)
         )
 

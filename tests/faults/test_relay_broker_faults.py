@@ -39,7 +39,7 @@ from relay_harness import (
     unpublished,
 )
 
-from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -66,7 +66,7 @@ async def test_the_broker_down_for_30_seconds_under_the_relay_loses_no_event_and
     async with await aio_pika.connect(amqp_url) as setup:
         channel = await setup.channel()
         exchange = await channel.declare_exchange(
-            RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+            EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
         )
         queue = await channel.declare_queue(queue_name, durable=True)
         await queue.bind(exchange, "#")
@@ -122,7 +122,7 @@ async def test_the_broker_down_for_30_seconds_under_a_worker_and_a_relay_loses_n
     async with await aio_pika.connect(amqp_url) as setup:
         channel = await setup.channel()
         exchange = await channel.declare_exchange(
-            RESULT_EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
+            EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True
         )
         queue = await channel.declare_queue(queue_name, durable=True)
         await queue.bind(exchange, "#")

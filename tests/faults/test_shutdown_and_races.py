@@ -28,12 +28,12 @@ from faultlib import (
 )
 from harness import FAST_SETTINGS, free_port, put_stock
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.contracts.topology import MAIN_QUEUE
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
+from fulfilment.dataset.online_retail import csv_files, read_orders
+from fulfilment.dataset.stock_plan import total_demand
 from fulfilment.settings import Settings
-from fulfilment.tools.online_retail import csv_files, read_orders
-from fulfilment.tools.stock_plan import total_demand
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -185,7 +185,7 @@ async def test_several_workers_on_real_orders_sharing_hot_skus_never_deadlock_or
                 "x-queue-type": "quorum",
                 "x-delivery-limit": LIMIT + 1,
                 "x-dead-letter-exchange": "fulfilment.dlx",
-                "x-dead-letter-routing-key": MAIN_QUEUE,
+                "x-dead-letter-routing-key": ORDER_PLACED_QUEUE,
                 "x-dead-letter-strategy": "at-least-once",
                 "x-overflow": "reject-publish",
             },
@@ -202,7 +202,7 @@ async def test_a_queue_with_other_arguments_stops_the_start_with_one_line(
     named: str,
 ) -> None:
     channel = await broker.channel()
-    await channel.declare_queue(MAIN_QUEUE, durable=True, arguments=arguments)
+    await channel.declare_queue(ORDER_PLACED_QUEUE, durable=True, arguments=arguments)
     await channel.close()
     env = {**worker_env, "FULFILMENT_HTTP_PORT": str(free_port())}
     started = time.monotonic()
@@ -215,7 +215,7 @@ async def test_a_queue_with_other_arguments_stops_the_start_with_one_line(
     assert time.monotonic() - started < 30, "it must refuse, not crash-loop"
     lines = [line for line in stderr.decode().splitlines() if "topology_mismatch" in line]
     assert len(lines) == 1
-    assert f"queue '{MAIN_QUEUE}' exists with {named}" in lines[0]
+    assert f"queue '{ORDER_PLACED_QUEUE}' exists with {named}" in lines[0]
     assert "the service expects" in lines[0]
 
 

@@ -31,6 +31,11 @@ from fulfilment.worker.consumer_control import (
 )
 from fulfilment.worker.dead_lettering import DeadLetterChannel
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, Handled, Handler, subscribe
+from fulfilment.worker.faststream_internals import (
+    broker_consumer_tags,
+    consumed_queue,
+    consumer_tag,
+)
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -133,6 +138,20 @@ async def _until(condition: Callable[[], bool], what: str, seconds: float = 10) 
             return
         await asyncio.sleep(0.02)
     pytest.fail(f"not within {seconds:g} s: {what}")
+
+
+async def test_the_faststream_internals_read_a_started_subscribers_consumer(two: Two) -> None:
+    a, _ = two.subscribers
+    queue = consumed_queue(a)
+    tag = consumer_tag(a)
+
+    assert queue is not None
+    assert queue.name == a.queue.name
+    assert tag is not None
+    assert tag in broker_consumer_tags(queue.channel)
+    await cancel_consumer(a)
+    assert consumer_tag(a) is None
+    assert tag not in broker_consumer_tags(queue.channel)
 
 
 async def test_one_outage_pauses_every_subscriber_and_resumes_them_all(two: Two) -> None:

@@ -1,13 +1,16 @@
 """The ``in_transaction`` crash point of every kind of event, on the real database.
 
-The point runs the event's function in a transaction of its own and kills the process before
-``COMMIT``; here ``crash`` raises instead of killing, so the test sees what PostgreSQL kept.
+The warehouse is the fault suite's (``tests/faults/crash_plan.py``). The point runs the
+event's function in a transaction of its own and kills the process before ``COMMIT``; here
+``crash`` raises instead of killing, so the test sees what PostgreSQL kept.
 """
 
 from __future__ import annotations
 
+import crash_plan
 import pytest
 import sqlalchemy as sa
+from crash_plan import CrashingWarehouse, CrashPoint, FaultPlan
 from pydantic import SecretStr
 
 from builders import cancellation, order, shipment
@@ -17,9 +20,6 @@ from fulfilment.composition import database_options
 from fulfilment.domain.lifecycle import CancelKind, ShipKind
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.settings import Settings
-from fulfilment.worker import crashing_warehouse
-from fulfilment.worker.crashing_warehouse import CrashingWarehouse
-from fulfilment.worker.fault_injection import CrashPoint, FaultPlan
 
 pytestmark = pytest.mark.postgres
 
@@ -37,7 +37,7 @@ async def warehouses(clean_database, monkeypatch):
         crashes.append((point, command))
         raise Crashed
 
-    monkeypatch.setattr(crashing_warehouse, "crash", crash)
+    monkeypatch.setattr(crash_plan, "crash", crash)
     engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
     inner = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
     plan = FaultPlan({CrashPoint.IN_TRANSACTION: 1.0})

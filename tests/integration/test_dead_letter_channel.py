@@ -15,7 +15,7 @@ import aio_pika
 import aiormq.exceptions
 import pytest
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUE, DEAD_LETTER_ROUTING_KEY
+from fulfilment.contracts.topology import ORDER_PLACED, ORDER_PLACED_DEAD_LETTER_QUEUE
 from fulfilment.worker.dead_lettering import DeadLetterChannel
 from fulfilment.worker.topology import Topology, declare_topology
 
@@ -44,7 +44,7 @@ async def test_dead_letters_are_stored_again_as_soon_as_a_cap_that_refused_them_
         try:
             await channel.publish(
                 aio_pika.Message(f"dead letter {index}".encode()),
-                routing_key=DEAD_LETTER_ROUTING_KEY,
+                routing_key=ORDER_PLACED.dead_letter_routing_key,
                 timeout_seconds=5,
             )
         except aiormq.exceptions.DeliveryError:
@@ -56,7 +56,9 @@ async def test_dead_letters_are_stored_again_as_soon_as_a_cap_that_refused_them_
         rabbitmqctl("clear_policy", "-p", vhost, "cap")
         lifted = [await store(index) for index in range(4, 6)]
         probe = await connection.channel()
-        depth = (await probe.declare_queue(DEAD_LETTER_QUEUE, passive=True)).declaration_result
+        depth = (
+            await probe.declare_queue(ORDER_PLACED_DEAD_LETTER_QUEUE, passive=True)
+        ).declaration_result
         await probe.close()
     finally:
         await connection.close()

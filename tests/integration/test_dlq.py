@@ -22,23 +22,19 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
-from fulfilment.adapters.rabbitmq import (
-    WALK_LOCK_SUFFIX,
-    WalkInProgressError,
-    queue_state,
-    walk_queue,
-)
+from fulfilment.adapters.rabbitmq.inspection import queue_state
+from fulfilment.adapters.rabbitmq.walk import WALK_LOCK_SUFFIX, WalkInProgressError, walk_queue
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.order_shipped import order_shipped_body
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUE,
     DEAD_LETTER_QUEUES,
-    MAIN_QUEUE,
     ORDER_CANCELLED,
     ORDER_PLACED,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDER_SHIPPED,
     ORDERS_EXCHANGE,
@@ -152,7 +148,7 @@ async def put_service_dead_letter(
 
 async def poison(connection: aio_pika.abc.AbstractConnection, body: bytes, message_id: str) -> None:
     """Let the broker dead-letter a message by its delivery limit, as crashing workers would."""
-    before = await depth(connection, DEAD_LETTER_QUEUE)
+    before = await depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     orders = await channel.get_exchange(ORDERS_EXCHANGE)
     await orders.publish(
@@ -160,18 +156,20 @@ async def poison(connection: aio_pika.abc.AbstractConnection, body: bytes, messa
         routing_key=ORDER_PLACED_ROUTING_KEY,
         mandatory=True,
     )
-    queue = await channel.get_queue(MAIN_QUEUE)
+    queue = await channel.get_queue(ORDER_PLACED_QUEUE)
     for _ in range(DELIVERY_LIMIT * 4):
         message = await queue.get(no_ack=False, fail=False)
         if message is None:
             # A message being requeued is briefly not there: only the DLQ growing says it left.
-            if await depth(connection, DEAD_LETTER_QUEUE) > before:
+            if await depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE) > before:
                 break
             await asyncio.sleep(0.1)
             continue
         await message.reject(requeue=True)
     await channel.close()
-    assert await depth(connection, DEAD_LETTER_QUEUE) > before, "the broker did not dead-letter it"
+    assert await depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE) > before, (
+        "the broker did not dead-letter it"
+    )
 
 
 async def depth(connection: aio_pika.abc.AbstractConnection, name: str) -> int:
@@ -238,7 +236,7 @@ async def test_list_groups_by_class_and_exception_recognises_poison_and_removes_
     rendered = dlq.render_groups(groups)
     assert "4 dead letter(s), oldest 3h" in rendered
     # The browsed messages return when the browsing channel closes, a moment later.
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 4)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 4)
 
 
 async def test_a_dry_run_replay_changes_nothing(connection, audit) -> None:
@@ -256,8 +254,8 @@ async def test_a_dry_run_replay_changes_nothing(connection, audit) -> None:
     )
 
     assert (result.matched, result.done) == (1, 0)
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
-    assert await depth(connection, MAIN_QUEUE) == 0
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
+    assert await depth(connection, ORDER_PLACED_QUEUE) == 0
     assert await audit_rows(audit) == []
 
 
@@ -282,9 +280,11 @@ async def test_replaying_a_group_republishes_with_ids_kept_and_retry_headers_str
     )
 
     assert (result.matched, result.done) == (1, 1)
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)  # the other group stays
+    assert await eventually_depth(
+        connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1
+    )  # the other group stays
     channel = await connection.channel()
-    replayed = await (await channel.get_queue(MAIN_QUEUE)).get(no_ack=True)
+    replayed = await (await channel.get_queue(ORDER_PLACED_QUEUE)).get(no_ack=True)
     await channel.close()
     assert replayed.body == chosen
     assert replayed.message_id == chosen_id
@@ -348,7 +348,7 @@ async def test_a_replay_carries_no_priority_or_reply_address_of_the_first_sender
 
     assert result.done == 1
     channel = await connection.channel()
-    replayed = await (await channel.get_queue(MAIN_QUEUE)).get(no_ack=True)
+    replayed = await (await channel.get_queue(ORDER_PLACED_QUEUE)).get(no_ack=True)
     await channel.close()
     assert replayed.message_id == event_id
     assert replayed.correlation_id == "order-7"
@@ -363,7 +363,7 @@ async def test_a_replay_that_cannot_be_routed_leaves_the_message_in_the_dlq(
     body, event_id = an_event()
     await put_service_dead_letter(connection, body, message_id=event_id)
     channel = await connection.channel()
-    main = await channel.get_queue(MAIN_QUEUE)
+    main = await channel.get_queue(ORDER_PLACED_QUEUE)
     await main.unbind(ORDERS_EXCHANGE, ORDER_PLACED_ROUTING_KEY)
     try:
         with pytest.raises(dlq.ReplayStoppedError, match="no queue bound"):
@@ -380,7 +380,7 @@ async def test_a_replay_that_cannot_be_routed_leaves_the_message_in_the_dlq(
         await main.bind(ORDERS_EXCHANGE, ORDER_PLACED_ROUTING_KEY)
         await channel.close()
 
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
     assert await audit_rows(audit) == []
 
 
@@ -402,8 +402,8 @@ async def test_a_purge_writes_the_body_to_the_audit_table_before_removing_the_me
     )
 
     assert (result.matched, result.done) == (1, 1)
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
-    assert await depth(connection, MAIN_QUEUE) == 0
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
+    assert await depth(connection, ORDER_PLACED_QUEUE) == 0
     rows = await audit_rows(audit)
     assert [(row["action"], row["event_id"], bytes(row["body"])) for row in rows] == [
         ("purged", event_id, body)
@@ -420,7 +420,7 @@ async def test_show_finds_a_message_by_event_id_and_leaves_it(connection) -> Non
     document = letters[0].to_document()
     assert document["headers"][h.FAILURE_CLASS] == "permanent"
     assert event_id in document["body"]
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
 
 
 async def test_the_cli_refuses_an_ambiguous_selection() -> None:
@@ -464,7 +464,7 @@ async def test_list_groups_the_dead_letters_of_every_dlq_each_under_its_queue(co
 
     assert [(group.queue, group.key, group.count) for group in groups] == [
         (ORDER_SHIPPED.dead_letter_queue, "permanent/EventRefusedError", 2),
-        (DEAD_LETTER_QUEUE, "permanent/MalformedEventError", 1),
+        (ORDER_PLACED_DEAD_LETTER_QUEUE, "permanent/MalformedEventError", 1),
     ]
     # A look returns the messages as its channel closes; the queue counts them a moment later.
     assert await eventually_depth(connection, ORDER_SHIPPED.dead_letter_queue, 2)
@@ -509,7 +509,7 @@ async def test_a_replay_sends_each_dead_letter_back_where_it_came_from(connectio
     await channel.close()
     assert (replayed_cancel.body, replayed_cancel.message_id) == (cancel, cancel_id)
     assert (replayed_shipment.body, replayed_shipment.message_id) == (shipment, shipment_id)
-    assert await depth(connection, MAIN_QUEUE) == 0
+    assert await depth(connection, ORDER_PLACED_QUEUE) == 0
     for name in DEAD_LETTER_QUEUES:
         assert await eventually_depth(connection, name, 0)
 
@@ -533,7 +533,7 @@ async def test_replay_and_purge_touch_only_the_queues_they_are_given(connection,
     assert (result.matched, result.done) == (1, 1)
     assert [letter.description.event_id for letter in result.letters] == [shipment_id]
     assert await eventually_depth(connection, ORDER_SHIPPED.dead_letter_queue, 0)
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
     shown = await dlq.find(
         connection, dlq.Selection(everything=True), [ORDER_SHIPPED.dead_letter_queue]
     )
@@ -582,7 +582,7 @@ async def test_list_walks_a_deep_dlq_holding_one_page_and_leaves_it_as_it_was(
 ) -> None:
     page_size, total, arriving = 100, 3000, 50
     ids = await fill_dead_letters(connection, total)
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, total)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, total)
     lowest_ready = total
     late: list[str] = []
     walked_all = asyncio.Event()
@@ -594,14 +594,16 @@ async def test_list_walks_a_deep_dlq_holding_one_page_and_leaves_it_as_it_was(
         nonlocal lowest_ready, late
         async with await aio_pika.connect(amqp_url) as other:
             while not walked_all.is_set():
-                lowest_ready = min(lowest_ready, await depth(other, DEAD_LETTER_QUEUE))
+                lowest_ready = min(lowest_ready, await depth(other, ORDER_PLACED_DEAD_LETTER_QUEUE))
                 if not late:  # a worker dead-letters more while the walk runs
                     late = await fill_dead_letters(other, arriving)
                 await asyncio.sleep(0.01)
 
     watcher = asyncio.create_task(watch())
     try:
-        groups = await dlq.list_groups(connection, [DEAD_LETTER_QUEUE], page_size=page_size)
+        groups = await dlq.list_groups(
+            connection, [ORDER_PLACED_DEAD_LETTER_QUEUE], page_size=page_size
+        )
     finally:
         walked_all.set()
         await asyncio.wait_for(watcher, timeout=30)
@@ -609,10 +611,10 @@ async def test_list_walks_a_deep_dlq_holding_one_page_and_leaves_it_as_it_was(
     # It took the dead letters present when it started, some or none of those that came later.
     assert total <= counted <= total + arriving, counted
     assert lowest_ready >= total - page_size, lowest_ready
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, total + arriving, timeout=15), (
-        await depth(connection, DEAD_LETTER_QUEUE)
-    )
-    remaining = await queue_ids(connection, DEAD_LETTER_QUEUE)
+    assert await eventually_depth(
+        connection, ORDER_PLACED_DEAD_LETTER_QUEUE, total + arriving, timeout=15
+    ), await depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE)
+    remaining = await queue_ids(connection, ORDER_PLACED_DEAD_LETTER_QUEUE)
     assert sorted(remaining) == sorted(ids + late)  # nothing lost, nothing doubled
     walked = [message_id for message_id in remaining if message_id in set(ids)]
     assert walked == ids  # in the same order
@@ -620,10 +622,10 @@ async def test_list_walks_a_deep_dlq_holding_one_page_and_leaves_it_as_it_was(
 
 async def test_show_and_purge_page_past_the_prefetch_limit_in_flat_pages(connection, audit) -> None:
     ids = await fill_dead_letters(connection, 1200)
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1200)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1200)
     last = dlq.Selection(ids=frozenset({ids[-1]}))
 
-    shown = await dlq.find(connection, last, [DEAD_LETTER_QUEUE], page_size=50)
+    shown = await dlq.find(connection, last, [ORDER_PLACED_DEAD_LETTER_QUEUE], page_size=50)
     assert [letter.message.message_id for letter in shown] == [ids[-1]]
     result = await dlq.purge(
         connection,
@@ -632,12 +634,12 @@ async def test_show_and_purge_page_past_the_prefetch_limit_in_flat_pages(connect
         execute=True,
         operator=Operator("ops", "test-host"),
         comment=None,
-        queues=[DEAD_LETTER_QUEUE],
+        queues=[ORDER_PLACED_DEAD_LETTER_QUEUE],
         page_size=50,
     )
 
     assert (result.matched, result.done, result.most_held) == (1, 1, 50)
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1199)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1199)
 
 
 async def test_a_replay_refuses_a_dead_letter_replayed_the_limit_unless_forced(
@@ -666,17 +668,17 @@ async def test_a_replay_refuses_a_dead_letter_replayed_the_limit_unless_forced(
     refused = await run(force=False)
     assert (refused.matched, refused.done, refused.refused) == (1, 0, 1)
     assert refusals[0].reason == (
-        f"{event_id} in {DEAD_LETTER_QUEUE} was replayed 3 time(s), the limit is 3 "
+        f"{event_id} in {ORDER_PLACED_DEAD_LETTER_QUEUE} was replayed 3 time(s), the limit is 3 "
         "(FULFILMENT_REPLAY_LIMIT): refused, left in the dead-letter queue; add --force to "
         "replay it again"
     )
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
     assert await audit_rows(audit) == []
 
     forced = await run(force=True)
     assert (forced.done, forced.refused) == (1, 0)
     channel = await connection.channel()
-    replayed = await (await channel.get_queue(MAIN_QUEUE)).get(no_ack=True)
+    replayed = await (await channel.get_queue(ORDER_PLACED_QUEUE)).get(no_ack=True)
     await channel.close()
     assert replayed.headers[h.REPLAY_COUNT] == 4
 
@@ -739,12 +741,12 @@ async def test_a_replay_refuses_a_dead_letter_older_than_the_processed_id_retent
 
     assert (result.done, result.refused) == (0, 1)
     assert refusals[0].reason == (
-        f"{event_id} in {DEAD_LETTER_QUEUE} was dead-lettered 31d ago, longer than the "
-        "processed-id retention (FULFILMENT_PROCESSED_ID_RETENTION_SECONDS=2592000 s): its "
+        f"{event_id} in {ORDER_PLACED_DEAD_LETTER_QUEUE} was dead-lettered 31d ago, longer than"
+        " the processed-id retention (FULFILMENT_PROCESSED_ID_RETENTION_SECONDS=2592000 s): its "
         "inbox row may be pruned, so a replay could apply it twice; refused, left in the "
         "dead-letter queue (--force does not apply)"
     )
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
 
 
 async def test_dlq_list_says_when_the_virtual_host_has_none_of_the_service_s_queues(
@@ -780,10 +782,14 @@ async def test_a_walk_leaves_each_dead_letter_only_what_the_ttl_left_it(connecti
     )
     everything = dlq.Selection(everything=True)
 
-    groups = await dlq.list_groups(connection, [DEAD_LETTER_QUEUE])  # the 14 days' default
+    groups = await dlq.list_groups(
+        connection, [ORDER_PLACED_DEAD_LETTER_QUEUE]
+    )  # the 14 days' default
     assert sum(group.count for group in groups) == 2
     # Read without setting an expiration of its own: each copy keeps the one it was given.
-    letters = await dlq.find(connection, everything, [DEAD_LETTER_QUEUE], ttl_seconds=None)
+    letters = await dlq.find(
+        connection, everything, [ORDER_PLACED_DEAD_LETTER_QUEUE], ttl_seconds=None
+    )
     expirations = {letter.message.message_id: letter.message.expiration for letter in letters}
     assert expirations.keys() == {young, old}
     assert expirations[old] is None
@@ -792,9 +798,11 @@ async def test_a_walk_leaves_each_dead_letter_only_what_the_ttl_left_it(connecti
 
     # A TTL that leaves the young one two seconds: gone after them, however often it was walked.
     ttl = timedelta(days=3).total_seconds() + 2
-    await dlq.list_groups(connection, [DEAD_LETTER_QUEUE], ttl_seconds=ttl)
+    await dlq.list_groups(connection, [ORDER_PLACED_DEAD_LETTER_QUEUE], ttl_seconds=ttl)
     await asyncio.sleep(2.5)
-    letters = await dlq.find(connection, everything, [DEAD_LETTER_QUEUE], ttl_seconds=None)
+    letters = await dlq.find(
+        connection, everything, [ORDER_PLACED_DEAD_LETTER_QUEUE], ttl_seconds=None
+    )
     assert [letter.message.message_id for letter in letters] == [old]
 
 
@@ -803,17 +811,18 @@ async def test_a_second_walk_of_the_same_dlq_is_refused_until_the_first_ends_or_
 ) -> None:
     body, event_id = an_event()
     await put_service_dead_letter(connection, body, message_id=event_id)
-    lock = f"{DEAD_LETTER_QUEUE}{WALK_LOCK_SUFFIX}"
+    lock = f"{ORDER_PLACED_DEAD_LETTER_QUEUE}{WALK_LOCK_SUFFIX}"
 
     async with (
-        walk_queue(connection, DEAD_LETTER_QUEUE),
+        walk_queue(connection, ORDER_PLACED_DEAD_LETTER_QUEUE),
         await aio_pika.connect(amqp_url) as other,
     ):
         with pytest.raises(WalkInProgressError) as refused:
-            await dlq.list_groups(other, [DEAD_LETTER_QUEUE])
+            await dlq.list_groups(other, [ORDER_PLACED_DEAD_LETTER_QUEUE])
         assert str(refused.value) == (
-            f"another `fulfilment dlq` command is walking {DEAD_LETTER_QUEUE} (it holds the"
-            f" exclusive queue {lock}); run it again when that one has ended"
+            "another `fulfilment dlq` command is walking"
+            f" {ORDER_PLACED_DEAD_LETTER_QUEUE} (it holds the exclusive queue {lock}); run it"
+            " again when that one has ended"
         )
         # Another DLQ is not locked.
         assert await dlq.list_groups(other, [ORDER_SHIPPED.dead_letter_queue]) == []
@@ -821,10 +830,10 @@ async def test_a_second_walk_of_the_same_dlq_is_refused_until_the_first_ends_or_
 
     # A walker whose connection dies frees the lock with it.
     dying = await aio_pika.connect(amqp_url)
-    held = walk_queue(dying, DEAD_LETTER_QUEUE)
+    held = walk_queue(dying, ORDER_PLACED_DEAD_LETTER_QUEUE)
     await held.__aenter__()
     await dying.close()
-    groups = await dlq.list_groups(connection, [DEAD_LETTER_QUEUE])
+    groups = await dlq.list_groups(connection, [ORDER_PLACED_DEAD_LETTER_QUEUE])
     assert [group.count for group in groups] == [1]  # the dead letter is still there, once
     await held.__aexit__(None, None, None)
 
@@ -884,7 +893,7 @@ async def test_an_id_or_group_that_matches_no_dead_letter_fails_in_one_line(
         f"no dead letter matches {chosen.describe()} in {', '.join(DEAD_LETTER_QUEUES)}"
     )
     assert lines == []
-    assert await eventually_depth(connection, DEAD_LETTER_QUEUE, 1)
+    assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
     assert await audit_rows(audit) == []
 
 

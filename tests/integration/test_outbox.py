@@ -20,6 +20,8 @@ from fulfilment.adapters.postgres.outbox import (
     prune_published,
     try_relay_lock,
 )
+from fulfilment.contracts.result_events import RESULT_EVENTS, RESULT_ROUTING_KEYS
+from fulfilment.observability.relay_metrics import RelayMetrics
 
 pytestmark = pytest.mark.postgres
 
@@ -70,6 +72,25 @@ async def test_marking_sets_published_at_once_and_reports_the_commit_to_confirm_
     assert lag >= 0
     assert await mark_published(db, [row]) == []  # marked already: left as it was
     assert await backlog(db) == (0, 0.0)
+
+
+async def test_every_result_event_is_stored_relayed_and_counted_by_its_routing_key(
+    db: asyncpg.Connection,
+) -> None:
+    # The relay publishes each row with its own routing key; stock.cancel_refused (the
+    # hand-off's) among them: the outbox accepts it and the relay's metrics count it.
+    metrics = RelayMetrics(RESULT_ROUTING_KEYS)
+    rows = [await insert(db, uuid.uuid4(), routing_key) for routing_key in RESULT_EVENTS]
+
+    batch = await next_batch(db, 10)
+    marked = await mark_published(db, [row.id for row in batch])
+    metrics.record_published(marked)
+
+    assert [row.id for row in batch] == rows
+    assert [row.routing_key for row in batch] == list(RESULT_EVENTS)
+    assert "stock.cancel_refused" in RESULT_EVENTS
+    assert sorted(key for key, _ in marked) == sorted(RESULT_EVENTS)
+    assert all(metrics.published[key]._value.get() == 1 for key in RESULT_EVENTS)
 
 
 async def test_the_backlog_counts_unpublished_rows_and_ages_the_oldest(

@@ -21,6 +21,7 @@ from fulfilment.composition import database_options
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
 from fulfilment.settings import Settings
 from services import throwaway_database
+from warehouse_rows import requests_in_database, requests_in_fake
 
 pytestmark = pytest.mark.postgres
 
@@ -49,14 +50,22 @@ def batches(draw):
     return stock, commands
 
 
-async def reserve_together(database_url: str, stock, commands, consumer: str):
+async def reserve_together(database_url: str, stock, commands, consumer: str, *, handoff=False):
     database = database_options(Settings(database_url=SecretStr(database_url)))
     engine = create_engine(database)
     pool = await create_pool(database)
     try:
-        await pool.execute("TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels")
+        await pool.execute(
+            "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
+            " warehouse_requests"
+        )
         warehouse = PostgresWarehouse(
-            engine, consumer=consumer, retry_budget_seconds=2.0, pool=pool, pool_size=1
+            engine,
+            consumer=consumer,
+            retry_budget_seconds=2.0,
+            pool=pool,
+            pool_size=1,
+            handoff=handoff,
         )
         await warehouse.put_stock(stock)
         outcomes = await asyncio.gather(*(warehouse.reserve(command) for command in commands))
@@ -67,7 +76,8 @@ async def reserve_together(database_url: str, stock, commands, consumer: str):
         )
         rows = await pool.fetch("SELECT order_id, event_id, reason, skus FROM reservations")
         lines = await pool.fetch("SELECT order_id, sku, quantity FROM reservation_lines")
-        return outcomes, levels, inbox, transactions, rows, lines
+        requests = await requests_in_database(pool)
+        return outcomes, levels, inbox, transactions, rows, lines, requests
     finally:
         await pool.close()
         await engine.dispose()
@@ -76,12 +86,14 @@ async def reserve_together(database_url: str, stock, commands, consumer: str):
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(batch=batches())
+@given(batch=batches(), handoff=st.booleans())
 def test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_other(
-    clean_database, batch
+    clean_database, batch, handoff
 ):
+    # With the hand-off, each order reserved also records its fulfilment-order request (pending,
+    # the reserved lines, caused by its OrderPlaced), in arrival order.
     stock, commands = batch
-    expected = InMemoryWarehouse()
+    expected = InMemoryWarehouse(handoff=handoff)
 
     async def one_after_the_other():
         await expected.put_stock(stock)
@@ -89,8 +101,8 @@ def test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_oth
 
     expected_outcomes = asyncio.run(one_after_the_other())
 
-    outcomes, levels, inbox, transactions, rows, lines = asyncio.run(
-        reserve_together(clean_database, stock, commands, expected.consumer)
+    outcomes, levels, inbox, transactions, rows, lines, requests = asyncio.run(
+        reserve_together(clean_database, stock, commands, expected.consumer, handoff=handoff)
     )
 
     assert outcomes == expected_outcomes
@@ -105,6 +117,8 @@ def test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_oth
         for order_id, r in expected.reservations.items()
         for sku, units in r.lines.items()
     }
+    assert requests == requests_in_fake(expected)
+    assert bool(requests) == (handoff and OutcomeKind.RESERVED in {o.kind for o in outcomes})
 
 
 async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserved(

@@ -19,7 +19,9 @@ from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.composition import database_options
+from fulfilment.domain.handoff import Accepted, Failed, Refused, RequestKind
 from fulfilment.domain.lifecycle import CancelOrder, ShipKind
 from fulfilment.domain.model import (
     DuplicateOf,
@@ -375,3 +377,110 @@ async def test_cancels_and_shipments_lock_in_one_order_whatever_order_they_are_s
     }
     # 240 orders of 2 units per SKU: 120 shipped, 120 cancelled a unit of 3 SKUs each; 40 new.
     assert levels == {sku: (100_000 - 120 * 2, 120 * 2 - cancelled[sku] + 40) for sku in skus}
+
+
+async def test_with_the_handoff_the_dispatcher_and_the_worker_never_deadlock_nor_lose_units(
+    engine, pool, retries
+):
+    # The worker's three kinds of transactions with the hand-off on, and two dispatchers at
+    # once claiming and answering (fulfilment orders accepted, or failed for every tenth
+    # order; cancellations accepted or refused), all on five hot SKUs. Cancels, answers and
+    # shipments race: the stock must stay the sum of what the reserved orders hold, every
+    # placed order must have exactly one fulfilment order, and nothing may deadlock.
+    warehouse = PostgresWarehouse(
+        engine,
+        consumer="fulfilment",
+        retry_budget_seconds=5.0,
+        on_retry=retries.append,
+        pool=pool,
+        pool_size=CONNECTIONS - 4,
+        batch_max=4,
+        handoff=True,
+    )
+    requests = PostgresWarehouseRequests(engine, retry_budget_seconds=5.0, on_retry=retries.append)
+    hot = dict.fromkeys(["85123A", "22423", "47566", "84879", "a"], 100_000)
+    await warehouse.put_stock(hot)
+    rng = random.Random(20261202)
+    histories = [_history(rng, sorted(hot), kind=i % 4) for i in range(160)]
+    failing = {history[0].order_id for history in histories[::10]}
+    events = [event for history in histories for event in history]
+    rng.shuffle(events)
+    done = asyncio.Event()
+
+    async def dispatcher(seed: int) -> int:
+        answers = random.Random(seed)
+        recorded = 0
+        while True:
+            finished = done.is_set()
+            claimed = await requests.claim(8, lease_seconds=30.0)
+            for request in claimed:
+                if request.kind is RequestKind.CANCELLATION:
+                    answer = (
+                        Accepted(201, '{"status": "cancelled"}')
+                        if answers.random() < 0.7
+                        else Refused(409, '{"error": "too_late"}')
+                    )
+                elif request.order_id in failing:
+                    answer = Failed("refused", '{"error": "unknown sku"}', 422)
+                else:
+                    answer = Accepted(201, "{}", f"WH-{request.id}")
+                await requests.record(request, answer)
+                recorded += 1
+            if finished and not claimed:
+                return recorded
+            if not claimed:
+                await asyncio.sleep(0.01)
+
+    async def worker():
+        outcomes = await asyncio.gather(*(_apply(warehouse, event) for event in events))
+        early = [
+            event
+            for event, outcome in zip(events, outcomes, strict=True)
+            if getattr(outcome, "kind", None) is ShipKind.NOT_RESERVED
+        ]
+        await asyncio.gather(*(warehouse.ship(event) for event in early))
+        done.set()
+
+    _, first, second = await asyncio.gather(worker(), dispatcher(1), dispatcher(2))
+
+    assert {DEADLOCK_DETECTED, LOCK_TIMEOUT}.isdisjoint(sqlstate_of(error) for error in retries)
+    assert first + second > 0
+    levels = await warehouse.stock(hot)
+    held = Counter[str]()
+    for row in await pool.fetch(
+        "SELECT l.sku, l.quantity FROM reservation_lines AS l"
+        " JOIN reservations AS r USING (order_id) WHERE r.status = 'reserved'"
+    ):
+        held[row["sku"]] += row["quantity"]
+    assert {sku: level.reserved for sku, level in levels.items()} == {sku: held[sku] for sku in hot}
+    assert all(0 <= level.reserved <= level.on_hand for level in levels.values())
+    per_order = Counter(
+        row["order_id"]
+        for row in await pool.fetch(
+            "SELECT order_id FROM warehouse_requests WHERE kind = 'fulfilment_order'"
+        )
+    )
+    placed = {
+        row["order_id"]
+        for row in await pool.fetch(
+            "SELECT order_id FROM reservations WHERE status IN ('reserved', 'shipped', 'released')"
+            " AND reason IS NULL"
+        )
+    }
+    assert set(per_order) == placed
+    assert set(per_order.values()) == {1}
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM warehouse_requests WHERE status IN ('pending', 'sending')"
+        )
+        == 0
+    )
+    # Every cancellation released at most once: one stock.released per cancel at most.
+    causes = Counter(
+        row["causation_id"]
+        for row in await pool.fetch(
+            "SELECT body->>'causation_id' AS causation_id FROM outbox"
+            " WHERE routing_key = 'stock.released'"
+        )
+    )
+    assert set(causes.values()) <= {1}

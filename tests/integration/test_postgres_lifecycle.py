@@ -19,7 +19,12 @@ Three promises, each a property test on the real database:
    the stock and every order's reserved and shipped lines of the in-order sequence (place, then
    the cancels, then the shipment); an order cancelled whole holds nothing either way, ending
    ``released`` after its reservation or ``rejected`` (reason ``cancelled``) before it.
-3. With scarce stock and any arrival order (shipments before cancels included), the stock
+3. With the hand-off to the warehouse system on, the same holds for the requests: for any
+   sequence, in which the dispatcher moves some orders' fulfilment-order requests on
+   (``sending``, ``accepted`` or ``failed``) between the events, PostgreSQL gives every event
+   the outcome the fake (which runs ``fulfilment.domain.handoff``) gives it, and ends with the
+   same stock, inbox, orders and requests (kind, order, cause, lines, status).
+4. With scarce stock and any arrival order (shipments before cancels included), the stock
    invariants hold (``0 <= reserved <= on_hand``; ``reserved`` is the lines of the reserved
    orders; ``on_hand`` went down by exactly the shipped lines), and every order ends in a state
    the table allows for its own events in their arrival order: the one it gives when the stock
@@ -32,11 +37,13 @@ import asyncio
 import json
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from itertools import groupby
 from typing import Self
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import event as count_example
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
@@ -45,6 +52,7 @@ from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.composition import database_options
+from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import (
     CancelOrder,
     OrderState,
@@ -56,6 +64,7 @@ from fulfilment.domain.lifecycle import (
 )
 from fulfilment.domain.model import OrderLine, ReserveStock, StockLevel
 from fulfilment.settings import Settings
+from warehouse_rows import requests_in_database, requests_in_fake
 
 pytestmark = pytest.mark.postgres
 
@@ -161,15 +170,16 @@ def _replays(events: list[Event], outcomes: list[object]) -> list[ShipOrder]:
 class Database:
     """A PostgresWarehouse on the test database, emptied first, and what its tables hold."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, handoff: bool = False) -> None:
         self._options = database_options(Settings(database_url=SecretStr(url)))
+        self._handoff = handoff
 
     async def __aenter__(self) -> Self:
         self._engine = create_engine(self._options)
         self.pool = await create_pool(self._options)
         await self.pool.execute(
             "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
-            " tombstone_lines, outbox"
+            " tombstone_lines, outbox, warehouse_requests"
         )
         self.warehouse = PostgresWarehouse(
             self._engine,
@@ -177,6 +187,7 @@ class Database:
             retry_budget_seconds=2.0,
             pool=self.pool,
             pool_size=1,
+            handoff=self._handoff,
         )
         return self
 
@@ -219,6 +230,16 @@ class Database:
         assert len({row["event_id"] for row in rows}) == len(rows)
         return [(row["order_id"], row["routing_key"], json.loads(row["body"])) for row in rows]
 
+    async def move_on(self, sent: Sent) -> None:
+        """The dispatcher's step ``sent``, on the rows (its own store is tested on its own)."""
+        await self.pool.execute(
+            "UPDATE warehouse_requests SET status = $2, attempts = 1, body = '\\x7b7d',"
+            " first_attempt_at = now(), last_attempt_at = now()"
+            " WHERE order_id = $1 AND kind = 'fulfilment_order' AND status = 'pending'",
+            sent.order_id,
+            str(sent.status),
+        )
+
 
 def _by_order(rows) -> dict[uuid.UUID, dict[str, int]]:
     grouped: dict[uuid.UUID, dict[str, int]] = {}
@@ -247,6 +268,37 @@ def _fake_state(fake: InMemoryWarehouse):
 
 def _run(coroutine):
     return asyncio.run(coroutine)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The dispatcher moved an order's pending fulfilment-order request on to ``status``."""
+
+    order_id: uuid.UUID
+    status: RequestStatus
+
+
+def _move_on(fake: InMemoryWarehouse, sent: Sent) -> None:
+    request = fake.fulfilment_order(sent.order_id)
+    if request is not None and request.status is RequestStatus.PENDING:
+        request.status = sent.status
+
+
+@st.composite
+def handed_off(draw, histories, events: list[Event]) -> list[Event | Sent]:
+    """``events`` with the dispatcher moving most orders' fulfilment orders on, each after the
+    first delivery of its ``OrderPlaced``: often right after it, so that cancels come later."""
+    arrived: list[Event | Sent] = list(events)
+    for history in histories:
+        if draw(st.integers(0, 3)) == 0:
+            continue
+        status = draw(
+            st.sampled_from([RequestStatus.SENDING, RequestStatus.ACCEPTED, RequestStatus.FAILED])
+        )
+        placed = arrived.index(history[0]) + 1
+        at = draw(st.one_of(st.just(placed), st.integers(placed, len(arrived))))
+        arrived.insert(at, Sent(history[0].order_id, status))
+    return arrived
 
 
 PROPERTY = settings(
@@ -283,6 +335,55 @@ def test_postgresql_gives_every_event_the_outcome_the_state_table_gives_one_afte
 
     assert outcomes == expected
     assert state == _fake_state(fake)
+
+
+@PROPERTY
+@given(data=st.data(), scarce=st.booleans())
+def test_with_the_handoff_postgresql_gives_every_event_and_request_what_the_fake_gives(
+    clean_database, data, scarce
+):
+    histories = data.draw(orders(skus=(*SKUS, "UNKNOWN") if scarce else SKUS))
+    events = data.draw(handed_off(histories, data.draw(any_arrival(histories))))
+    stock = (
+        data.draw(st.fixed_dictionaries({sku: st.integers(0, 6) for sku in SKUS}))
+        if scarce
+        else dict.fromkeys(SKUS, PLENTY)
+    )
+    fake = InMemoryWarehouse(handoff=True)
+
+    async def one_after_the_other():
+        await fake.put_stock(stock)
+        outcomes = []
+        for event in events:
+            if isinstance(event, Sent):
+                _move_on(fake, event)
+                outcomes.append(None)
+            else:
+                outcomes.append(await _apply(fake, event))
+        return outcomes
+
+    async def on_postgresql():
+        async with Database(clean_database, handoff=True) as database:
+            await database.warehouse.put_stock(stock)
+            outcomes: list[object] = []
+            for kind, run in groupby(events, key=type):
+                batch = list(run)
+                if kind is Sent:
+                    for sent in batch:
+                        await database.move_on(sent)
+                    outcomes += [None] * len(batch)
+                else:
+                    outcomes += await _apply_in_runs(database.warehouse, batch)
+            return outcomes, await database.state(), await requests_in_database(database.pool)
+
+    expected = _run(one_after_the_other())
+    outcomes, state, requests = _run(on_postgresql())
+
+    assert outcomes == expected
+    assert state == _fake_state(fake)
+    assert requests == requests_in_fake(fake)
+    for kind, *_, status, _ in requests:
+        count_example(f"{kind} {status}")
 
 
 @PROPERTY

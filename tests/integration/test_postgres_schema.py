@@ -560,3 +560,75 @@ def test_a_worker_of_the_previous_release_writes_result_events_once_0009_is_in()
 
     assert before == after == [(1, "reserved", None, [])]
     assert outbox == [("stock.reserved", None)]
+
+
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0011_restores_the_functions_and_checks_of_0010():
+    async def checks(url):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            rows = await connection.fetch(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                " WHERE conname IN ('inbox_messages_outcome_valid', 'outbox_routing_key_valid')"
+            )
+            return dict(rows)
+        finally:
+            await connection.close()
+
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0010")
+        before = asyncio.run(_function_definitions(url)), asyncio.run(checks(url))
+        command.upgrade(config, "0011")
+        upgraded = asyncio.run(_function_definitions(url))
+        command.downgrade(config, "0010")
+        after = asyncio.run(_function_definitions(url)), asyncio.run(checks(url))
+
+    assert after == before
+    assert sorted(upgraded) == [
+        (
+            "cancel_orders(text,uuid[],uuid[],timestamp with time zone[],boolean[],integer[],"
+            "text[],integer[],text[],boolean)"
+        ),
+        (
+            "place_orders(text,uuid[],uuid[],timestamp with time zone[],integer[],text[],"
+            "integer[],text[],boolean)"
+        ),
+        "reserve_orders(text,uuid[],uuid[],timestamp with time zone[],integer[],text[],integer[])",
+        "ship_orders(text,uuid[],uuid[],timestamp with time zone[],text[])",
+    ]
+
+
+@pytest.mark.usefixtures("database_url")
+def test_a_worker_of_the_previous_release_calls_v3_without_the_handoff_once_0011_is_in():
+    # Its prepared statements pass v2's arguments; v3's p_handoff defaults to false: no request.
+    placed = datetime(2010, 12, 1, tzinfo=UTC)
+
+    async def across_the_upgrade(url, config):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            await connection.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('A', 5)")
+            statement = await connection.prepare(
+                "SELECT ordinal, outcome, reason, skus"
+                " FROM place_orders('fulfilment', $1, $2, $3, $4, $5, $6, $7)"
+            )
+            arguments = ([placed], [1], ["A"], [1], [None])
+            before = [tuple(row) for row in await statement.fetch([uuid4()], [uuid4()], *arguments)]
+            await asyncio.to_thread(command.upgrade, config, "0011")
+            after = [tuple(row) for row in await statement.fetch([uuid4()], [uuid4()], *arguments)]
+            requests = await connection.fetchval("SELECT count(*) FROM warehouse_requests")
+        finally:
+            await connection.close()
+        return before, after, requests
+
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0010")
+        before, after, requests = asyncio.run(across_the_upgrade(url, config))
+
+    assert before == after == [(1, "reserved", None, [])]
+    assert requests == 0

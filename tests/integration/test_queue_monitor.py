@@ -19,9 +19,9 @@ import pytest
 
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUE,
-    DEAD_LETTER_ROUTING_KEY,
-    MAIN_QUEUE,
+    ORDER_PLACED,
+    ORDER_PLACED_DEAD_LETTER_QUEUE,
+    ORDER_PLACED_QUEUE,
 )
 from fulfilment.observability.metrics import Metrics
 from fulfilment.worker.monitors import queue_monitor, supervise
@@ -71,8 +71,8 @@ async def test_the_queue_monitor_survives_its_connection_closed_by_the_broker(
     await declare_topology(amqp_url, Topology(delivery_limit=5))
     metrics = Metrics()
     value = metrics.registry.get_sample_value
-    consumers = ("fulfilment_queue_consumers", {"queue": MAIN_QUEUE})
-    dead_letters = ("fulfilment_queue_messages_ready", {"queue": DEAD_LETTER_QUEUE})
+    consumers = ("fulfilment_queue_consumers", {"queue": ORDER_PLACED_QUEUE})
+    dead_letters = ("fulfilment_queue_messages_ready", {"queue": ORDER_PLACED_DEAD_LETTER_QUEUE})
     age = "fulfilment_dead_letters_oldest_age_seconds"
     failures = ("fulfilment_monitor_errors_total", {"check": "queues"})
     others = await asyncio.to_thread(broker_ports)
@@ -93,10 +93,12 @@ async def test_the_queue_monitor_survives_its_connection_closed_by_the_broker(
         async with await aio_pika.connect(amqp_url) as connection:
             channel = await connection.channel()
             exchange = await channel.get_exchange(DEAD_LETTER_EXCHANGE)
-            await exchange.publish(aio_pika.Message(b"{}"), routing_key=DEAD_LETTER_ROUTING_KEY)
+            await exchange.publish(
+                aio_pika.Message(b"{}"), routing_key=ORDER_PLACED.dead_letter_routing_key
+            )
             await until(lambda: value(*dead_letters) == 1)
             await until(lambda: (value(age) or 0) > 0)
-            await (await channel.get_queue(DEAD_LETTER_QUEUE)).purge()
+            await (await channel.get_queue(ORDER_PLACED_DEAD_LETTER_QUEUE)).purge()
         assert value(*failures) == 1
     finally:
         monitor.cancel()

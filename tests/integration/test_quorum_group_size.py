@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
-    MAIN_QUEUE,
     ORDER_PLACED,
+    ORDER_PLACED_QUEUE,
     SUBSCRIBED_QUEUES,
 )
 from fulfilment.worker.topology import (
@@ -57,7 +57,7 @@ async def create_main_queue_as_before(
     arguments = {**(spec.arguments or {}), **changes}
     del arguments[INITIAL_GROUP_SIZE]
     channel = await connection.channel()
-    await channel.declare_queue(MAIN_QUEUE, durable=True, arguments=arguments)
+    await channel.declare_queue(ORDER_PLACED_QUEUE, durable=True, arguments=arguments)
     await channel.close()
 
 
@@ -98,7 +98,7 @@ async def test_a_queue_created_before_the_setting_is_kept_and_named_in_a_warning
     with capture_logs() as logs:
         await declare_topology(amqp_url, Topology(delivery_limit=5))
     (line,) = kept(logs)
-    assert line["queue"] == MAIN_QUEUE
+    assert line["queue"] == ORDER_PLACED_QUEUE
     assert line["declared_with"] == "none"
     assert line["configured"] == "3"
     assert line["log_level"] == "warning"
@@ -112,5 +112,5 @@ async def test_a_queue_created_before_the_setting_with_another_delivery_limit_is
     with pytest.raises(TopologyMismatchError) as refused:
         await declare_topology(amqp_url, Topology(delivery_limit=5))
     assert str(refused.value).startswith(
-        f"queue '{MAIN_QUEUE}' exists with x-delivery-limit=7, the service expects 5"
+        f"queue '{ORDER_PLACED_QUEUE}' exists with x-delivery-limit=7, the service expects 5"
     )

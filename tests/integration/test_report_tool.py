@@ -1,4 +1,4 @@
-"""``fulfilment report`` and ``reconcile`` against the real RabbitMQ and PostgreSQL.
+"""``fulfilment report`` and ``reconcile`` (each kind published) against RabbitMQ and PostgreSQL.
 
 No worker runs: orders are reserved through the PostgreSQL warehouse, dead letters are put in
 the DLQs as the worker writes them, and the tools read every queue and DLQ of the topology.
@@ -9,15 +9,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import aio_pika
 import pytest
 from pydantic import SecretStr
 
-from builders import order
-from fulfilment.adapters import rabbitmq
+from builders import cancellation, order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.rabbitmq import inspection
 from fulfilment.cli import tool_options
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -27,8 +28,11 @@ from fulfilment.contracts.topology import (
     ORDER_SHIPPED,
     SUBSCRIBED_QUEUES,
 )
+from fulfilment.dataset.files import match_read_cancellations, read_order_files
+from fulfilment.dataset.online_retail import shipment_event_id_for
+from fulfilment.dataset.reconcile import reconcile_command
 from fulfilment.settings import Settings
-from fulfilment.tools.command import ToolOptions
+from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, reconcile, render_report
 from fulfilment.worker.topology import Topology, declare_topology
 
@@ -151,7 +155,7 @@ async def test_a_dlq_deeper_than_a_look_can_hold_is_counted_as_unread_not_as_mis
 ) -> None:
     # The look holds what it reads unacknowledged, at most 65,535 (the largest prefetch);
     # three stand for them here, so that five dead letters overflow it.
-    monkeypatch.setattr(rabbitmq, "PEEK_LIMIT", 3)
+    monkeypatch.setattr(inspection, "PEEK_LIMIT", 3)
     refused = [await refused_shipment(amqp_url) for _ in range(5)]
 
     result = await reconcile(options, refused)
@@ -187,3 +191,69 @@ async def test_the_report_says_when_the_virtual_host_has_none_of_the_service_s_q
         f"note: no queue {', '.join(every_queue)} in this virtual host: is"
         " FULFILMENT_AMQP_URL the service's? (the worker declares them at start)"
     )
+
+
+DAY = """InvoiceNo,StockCode,Description,Quantity,InvoiceDate,UnitPrice,CustomerID,Country
+536365,85123A,HEART,2,2010-12-01 08:26:00,2.55,17850.0,United Kingdom
+536366,22633,HAND WARMER,1,2010-12-01 08:28:00,1.85,13047.0,United Kingdom
+C536367,85123A,HEART,-2,2010-12-01 09:41:00,2.55,17850.0,United Kingdom
+"""
+
+
+async def test_reconcile_checks_the_cancellations_and_the_shipments_published_from_the_files(
+    options: ToolOptions, tmp_path: Path
+) -> None:
+    data = tmp_path / "2010-12-01.csv"
+    data.write_text(DAY)
+    read = read_order_files([data])
+    cancelled, shipped = read.orders
+    (mapped,) = match_read_cancellations(read).cancellations
+    assert mapped.order_id == cancelled.order_id
+    engine = create_engine(options.database)
+    try:
+        warehouse = PostgresWarehouse(engine, consumer=options.consumer, retry_budget_seconds=2)
+        await warehouse.put_stock({"85123A": 10, "22633": 10})
+        for placed in read.orders:
+            await warehouse.reserve(
+                order(*placed.lines, event_id=placed.event_id, order_id=placed.order_id)
+            )
+        await warehouse.cancel(
+            cancellation(mapped.order_id, *mapped.lines, event_id=mapped.event_id)
+        )
+
+        # The end of the day's shipment of the order still reserved was not processed: lost.
+        lines: list[str] = []
+        with pytest.raises(CommandError) as missing:
+            await reconcile_command(
+                options, [data], cancellations=True, shipments=True, echo=lines.append
+            )
+        assert missing.value.exit_code == 1
+        assert [line.split(":")[0] for line in lines] == [
+            "OrderPlaced",
+            "OrderCancelled",
+            "OrderShipped",
+        ]
+        assert "reconciled 2 published events: 2 processed" in lines[0]
+        assert "reconciled 1 published events: 1 processed" in lines[1]
+        assert (
+            "reconciled 1 published events: 0 processed, 0 in the dead-letter queue, 1 missing"
+            in lines[2]
+        )
+
+        await warehouse.ship(
+            shipment(shipped.order_id, event_id=shipment_event_id_for(shipped.invoice_no))
+        )
+    finally:
+        await engine.dispose()
+
+    lines.clear()
+    await reconcile_command(options, [data], cancellations=True, shipments=True, echo=lines.append)
+    assert len(lines) == 3
+    assert all(", 0 missing, " in line for line in lines), lines
+    assert "reconciled 1 published events: 1 processed" in lines[2]
+
+    # Without the flags, the orders alone, on one line as before.
+    lines.clear()
+    await reconcile_command(options, [data], echo=lines.append)
+    assert len(lines) == 1
+    assert lines[0].startswith("reconciled 2 published events: 2 processed")

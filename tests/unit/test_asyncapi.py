@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 from faststream.specification import AsyncAPI
+from pydantic import ConfigDict
 
 from builders import RESULT_EVENT_EXAMPLES
 from deliveries import in_memory_dead_letters
@@ -67,7 +68,7 @@ def _validator(document: dict[str, Any], channel: str) -> jsonschema.Draft202012
 
 
 def _consumed_channel(queue: SubscribedQueue) -> str:
-    return f"on_{queue.event}"
+    return queue.name
 
 
 def test_the_committed_document_is_the_one_the_code_generates() -> None:
@@ -105,8 +106,8 @@ def test_every_consumed_event_is_on_its_queue_bound_to_orders(
     document: dict[str, Any], queue: SubscribedQueue
 ) -> None:
     channel = document["channels"][_consumed_channel(queue)]
-    operation = document["operations"][_consumed_channel(queue)]
     model, _ = asyncapi.CONSUMED[queue]
+    operation = document["operations"][f"receive{model.__name__}"]
 
     assert channel["address"] == queue.routing_key
     assert channel["bindings"]["amqp"]["queue"]["name"] == queue.name
@@ -123,8 +124,8 @@ def test_every_result_event_is_published_to_the_events_exchange(
     document: dict[str, Any], routing_key: str
 ) -> None:
     channel = document["channels"][routing_key]
-    operation = document["operations"][routing_key]
     model = RESULT_EVENTS[routing_key]
+    operation = document["operations"][f"send{model.__name__}"]
 
     assert channel["address"] == routing_key
     assert channel["bindings"]["amqp"]["exchange"] == {
@@ -150,6 +151,64 @@ def test_the_document_names_no_other_channel(document: dict[str, Any]) -> None:
     }
 
 
+EVENT_NAMES = {
+    "fulfilment.order-placed": ("OrderPlacedV1", "OrderPlaced v1"),
+    "fulfilment.order-cancelled": ("OrderCancelledV1", "OrderCancelled v1"),
+    "fulfilment.order-shipped": ("OrderShippedV1", "OrderShipped v1"),
+    "stock.reserved": ("StockReservedV1", "StockReserved v1"),
+    "stock.rejected": ("StockRejectedV1", "StockRejected v1"),
+    "stock.released": ("StockReleasedV1", "StockReleased v1"),
+    "stock.shipped": ("StockShippedV1", "StockShipped v1"),
+}
+"""Each channel's message as another team reads it: its name and its title."""
+
+
+def test_every_message_is_named_and_titled_for_its_event_with_a_summary(
+    document: dict[str, Any],
+) -> None:
+    named = {}
+    for key, channel in document["channels"].items():
+        ((message_key, reference),) = channel["messages"].items()
+        message = _follow(document, reference["$ref"])
+        assert message_key == message["name"], key
+        assert message["summary"], key
+        assert "``" not in message["summary"], key
+        named[key] = (message["name"], message["title"])
+
+    assert named == EVENT_NAMES
+    assert set(document["components"]["messages"]) == {name for name, _ in named.values()}
+    assert set(document["operations"]) == {
+        *(f"receive{name}" for name in ("OrderPlacedV1", "OrderCancelledV1", "OrderShippedV1")),
+        *(f"send{name}" for name, _ in list(EVENT_NAMES.values())[3:]),
+    }
+    for key, operation in document["operations"].items():
+        (reference,) = operation["messages"]
+        message = _follow(document, reference["$ref"])
+        assert _follow(document, message["$ref"])["name"] == key.removeprefix(operation["action"])
+
+
+def test_a_new_result_event_is_named_by_its_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    class StockCancelRefusedV1(RESULT_EVENTS["stock.released"]):
+        """``stock.cancel_refused``: the cancel came after the order shipped."""
+
+        model_config = ConfigDict(title="StockCancelRefused v1")
+
+    monkeypatch.setattr(
+        asyncapi, "RESULT_EVENTS", {**RESULT_EVENTS, "stock.cancel_refused": StockCancelRefusedV1}
+    )
+    document = json.loads(asyncapi.asyncapi_document())
+
+    ((name, reference),) = document["channels"]["stock.cancel_refused"]["messages"].items()
+    message = _follow(document, reference["$ref"])
+    assert (name, message["name"], message["title"]) == (
+        "StockCancelRefusedV1",
+        "StockCancelRefusedV1",
+        "StockCancelRefused v1",
+    )
+    assert message["summary"] == "stock.cancel_refused: the cancel came after the order shipped."
+    assert document["operations"]["sendStockCancelRefusedV1"]["action"] == "send"
+
+
 def test_every_message_has_a_payload_with_properties(document: dict[str, Any]) -> None:
     for channel in document["channels"]:
         payload = _payload(document, channel)
@@ -173,7 +232,7 @@ def test_the_example_result_events_are_valid_by_the_published_schema(
 
 
 def test_the_example_order_is_valid_by_the_published_schema(document: dict[str, Any]) -> None:
-    validator = _validator(document, "on_order_placed")
+    validator = _validator(document, "fulfilment.order-placed")
 
     validator.validate(ORDER_PLACED_EXAMPLE)
     assert not validator.is_valid({**ORDER_PLACED_EXAMPLE, "lines": []})

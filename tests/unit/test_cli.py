@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fulfilment import __version__
-from fulfilment.cli import app, tool_options
+from fulfilment.cli import DEMO_NOT_INSTALLED, app, tool_options
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools.dlq import dead_letter_queues
@@ -206,3 +209,50 @@ def test_a_misspelt_key_in_the_env_file_is_bad_input_naming_the_file(tmp_path, m
         "fulfilment: invalid settings: .env: FULFILMENT_DATABASE_URI: not a setting of this"
         " service (did you mean FULFILMENT_DATABASE_URL?)\n"
     )
+
+
+def test_the_operator_commands_load_neither_the_online_retail_reader_nor_the_demo():
+    # import-linter holds the tools' own imports; this holds the command line's lazy ones.
+    operator_commands = (
+        "fulfilment.cli",
+        "fulfilment.tools.dlq_commands",
+        "fulfilment.tools.report",
+        "fulfilment.tools.outbox",
+        "fulfilment.tools.migrate",
+        "fulfilment.tools.stock_csv",
+    )
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                f"import sys; import {', '.join(operator_commands)};"
+                " print(sorted(m for m in sys.modules if m.startswith(('fulfilment.dataset',"
+                " 'fulfilment.demo'))))"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+
+    assert loaded == "[]\n"
+
+
+def test_the_demo_where_it_is_not_installed_is_bad_input_said_in_one_line(monkeypatch):
+    # As in the production image, whose wheel leaves fulfilment.demo out (tests/deploy).
+    class NoDemo(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, *_):
+            if name == "fulfilment.demo":
+                missing = f"No module named {name!r}"
+                raise ModuleNotFoundError(missing, name=name)
+
+    monkeypatch.setattr(sys, "meta_path", [NoDemo(), *sys.meta_path])
+    for name in ("fulfilment.demo", "fulfilment.demo.run"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+    result = fulfilment("demo", "--reset")
+
+    assert result.exit_code == 2
+    assert result.stderr == f"fulfilment: {DEMO_NOT_INSTALLED}\n"

@@ -25,9 +25,9 @@ from aiormq.exceptions import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from fulfilment.adapters import rabbitmq as broker
 from fulfilment.adapters.postgres import errors as database
 from fulfilment.adapters.postgres.engine import asyncpg_dsn
+from fulfilment.adapters.rabbitmq import connection as broker
 
 BROKER = "amqp://orders:s3cret@rabbit:5672/shop"
 DATABASE = "postgresql+asyncpg://orders:s3cret@db:5432/fulfilment"

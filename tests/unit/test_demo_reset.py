@@ -1,4 +1,4 @@
-"""When ``fulfilment demo --reset`` may empty a database (``tools.demo.reset_refusal``)."""
+"""When ``fulfilment demo --reset`` may empty a database (``demo.run.reset_refusal``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from fulfilment.adapters.postgres.admin import DEMO_DATABASE_MARK, DemoDatabase
 from fulfilment.cli import app
-from fulfilment.tools.demo import reset_refusal
+from fulfilment.demo.run import reset_refusal
 
 
 def database(comment: str | None = None, *holds: str) -> DemoDatabase:

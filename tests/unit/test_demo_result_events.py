@@ -7,7 +7,7 @@ from uuid import UUID, uuid4
 
 from builders import RESULT_EVENT_EXAMPLES
 from fulfilment.adapters.postgres.admin import OutboxEntry
-from fulfilment.tools.demo_result_events import ResultEventTally
+from fulfilment.demo.result_events import ResultEventTally
 
 QUEUE = "fulfilment.demo.result-events"
 
@@ -47,6 +47,7 @@ def test_every_event_of_the_run_received_in_order_passes_and_is_counted_per_rout
         "  stock.rejected: published 1, received 1 (duplicates 0)",
         "  stock.released: published 1, received 1 (duplicates 0)",
         "  stock.shipped: published 1, received 1 (duplicates 0)",
+        "  stock.cancel_refused: published 0, received 0 (duplicates 0)",
     ]
 
 
@@ -136,6 +137,7 @@ def test_events_written_before_the_run_are_counted_apart_and_pass() -> None:
         "  stock.rejected: published 0, received 0 (duplicates 0)",
         "  stock.released: published 0, received 0 (duplicates 0)",
         "  stock.shipped: published 0, received 0 (duplicates 0)",
+        "  stock.cancel_refused: published 0, received 0 (duplicates 0)",
         "  this run wrote no result event: its events changed nothing (duplicates)",
         "  also received 1 written before this run (not counted)",
     ]

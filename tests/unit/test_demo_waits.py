@@ -18,9 +18,9 @@ import pytest
 import typer
 from aiormq.exceptions import ConnectionClosed
 
-from fulfilment.adapters.rabbitmq import QueueState
+from fulfilment.adapters.rabbitmq.inspection import QueueState
 from fulfilment.cli import run
-from fulfilment.tools import demo
+from fulfilment.demo import run as demo
 
 DAY = SimpleNamespace(name="2010-12-01")
 

@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from fulfilment.composition import EXIT_START_FAILED, StartRefusedError, listen
+from fulfilment.composition import StartRefusedError, listen
+from fulfilment.exit_codes import ExitCode
 
 NOT_ON_THIS_HOST = "192.0.2.1"
 """TEST-NET-1 (RFC 5737): an address no interface of a test machine has."""
@@ -32,7 +33,7 @@ def test_a_port_another_process_holds_stops_the_start_naming_the_port_variable()
             listen("127.0.0.1", port, program="relay", port_variable="FULFILMENT_RELAY_HTTP_PORT")
 
     assert raised.value.event == "relay.http_listen_failed"
-    assert raised.value.exit_code == EXIT_START_FAILED
+    assert raised.value.exit_code == ExitCode.FAILED
     assert str(raised.value) == (
         f"the relay's HTTP server cannot listen on 127.0.0.1:{port}: another process holds the"
         " port; set FULFILMENT_RELAY_HTTP_PORT to a free one: [Errno 98] Address already in use"
@@ -44,7 +45,7 @@ def test_an_address_of_no_interface_stops_the_start_naming_the_host_variable() -
         listen(NOT_ON_THIS_HOST, 8080, program="worker", port_variable="FULFILMENT_HTTP_PORT")
 
     assert raised.value.event == "worker.http_listen_failed"
-    assert raised.value.exit_code == EXIT_START_FAILED
+    assert raised.value.exit_code == ExitCode.FAILED
     assert str(raised.value) == (
         f"the worker's HTTP server cannot listen on {NOT_ON_THIS_HOST}:8080: no interface of"
         " this host has that address; set FULFILMENT_HTTP_HOST to one: [Errno 99] Cannot"

@@ -1,5 +1,5 @@
-"""The worker's metrics: what the dashboard and the alert rules query is what it (or the relay)
-exports."""
+"""The worker's metrics: what the dashboard and the alert rules query is what it (or the relay,
+or the dispatcher) exports."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from fakes import InMemoryWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, RESULT_ROUTING_KEYS, SUBSCRIBED_QUEUES
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
+from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.main import build_worker, new_metrics
+from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.settings import Settings
@@ -67,7 +69,10 @@ def test_every_metric_of_the_dashboard_and_the_alerts_is_exported(worker_registr
     }
     assert used  # the pattern finds names at all
     relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
-    missing = used - exported_names(worker_registry) - exported_names(relay)
+    dispatcher = DispatcherMetrics().registry
+    missing = (
+        used - exported_names(worker_registry) - exported_names(relay) - exported_names(dispatcher)
+    )
     assert missing == set()
 
 
@@ -167,6 +172,7 @@ def test_every_outcome_series_exists_at_zero_before_the_first_event() -> None:
             ("tombstoned", ""): 0,
             ("ignored", ""): 0,
             ("cancel_after_ship", ""): 0,
+            ("cancel_requested", ""): 0,
             ("duplicate", "event"): 0,
             **policy,
         },

@@ -23,7 +23,11 @@ from fakes import InMemoryWarehouse
 from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.contracts.topology import MAIN_QUEUE, ORDER_PLACED_ROUTING_KEY, SUBSCRIBED_QUEUES
+from fulfilment.contracts.topology import (
+    ORDER_PLACED_QUEUE,
+    ORDER_PLACED_ROUTING_KEY,
+    SUBSCRIBED_QUEUES,
+)
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
 from fulfilment.main import Worker, build_worker
 from fulfilment.settings import Settings
@@ -207,7 +211,7 @@ async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved
     await warehouse.put_stock({"85123A": 10})
     body = a_body([("85123A", 1)])
     async for harness in _harness(warehouse, Settings(delivery_limit=3)):
-        [subscriber] = [s for s in harness.worker.subscribers if s.queue.name == MAIN_QUEUE]
+        [subscriber] = [s for s in harness.worker.subscribers if s.queue.name == ORDER_PLACED_QUEUE]
 
         # Delivery 2 (the first redelivery) goes through; delivery 3 is poison, unprocessed.
         await deliver(subscriber, incoming(body, redelivered=True))

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from fulfilment.contracts.order_placed import MAX_LINES, OrderPlacedV1
-from fulfilment.tools.online_retail import (
+from fulfilment.dataset.online_retail import (
     NAMESPACE,
     CancellationInvoice,
     OnlineRetailError,

@@ -12,8 +12,8 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
-from fulfilment.tools import publish
-from fulfilment.tools.online_retail import cancellation_event_id_for, event_id_for
+from fulfilment.dataset import publish
+from fulfilment.dataset.online_retail import cancellation_event_id_for, event_id_for
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "online-retail"
 HEADER = "InvoiceNo,StockCode,Description,Quantity,InvoiceDate,UnitPrice,CustomerID,Country\n"

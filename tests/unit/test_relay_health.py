@@ -7,7 +7,7 @@ import json
 from test_health import call
 
 from builders import a_relay
-from fulfilment.contracts.topology import RESULT_ROUTING_KEYS
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.health import relay_health_app
 from fulfilment.relay.service import Relay, Role

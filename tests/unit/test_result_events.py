@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from builders import CAUSATION_ID, EVENT_ID, ORDER_ID, RESULT_EVENT_EXAMPLES
 from fulfilment.contracts.result_events import (
     RESULT_EVENTS,
+    StockCancelRefusedV1,
     StockRejectedV1,
     StockReleasedV1,
     StockReservedV1,
@@ -44,6 +45,7 @@ def test_every_result_event_has_its_routing_key_on_the_events_exchange() -> None
         "stock.rejected": StockRejectedV1,
         "stock.released": StockReleasedV1,
         "stock.shipped": StockShippedV1,
+        "stock.cancel_refused": StockCancelRefusedV1,
     }
     assert set(EXAMPLES) == set(RESULT_EVENTS)
 
@@ -88,6 +90,15 @@ def test_a_release_says_the_status_it_left_the_order_in(order_status: str) -> No
 
     assert isinstance(event, StockReleasedV1)
     assert event.order_status == order_status
+
+
+def test_a_refused_cancel_of_the_whole_order_has_null_lines() -> None:
+    event = parse_result_event("stock.cancel_refused", body("stock.cancel_refused", lines=None))
+
+    assert isinstance(event, StockCancelRefusedV1)
+    assert (event.lines, event.warehouse_id) == (None, "WH-000123")
+    with pytest.raises(ValidationError, match="warehouse_id"):
+        parse_result_event("stock.cancel_refused", body("stock.cancel_refused", warehouse_id=...))
 
 
 def test_any_utc_offset_and_unknown_fields_are_accepted() -> None:

@@ -13,8 +13,7 @@ import pytest
 from fulfilment.contracts.order_cancelled import OrderCancelledV1
 from fulfilment.contracts.order_placed import MAX_LINES
 from fulfilment.contracts.order_shipped import OrderShippedV1
-from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.tools.online_retail import (
+from fulfilment.dataset.online_retail import (
     OnlineRetailError,
     ReadResult,
     RetailOrder,
@@ -24,13 +23,14 @@ from fulfilment.tools.online_retail import (
     read_orders,
     shipment_event_id_for,
 )
-from fulfilment.tools.retail_lifecycle import (
+from fulfilment.dataset.retail_lifecycle import (
     CancellationMatch,
     RetailCancellation,
     Unmatched,
     match_cancellations,
     plan_days,
 )
+from fulfilment.domain.lifecycle import OrderStatus
 
 HEADER = "InvoiceNo,StockCode,Description,Quantity,InvoiceDate,UnitPrice,CustomerID,Country\n"
 LONDON = ZoneInfo("Europe/London")

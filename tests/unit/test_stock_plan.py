@@ -10,15 +10,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from fulfilment.domain.model import OrderLine, RejectionReason, StockLevel, aggregate_demand, decide
-from fulfilment.tools.online_retail import (
+from fulfilment.dataset.online_retail import (
     RetailOrder,
     csv_files,
     event_id_for,
     order_id_for,
     read_orders,
 )
-from fulfilment.tools.stock_plan import (
+from fulfilment.dataset.stock_plan import (
     ABSENT_SHARE,
     SHORT_SHARE,
     Allocation,
@@ -28,6 +27,7 @@ from fulfilment.tools.stock_plan import (
     total_demand,
     write_stock_csv,
 )
+from fulfilment.domain.model import OrderLine, RejectionReason, StockLevel, aggregate_demand, decide
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 SAMPLE_ORDERS = SAMPLE / "online-retail"
@@ -77,7 +77,7 @@ def test_the_allocation_is_the_same_in_another_interpreter():
     # A fresh process has another string-hash salt: a plan built on hash() would differ.
     skus = ["85123A", SHORT_SKU, ABSENT_SKU, "POST"]
     code = (
-        "from fulfilment.tools.stock_plan import allocation;"
+        "from fulfilment.dataset.stock_plan import allocation;"
         f"print(','.join(allocation(s) for s in {skus!r}))"
     )
     out = subprocess.run(
@@ -166,7 +166,7 @@ def test_the_committed_sample_stock_is_what_the_plan_gives_byte_for_byte(tmp_pat
 
     assert regenerated.read_bytes() == SAMPLE_STOCK.read_bytes(), (
         "data/sample/stock.csv is stale; regenerate it with: uv run python -m"
-        " fulfilment.tools.stock_plan data/sample/online-retail data/sample/stock.csv"
+        " fulfilment.dataset.stock_plan data/sample/online-retail data/sample/stock.csv"
     )
 
 

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from uuid import UUID
 
+from fulfilment.domain.handoff import (
+    Answer,
+    RequestBacklog,
+    RequestRecord,
+    RequestStatus,
+    WarehouseRequest,
+)
 from fulfilment.domain.lifecycle import CancelOrder, CancelOutcome, ShipOrder, ShipOutcome
 from fulfilment.domain.model import ReservationOutcome, ReserveStock, StockLevel
 
@@ -63,8 +70,11 @@ class Warehouse(ABC):
         order gives back the cancelled units (``reserved`` goes down, its lines shrink) and is
         ``released`` when none remain; without a row, a ``cancelled`` tombstone remembers the
         cancel for the ``OrderPlaced`` to come; otherwise nothing changes (``ignored``,
-        ``cancel_after_ship``). The inbox row is written in the same transaction, so a second
-        call with the same ``event_id`` changes nothing and answers ``duplicate``.
+        ``cancel_after_ship``). With the hand-off to the warehouse system on, a cancel of an
+        order the warehouse may hold releases nothing yet and records a cancellation request
+        (``cancel_requested``), and one of an order never sent shrinks or withdraws its request
+        (``fulfilment.domain.handoff``). The inbox row is written in the same transaction, so a
+        second call with the same ``event_id`` changes nothing and answers ``duplicate``.
 
         Raises:
             TransientError: as for :meth:`reserve`.
@@ -111,3 +121,114 @@ class Warehouse(ABC):
     @abstractmethod
     async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
         """The current level of each known SKU among ``skus``; unknown SKUs are absent."""
+
+
+class WarehouseRequests(ABC):
+    """The durable requests to the warehouse system, as the dispatcher claims and records them.
+
+    Rows of ``warehouse_requests``, recorded by the stock store (``Warehouse`` built with
+    ``handoff=True``) in the transaction of the change that caused them; this port sends
+    nothing itself. Implementations: ``PostgresWarehouseRequests`` and the in-memory fake of
+    the tests; both pass ``tests/contract/test_warehouse_requests_contract.py``.
+
+    Per order, requests go out in the order they were recorded (``id``): a cancellation is
+    claimable only once its order's fulfilment order is ``accepted``, and no request while an
+    earlier one of the same order is still open (``pending``/``sending``). One failing order
+    holds up no other order.
+    """
+
+    @abstractmethod
+    async def claim(self, limit: int, *, lease_seconds: float) -> list[WarehouseRequest]:
+        """Take up to ``limit`` due requests for sending, each by at most one claimer at a time.
+
+        Due: open, ``next_attempt_at <= now()``, and allowed by the per-order rule. In one
+        committed transaction each claimed row gets ``attempts += 1``, ``first_attempt_at``
+        (when unset) and ``last_attempt_at`` = now, status ``sending``, its ``body`` frozen
+        from its lines when still unset (``request_body()``), and a lease:
+        ``next_attempt_at = now + lease_seconds`` (seconds), so the rows of a claimer that dies
+        before recording an answer come back when it ends. Rows another claimer holds locked
+        are skipped, not waited for. Returned in ``id`` order.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+    @abstractmethod
+    async def record(
+        self,
+        request: WarehouseRequest,
+        answer: Answer,
+        *,
+        retry_in_seconds: float | None = None,
+    ) -> None:
+        """Record the warehouse's ``answer`` to ``request``, and what it does, in one transaction.
+
+        - ``Retry``, ``RateLimited``, ``CredentialsRefused``: the status stays ``sending``;
+          ``next_attempt_at = now + retry_in_seconds`` (seconds; the dispatcher computes it
+          from tenacity's wait for ``request.attempts`` or from ``Retry-After``; None: now).
+        - ``Accepted``: a fulfilment order becomes ``accepted`` with its ``warehouse_id``,
+          which its order's cancellations copy (they become claimable); a cancellation becomes
+          ``accepted`` and the cancel is applied to the order by the lifecycle (stock
+          released, a ``stock.released`` outbox row caused by the cancel's event).
+        - ``Refused``: a cancellation becomes ``refused``; nothing is released; a
+          ``stock.cancel_refused`` outbox row (the lines asked, the ``warehouse_id``).
+        - ``Failed``: the request becomes ``failed``; for a fulfilment order, its order's
+          waiting cancellations are applied locally (the warehouse holds no order to cancel)
+          and become ``withdrawn``.
+
+        The status code and the answer are kept (``last_status_code``, ``last_answer``); a
+        final answer sets ``answered_at``. An answer to a request that is no longer
+        ``sending`` (expired, or recorded already) changes nothing.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+    @abstractmethod
+    async def expire(self, retention_seconds: float) -> int:
+        """Mark ``expired`` every open request first attempted more than ``retention_seconds`` ago.
+
+        The warehouse forgets a key after its retention
+        (``FULFILMENT_WAREHOUSE_KEY_RETENTION_SECONDS``), so a retry after it could create a
+        second order: such requests stop being sent and wait for an operator. Returns how many
+        were expired.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+    @abstractmethod
+    async def backlog(self) -> RequestBacklog:
+        """How many requests are open, the oldest one's age (seconds), counts by kind and status.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+    @abstractmethod
+    async def find(self, statuses: Collection[RequestStatus], limit: int) -> list[RequestRecord]:
+        """Up to ``limit`` requests whose status is one of ``statuses``, oldest (``id``) first.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+    @abstractmethod
+    async def get(self, idempotency_key: UUID) -> RequestRecord | None:
+        """The request with ``idempotency_key``, or None when there is none.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+    @abstractmethod
+    async def resend(self, idempotency_key: UUID, *, operator: str) -> bool:
+        """Send a ``failed`` or ``expired`` request again, with the same key and body.
+
+        Its status becomes ``sending`` and ``next_attempt_at`` now, in the transaction that
+        writes an audit row naming ``operator`` (as ``dlq replay`` does). Returns False, and
+        changes nothing, when the request does not exist or is in another status.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """

@@ -1,10 +1,13 @@
 """The result events the service publishes to ``fulfilment.events``, version 1.
 
 What the service decided about an order, one event per change of a reservation's status and
-per partial cancel that releases stock (README, "Result events: the outbox"). The bodies are
-built in SQL by the functions that make the change (``place_orders()``, ``cancel_orders()``,
-``ship_orders()``), written to the outbox in the same transaction and published by the relay
-as they were written, with the routing key of the event's model (:data:`RESULT_EVENTS`).
+per partial cancel that releases stock (README, "Result events: the outbox"), and one per
+cancel the warehouse system refused (``stock.cancel_refused``). The bodies are built in SQL by
+the functions that make the change (``place_orders()``, ``cancel_orders()``,
+``ship_orders()``; a refused cancel's and an accepted one's by the dispatcher's store,
+``adapters.postgres.warehouse_requests``), written to the outbox in the same transaction
+and published by the relay as they were written, with the routing key of the event's model
+(:data:`RESULT_EVENTS`).
 
 These models are the published contract: consumers (and the service's own tests) validate a
 body with :func:`parse_result_event`, and ``docs/asyncapi.json`` publishes their JSON schemas
@@ -30,6 +33,7 @@ STOCK_RESERVED_ROUTING_KEY = "stock.reserved"
 STOCK_REJECTED_ROUTING_KEY = "stock.rejected"
 STOCK_RELEASED_ROUTING_KEY = "stock.released"
 STOCK_SHIPPED_ROUTING_KEY = "stock.shipped"
+STOCK_CANCEL_REFUSED_ROUTING_KEY = "stock.cancel_refused"
 
 
 def _ascending_skus(skus: list[str]) -> list[str]:
@@ -146,14 +150,44 @@ class StockShippedV1(ResultEventV1):
     """What was shipped: ``on_hand`` and ``reserved`` went down by these units."""
 
 
-ResultEvent: TypeAlias = StockReservedV1 | StockRejectedV1 | StockReleasedV1 | StockShippedV1
+class StockCancelRefusedV1(ResultEventV1):
+    """``stock.cancel_refused``: the warehouse system refused a cancel (``too_late``).
+
+    Picking had begun: nothing was released, the order stays ``reserved`` and will ship. Only
+    with the hand-off to the warehouse system on (README, "The warehouse system"); the
+    ``causation_id`` is the ``OrderCancelled`` refused.
+    """
+
+    ROUTING_KEY: ClassVar[str] = STOCK_CANCEL_REFUSED_ROUTING_KEY
+    model_config = ConfigDict(title="StockCancelRefused v1")
+
+    lines: StockLines | None
+    """The units the cancel asked for (of those the order held), merged per SKU; null when
+    it cancelled the whole order."""
+    warehouse_id: Annotated[str, Field(min_length=1)]
+    """The warehouse system's id of the order."""
+
+
+ResultEvent: TypeAlias = (
+    StockReservedV1 | StockRejectedV1 | StockReleasedV1 | StockShippedV1 | StockCancelRefusedV1
+)
 """Any result event."""
 
 RESULT_EVENTS: Mapping[str, type[ResultEvent]] = {
     model.ROUTING_KEY: model
-    for model in (StockReservedV1, StockRejectedV1, StockReleasedV1, StockShippedV1)
+    for model in (
+        StockReservedV1,
+        StockRejectedV1,
+        StockReleasedV1,
+        StockShippedV1,
+        StockCancelRefusedV1,
+    )
 }
 """Every result event's model by its routing key, in the order the README lists them."""
+
+RESULT_ROUTING_KEYS: tuple[str, ...] = tuple(RESULT_EVENTS)
+"""The routing keys of the result events on ``fulfilment.events``, also each message's AMQP
+``type``: the models' ``ROUTING_KEY``, in the same order."""
 
 
 class UnknownRoutingKeyError(ValueError):
@@ -168,7 +202,8 @@ def parse_result_event(routing_key: str, body: bytes | str) -> ResultEvent:
 
     Raises:
         UnknownRoutingKeyError: ``routing_key`` is none of ``stock.reserved``,
-            ``stock.rejected``, ``stock.released``, ``stock.shipped``.
+            ``stock.rejected``, ``stock.released``, ``stock.shipped``,
+            ``stock.cancel_refused``.
         pydantic.ValidationError: the body breaks that event's contract (a missing field, a
             time without offset, an unknown reason, a quantity of 0, unsorted lines ...).
     """

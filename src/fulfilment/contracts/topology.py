@@ -13,32 +13,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ORDERS_EXCHANGE = "orders"
-ORDER_PLACED_ROUTING_KEY = "order.placed"
-MAIN_QUEUE = "fulfilment.order-placed"
+"""The shop's exchange (direct, durable) the worker's queues are bound to."""
+
+EVENTS_EXCHANGE = "fulfilment.events"
+"""Topic exchange (durable) the relay publishes the result events to; owned and declared by
+the service, bound to by the shop's other services (README, "Result events and the relay").
+The routing keys and models are in ``contracts.result_events`` (``RESULT_EVENTS``)."""
+
 DEAD_LETTER_EXCHANGE = "fulfilment.dlx"
-DEAD_LETTER_QUEUE = "fulfilment.order-placed.dlq"
-DEAD_LETTER_ROUTING_KEY = MAIN_QUEUE
-"""Dead letters are routed by the name of the queue they died in, so every queue's dead
-letters share the exchange and reach their own DLQ."""
+"""Dead letters are routed by the name of the queue they died in
+(:attr:`SubscribedQueue.dead_letter_routing_key`), so every queue's dead letters share the
+exchange and reach their own DLQ."""
+
+ORDER_PLACED_ROUTING_KEY = "order.placed"
+ORDER_PLACED_QUEUE = "fulfilment.order-placed"
+ORDER_PLACED_DEAD_LETTER_QUEUE = "fulfilment.order-placed.dlq"
 
 ORDER_CANCELLED_ROUTING_KEY = "order.cancelled"
 ORDER_CANCELLED_QUEUE = "fulfilment.order-cancelled"
 ORDER_CANCELLED_DEAD_LETTER_QUEUE = "fulfilment.order-cancelled.dlq"
 
-RESULT_EVENTS_EXCHANGE = "fulfilment.events"
-"""Topic exchange (durable) the relay publishes the result events to; owned and declared by
-the service, bound to by the shop's other services (README, "Result events and the relay")."""
-
-RESULT_ROUTING_KEYS = ("stock.reserved", "stock.rejected", "stock.released", "stock.shipped")
-"""The routing keys of the result events, also each message's AMQP ``type``."""
-
 ORDER_SHIPPED_ROUTING_KEY = "order.shipped"
 ORDER_SHIPPED_QUEUE = "fulfilment.order-shipped"
 ORDER_SHIPPED_DEAD_LETTER_QUEUE = "fulfilment.order-shipped.dlq"
-
-EVENTS_EXCHANGE = "fulfilment.events"
-"""The topic exchange (durable) the result events are published to, owned and declared by
-the service; their routing keys and models are in ``contracts.result_events``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +68,7 @@ class SubscribedQueue:
 
 
 ORDER_PLACED = SubscribedQueue(
-    "order_placed", ORDER_PLACED_ROUTING_KEY, MAIN_QUEUE, DEAD_LETTER_QUEUE
+    "order_placed", ORDER_PLACED_ROUTING_KEY, ORDER_PLACED_QUEUE, ORDER_PLACED_DEAD_LETTER_QUEUE
 )
 ORDER_CANCELLED = SubscribedQueue(
     "order_cancelled",

@@ -208,6 +208,9 @@ class CancelKind(StrEnum):
     or its tombstone is already of the whole order."""
     CANCEL_AFTER_SHIP = "cancel_after_ship"
     """Too late: the order is shipped; nothing changed."""
+    CANCEL_REQUESTED = "cancel_requested"
+    """The warehouse system may hold the order: a cancellation request is recorded and
+    nothing is released until it accepts (``fulfilment.domain.handoff``)."""
     DUPLICATE = "duplicate"
     """This ``event_id`` was processed before; nothing changed."""
 

@@ -1,5 +1,11 @@
 """Orders, stock levels, and the outcome of reserving stock for an order.
 
+Where the rule runs: ``domain/`` is its specification. The tests' in-memory warehouse
+(``tests/fakes.py``) runs this code; production does not call it on the hot path but runs
+``place_orders()``, a PL/pgSQL implementation of the same rule that reserves a batch of
+orders in one round trip (details below, and in ``domain.lifecycle`` for cancels and
+shipments).
+
 The rule (README, "How it works"): an order is reserved all-or-nothing across its lines,
 and the same SKU on several lines is one demand. An order whose SKUs are not all stocked is
 rejected with ``unknown_sku``; otherwise one whose demand exceeds what is available

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import enum
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -44,10 +44,10 @@ from fulfilment.adapters.postgres.outbox import (
     next_batch,
     try_relay_lock,
 )
-from fulfilment.contracts.topology import RESULT_EVENTS_EXCHANGE
+from fulfilment.backoff import Backoff
+from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
 from fulfilment.observability.tracing import context_of, traceparent_of, tracing_enabled
-from fulfilment.worker.fault_injection import CrashPoint, FaultPlan, crash
 
 logger = structlog.get_logger("fulfilment.relay")
 tracer = trace.get_tracer("fulfilment.relay")
@@ -85,6 +85,9 @@ class SessionLostError(Exception):
         super().__init__(f"{type(lost).__name__}: {lost}")
 
 
+RETRY_FIRST_SECONDS = 1.0
+"""Back-off before the rows of a batch the broker returned or refused are published again;
+doubled after each such batch in a row."""
 RETRY_MAX_SECONDS = 30.0
 """Longest back-off before a returned or refused row is published again."""
 
@@ -133,7 +136,6 @@ class RelayOptions:
         publish_timeout_seconds: time a batch may wait for its confirms before the broker
             connection is taken for lost.
         app_id: the messages' ``app_id`` (``fulfilment-<version>``).
-        faults: crash points of the fault suite (``worker.fault_injection``).
     """
 
     amqp_url: str = field(repr=False)
@@ -144,15 +146,32 @@ class RelayOptions:
     connect_timeout_seconds: float
     publish_timeout_seconds: float
     app_id: str
-    faults: FaultPlan = field(default_factory=FaultPlan)
+
+
+class RelayHooks:
+    """Points of a batch where a subclass may act; the relay's own hooks do nothing.
+
+    The fault suite's subclass kills the process at them (``tests/faults/crash_plan.py``), so
+    that the relay's code carries no crash injection.
+    """
+
+    def before_publish(self, batch: Sequence[OutboxRow]) -> None:
+        """Called with a batch read from the outbox, before any of it is published."""
+
+    def after_publish(self, batch: Sequence[OutboxRow]) -> None:
+        """Called once the batch's publishes are done (confirmed or failed), before the marks."""
 
 
 class Relay:
     """One relay process's loop; :meth:`run` until :meth:`stop`."""
 
-    def __init__(self, options: RelayOptions, metrics: RelayMetrics) -> None:
+    def __init__(
+        self, options: RelayOptions, metrics: RelayMetrics, hooks: RelayHooks | None = None
+    ) -> None:
+        """A relay that does nothing until :meth:`run`; ``hooks`` default to doing nothing."""
         self._options = options
         self._metrics = metrics
+        self._hooks = hooks or RelayHooks()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._database: asyncpg.Connection | None = None
@@ -238,9 +257,7 @@ class Relay:
                     "aiormq.Channel",
                     await broker.channel(publisher_confirms=True, on_return_raises=True),
                 )
-                await channel.exchange_declare(
-                    RESULT_EVENTS_EXCHANGE, exchange_type="topic", durable=True
-                )
+                await channel.exchange_declare(EVENTS_EXCHANGE, exchange_type="topic", durable=True)
                 self._database, self._broker = database, broker
                 self.role = Role.STANDBY
                 logger.info("relay.standing_by")
@@ -280,7 +297,9 @@ class Relay:
     async def _publish_until_stopped(
         self, database: asyncpg.Connection, broker: BrokerConnection, channel: aiormq.Channel
     ) -> None:
-        failed_batches = 0
+        # Not tenacity's AsyncRetrying: the session goes on between the tries, reading the
+        # backlog and the next batch (fulfilment.backoff).
+        backoff = Backoff(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         while not self._stopping.is_set():
             if broker.is_closed:
                 raise ConnectionError("the broker closed the relay's connection")  # noqa: EM101, TRY003 - a reconnect, logged by the retry
@@ -292,10 +311,9 @@ class Relay:
                 continue
             confirmed = await self._publish(database, channel, batch)
             if len(confirmed) < len(batch):
-                failed_batches += 1
-                await self._pause(min(RETRY_MAX_SECONDS, 0.5 * 2 ** min(failed_batches, 6)))
+                await self._pause(backoff.next())
                 continue
-            failed_batches = 0
+            backoff.reset()
             if len(batch) < self._options.batch_size:
                 # The worker commits every few milliseconds, each commit a notification: read
                 # at once, the relay would publish batches of a few rows, and each batch costs
@@ -313,9 +331,7 @@ class Relay:
                 all come within ``publish_timeout_seconds``; the confirmed rows are marked
                 first, the others are published again after the reconnect.
         """
-        faults = self._options.faults
-        if faults.crashes_at(CrashPoint.BEFORE_PUBLISH):
-            crash(CrashPoint.BEFORE_PUBLISH, batch[0].event_id)
+        self._hooks.before_publish(batch)
         spans = [_publish_span(row) for row in batch] if tracing_enabled() else []
         # A task per row: basic_publish returns only once its confirm came. wait=False: a
         # publish does not wait for the writer to send it (the confirm says it was), so the
@@ -324,7 +340,7 @@ class Relay:
             asyncio.create_task(
                 channel.basic_publish(
                     row.body,
-                    exchange=RESULT_EVENTS_EXCHANGE,
+                    exchange=EVENTS_EXCHANGE,
                     routing_key=row.routing_key,
                     properties=message_properties(
                         row, self._options.app_id, spans[index] if spans else None
@@ -363,8 +379,7 @@ class Relay:
                 )
             else:
                 lost = error
-        if faults.crashes_at(CrashPoint.AFTER_PUBLISH):
-            crash(CrashPoint.AFTER_PUBLISH, batch[0].event_id)
+        self._hooks.after_publish(batch)
         if confirmed:
             self._metrics.record_published(await mark_published(database, confirmed))
         if lost is not None:
@@ -431,7 +446,7 @@ def _publish_span(row: OutboxRow) -> Span:
     ``fulfilment.outbox.lag_seconds`` is the time from the row's commit to its read.
     """
     return tracer.start_span(
-        f"publish {RESULT_EVENTS_EXCHANGE}",
+        f"publish {EVENTS_EXCHANGE}",
         context=context_of(row.traceparent),
         kind=SpanKind.PRODUCER,
         attributes={
@@ -439,7 +454,7 @@ def _publish_span(row: OutboxRow) -> Span:
             "messaging.system": "rabbitmq",
             "messaging.operation.type": "send",
             "messaging.operation.name": "publish",
-            "messaging.destination.name": RESULT_EVENTS_EXCHANGE,
+            "messaging.destination.name": EVENTS_EXCHANGE,
             "messaging.rabbitmq.destination.routing_key": row.routing_key,
             "messaging.message.id": row.event_id,
             "messaging.message.conversation_id": row.order_id,

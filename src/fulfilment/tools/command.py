@@ -8,28 +8,15 @@ and ``echo`` for standard output. A command that cannot do its job raises
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fulfilment.tools.online_retail import OnlineRetailError, ReadResult, csv_files, read_orders
-from fulfilment.tools.retail_lifecycle import CancellationMatch, match_cancellations
+from fulfilment.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     # SQLAlchemy is imported with the engine's module: not before a command needs it.
     from fulfilment.adapters.postgres.engine import DatabaseOptions
-
-EXIT_FAILED = 1
-"""A run that failed, or invariants that do not hold."""
-EXIT_BAD_INPUT = 2
-"""Bad arguments, files or settings."""
-EXIT_UNAVAILABLE = 3
-"""RabbitMQ or PostgreSQL does not answer."""
-EXIT_REFUSED = 4
-"""RabbitMQ or PostgreSQL answered but refused the user (wrong name or password, no
-permission) or has no such virtual host or database: a setting to fix, not a service to wait
-for."""
 
 Echo = Callable[[str], object]
 """Writes one line (or block) of a command's output."""
@@ -38,7 +25,7 @@ Echo = Callable[[str], object]
 class CommandError(Exception):
     """A command cannot do its job; ``str(error)`` says why, ``exit_code`` is the exit status."""
 
-    def __init__(self, reason: str, exit_code: int = EXIT_FAILED) -> None:
+    def __init__(self, reason: str, exit_code: ExitCode = ExitCode.FAILED) -> None:
         super().__init__(reason)
         self.exit_code = exit_code
 
@@ -53,27 +40,3 @@ class ToolOptions:
     """PostgreSQL's URL and time bounds."""
     consumer: str
     """The inbox namespace of the worker (``FULFILMENT_CONSUMER_NAME``)."""
-
-
-def read_order_files(paths: Iterable[Path]) -> ReadResult:
-    """The orders of the Online Retail CSV files among ``paths`` (files, or folders of them).
-
-    Raises:
-        CommandError: a path or file cannot be read, or holds bad data (exit 2).
-    """
-    try:
-        return read_orders([file for path in paths for file in csv_files(path)])
-    except (OnlineRetailError, OSError) as error:
-        raise CommandError(str(error), EXIT_BAD_INPUT) from error
-
-
-def match_read_cancellations(read: ReadResult) -> CancellationMatch:
-    """The cancellations of ``read`` mapped to their orders (``retail_lifecycle``).
-
-    Raises:
-        CommandError: a mapped cancellation does not fit an event (exit 2).
-    """
-    try:
-        return match_cancellations(read.orders, read.cancellations)
-    except OnlineRetailError as error:
-        raise CommandError(str(error), EXIT_BAD_INPUT) from error

@@ -2,7 +2,7 @@
 
 Every operation works on the DLQs it is given (``queues``), all of them by default
 (``contracts.topology.DEAD_LETTER_QUEUES``), one after the other, and walks each in bounded
-pages (``adapters.rabbitmq.QueueWalk``): at most ``page_size`` messages are held at once,
+pages (``adapters.rabbitmq.walk.QueueWalk``): at most ``page_size`` messages are held at once,
 unacknowledged in the broker and in this process, so memory stays flat however deep a DLQ is
 (README, "Dead letters and replay", has the figures for 100,000). A message the command does
 not take out is put back at the tail of its DLQ (a confirmed copy, then the original's ack),
@@ -54,15 +54,8 @@ from fulfilment.adapters.postgres.dead_letter_audit import (
     record,
     replay_counts,
 )
-from fulfilment.adapters.rabbitmq import (
-    WALK_HEADER,
-    WALK_PAGE_SIZE,
-    QueueWalk,
-    UnroutableError,
-    publish_confirmed,
-    resent,
-    walk_queue,
-)
+from fulfilment.adapters.rabbitmq.publishing import UnroutableError, publish_confirmed, resent
+from fulfilment.adapters.rabbitmq.walk import WALK_HEADER, WALK_PAGE_SIZE, QueueWalk, walk_queue
 from fulfilment.contracts.dead_letter import (
     DEAD_LETTER_TTL_SECONDS,
     DeadLetterDescription,

@@ -15,7 +15,8 @@ from fulfilment.adapters.postgres.privileges import (
     UndecidedObjectsError,
 )
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo
+from fulfilment.exit_codes import ExitCode
+from fulfilment.tools.command import CommandError, Echo
 
 GRANTS_SKIPPED = (
     "runtime role grants skipped: FULFILMENT_DATABASE_RUNTIME_ROLE is not set (every process"
@@ -40,7 +41,7 @@ async def migrate_command(database_url: str, *, runtime_role: str, echo: Echo) -
         summary = await asyncio.to_thread(migrate, database_url, runtime_role=runtime_role or None)
     except RuntimeRoleError as error:
         msg = f"FULFILMENT_DATABASE_RUNTIME_ROLE: {error}; nothing was migrated"
-        raise CommandError(msg, EXIT_BAD_INPUT) from error
+        raise CommandError(msg, ExitCode.BAD_INPUT) from error
     except UndecidedObjectsError as error:
         msg = f"{error}; nothing was migrated"
         raise CommandError(msg) from error

@@ -1,29 +1,30 @@
-"""``fulfilment report`` and ``reconcile``: what happened to the orders; does the stock add up.
+"""``fulfilment report`` and the reconciliation: what happened to the orders; is the stock right.
 
-Both read every queue of the topology (``contracts.topology.SUBSCRIBED_QUEUES``) and every
-dead-letter queue: the events of all three kinds (``OrderPlaced``, ``OrderCancelled``,
-``OrderShipped``) share the inbox, and each kind has its own DLQ.
+``fulfilment reconcile`` reads the published files (``fulfilment.dataset.reconcile``), then
+checks their events here (:func:`reconcile`). Both read every queue of the topology
+(``contracts.topology.SUBSCRIBED_QUEUES``) and every dead-letter queue: the events of all
+three kinds (``OrderPlaced``, ``OrderCancelled``, ``OrderShipped``) share the inbox, and each
+kind has its own DLQ.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_session
 from fulfilment.adapters.postgres.outcomes import outcome_report
-from fulfilment.adapters.rabbitmq import (
+from fulfilment.adapters.rabbitmq.connection import connect
+from fulfilment.adapters.rabbitmq.inspection import (
     DeadLetterSummary,
     browse_dead_letters,
-    connect,
     queue_state,
 )
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
-from fulfilment.tools.command import CommandError, Echo, ToolOptions, read_order_files
+from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.virtual_host import missing_queues_note
 
 
@@ -38,22 +39,6 @@ async def report_command(options: ToolOptions, *, as_json: bool, echo: Echo) -> 
     echo(json.dumps(document, indent=2, sort_keys=True) if as_json else render_report(document))
     if not document["invariants"]["ok"]:
         msg = "stock invariants do not hold (see the report above)"
-        raise CommandError(msg)
-
-
-async def reconcile_command(options: ToolOptions, files: Sequence[Path], *, echo: Echo) -> None:
-    """``fulfilment reconcile``: echo where each event published from ``files`` ended.
-
-    Raises:
-        CommandError: a file cannot be read (exit 2); an event is missing or a stock invariant
-            does not hold (exit 1), after the line that says so.
-        DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
-    """
-    event_ids = [order.event_id for order in read_order_files(files).orders]
-    result = await reconcile(options, event_ids)
-    echo(result.describe())
-    if not result.ok:
-        msg = f"{len(result.missing)} events missing or stock invariants broken"
         raise CommandError(msg)
 
 

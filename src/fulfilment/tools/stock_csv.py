@@ -17,7 +17,8 @@ from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import MAX_SKU_LENGTH
-from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo, ToolOptions
+from fulfilment.exit_codes import ExitCode
+from fulfilment.tools.command import CommandError, Echo, ToolOptions
 
 HEADER = ("sku", "on_hand")
 """The one accepted header row."""
@@ -58,13 +59,13 @@ async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
     try:
         levels = read_stock_csv(file)
     except (StockCsvError, OSError) as error:
-        raise CommandError(str(error), EXIT_BAD_INPUT) from error
+        raise CommandError(str(error), ExitCode.BAD_INPUT) from error
     try:
         async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
             await warehouse.put_stock(levels)
     except StockBelowReservedError as error:
         msg = f"{file}: {error}"
-        raise CommandError(msg, EXIT_BAD_INPUT) from error
+        raise CommandError(msg, ExitCode.BAD_INPUT) from error
     echo(f"loaded {len(levels)} stock levels from {file}")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fulfilment.adapters.rabbitmq import queue_state
+from fulfilment.adapters.rabbitmq.inspection import queue_state
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection

@@ -15,6 +15,14 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from fulfilment.backoff import Backoff
+from fulfilment.worker.faststream_internals import (
+    broker_consumer_tags,
+    consumed_queue,
+    consumer_tag,
+    forget_consumer_tag,
+)
+
 if TYPE_CHECKING:
     from faststream.rabbit.subscriber import RabbitSubscriber
 
@@ -32,15 +40,13 @@ def consumer_attached(subscriber: RabbitSubscriber) -> bool:
     A consumer tag alone is not enough: the broker cancels consumers by itself (the queue was
     deleted, a node holding it left) and a reconnect may not restore channels (aio-pika #563),
     while FastStream keeps the tag. aiormq drops a tag from its channel's consumers when the
-    broker cancels it, so that is what is checked. Private state of the pinned versions
-    (FastStream 0.7.8, aio-pika 10.2.1).
+    broker cancels it, so that is what is checked (``worker.faststream_internals``).
     """
-    queue = subscriber._queue_obj  # noqa: SLF001
-    tag = subscriber._consumer_tag  # noqa: SLF001
+    queue = consumed_queue(subscriber)
+    tag = consumer_tag(subscriber)
     if queue is None or tag is None or queue.channel.is_closed:
         return False
-    underlay = getattr(queue.channel, "_channel", None)
-    return underlay is not None and tag in underlay.channel.consumers
+    return tag in broker_consumer_tags(queue.channel)
 
 
 class ConsumerWatchdog:
@@ -100,13 +106,13 @@ class ConsumerWatchdog:
 async def cancel_consumer(subscriber: RabbitSubscriber) -> None:
     """Send ``basic.cancel`` for ``subscriber`` now, keeping its channel for in-flight acks.
 
-    Idempotent. Uses private attributes of ``RabbitSubscriber`` (pinned FastStream 0.7.8).
+    Idempotent. Uses private attributes of ``RabbitSubscriber`` (``worker.faststream_internals``).
     """
-    queue = subscriber._queue_obj  # noqa: SLF001
-    tag = subscriber._consumer_tag  # noqa: SLF001
+    queue = consumed_queue(subscriber)
+    tag = consumer_tag(subscriber)
     if queue is not None and tag is not None and not queue.channel.is_closed:
         await queue.cancel(tag)
-    subscriber._consumer_tag = None  # noqa: SLF001
+    forget_consumer_tag(subscriber)
 
 
 class ConsumerPause:
@@ -156,14 +162,15 @@ class ConsumerPause:
             await cancel_consumer(subscriber)
         for subscriber in subscribers:
             await subscriber.stop()  # waits for its in-flight deliveries to settle
-        wait = FIRST_CHECK_SECONDS
+        # Not tenacity's AsyncRetrying: the first look at the database comes after a wait,
+        # not at once (fulfilment.backoff).
+        backoff = Backoff(FIRST_CHECK_SECONDS, MAX_CHECK_SECONDS)
         while True:
-            await asyncio.sleep(wait)
+            await asyncio.sleep(backoff.next())
             try:
                 await self._database_ping()
             except Exception as error:  # noqa: BLE001 - any failure means "still down"
                 logger.info("consumer.still_paused", reason=f"{type(error).__name__}: {error}")
-                wait = min(wait * 2, MAX_CHECK_SECONDS)
                 continue
             break
         for subscriber in subscribers:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aio_pika
 
 from fulfilment import __version__
-from fulfilment.adapters.rabbitmq import resent
+from fulfilment.adapters.rabbitmq.publishing import resent
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.dead_letter import (
     BROKER_HEADER_PREFIXES,

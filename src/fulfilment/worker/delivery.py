@@ -70,6 +70,7 @@ from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ValidationError
 
 from fulfilment.application.ports import TransientError
+from fulfilment.backoff import Backoff
 from fulfilment.contracts.envelope import (
     JSON_CONTENT_TYPES,
     MAX_BODY_BYTES,
@@ -175,10 +176,22 @@ class Handled:
     log_fields: Mapping[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """A delivery to send back to its queue while the consumers pause.
+
+    The store failed past its retry budget, or the handler's deadline passed. ``reason`` says
+    which, in the ``<name>.requeued`` log line and in the pause it trips.
+    """
+
+    reason: str
+
+
 Handler = Callable[[bytes], Awaitable[Handled]]
 """An event's handler: the raw body in, what it made of the event out. It runs in the
 delivery's span, whose context the warehouse adapter writes beside the result events the
-event causes (``outbox.traceparent``).
+event causes (``outbox.traceparent``) and beside the warehouse requests it records
+(``warehouse_requests.traceparent``).
 
 It raises :class:`MalformedEventError` for a body that can never be its event,
 :class:`EventRefusedError` for an event it refuses as things stand, and
@@ -531,17 +544,17 @@ class _Subscription:
                     duration_ms=duration_ms,
                 )
                 return False
-            if isinstance(result, str) or not isinstance(result.error, MalformedEventError):
+            if isinstance(result, Requeue) or not isinstance(result.error, MalformedEventError):
                 # Not refused as malformed, so the body is an event: say which one (its ids are
                 # read again here, off the path of handled deliveries).
                 ids = _ids(raw.body)
                 log = log.bind(**ids)
                 _annotate({f"fulfilment.{key}": value for key, value in ids.items()})
-            if isinstance(result, str):
-                _annotate({"fulfilment.outcome": REQUEUED, "fulfilment.reason": result})
-                policy.pause(result)
+            if isinstance(result, Requeue):
+                _annotate({"fulfilment.outcome": REQUEUED, "fulfilment.reason": result.reason})
+                policy.pause(result.reason)
                 metrics.event(self._event, REQUEUED, REQUEUED_TRANSIENT).inc()
-                log.warning(self._requeued, reason=result, duration_ms=duration_ms)
+                log.warning(self._requeued, reason=result.reason, duration_ms=duration_ms)
                 return True
             failure = result
             held_seconds = await self._dead_letter(message, failure, log)
@@ -594,11 +607,11 @@ class _Subscription:
             metrics.in_flight.dec()
             metrics.handler_duration.observe(time.perf_counter() - started)
 
-    async def _run(self, raw: AbstractIncomingMessage) -> Handled | Failure | str:
+    async def _run(self, raw: AbstractIncomingMessage) -> Handled | Failure | Requeue:
         """Run the handler within the deadline.
 
-        Returns what it made of the event, the failure to dead-letter, or the reason to
-        requeue the delivery (a string).
+        Returns what it made of the event, the failure to dead-letter, or the delivery sent
+        back to its queue, with why.
         """
         limits = self._policy.limits
         body = raw.body
@@ -613,9 +626,9 @@ class _Subscription:
         except (MalformedEventError, EventRefusedError) as error:
             return Failure(FailureClass.PERMANENT, str(error), error)
         except TransientError as error:
-            return f"database: {error}"
+            return Requeue(f"database: {error}")
         except TimeoutError:
-            return f"handler deadline of {limits.handler_deadline_seconds:g} s exceeded"
+            return Requeue(f"handler deadline of {limits.handler_deadline_seconds:g} s exceeded")
         except Exception as error:  # noqa: BLE001 - an unknown error is classified and dead-lettered, not lost
             return Failure(FailureClass.UNEXPECTED, f"{type(error).__name__}: {error}", error)
 
@@ -663,7 +676,9 @@ class _Subscription:
         metrics = policy.metrics
         loop = asyncio.get_running_loop()
         started = loop.time()
-        wait = DEAD_LETTER_RETRY_FIRST_SECONDS
+        # Not tenacity's AsyncRetrying: the give-up is decided on the next wait, and logged with
+        # it, before that wait is slept (fulfilment.backoff).
+        backoff = Backoff(DEAD_LETTER_RETRY_FIRST_SECONDS, DEAD_LETTER_RETRY_MAX_SECONDS)
         held = False
         try:
             while True:
@@ -679,6 +694,7 @@ class _Subscription:
                         held = True
                         metrics.dead_letters_held.inc()
                     held_seconds = loop.time() - started
+                    wait = backoff.next()
                     give_up = held_seconds + wait > limits.dead_letter_hold_seconds
                     log.warning(
                         self._dead_letter_refused,
@@ -690,7 +706,6 @@ class _Subscription:
                     if give_up:
                         return None
                     await asyncio.sleep(wait)
-                    wait = min(wait * 2, DEAD_LETTER_RETRY_MAX_SECONDS)
                 except Exception:
                     metrics.dead_letter_publish_failures.inc()
                     raise

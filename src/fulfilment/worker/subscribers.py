@@ -10,7 +10,6 @@ reason)`` labels each handler can return, so that their series exist at 0 from t
 
 from __future__ import annotations
 
-from fulfilment.application.handlers import cancel_order, reserve_stock, ship_order
 from fulfilment.application.ports import Warehouse
 from fulfilment.contracts.order_cancelled import OrderCancelledV1
 from fulfilment.contracts.order_placed import OrderPlacedV1
@@ -60,7 +59,7 @@ async def on_order_placed(body: bytes, *, warehouse: Warehouse) -> Handled:
         TransientError: from the warehouse, after its retry budget.
     """
     event = parse_event(OrderPlacedV1, body)
-    outcome = await reserve_stock(event.to_command(), warehouse=warehouse)
+    outcome = await warehouse.reserve(event.to_command())
     return Handled(
         event_id=event.event_id,
         order_id=event.order_id,
@@ -85,7 +84,7 @@ async def on_order_cancelled(body: bytes, *, warehouse: Warehouse) -> Handled:
         TransientError: from the warehouse, after its retry budget.
     """
     event = parse_event(OrderCancelledV1, body)
-    outcome = await cancel_order(event.to_command(), warehouse=warehouse)
+    outcome = await warehouse.cancel(event.to_command())
     return Handled(
         event_id=event.event_id,
         order_id=event.order_id,
@@ -110,7 +109,7 @@ async def on_order_shipped(body: bytes, *, warehouse: Warehouse) -> Handled:
         TransientError: from the warehouse, after its retry budget.
     """
     event = parse_event(OrderShippedV1, body)
-    outcome = await ship_order(event.to_command(), warehouse=warehouse)
+    outcome = await warehouse.ship(event.to_command())
     if outcome.kind is ShipKind.NOT_RESERVED:
         state = f"it is {outcome.status}" if outcome.status else "it has not been placed"
         detail = f"order {event.order_id} cannot be shipped: {state}"

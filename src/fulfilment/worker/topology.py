@@ -38,8 +38,8 @@ from faststream.rabbit.schemas.queue import QuorumQueueArgs
 
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
+    EVENTS_EXCHANGE,
     ORDERS_EXCHANGE,
-    RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
@@ -91,7 +91,7 @@ class Topology:
 
     def result_events_exchange(self) -> RabbitExchange:
         """``fulfilment.events``: where the relay publishes the result events."""
-        return RabbitExchange(RESULT_EVENTS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
+        return RabbitExchange(EVENTS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
 
     def queue(self, subscribed: SubscribedQueue) -> RabbitQueue:
         """The quorum queue of ``subscribed`` with its delivery limit and dead-lettering.

@@ -11,6 +11,8 @@ from pathlib import Path
 import asyncpg
 from sqlalchemy.engine import make_url
 
+from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
+
 SKUS_SHOWN = 10
 """SKUs named in the message; ``skus`` holds them all."""
 
@@ -63,7 +65,7 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     asyncpg finds the URL's parameters unusable (``ClientConfigurationError``); when the
     server does not offer the TLS that ``sslmode=require`` (or stricter) asks for; or when it
     refused a setting of the URL (a query parameter asyncpg does not read, sent to the server
-    as a setting: :data:`ASYNCPG_URL_PARAMETERS`). Retrying mends none of these. Otherwise a
+    as a setting: ``asyncpg_url.ASYNCPG_URL_PARAMETERS``). Retrying mends none of these. Otherwise a
     :class:`DatabaseUnavailableError`.
     """
     parsed = make_url(url)
@@ -89,17 +91,6 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
         )
     return DatabaseUnavailableError(f"PostgreSQL at {where} is not reachable: {said}")
 
-
-ASYNCPG_URL_PARAMETERS = frozenset(
-    {
-        "host", "port", "dbname", "database", "user", "password", "passfile", "service",
-        "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword",
-        "sslnegotiation", "ssl_min_protocol_version", "ssl_max_protocol_version",
-        "target_session_attrs", "krbsrvname", "gsslib",
-    }
-)  # fmt: skip
-"""The libpq query parameters asyncpg 0.32 reads from a URL (``connect_utils``); it sends
-every other query parameter to the server as a setting (``server_settings``)."""
 
 TLS_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
 """The URL's query parameters that name a file asyncpg reads to build the TLS context."""

@@ -17,8 +17,10 @@ status now (README, "The reservation lifecycle"):
 Kept, whatever their age: a partial cancel (``partially_released``) of an order still
 ``reserved``, which again would release the same units a second time; and a cancel that came
 before its order (``tombstoned``) while the order is a tombstone (``cancelled``) or reserved,
-which again would make the tombstone remember, or the reservation release, the lines twice.
-They go once their order reaches a final state.
+which again would make the tombstone remember, or the reservation release, the lines twice;
+and a cancel waiting for the warehouse system's answer (``cancel_requested``) while its order
+is reserved, which again would record a second cancellation request. They go once their
+order reaches a final state.
 
 Each deleted row is counted in ``inbox_pruned`` (per consumer and outcome) in the same
 transaction, so ``fulfilment report`` and the invariant check (``outcomes``) still count every

@@ -87,8 +87,8 @@ class OutcomeReport:
             ``fulfilment prune`` deleted, counted in ``inbox_pruned``).
         processed: those events per recorded outcome (``reserved``, ``rejected``,
             ``duplicate_order``, ``released``, ``partially_released``, ``tombstoned``,
-            ``cancel_ignored``, ``cancel_after_ship``, ``shipped``, ``ship_ignored``: the
-            values of ``inbox_messages.outcome`` that occur).
+            ``cancel_ignored``, ``cancel_after_ship``, ``cancel_requested``, ``shipped``,
+            ``ship_ignored``: the values of ``inbox_messages.outcome`` that occur).
         outbox: rows of the outbox of result events, ``unpublished`` (waiting for the relay)
             and ``published`` (confirmed by the broker, kept until the relay's retention).
         invariants: the stock and inbox checks.

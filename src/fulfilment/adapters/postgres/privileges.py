@@ -117,6 +117,19 @@ RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
         "the invariant monitor and `report` add the inbox rows `fulfilment prune` deleted to"
         " the inbox's counts; written only by that prune, which runs as the owner",
     ),
+    "warehouse_requests": Decision(
+        "table",
+        ("SELECT", "INSERT", "UPDATE"),
+        "place/cancel_orders insert the requests to the warehouse system and cancel_orders"
+        " locks (FOR UPDATE), shrinks or withdraws an unsent one; the dispatcher claims"
+        " (FOR UPDATE SKIP LOCKED) and records answers; operators re-send. Never deleted",
+    ),
+    "warehouse_request_audit": Decision(
+        "table",
+        ("SELECT", "INSERT"),
+        "re-sending a warehouse request records who did it in the same transaction;"
+        " append-only, like dead_letter_audit",
+    ),
     "alembic_version": Decision(
         "table",
         ("SELECT",),
@@ -132,6 +145,16 @@ RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
         "sequence",
         (),
         "the identity of dead_letter_audit.id: an INSERT draws from it without USAGE on it",
+    ),
+    "warehouse_requests_id_seq": Decision(
+        "sequence",
+        (),
+        "the identity of warehouse_requests.id: an INSERT draws from it without USAGE on it",
+    ),
+    "warehouse_request_audit_id_seq": Decision(
+        "sequence",
+        (),
+        "the identity of warehouse_request_audit.id: an INSERT draws from it without USAGE",
     ),
     # --- functions ----------------------------------------------------------------------------
     "place_orders": Decision("function", ("EXECUTE",), "the worker's OrderPlaced batches"),

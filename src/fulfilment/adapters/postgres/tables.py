@@ -51,13 +51,15 @@ INBOX_OUTCOMES = (
     "tombstoned",
     "cancel_ignored",
     "cancel_after_ship",
+    "cancel_requested",
     "shipped",
     "ship_ignored",
 )
 """Every ``inbox_messages.outcome``: an ``OrderPlaced`` was ``reserved``, ``rejected`` or a
 ``duplicate_order``; an ``OrderCancelled`` ``released`` or ``partially_released`` stock, left
-a tombstone (``tombstoned``), changed nothing (``cancel_ignored``) or came after the shipment
-(``cancel_after_ship``); an ``OrderShipped`` ``shipped`` the order or changed nothing
+a tombstone (``tombstoned``), changed nothing (``cancel_ignored``), came after the shipment
+(``cancel_after_ship``) or waits for the warehouse system's answer (``cancel_requested``,
+migration 0011); an ``OrderShipped`` ``shipped`` the order or changed nothing
 (``ship_ignored``). A shipment of an order that is not reserved is not recorded (migration
 0007)."""
 
@@ -199,7 +201,13 @@ delivery_attempts = sa.Table(
 )
 """Redeliveries the service counted per message (migration 0003), for its own delivery limit."""
 
-OUTBOX_ROUTING_KEYS = ("stock.reserved", "stock.rejected", "stock.released", "stock.shipped")
+OUTBOX_ROUTING_KEYS = (
+    "stock.reserved",
+    "stock.rejected",
+    "stock.released",
+    "stock.shipped",
+    "stock.cancel_refused",
+)
 """Every ``outbox.routing_key``: the result events (README, "Result events: the outbox")."""
 
 outbox = sa.Table(
@@ -221,7 +229,7 @@ outbox = sa.Table(
     sa.PrimaryKeyConstraint("id", name="outbox_pkey"),
     sa.UniqueConstraint("event_id", name="outbox_event_id_key"),
     sa.CheckConstraint(
-        "routing_key IN ('stock.reserved', 'stock.rejected', 'stock.released', 'stock.shipped')",
+        _one_of("routing_key", OUTBOX_ROUTING_KEYS),
         name="outbox_routing_key_valid",
     ),
     sa.Index("outbox_unpublished_idx", "id", postgresql_where=sa.text("published_at IS NULL")),
@@ -231,8 +239,9 @@ outbox = sa.Table(
         postgresql_where=sa.text("published_at IS NOT NULL"),
     ),
 )
-"""One row per result event (migration 0008), written in the transaction of the status change
-it reports; ``id`` is the publishing order, ``published_at`` set once the broker confirmed."""
+"""One row per result event (migration 0008; ``stock.cancel_refused`` since 0011), written in
+the transaction of the status change it reports; ``id`` is the publishing order,
+``published_at`` set once the broker confirmed."""
 
 dead_letter_audit = sa.Table(
     "dead_letter_audit",
@@ -280,3 +289,103 @@ inbox_pruned = sa.Table(
 """How many ``inbox_messages`` rows of each outcome ``fulfilment prune`` deleted (migration
 0010), added in the transaction that deletes them, so the report's outcome counts and the
 invariant check (``outcomes``) still count every event ever processed."""
+
+REQUEST_KINDS = ("fulfilment_order", "cancellation")
+"""Every ``warehouse_requests.kind`` (``fulfilment.domain.handoff.RequestKind``)."""
+
+REQUEST_STATUSES = ("pending", "sending", "accepted", "refused", "failed", "withdrawn", "expired")
+"""Every ``warehouse_requests.status`` (``fulfilment.domain.handoff.RequestStatus``)."""
+
+warehouse_requests = sa.Table(
+    "warehouse_requests",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("idempotency_key", sa.Uuid, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("order_id", sa.Uuid, nullable=False),
+    sa.Column("causation_id", sa.Uuid, nullable=False),
+    sa.Column("lines", postgresql.JSONB, nullable=True),
+    sa.Column("body", sa.LargeBinary, nullable=True),
+    sa.Column("status", sa.Text, nullable=False, server_default=sa.text("'pending'")),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.Column(
+        "next_attempt_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.Column("first_attempt_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_attempt_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("answered_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("warehouse_id", sa.Text, nullable=True),
+    sa.Column("last_status_code", sa.Integer, nullable=True),
+    sa.Column("last_answer", sa.Text, nullable=True),
+    sa.Column("traceparent", sa.Text, nullable=True),
+    sa.Column(
+        "created_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("id", name="warehouse_requests_pkey"),
+    sa.UniqueConstraint("idempotency_key", name="warehouse_requests_idempotency_key_key"),
+    sa.CheckConstraint(_one_of("kind", REQUEST_KINDS), name="warehouse_requests_kind_valid"),
+    sa.CheckConstraint(_one_of("status", REQUEST_STATUSES), name="warehouse_requests_status_valid"),
+    sa.CheckConstraint(
+        "kind = 'cancellation' OR lines IS NOT NULL",
+        name="warehouse_requests_fulfilment_order_has_lines",
+    ),
+    sa.CheckConstraint(
+        "attempts >= 0 AND (attempts = 0) = (body IS NULL)"
+        " AND (attempts = 0) = (first_attempt_at IS NULL)",
+        name="warehouse_requests_body_frozen_at_first_attempt",
+    ),
+    sa.Index(
+        "warehouse_requests_due_idx",
+        "next_attempt_at",
+        postgresql_where=sa.text("status IN ('pending', 'sending')"),
+    ),
+    sa.Index("warehouse_requests_order_idx", "order_id", "id"),
+    sa.Index(
+        "warehouse_requests_one_fulfilment_order_idx",
+        "order_id",
+        unique=True,
+        postgresql_where=sa.text("kind = 'fulfilment_order'"),
+    ),
+)
+"""One row per request to the warehouse system (migration 0011), recorded by
+``place_orders()``/``cancel_orders()`` v3 in the transaction of the change that caused it, and
+claimed, sent and answered by the dispatcher (``PostgresWarehouseRequests``). ``id`` is the
+per-order sending order; ``idempotency_key`` is minted with the row and never changes;
+``lines`` are ``[{"sku", "quantity"}]`` merged per SKU and sorted by SKU (NULL: a
+cancellation of the whole order); ``body`` is the exact bytes sent, frozen at the first
+attempt (so NULL exactly while ``attempts`` is 0). At most one fulfilment order per order."""
+
+REQUEST_AUDIT_ACTIONS = ("resent",)
+"""Every ``warehouse_request_audit.action``."""
+
+warehouse_request_audit = sa.Table(
+    "warehouse_request_audit",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("idempotency_key", sa.Uuid, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("status_before", sa.Text, nullable=False),
+    sa.Column("operator", sa.Text, nullable=False),
+    sa.Column("database_user", sa.Text, nullable=False, server_default=sa.text("session_user")),
+    sa.Column(
+        "performed_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("id", name="warehouse_request_audit_pkey"),
+    sa.CheckConstraint(
+        _one_of("action", REQUEST_AUDIT_ACTIONS), name="warehouse_request_audit_action_valid"
+    ),
+    sa.Index("warehouse_request_audit_idempotency_key_idx", "idempotency_key"),
+)
+"""One row per operator action on a warehouse request (migration 0011): a ``resent`` request
+(failed or expired, sent again with the same key and body), the status it had, who did it
+(``operator``, and the session's role as the database sees it). ``dead_letter_audit`` does
+not fit: its rows are messages (headers, body, failure class), these are rows of a table."""

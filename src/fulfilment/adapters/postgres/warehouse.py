@@ -68,7 +68,7 @@ _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
 
 _PLACE_ORDERS = sa.text(
     "SELECT ordinal, outcome, reason, skus FROM place_orders(:consumer, :event_ids, :order_ids,"
-    " :placed_at, :line_orders, :line_skus, :line_quantities, :traceparents)"
+    " :placed_at, :line_orders, :line_skus, :line_quantities, :traceparents, :handoff)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
     sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
@@ -78,18 +78,19 @@ _PLACE_ORDERS = sa.text(
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
     sa.bindparam("traceparents", type_=_TEXT_ARRAY),
+    sa.bindparam("handoff", type_=sa.Boolean),
 )
 """One statement, one round trip (``migrations/sql/place_orders/``), through the engine."""
 
 _PLACE_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7, $8)"
+    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7, $8, $9)"
 )
 """The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
 
 _CANCEL_ORDERS = sa.text(
     "SELECT ordinal, outcome, status, skus, quantities FROM cancel_orders(:consumer,"
     " :event_ids, :order_ids, :cancelled_at, :whole, :line_orders, :line_skus, :line_quantities,"
-    " :traceparents)"
+    " :traceparents, :handoff)"
 ).bindparams(
     sa.bindparam("consumer", type_=sa.Text),
     sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
@@ -100,12 +101,13 @@ _CANCEL_ORDERS = sa.text(
     sa.bindparam("line_skus", type_=_TEXT_ARRAY),
     sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
     sa.bindparam("traceparents", type_=_TEXT_ARRAY),
+    sa.bindparam("handoff", type_=sa.Boolean),
 )
 """A batch of cancels in one statement (``migrations/sql/cancel_orders/``), through the engine."""
 
 _CANCEL_ORDERS_ON_POOL = (
     "SELECT ordinal, outcome, status, skus, quantities"
-    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 )
 
 _SHIP_ORDERS = sa.text(
@@ -177,6 +179,10 @@ class PostgresWarehouse(Warehouse):
             (``FULFILMENT_DATABASE_POOL_SIZE``).
         batch_max: most events one transaction applies
             (``FULFILMENT_RESERVATION_BATCH_MAX``); 1 commits every event on its own.
+        handoff: record the requests to the warehouse system (``warehouse_requests``) in the
+            transactions of the changes, and defer the cancels of orders it may hold
+            (``fulfilment.domain.handoff``): ``p_handoff`` of ``place_orders()`` and
+            ``cancel_orders()`` v3. False (the default): the lifecycle without the hand-off.
 
     Every method retries transient errors under the same policy and then raises
     :class:`~fulfilment.application.ports.TransientError`; other database errors propagate.
@@ -192,8 +198,10 @@ class PostgresWarehouse(Warehouse):
         pool: asyncpg.Pool | None = None,
         pool_size: int = DEFAULT_POOL_SIZE,
         batch_max: int = DEFAULT_BATCH_MAX,
+        handoff: bool = False,
     ) -> None:
         self._engine = engine
+        self._handoff = handoff
         self._pool = pool
         # A single autocommit statement: the place_orders function body is the transaction,
         # and no BEGIN/COMMIT round trips surround it.
@@ -274,7 +282,7 @@ class PostgresWarehouse(Warehouse):
         rows = await self._batch_rows(
             _PLACE_ORDERS_ON_POOL,
             _PLACE_ORDERS,
-            _arguments(self._consumer, commands, _traceparents(spans)),
+            _arguments(self._consumer, commands, _traceparents(spans), handoff=self._handoff),
             operation="reserve",
             size=len(commands),
         )
@@ -293,7 +301,9 @@ class PostgresWarehouse(Warehouse):
         rows = await self._batch_rows(
             _CANCEL_ORDERS_ON_POOL,
             _CANCEL_ORDERS,
-            _cancel_arguments(self._consumer, commands, _traceparents(spans)),
+            _cancel_arguments(
+                self._consumer, commands, _traceparents(spans), handoff=self._handoff
+            ),
             operation="cancel",
             size=len(commands),
         )
@@ -470,26 +480,29 @@ class PostgresWarehouse(Warehouse):
 
 
 def reserve_orders_statement(
-    consumer: str, commands: Sequence[ReserveStock]
+    consumer: str, commands: Sequence[ReserveStock], *, handoff: bool = False
 ) -> tuple[sa.TextClause, dict[str, Any]]:
     """``place_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
 
     For a connection of the engine (``connection.execute(statement, arguments)``), in a
-    transaction of the caller's; every command must have at least one line. The result events
-    carry the current span's trace context.
+    transaction of the caller's; every command must have at least one line. ``handoff`` as
+    for :class:`PostgresWarehouse`. The result events (and the warehouse requests) carry the
+    current span's trace context.
     """
-    return _PLACE_ORDERS, _arguments(consumer, commands, [current_traceparent()] * len(commands))
+    return _PLACE_ORDERS, _arguments(
+        consumer, commands, [current_traceparent()] * len(commands), handoff=handoff
+    )
 
 
 def cancel_orders_statement(
-    consumer: str, commands: Sequence[CancelOrder]
+    consumer: str, commands: Sequence[CancelOrder], *, handoff: bool = False
 ) -> tuple[sa.TextClause, dict[str, Any]]:
     """``cancel_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
 
     As :func:`reserve_orders_statement`; a command that cancels lines must name at least one.
     """
     return _CANCEL_ORDERS, _cancel_arguments(
-        consumer, commands, [current_traceparent()] * len(commands)
+        consumer, commands, [current_traceparent()] * len(commands), handoff=handoff
     )
 
 
@@ -506,7 +519,11 @@ def ship_orders_statement(
 
 
 def _arguments(
-    consumer: str, commands: Sequence[ReserveStock], traceparents: Sequence[str | None]
+    consumer: str,
+    commands: Sequence[ReserveStock],
+    traceparents: Sequence[str | None],
+    *,
+    handoff: bool,
 ) -> dict[str, Any]:
     """The arguments of ``place_orders()``, by name and in its order."""
     line_orders: list[int] = []
@@ -527,11 +544,16 @@ def _arguments(
         "line_skus": line_skus,
         "line_quantities": line_quantities,
         "traceparents": list(traceparents),
+        "handoff": handoff,
     }
 
 
 def _cancel_arguments(
-    consumer: str, commands: Sequence[CancelOrder], traceparents: Sequence[str | None]
+    consumer: str,
+    commands: Sequence[CancelOrder],
+    traceparents: Sequence[str | None],
+    *,
+    handoff: bool,
 ) -> dict[str, Any]:
     """The arguments of ``cancel_orders()``, by name and in its order."""
     line_orders: list[int] = []
@@ -552,6 +574,7 @@ def _cancel_arguments(
         "line_skus": line_skus,
         "line_quantities": line_quantities,
         "traceparents": list(traceparents),
+        "handoff": handoff,
     }
 
 

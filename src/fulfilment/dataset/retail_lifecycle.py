@@ -1,7 +1,7 @@
 """The rest of an Online Retail order's life: its cancellations, its shipment, and their timing.
 
 The files record orders and cancellation invoices, never shipments, and a cancellation names
-no order (``fulfilment.tools.online_retail``). This module decides which order a cancellation
+no order (``fulfilment.dataset.online_retail``). This module decides which order a cancellation
 cancels, when it can be told, and has the shop ship at the end of each day what is still
 reserved, so that the demo sends all three events of the reservation lifecycle (product
 contract, "The reservation lifecycle"). The figures quoted are those of the 20 files of
@@ -25,8 +25,8 @@ Which order a cancellation cancels (:func:`match_cancellations`)
     on several lines stays on several lines), and never the contract's "whole order" form:
     even when the lines are all the order holds, the shop cancelled those lines, and the
     service's answer is the same (``released`` when nothing remains). ``event_id`` is
-    :func:`~fulfilment.tools.online_retail.cancellation_event_id_for` of the cancellation's
-    number, ``order_id`` the candidate's :func:`~fulfilment.tools.online_retail.order_id_for`.
+    :func:`~fulfilment.dataset.online_retail.cancellation_event_id_for` of the cancellation's
+    number, ``order_id`` the candidate's :func:`~fulfilment.dataset.online_retail.order_id_for`.
 
     A cancellation is not sent when it has no customer id (18), a line whose quantity is not
     negative (none in the data: a cancellation is sent with all its lines or not at all), no
@@ -37,7 +37,7 @@ Which order a cancellation cancels (:func:`match_cancellations`)
 
 Shipments (:meth:`RetailDay.shipments`)
     At the end of each day (file), every order of that day that is still reserved ships: one
-    ``OrderShipped`` per order, ``event_id`` :func:`~fulfilment.tools.online_retail.
+    ``OrderShipped`` per order, ``event_id`` :func:`~fulfilment.dataset.online_retail.
     shipment_event_id_for` of its invoice number, ``shipped_at`` the time of the day's last
     order or cancellation sent. Orders of earlier days shipped at the end of theirs, so a
     later cancellation of one of them comes too late (``cancel_after_ship``): 105 of the 120
@@ -68,8 +68,7 @@ from uuid import UUID
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import MAX_LINES
 from fulfilment.contracts.order_shipped import order_shipped_body
-from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.tools.online_retail import (
+from fulfilment.dataset.online_retail import (
     CancellationInvoice,
     OnlineRetailError,
     RetailOrder,
@@ -77,6 +76,7 @@ from fulfilment.tools.online_retail import (
     order_id_for,
     shipment_event_id_for,
 )
+from fulfilment.domain.lifecycle import OrderStatus
 
 SHIPPABLE = frozenset({OrderStatus.RESERVED, OrderStatus.SHIPPED})
 """Statuses whose orders ship at the end of their day: ``reserved``, and ``shipped`` again (a

@@ -34,7 +34,7 @@ Cancellations
     is not an ``OrderPlaced``. It is read as a :class:`CancellationInvoice`, with its lines as
     recorded (negative quantities), and counted among what no ``OrderPlaced`` carries
     (:class:`SkipCounts`). It names no invoice: which order it cancels, if any can be told, is
-    decided by ``fulfilment.tools.retail_lifecycle``.
+    decided by ``fulfilment.dataset.retail_lifecycle``.
 
 Customers
     ``CustomerID`` is kept as text, verbatim (``"17850.0"``), only to tell which orders a

@@ -3,12 +3,12 @@
 Steps: create and migrate the database; declare the demo's own queue on the result events'
 exchange (:data:`RESULT_EVENTS_QUEUE`); plan stock from the data and load it for the SKUs that
 have no stock level yet; start the relay and the worker as child processes and wait until each
-is ready; play the data day by day (``fulfilment.tools.retail_lifecycle``): each day's orders
+is ready; play the data day by day (``fulfilment.dataset.retail_lifecycle``): each day's orders
 and mapped cancellations in time order, one run of one kind at a time, each run settled before
 the next is sent, then the ``OrderShipped`` of every order of the day still reserved, settled
 too; stop the worker with SIGTERM (it finishes in-flight work and exits 0); wait until the
 relay has published every outbox row the run wrote, read the demo's queue and check what it
-received against those rows (``tools.demo_result_events``), and stop the relay with SIGTERM;
+received against those rows (``demo.result_events``), and stop the relay with SIGTERM;
 then reconcile every published event of the three kinds against the inbox and the dead-letter
 queues and print the report.
 
@@ -71,38 +71,23 @@ from fulfilment.adapters.postgres.admin import (
     warehouse_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.adapters.rabbitmq import (
-    UnroutableError,
-    connect,
-    connection_lost,
-    declare_bound_queue,
-    queue_state,
-    take_messages,
-)
+from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
+from fulfilment.adapters.rabbitmq.demo_queue import declare_bound_queue, take_messages
+from fulfilment.adapters.rabbitmq.inspection import queue_state
+from fulfilment.adapters.rabbitmq.publishing import UnroutableError
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
+    EVENTS_EXCHANGE,
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_SHIPPED,
-    RESULT_EVENTS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
-from fulfilment.observability.metrics import REQUEUED
-from fulfilment.tools.command import (
-    EXIT_BAD_INPUT,
-    CommandError,
-    Echo,
-    ToolOptions,
-    match_read_cancellations,
-    read_order_files,
-)
-from fulfilment.tools.demo_result_events import ResultEventTally
-from fulfilment.tools.dlq import Selection, purge
-from fulfilment.tools.dlq_commands import operator_identity
-from fulfilment.tools.online_retail import ReadResult, RetailOrder
-from fulfilment.tools.publish import publish_in_order
-from fulfilment.tools.report import collect_report, reconcile, render_report
-from fulfilment.tools.retail_lifecycle import (
+from fulfilment.dataset.files import match_read_cancellations, read_order_files
+from fulfilment.dataset.online_retail import ReadResult, RetailOrder
+from fulfilment.dataset.publish import publish_in_order
+from fulfilment.dataset.reconcile import reconcile_kinds
+from fulfilment.dataset.retail_lifecycle import (
     CancellationMatch,
     RetailCancellation,
     RetailDay,
@@ -110,7 +95,14 @@ from fulfilment.tools.retail_lifecycle import (
     RetailShipment,
     plan_days,
 )
-from fulfilment.tools.stock_plan import plan_stock
+from fulfilment.dataset.stock_plan import plan_stock
+from fulfilment.demo.result_events import ResultEventTally
+from fulfilment.exit_codes import ExitCode
+from fulfilment.observability.metrics import REQUEUED
+from fulfilment.tools.command import CommandError, Echo, ToolOptions
+from fulfilment.tools.dlq import Selection, purge
+from fulfilment.tools.dlq_commands import operator_identity
+from fulfilment.tools.report import collect_report, render_report
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
@@ -125,7 +117,7 @@ of the service's topology: the worker and the relay know nothing of it."""
 RESULT_EVENTS_BINDING = "#"
 RELAY_COMMAND = ("-c", "from fulfilment.relay_main import main; main()")
 """``fulfilment relay`` run by this interpreter: what the console script calls, found without
-looking for the script on the ``PATH`` (the tools may not import the relay's root)."""
+looking for the script on the ``PATH`` (the demo may not import the relay's root)."""
 READY_WAIT_SECONDS = 60.0
 """How long the worker and the relay may take to report ready before the demo gives up."""
 RELAY_STALL_SECONDS = 60.0
@@ -158,7 +150,7 @@ class ResetRefusedError(CommandError):
     """``--reset`` would empty a database that is not the demo's (exit 2, nothing changed)."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason, EXIT_BAD_INPUT)
+        super().__init__(reason, ExitCode.BAD_INPUT)
 
 
 def reset_refusal(database: DemoDatabase, confirmed: str | None) -> str | None:
@@ -240,7 +232,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         await declare_bound_queue(
             connection,
             RESULT_EVENTS_QUEUE,
-            exchange=RESULT_EVENTS_EXCHANGE,
+            exchange=EVENTS_EXCHANGE,
             binding_key=RESULT_EVENTS_BINDING,
         )
     created = await ensure_database(database_url)
@@ -275,7 +267,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         + (f"; {kept} SKUs kept the level they had (--reset starts from the plan)" if kept else "")
     )
     echo(
-        f"result events: the relay publishes them to {RESULT_EVENTS_EXCHANGE}, where the demo's"
+        f"result events: the relay publishes them to {EVENTS_EXCHANGE}, where the demo's"
         f" queue {RESULT_EVENTS_QUEUE} (bound with {RESULT_EVENTS_BINDING}) receives them"
     )
 
@@ -292,15 +284,18 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         relay_code = await _stop(relay.process, stop_grace_seconds)
     echo(f"relay stopped with exit code {relay_code}")
 
-    reconciled = True
-    for kind, events in (
-        ("OrderPlaced", read.orders),
-        ("OrderCancelled", match.cancellations),
-        ("OrderShipped", player.shipments),
-    ):
-        reconciliation = await reconcile(options, [event.event_id for event in events])
-        echo(f"{kind}: {reconciliation.describe()}")
-        reconciled = reconciled and reconciliation.ok
+    reconciled, _ = await reconcile_kinds(
+        options,
+        [
+            (kind, [event.event_id for event in events])
+            for kind, events in (
+                ("OrderPlaced", read.orders),
+                ("OrderCancelled", match.cancellations),
+                ("OrderShipped", player.shipments),
+            )
+        ],
+        echo=echo,
+    )
     document = await collect_report(options)
     echo(render_report(document))
     echo(f"wall time {time.monotonic() - started:.1f} s")

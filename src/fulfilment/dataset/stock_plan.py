@@ -41,14 +41,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 
-from fulfilment.domain.model import OrderLine, aggregate_demand
-from fulfilment.tools.command import EXIT_BAD_INPUT, CommandError, Echo, read_order_files
-from fulfilment.tools.online_retail import (
+from fulfilment.dataset.files import read_order_files
+from fulfilment.dataset.online_retail import (
     OnlineRetailError,
     RetailOrder,
     csv_files,
     read_orders,
 )
+from fulfilment.domain.model import OrderLine, aggregate_demand
+from fulfilment.exit_codes import ExitCode
+from fulfilment.tools.command import CommandError, Echo
 
 ABSENT_SHARE = 0.003
 """Share of SKUs (about 3 in 1,000) left out of the plan, so that their orders are rejected
@@ -143,7 +145,7 @@ def plan_command(data: Sequence[Path], out: Path, *, echo: Echo) -> None:
         write_stock_csv(levels, out)
     except OSError as error:
         msg = f"{out}: cannot write: {error.strerror or error}"
-        raise CommandError(msg, EXIT_BAD_INPUT) from error
+        raise CommandError(msg, ExitCode.BAD_INPUT) from error
     echo(f"planned {len(levels)} stock levels for {len(orders)} orders into {out}")
 
 
@@ -151,12 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Write the plan of some Online Retail files: ``SOURCE... STOCK_CSV``.
 
     Each source is a CSV file or a folder of them. This is how ``data/sample/stock.csv`` is
-    made: ``python -m fulfilment.tools.stock_plan data/sample/online-retail
+    made: ``python -m fulfilment.dataset.stock_plan data/sample/online-retail
     data/sample/stock.csv``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:  # noqa: PLR2004 - at least one source and the output
-        sys.stderr.write("usage: python -m fulfilment.tools.stock_plan SOURCE... STOCK_CSV\n")
+        sys.stderr.write("usage: python -m fulfilment.dataset.stock_plan SOURCE... STOCK_CSV\n")
         return 2
     *sources, output = args
     try:

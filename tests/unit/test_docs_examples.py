@@ -1,4 +1,4 @@
-"""The README's example messages ("Example messages") validate with the models they show."""
+"""The example messages of ``docs/events.md`` validate with the models they show."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.order_shipped import OrderShippedV1
 from fulfilment.contracts.result_events import StockReservedV1, parse_result_event
 
-README = Path(__file__).parents[2] / "README.md"
+EVENTS = Path(__file__).parents[2] / "docs/events.md"
 
 
 def examples() -> list[str]:
-    """The JSON blocks of the README's section "Example messages", in order."""
-    text = README.read_text()
-    section = text.split("### Example messages\n", 1)[1].split("\n### ", 1)[0]
+    """The JSON blocks of the section "Example messages" of ``docs/events.md``, in order."""
+    text = EVENTS.read_text()
+    section = text.split("\n## Example messages\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```json\n(.*?)```", section, re.DOTALL)
 
 

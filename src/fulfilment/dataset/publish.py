@@ -1,7 +1,7 @@
 """``fulfilment publish``: one ``OrderPlaced`` per invoice of Online Retail files.
 
 With ``--cancellations``, also one ``OrderCancelled`` per cancellation invoice that can only
-mean one order (``fulfilment.tools.retail_lifecycle``), each at its own time among the orders.
+mean one order (``fulfilment.dataset.retail_lifecycle``), each at its own time among the orders.
 """
 
 from __future__ import annotations
@@ -11,21 +11,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fulfilment.adapters.rabbitmq import OutgoingEvent, UnroutableError, connect, publish_events
+from fulfilment.adapters.rabbitmq.connection import connect
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, UnroutableError, publish_events
 from fulfilment.contracts.topology import (
     ORDER_CANCELLED_ROUTING_KEY,
     ORDER_PLACED_ROUTING_KEY,
     ORDER_SHIPPED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
-from fulfilment.tools.command import (
-    CommandError,
-    Echo,
-    match_read_cancellations,
-    read_order_files,
-)
-from fulfilment.tools.online_retail import RetailOrder
-from fulfilment.tools.retail_lifecycle import RetailCancellation, RetailEvent, plan_days
+from fulfilment.dataset.files import match_read_cancellations, read_order_files
+from fulfilment.dataset.online_retail import RetailOrder
+from fulfilment.dataset.retail_lifecycle import RetailCancellation, RetailEvent, plan_days
+from fulfilment.tools.command import CommandError, Echo
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection

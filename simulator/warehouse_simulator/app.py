@@ -1,0 +1,536 @@
+"""The simulated warehouse: its orders, its idempotency keys, its faults, and its ASGI app.
+
+It speaks the API of the README's "The warehouse system" (``POST {base}/fulfilment-orders``,
+``POST {base}/fulfilment-orders/{id}/cancellations``) with the semantics of the IETF draft "The
+Idempotency-Key HTTP Header Field":
+
+- a key is bound to the fingerprint of its first request (method, path and body bytes); the
+  same key with another fingerprint is answered 422 ``idempotency_key_reused``;
+- while the first request of a key is processed, the same key is answered 409 ``in_flight``;
+- once it has an answer, the same key and body get that answer again, a 201 replayed as 200
+  with the same body (a refusal is replayed as it was);
+- an injected 5xx or a 429 stores nothing: the warehouse did nothing, so the key is free again;
+  a "timeout after commit" stores the answer and then stalls, so the retry is a replay.
+
+A reference (the service's order id) already created under another key is answered 409
+``duplicate_reference`` with the warehouse's id. An order is "picked" ``pick_delay_seconds``
+after it was created; from then on a cancellation is answered 409 ``too_late``.
+
+The admin endpoints under ``/_simulator/`` (no token) let a test or an operator read the orders
+and the counts and change the knobs at run time; :class:`WarehouseSimulator` is the same for
+in-process use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import hashlib
+import json
+import random
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+ORDERS_PATH = "/fulfilment-orders"
+"""Path of the orders, under the base path (``--base-path``, ``/api/v1`` by default)."""
+
+ADMIN_PATH = "/_simulator"
+"""Path of the admin endpoints (orders, cancellations, stats, faults), outside the base."""
+
+EARLY_GRACE_SECONDS = 0.05
+"""A request that arrives within this long after a 429 was sent is not counted as sent before
+its ``Retry-After`` ended: the client may have sent it before the 429 reached it."""
+
+
+@dataclass
+class Faults:
+    """The knobs, all off by default; each can be changed at run time.
+
+    Attributes:
+        error_rate: fraction (0 to 1) of requests answered 503 ``unavailable`` without doing
+            anything.
+        latency_seconds: time every answer of the API takes, besides the work.
+        stall_after_commit_rate: fraction (0 to 1) of requests that do their work and store
+            their answer, then stall for ``stall_seconds`` before answering (a client's timeout
+            sees nothing; its retry is answered as a replay).
+        stall_seconds: how long such a request stalls.
+        work_seconds: how long the work of a key's first request takes, while the key is in
+            flight (a request with the same key meanwhile is answered 409 ``in_flight``).
+        rate_limit_per_second: most requests of the API answered per sliding second; the
+            others get 429 with ``Retry-After``. None: no limit.
+        retry_after_seconds: the ``Retry-After`` of a 429; until it ends every request is 429.
+        retry_after_format: ``seconds`` (a number) or ``http-date`` (RFC 9110's IMF-fixdate).
+        down_until: ``time.monotonic()`` until which the API is down. Set it with
+            :meth:`WarehouseSimulator.go_down` or ``down_for_seconds`` of the admin endpoint.
+        down_mode: ``503`` (answers 503 ``unavailable``) or ``refuse`` (the server closes its
+            listening socket: connections are refused; needs :class:`~.server.SimulatorServer`).
+        pick_delay_seconds: how long after its creation an order is picked, after which a
+            cancellation is refused ``too_late``. None: never picked.
+        token: the Bearer token the API accepts; another one is answered 403, none 401.
+        refused_skus: SKUs the warehouse does not stock: an order with one is answered 422.
+    """
+
+    error_rate: float = 0.0
+    latency_seconds: float = 0.0
+    stall_after_commit_rate: float = 0.0
+    stall_seconds: float = 30.0
+    work_seconds: float = 0.0
+    rate_limit_per_second: float | None = None
+    retry_after_seconds: float = 1.0
+    retry_after_format: Literal["seconds", "http-date"] = "seconds"
+    down_until: float = 0.0
+    down_mode: Literal["503", "refuse"] = "503"
+    pick_delay_seconds: float | None = None
+    token: str = "simulator-token"  # noqa: S105 - the simulator's default, not a secret
+    refused_skus: frozenset[str] = frozenset()
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Set the knobs named in ``changes`` (``down_for_seconds`` sets ``down_until``).
+
+        Raises:
+            ValueError: a name that is no knob, or a value of the wrong kind.
+        """
+        names = {f.name for f in fields(self)}
+        for name, value in changes.items():
+            if name == "down_for_seconds":
+                self.down_until = time.monotonic() + _checked("down_until", value)
+            elif name == "refused_skus":
+                self.refused_skus = frozenset(str(sku) for sku in value)
+            elif name not in names:
+                msg = f"no knob {name!r}; knobs: {', '.join(sorted(names))}, down_for_seconds"
+                raise ValueError(msg)
+            else:
+                setattr(self, name, _checked(name, value))
+
+    def document(self) -> dict[str, Any]:
+        """The knobs as JSON (``down_for_seconds``: what is left of the outage)."""
+        document = asdict(self)
+        document["refused_skus"] = sorted(self.refused_skus)
+        document["down_for_seconds"] = max(0.0, self.down_until - time.monotonic())
+        del document["down_until"]
+        return document
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "retry_after_format": ("seconds", "http-date"),
+    "down_mode": ("503", "refuse"),
+}
+"""The knobs that take one of a few words."""
+
+OPTIONAL_NUMBERS = frozenset({"rate_limit_per_second", "pick_delay_seconds"})
+"""The knobs that take a number or null (off)."""
+
+
+def _checked(name: str, value: Any) -> Any:  # noqa: ANN401 - a knob's value, checked here
+    """``value`` if knob ``name`` can take it.
+
+    Raises:
+        ValueError: a value of the wrong kind, or a negative number.
+    """
+    if name in CHOICES:
+        if value not in CHOICES[name]:
+            msg = f"{name} must be one of {', '.join(CHOICES[name])}"
+            raise ValueError(msg)
+        return value
+    if name == "token":
+        if not isinstance(value, str):
+            msg = "token must be a string"
+            raise ValueError(msg)
+        return value
+    if value is None and name in OPTIONAL_NUMBERS:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        msg = f"{name} must be a number >= 0" + (" or null" if name in OPTIONAL_NUMBERS else "")
+        raise ValueError(msg)
+    return float(value)
+
+
+@dataclass
+class Order:
+    """A fulfilment order the warehouse holds; ``remaining`` is what is left after cancels."""
+
+    id: str
+    reference: str
+    lines: list[dict[str, Any]]
+    idempotency_key: str
+    created_at: float
+    """``time.monotonic()`` at its creation."""
+    traceparent: str | None
+    """The W3C trace context the request carried, if any."""
+    remaining: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Cancellation:
+    """A cancellation the warehouse answered, accepted or refused."""
+
+    order_id: str
+    lines: list[dict[str, Any]] | None
+    idempotency_key: str
+    status: str
+    """``cancelled``, ``partially_cancelled`` or ``too_late``."""
+
+
+@dataclass
+class Stored:
+    """What the warehouse keeps per idempotency key: the fingerprint and, once done, the answer."""
+
+    fingerprint: str
+    status: int | None = None
+    body: bytes = b""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An answer of the API: status, JSON body, extra headers."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+def _reply(status: int, document: dict[str, Any], *headers: tuple[bytes, bytes]) -> Reply:
+    return Reply(status, json.dumps(document, separators=(",", ":")).encode(), headers)
+
+
+class WarehouseSimulator:
+    """The warehouse's state and its ASGI app (:meth:`__call__`).
+
+    Args:
+        faults: the knobs (a new :class:`Faults` when None).
+        base_path: where the API lives, e.g. ``/api/v1`` (the service's
+            ``FULFILMENT_WAREHOUSE_URL`` is the server's address plus this).
+        seed: seed of the random choices of the fault knobs.
+    """
+
+    def __init__(
+        self, faults: Faults | None = None, *, base_path: str = "/api/v1", seed: int | None = None
+    ) -> None:
+        self.faults = faults or Faults()
+        self.base_path = base_path.rstrip("/")
+        self.orders: dict[str, Order] = {}
+        self.cancellations: list[Cancellation] = []
+        self._by_reference: dict[str, str] = {}
+        self._keys: dict[str, Stored] = {}
+        self._random = random.Random(seed)  # noqa: S311 - fault injection, not cryptography
+        self._recent: deque[float] = deque()
+        self._retry_after_until = 0.0
+        self._retry_after_sent_at = 0.0
+        self.requests_per_second: Counter[int] = Counter()
+        """API requests by the whole second (``int(time.time())``) they arrived in."""
+        self.statuses: Counter[int] = Counter()
+        """API answers by status code."""
+        self.connections: set[tuple[str, int]] = set()
+        """Client addresses (host, port) seen: one per TCP connection."""
+        self.early_requests = 0
+        """API requests that arrived while a ``Retry-After`` the warehouse gave had not ended
+        (beyond :data:`EARLY_GRACE_SECONDS` after it was sent)."""
+        self.requests_total = 0
+        self.on_refuse: Callable[[float], None] | None = None
+        """Called with the seconds of an outage in ``refuse`` mode (set by the server)."""
+
+    # -- in-process API -----------------------------------------------------------------------
+
+    def go_down(self, seconds: float, *, mode: Literal["503", "refuse"] = "503") -> None:
+        """Be down for ``seconds``: answer 503, or refuse connections (``mode="refuse"``)."""
+        self.faults.down_mode = mode
+        self.faults.down_until = time.monotonic() + seconds
+        if mode == "refuse" and self.on_refuse is not None:
+            self.on_refuse(seconds)
+
+    def order_by_reference(self, reference: str) -> Order | None:
+        """The order created for ``reference`` (the service's order id), or None."""
+        order_id = self._by_reference.get(reference)
+        return self.orders[order_id] if order_id else None
+
+    def max_requests_per_second(self) -> int:
+        """The most API requests that arrived within one whole second (0 before any)."""
+        return max(self.requests_per_second.values(), default=0)
+
+    def stats(self) -> dict[str, Any]:
+        """The counts as JSON: requests, per second, statuses, connections, early requests."""
+        return {
+            "requests_total": self.requests_total,
+            "requests_per_second": {
+                str(second): count for second, count in sorted(self.requests_per_second.items())
+            },
+            "max_requests_per_second": self.max_requests_per_second(),
+            "statuses": {str(status): count for status, count in sorted(self.statuses.items())},
+            "connections": len(self.connections),
+            "early_requests": self.early_requests,
+            "orders": len(self.orders),
+            "cancellations": len(self.cancellations),
+        }
+
+    # -- the API ------------------------------------------------------------------------------
+
+    async def handle(  # noqa: PLR0911 - one return per row of the draft's answers
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> Reply:
+        """Answer one API request (``headers`` with lower-case names)."""
+        now = time.monotonic()
+        self.requests_total += 1
+        self.requests_per_second[int(time.time())] += 1
+        if now < self._retry_after_until and now > self._retry_after_sent_at + EARLY_GRACE_SECONDS:
+            self.early_requests += 1
+        if now < self.faults.down_until:
+            return _reply(503, {"error": "unavailable"})
+        if self.faults.latency_seconds > 0:
+            await asyncio.sleep(self.faults.latency_seconds)
+        refused = self._refusal(now, headers)
+        if refused is not None:
+            return refused
+        route = self._route(path)
+        if method != "POST" or route is None:
+            return _reply(404 if route is None else 405, {"error": "not_found"})
+        key = headers.get("idempotency-key", "")
+        if not key:
+            return _reply(400, {"error": "idempotency_key_missing"})
+        fingerprint = hashlib.sha256(f"{method} {path}\n".encode() + body).hexdigest()
+        stored = self._keys.get(key)
+        if stored is not None:
+            if stored.fingerprint != fingerprint:
+                return _reply(422, {"error": "idempotency_key_reused"})
+            if stored.status is None:
+                return _reply(409, {"error": "in_flight"})
+            return Reply(200 if stored.status == 201 else stored.status, stored.body)  # noqa: PLR2004 - a replay of a creation is 200
+        return await self._first(key, Stored(fingerprint), route, body, headers)
+
+    def _refusal(self, now: float, headers: dict[str, str]) -> Reply | None:
+        """401/403 for the token, 429 above the rate, an injected 503; None: go on."""
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return _reply(401, {"error": "unauthenticated"}, (b"www-authenticate", b"Bearer"))
+        if token != self.faults.token:
+            return _reply(403, {"error": "forbidden"})
+        limited = self._rate_limited(now)
+        if limited is not None:
+            return limited
+        if self._random.random() < self.faults.error_rate:
+            return _reply(503, {"error": "unavailable"})
+        return None
+
+    async def _first(
+        self, key: str, stored: Stored, route: str, body: bytes, headers: dict[str, str]
+    ) -> Reply:
+        """Do the work of a key's first request, store its answer, and answer."""
+        self._keys[key] = stored
+        try:
+            # The work yields at least once, as a real warehouse's would, so that a second
+            # request with the same key can find it in flight.
+            await asyncio.sleep(self.faults.work_seconds)
+            if route == "":
+                reply = self._create(key, body, headers.get("traceparent"))
+            else:
+                reply = self._cancel(key, route, body)
+        except BaseException:
+            del self._keys[key]
+            raise
+        stored.status, stored.body = reply.status, reply.body
+        if self._random.random() < self.faults.stall_after_commit_rate:
+            await asyncio.sleep(self.faults.stall_seconds)
+        return reply
+
+    def _route(self, path: str) -> str | None:
+        """``""`` for the orders, the order's id for its cancellations, None for another path."""
+        rest = path.removeprefix(self.base_path)
+        if rest == path and self.base_path:
+            return None
+        if rest == ORDERS_PATH:
+            return ""
+        prefix, _, tail = rest.removeprefix(ORDERS_PATH + "/").partition("/")
+        if rest.startswith(ORDERS_PATH + "/") and tail == "cancellations" and prefix:
+            return prefix
+        return None
+
+    def _rate_limited(self, now: float) -> Reply | None:
+        faults = self.faults
+        if faults.rate_limit_per_second is None:
+            return None
+        while self._recent and self._recent[0] <= now - 1.0:
+            self._recent.popleft()
+        if now >= self._retry_after_until and len(self._recent) < faults.rate_limit_per_second:
+            self._recent.append(now)
+            return None
+        if now >= self._retry_after_until:
+            self._retry_after_until = now + faults.retry_after_seconds
+            self._retry_after_sent_at = now
+        left = self._retry_after_until - now
+        if faults.retry_after_format == "http-date":
+            # An HTTP date has whole seconds: round up, so that it never ends early.
+            value = email.utils.formatdate(time.time() + left + 1, usegmt=True)
+        else:
+            value = f"{max(left, 0.001):.3f}".rstrip("0").rstrip(".")
+        return _reply(429, {"error": "rate_limited"}, (b"retry-after", value.encode()))
+
+    def _create(self, key: str, body: bytes, traceparent: str | None) -> Reply:
+        document = _json(body)
+        if document is None:
+            return _reply(400, {"error": "malformed_json"})
+        reference = document.get("reference")
+        lines = _lines(document.get("lines"))
+        if not isinstance(reference, str) or not reference or not lines:
+            return _reply(422, {"error": "invalid_order"})
+        if not isinstance(document.get("requested_at"), str):
+            return _reply(422, {"error": "invalid_order", "detail": "requested_at"})
+        refused = sorted({line["sku"] for line in lines} & self.faults.refused_skus)
+        if refused:
+            return _reply(422, {"error": "sku_not_stocked", "sku": refused[0]})
+        existing = self._by_reference.get(reference)
+        if existing is not None:
+            return _reply(409, {"error": "duplicate_reference", "id": existing})
+        order_id = f"WH-{len(self.orders) + 1:06d}"
+        remaining = Counter[str]()
+        for line in lines:
+            remaining[line["sku"]] += line["quantity"]
+        self.orders[order_id] = Order(
+            order_id, reference, lines, key, time.monotonic(), traceparent, dict(remaining)
+        )
+        self._by_reference[reference] = order_id
+        return _reply(201, {"id": order_id, "status": "received"})
+
+    def _cancel(self, key: str, order_id: str, body: bytes) -> Reply:
+        order = self.orders.get(order_id)
+        if order is None:
+            return _reply(404, {"error": "not_found"})
+        document = _json(body) if body else {}
+        if document is None:
+            return _reply(400, {"error": "malformed_json"})
+        asked = document.get("lines")
+        lines = None if asked is None else _lines(asked)
+        if asked is not None and not lines:
+            return _reply(422, {"error": "invalid_cancellation"})
+        pick_delay = self.faults.pick_delay_seconds
+        if pick_delay is not None and time.monotonic() - order.created_at >= pick_delay:
+            self.cancellations.append(Cancellation(order_id, lines, key, "too_late"))
+            return _reply(409, {"error": "too_late"})
+        if lines is None:
+            order.remaining = {}
+        else:
+            if any(line["quantity"] > order.remaining.get(line["sku"], 0) for line in lines):
+                return _reply(422, {"error": "more_than_ordered"})
+            for line in lines:
+                order.remaining[line["sku"]] -= line["quantity"]
+            order.remaining = {sku: q for sku, q in order.remaining.items() if q}
+        status = "partially_cancelled" if order.remaining else "cancelled"
+        self.cancellations.append(Cancellation(order_id, lines, key, status))
+        return _reply(201, {"status": status})
+
+    # -- ASGI ---------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app: the API under ``base_path`` and the admin endpoints."""
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        client = scope.get("client")
+        if client:
+            self.connections.add((client[0], client[1]))
+        body = await _read_body(receive)
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path.startswith(ADMIN_PATH + "/"):
+            reply = self._admin(method, path.removeprefix(ADMIN_PATH + "/"), body)
+        else:
+            headers = {
+                name.decode("latin-1").lower(): value.decode("latin-1")
+                for name, value in scope["headers"]
+            }
+            reply = await self.handle(method, path, headers, body)
+            self.statuses[reply.status] += 1
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(reply.body)),
+                    *reply.headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": reply.body})
+
+    def _admin(self, method: str, name: str, body: bytes) -> Reply:
+        if name == "faults" and method == "POST":
+            return self._change_faults(body)
+        if method == "GET" and name == "orders":
+            return _reply(
+                200,
+                {
+                    "orders": [asdict(order) for order in self.orders.values()],
+                    "cancellations": [asdict(c) for c in self.cancellations],
+                },
+            )
+        if method == "GET" and name == "stats":
+            return _reply(200, self.stats())
+        if name == "faults" and method == "GET":
+            return _reply(200, self.faults.document())
+        return _reply(404, {"error": "not_found"})
+
+    def _change_faults(self, body: bytes) -> Reply:
+        changes = _json(body)
+        if changes is None:
+            return _reply(400, {"error": "malformed_json"})
+        try:
+            self.faults.update(changes)
+        except (TypeError, ValueError) as error:
+            return _reply(400, {"error": str(error)})
+        if "down_for_seconds" in changes and self.faults.down_mode == "refuse":
+            self.go_down(float(changes["down_for_seconds"]), mode="refuse")
+        return _reply(200, self.faults.document())
+
+
+def _json(body: bytes) -> dict[str, Any] | None:
+    with contextlib.suppress(ValueError):
+        document = json.loads(body)
+        if isinstance(document, dict):
+            return document
+    return None
+
+
+def _lines(value: object) -> list[dict[str, Any]] | None:
+    """``[{"sku": str, "quantity": int > 0}, ...]`` (non-empty), or None when it is not."""
+    if not isinstance(value, list) or not value:
+        return None
+    lines = []
+    for line in value:
+        if not isinstance(line, dict):
+            return None
+        sku, quantity = line.get("sku"), line.get("quantity")
+        if not isinstance(sku, str) or not sku or type(quantity) is not int or quantity <= 0:
+            return None
+        lines.append({"sku": sku, "quantity": quantity})
+    return lines
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

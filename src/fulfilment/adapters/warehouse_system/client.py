@@ -1,0 +1,141 @@
+"""The warehouse system's HTTP client: a request's frozen body out, a class of answer back.
+
+One pooled ``httpx.AsyncClient`` per process (:func:`build_http_client`, called by the
+dispatcher's root): HTTP/1.1 with keep-alive, so that a steady stream of requests reuses a few
+connections instead of a TLS handshake each; connect, read, write and pool timeouts all set
+from one setting; TLS checked against the system's CAs or a CA bundle of its own.
+:class:`WarehouseClient` sends one :class:`~fulfilment.domain.handoff.WarehouseRequest` with its
+idempotency key and returns what :func:`~.answers.classify` makes of the answer; it never
+retries itself: the dispatcher does, through the request's ``next_attempt_at``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+import httpx
+
+from fulfilment.adapters.warehouse_system.answers import classify
+from fulfilment.domain.handoff import Answer, Failed, RequestKind, WarehouseRequest
+
+ORDERS_PATH = "fulfilment-orders"
+"""Path of the fulfilment orders under the API's base (``FULFILMENT_WAREHOUSE_URL``)."""
+
+KEEPALIVE_EXPIRY_SECONDS = 30.0
+"""How long an idle connection is kept for the next request: longer than the dispatcher's
+pauses between requests at a low rate cap, shorter than common servers' keep-alive limits
+would close it under the client (nginx 75 s, the simulator 30 s: the client's expiry must not
+exceed the server's, or a request may meet a connection the server just closed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarehouseClientOptions:
+    """What the client needs, built by the dispatcher's root from the settings.
+
+    Attributes:
+        url: the API's base, e.g. ``https://wms.example/api/v1``.
+        token: sent as ``Authorization: Bearer <token>``; empty: no ``Authorization``.
+        timeout_seconds: one request's bound, for each of connect, write, read and the wait
+            for a pooled connection, and for the request as a whole.
+        ca_file: a PEM CA bundle to check the server's certificate against; None: the
+            system's CAs.
+        max_connections: most connections the pool opens (the concurrency cap).
+        user_agent: the ``User-Agent`` header (``fulfilment/<version>``).
+    """
+
+    url: str
+    token: str = field(repr=False)
+    timeout_seconds: float
+    ca_file: str | None
+    max_connections: int
+    user_agent: str
+
+
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """The TLS context of the client: certificate chain and host name checked.
+
+    Against ``ca_file`` when given, else the system's CAs (as the broker and database
+    connections do). An ``ssl.SSLContext`` rather than ``verify=<path>``, which httpx 0.28
+    deprecates.
+
+    Raises:
+        OSError: ``ca_file`` cannot be read; ``ssl.SSLError``: it holds no certificate.
+    """
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def build_http_client(options: WarehouseClientOptions) -> httpx.AsyncClient:
+    """The process's one pooled client for the warehouse system; the caller closes it.
+
+    Raises:
+        OSError, ssl.SSLError: ``options.ca_file`` is not a readable CA bundle.
+    """
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json",
+        "user-agent": options.user_agent,
+    }
+    if options.token:
+        headers["authorization"] = f"Bearer {options.token}"
+    return httpx.AsyncClient(
+        base_url=options.url,
+        headers=headers,
+        timeout=httpx.Timeout(options.timeout_seconds),
+        limits=httpx.Limits(
+            max_connections=options.max_connections,
+            max_keepalive_connections=options.max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+        ),
+        verify=tls_context(options.ca_file),
+        http1=True,
+        http2=False,
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+class WarehouseClient:
+    """Sends warehouse requests over ``http`` (from :func:`build_http_client`).
+
+    Args:
+        http: the pooled client; its base URL is the API's.
+        timeout_seconds: the bound on one request as a whole (the client's timeouts bound
+            each phase).
+    """
+
+    def __init__(self, http: httpx.AsyncClient, *, timeout_seconds: float) -> None:
+        self._http = http
+        self._timeout_seconds = timeout_seconds
+
+    async def send(self, request: WarehouseRequest) -> tuple[Answer, float]:
+        """Send ``request``'s frozen body under its key; the answer's class and the seconds taken.
+
+        ``POST {base}/fulfilment-orders`` for a fulfilment order,
+        ``POST {base}/fulfilment-orders/{warehouse_id}/cancellations`` for a cancellation, with
+        ``Idempotency-Key`` and, when the request has one, ``traceparent``. A timeout or a
+        connection error is a ``Retry`` (:func:`~.answers.classify`), never an exception.
+        """
+        if request.kind is RequestKind.FULFILMENT_ORDER:
+            path = ORDERS_PATH
+        elif request.warehouse_id:
+            path = (
+                f"{ORDERS_PATH}/{urllib.parse.quote(request.warehouse_id, safe='')}/cancellations"
+            )
+        else:
+            # The store makes a cancellation claimable only once its order has an id.
+            return Failed(reason="no_warehouse_id", answer="cancellation without an order"), 0.0
+        headers = {"idempotency-key": str(request.idempotency_key)}
+        if request.traceparent:
+            headers["traceparent"] = request.traceparent
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._timeout_seconds):
+                response = await self._http.post(path, content=request.body, headers=headers)
+        except (httpx.TransportError, TimeoutError) as error:
+            return classify(request.kind, None, None, {}, error), time.monotonic() - started
+        answer = classify(request.kind, response.status_code, response.content, response.headers)
+        return answer, time.monotonic() - started

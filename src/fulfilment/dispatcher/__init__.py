@@ -1,0 +1,1 @@
+"""The dispatcher: the process that sends the recorded warehouse requests."""

@@ -1,0 +1,397 @@
+"""The dispatcher's loop: claim due warehouse requests, send them within the caps, record answers.
+
+Every request goes through three gates before it is sent, in this order: a slot of the
+concurrency cap (a semaphore of ``concurrency``), the global ``Retry-After`` gate (no request
+before the warehouse's last 429 asked, for any request), and the rate cap (``aiolimiter``,
+one request per ``1 / rate_per_second`` seconds, so that no second holds more than the cap:
+a bucket as deep as the rate would let a second hold up to twice it).
+
+Retries are not made here but recorded: the answer goes to the store with the seconds until
+the next attempt (``WarehouseRequests.record``), tenacity's exponential wait with jitter for
+the request's ``attempts``, or the warehouse's ``Retry-After``. So a failing request waits in
+the table, not in this process, and never holds up the others.
+
+The circuit: after :data:`CIRCUIT_THRESHOLD` consecutive transport failures or 5xx answers
+the warehouse is taken for down, and only one request at a time is sent (a probe), at an
+interval that doubles from :data:`PROBE_INITIAL_SECONDS` to :data:`PROBE_MAX_SECONDS` (an hour
+down costs about three requests a minute). The first answer that is not a 5xx closes it, and
+the backlog drains at the caps. A 401 or 403 stops sending the same way (probes at the same
+intervals, the state on ``/health/ready`` and in a metric) until a probe is answered otherwise;
+its request is not failed. A request claimed while a gate closed behind it is handed back
+unsent (a ``Retry`` recorded for when the gate opens), so its lease never runs out in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+from aiolimiter import AsyncLimiter
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
+
+from fulfilment.adapters.warehouse_system.client import WarehouseClient
+from fulfilment.application.ports import TransientError, WarehouseRequests
+from fulfilment.domain.handoff import (
+    Accepted,
+    Answer,
+    CredentialsRefused,
+    Failed,
+    RateLimited,
+    Refused,
+    Retry,
+    WarehouseRequest,
+)
+from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
+
+logger = structlog.get_logger("fulfilment.dispatcher")
+
+BACKOFF_INITIAL_SECONDS = 1.0
+"""First wait before a request answered ``Retry`` is sent again (plus up to 1 s of jitter)."""
+
+BACKOFF_MAX_SECONDS = 300.0
+"""Longest wait between two attempts of one request."""
+
+CIRCUIT_THRESHOLD = 5
+"""Consecutive transport failures or 5xx answers after which only probes are sent."""
+
+PROBE_INITIAL_SECONDS = 1.0
+"""First wait before a probe once the circuit opened or the credentials were refused."""
+
+PROBE_MAX_SECONDS = 20.0
+"""Longest wait between two probes: an hour of downtime costs about 180 requests."""
+
+LEASE_MARGIN_SECONDS = 10.0
+"""Added to the longest time a claimed request may wait and be sent, for its lease."""
+
+
+class Halt(enum.StrEnum):
+    """Why the dispatcher only probes: it does not (``none``), a down warehouse, or the token."""
+
+    NONE = "none"
+    CIRCUIT_OPEN = "circuit_open"
+    CREDENTIALS_REFUSED = "credentials_refused"
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherOptions:
+    """What the loop needs, built by its root from the settings.
+
+    Attributes:
+        rate_per_second: most requests sent per second.
+        concurrency: most requests in flight (claimed and not yet recorded).
+        timeout_seconds: one request's timeout (the client's).
+        poll_seconds: how long the loop waits when nothing is due before it looks again.
+        key_retention_seconds: how long the warehouse keeps a key; older unanswered requests
+            are expired every ``expire_interval_seconds``.
+        expire_interval_seconds: how often the loop expires requests.
+    """
+
+    rate_per_second: float
+    concurrency: int
+    timeout_seconds: float
+    poll_seconds: float = 1.0
+    key_retention_seconds: float = 24 * 3600.0
+    expire_interval_seconds: float = 60.0
+
+    @property
+    def lease_seconds(self) -> float:
+        """Seconds a claimed request is kept from other claims: its waits at the gates, its send.
+
+        A claimed request may wait up to ``timeout_seconds`` for a ``Retry-After`` gate (a
+        longer one hands it back), then up to ``concurrency / rate_per_second`` for the rate
+        cap, then ``timeout_seconds`` for its answer; :data:`LEASE_MARGIN_SECONDS` covers the
+        record.
+        """
+        return (
+            self.concurrency / self.rate_per_second
+            + 2 * self.timeout_seconds
+            + LEASE_MARGIN_SECONDS
+        )
+
+
+BACKLOG_INTERVAL_SECONDS = 15.0
+"""How often the active dispatcher counts the open requests for its gauges (the scrape
+interval): the count reads the table, so not at every claim."""
+
+
+async def read_backlog(requests: WarehouseRequests, metrics: DispatcherMetrics) -> None:
+    """Set the backlog gauges from the store.
+
+    A standby does it too, so that the alerts on them hold when no dispatcher sends.
+
+    Raises:
+        TransientError: the store failed.
+    """
+    backlog = await requests.backlog()
+    metrics.open_requests.set(backlog.open_count)
+    metrics.oldest_open_age.set(backlog.oldest_open_age_seconds or 0.0)
+
+
+def backoff_seconds(attempts: int) -> float:
+    """Seconds before the next attempt of a request attempted ``attempts`` times.
+
+    tenacity's ``wait_exponential_jitter`` (1 s, 2 s, 4 s ... up to 300 s, plus up to 1 s of
+    jitter) computed for that attempt number, as a retry loop would wait.
+    """
+    wait = wait_exponential_jitter(multiplier=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS)
+    state = RetryCallState(AsyncRetrying(), None, (), {})
+    state.attempt_number = max(1, attempts)
+    return wait(state)
+
+
+def probe_interval_seconds(failed_probes: int) -> float:
+    """Seconds before the next probe after ``failed_probes`` failed ones (tenacity's wait)."""
+    wait = wait_exponential_jitter(
+        multiplier=PROBE_INITIAL_SECONDS, max=PROBE_MAX_SECONDS, jitter=PROBE_INITIAL_SECONDS
+    )
+    state = RetryCallState(AsyncRetrying(), None, (), {})
+    state.attempt_number = failed_probes + 1
+    return min(PROBE_MAX_SECONDS, wait(state))
+
+
+class Dispatcher:
+    """One dispatcher's loop over the store's requests; :meth:`run` until :meth:`stop`.
+
+    Args:
+        requests: the store (``WarehouseRequests``).
+        client: the warehouse system's client.
+        options: the caps and intervals.
+        metrics: the process's collectors.
+        clock: monotonic seconds (``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        requests: WarehouseRequests,
+        client: WarehouseClient,
+        options: DispatcherOptions,
+        metrics: DispatcherMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._requests = requests
+        self._client = client
+        self._options = options
+        self._metrics = metrics
+        self._clock = clock
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(options.concurrency)
+        self._limiter = AsyncLimiter(1, 1 / options.rate_per_second)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._gate_until = 0.0
+        self._failures = 0
+        self._failed_probes = 0
+        self._probe_at = 0.0
+        self._expired_at = float("-inf")
+        self._backlog_read_at = float("-inf")
+        self.halt = Halt.NONE
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return once the requests in flight are recorded."""
+        self._stopping.set()
+        self._wake.set()
+
+    def readiness(self) -> dict[str, bool | str]:
+        """``{"sending": bool, "halt": "none"|"circuit_open"|"credentials_refused"}``."""
+        return {"sending": self.halt is Halt.NONE, "halt": str(self.halt)}
+
+    async def run(self) -> None:
+        """Claim, send and record until stopped; then wait for the requests in flight.
+
+        A store that fails (``TransientError``) is logged and tried again after
+        ``poll_seconds``; the claimed rows' leases bring them back.
+        """
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self._housekeeping()
+                    await self._turn()
+                except TransientError as error:
+                    logger.warning("dispatcher.store_failed", error=str(error))
+                    await self._pause(self._options.poll_seconds)
+        finally:
+            if self._in_flight:
+                await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    async def _turn(self) -> None:
+        """One claim: a probe while halted, else as many requests as there are free slots."""
+        if self.halt is not Halt.NONE:
+            await self._pause(self._probe_at - self._clock())
+            if self._stopping.is_set():
+                return
+            batch = await self._requests.claim(1, lease_seconds=self._options.lease_seconds)
+            if batch:
+                await self._slots.acquire()
+                await self._send(batch[0], probe=True)
+            else:
+                await self._wait(self._options.poll_seconds)
+            return
+        await self._pause(self._gate_until - self._clock())
+        # Wait for a free slot, then claim as many requests as are free.
+        await self._slots.acquire()
+        free = 1
+        while free < self._options.concurrency and not self._slots.locked():
+            await self._slots.acquire()
+            free += 1
+        batch = await self._requests.claim(free, lease_seconds=self._options.lease_seconds)
+        for _ in range(free - len(batch)):
+            self._slots.release()
+        for request in batch:
+            task = asyncio.create_task(self._send(request, probe=False))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+        if len(batch) < free:
+            await self._wait(self._options.poll_seconds)
+
+    async def _send(self, request: WarehouseRequest, *, probe: bool) -> None:
+        """Send one claimed request through the gates and record its answer; frees its slot."""
+        try:
+            if not probe:
+                held = await self._through_gates()
+                if held is not None:
+                    await self._requests.record(request, held[0], retry_in_seconds=held[1])
+                    return
+            else:
+                async with self._limiter:
+                    pass
+            answer, seconds = await self._client.send(request)
+            self._metrics.record_answer(request.kind, answer, seconds)
+            retry_in = self._react(request, answer, probe=probe)
+            await self._requests.record(request, answer, retry_in_seconds=retry_in)
+            _log_answer(request, answer, retry_in)
+        except TransientError as error:
+            # The lease brings the request back; the answer, if any, is sent again.
+            logger.warning(
+                "dispatcher.record_failed", key=str(request.idempotency_key), error=str(error)
+            )
+        finally:
+            self._slots.release()
+            self._wake.set()
+
+    async def _through_gates(self) -> tuple[Retry, float] | None:
+        """Wait for the ``Retry-After`` gate and the rate cap; or the reason to hand back.
+
+        Returns None when the request may be sent now, else a ``Retry`` to record unsent and
+        the seconds until it is due again (a 429, the circuit or the credentials closed the
+        way while it waited). The gates' waits together stay within ``timeout_seconds``, so
+        that the request's lease (:attr:`DispatcherOptions.lease_seconds`) outlasts them.
+        """
+        gates_end = self._clock() + self._options.timeout_seconds
+        while True:
+            if self.halt is not Halt.NONE:
+                return Retry(answer=f"not sent: {self.halt}"), max(
+                    0.0, self._probe_at - self._clock()
+                )
+            gate = self._gate_until - self._clock()
+            if gate > 0 and self._gate_until > gates_end:
+                return Retry(answer="not sent: Retry-After"), gate
+            if gate > 0:
+                await asyncio.sleep(gate)
+                continue
+            await self._limiter.acquire()
+            if self._gate_until <= self._clock() and self.halt is Halt.NONE:
+                return None
+
+    def _react(self, request: WarehouseRequest, answer: Answer, *, probe: bool) -> float | None:
+        """Update the gates for ``answer``; the seconds until ``request`` is due (None: final)."""
+        now = self._clock()
+        match answer:
+            case RateLimited(after_seconds=after):
+                self._gate_until = max(self._gate_until, now + after)
+                self._metrics.rate_limit_waits.inc()
+                self._metrics.rate_limit_wait_seconds.inc(after)
+                self._alive()
+                return after
+            case CredentialsRefused():
+                self._halt(Halt.CREDENTIALS_REFUSED, probe=probe)
+                return max(0.0, self._probe_at - now)
+            case Retry(status_code=status, after_seconds=after) if status is None or status >= 500:  # noqa: PLR2004 - a 5xx
+                self._failures += 1
+                if probe or self._failures >= CIRCUIT_THRESHOLD:
+                    self._halt(Halt.CIRCUIT_OPEN, probe=probe)
+                    return max(
+                        after or 0.0, self._probe_at - now, backoff_seconds(request.attempts)
+                    )
+                return after if after is not None else backoff_seconds(request.attempts)
+            case Retry(after_seconds=after):
+                self._alive()
+                return after if after is not None else backoff_seconds(request.attempts)
+            case Accepted() | Refused() | Failed():
+                self._alive()
+                return None
+
+    def _halt(self, halt: Halt, *, probe: bool) -> None:
+        """Send only probes: the first halt, a failed probe (a longer interval), or neither."""
+        if self.halt is Halt.NONE:
+            self._failed_probes = 0
+            logger.warning("dispatcher.halted", halt=str(halt))
+        elif probe:
+            self._failed_probes += 1
+        else:
+            return  # a request sent before the halt: the probe's interval stands
+        self.halt = halt
+        self._probe_at = self._clock() + probe_interval_seconds(self._failed_probes)
+        self._metrics.circuit_open.set(1 if halt is Halt.CIRCUIT_OPEN else 0)
+        self._metrics.credentials_refused.set(1 if halt is Halt.CREDENTIALS_REFUSED else 0)
+
+    def _alive(self) -> None:
+        """The warehouse answered, with the token accepted: close the circuit."""
+        self._failures = 0
+        self._failed_probes = 0
+        if self.halt is not Halt.NONE:
+            logger.info("dispatcher.resumed", after=str(self.halt))
+        self.halt = Halt.NONE
+        self._metrics.circuit_open.set(0)
+        self._metrics.credentials_refused.set(0)
+
+    async def _housekeeping(self) -> None:
+        """Read the backlog every :data:`BACKLOG_INTERVAL_SECONDS`; expire every interval."""
+        now = self._clock()
+        if now - self._backlog_read_at >= BACKLOG_INTERVAL_SECONDS:
+            self._backlog_read_at = now
+            await read_backlog(self._requests, self._metrics)
+        if now - self._expired_at < self._options.expire_interval_seconds:
+            return
+        self._expired_at = now
+        expired = await self._requests.expire(self._options.key_retention_seconds)
+        if expired:
+            self._metrics.expired.inc(expired)
+            logger.warning("dispatcher.requests_expired", count=expired)
+
+    async def _wait(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when a request finished or the loop is stopped."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        self._wake.clear()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` (nothing when not positive), or less when stopped."""
+        if seconds <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
+
+
+def _log_answer(request: WarehouseRequest, answer: Answer, retry_in: float | None) -> None:
+    fields = {
+        "key": str(request.idempotency_key),
+        "kind": str(request.kind),
+        "order_id": str(request.order_id),
+        "attempts": request.attempts,
+        "outcome": type(answer).__name__,
+        "status_code": answer.status_code,
+    }
+    if isinstance(answer, Failed | Retry | RateLimited | CredentialsRefused):
+        logger.warning(
+            "dispatcher.answer", retry_in_seconds=retry_in, answer=answer.answer, **fields
+        )
+    else:
+        logger.info("dispatcher.answer", **fields)

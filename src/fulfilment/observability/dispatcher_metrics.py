@@ -1,0 +1,124 @@
+"""The dispatcher's Prometheus metrics, on a registry of its own (as the relay's).
+
+Labels are small and fixed: the request kind (2 values) and the class of answer (6 values),
+all bound at 0 so that ``rate()`` and the alerts see the zero. The backlog gauges are set by
+every replica, active or standing by, so the alerts on them fire when no dispatcher holds the
+lock; they are absent until the first read of the requests.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from fulfilment.domain.handoff import (
+    Accepted,
+    Answer,
+    CredentialsRefused,
+    Failed,
+    RateLimited,
+    Refused,
+    RequestKind,
+    Retry,
+)
+from fulfilment.observability.metrics import build_info
+
+ANSWER_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+"""Send-to-answer buckets, 5 ms to the longest timeout a warehouse API should need."""
+
+OUTCOMES: dict[type[Answer], str] = {
+    Accepted: "accepted",
+    Refused: "refused",
+    Retry: "retry",
+    RateLimited: "rate_limited",
+    Failed: "failed",
+    CredentialsRefused: "credentials_refused",
+}
+"""The ``outcome`` label of each class of answer."""
+
+
+class DispatcherMetrics:
+    """Collectors of one dispatcher process, registered on :attr:`registry` (a new one).
+
+    Args:
+        version: the service's version, exported as ``fulfilment_build_info{version}`` = 1.
+    """
+
+    def __init__(self, *, version: str = "") -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.build_info = build_info(self.registry, version)
+        requests = Counter(
+            "fulfilment_warehouse_requests",
+            "Requests sent to the warehouse system, by kind and class of answer.",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.requests = {
+            (kind, outcome): requests.labels(kind=str(kind), outcome=outcome)
+            for kind in RequestKind
+            for outcome in OUTCOMES.values()
+        }
+        self.answer_seconds = Histogram(
+            "fulfilment_warehouse_answer_seconds",
+            "Seconds from sending a request to its answer (or its timeout), by kind.",
+            ["kind"],
+            buckets=ANSWER_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+        for kind in RequestKind:
+            self.answer_seconds.labels(kind=str(kind))
+        self.open_requests = Gauge(
+            "fulfilment_warehouse_requests_open",
+            "Requests to the warehouse system not yet answered (pending or sending).",
+            registry=self.registry,
+        )
+        self.oldest_open_age = Gauge(
+            "fulfilment_warehouse_oldest_open_request_age_seconds",
+            "Age of the oldest request not yet answered, in seconds; 0 when none.",
+            registry=self.registry,
+        )
+        self.circuit_open = Gauge(
+            "fulfilment_warehouse_circuit_open",
+            "1 while the warehouse system looks down and only probes are sent, else 0.",
+            registry=self.registry,
+        )
+        self.credentials_refused = Gauge(
+            "fulfilment_warehouse_credentials_refused",
+            "1 while the warehouse system refuses the token (401/403) and nothing is sent.",
+            registry=self.registry,
+        )
+        self.rate_limit_waits = Counter(
+            "fulfilment_warehouse_rate_limit_waits",
+            "429 answers: each stops every request until its Retry-After ends.",
+            registry=self.registry,
+        )
+        self.rate_limit_wait_seconds = Counter(
+            "fulfilment_warehouse_rate_limit_wait_seconds",
+            "Seconds of Retry-After the warehouse system asked for, summed.",
+            registry=self.registry,
+        )
+        self.expired = Counter(
+            "fulfilment_warehouse_requests_expired",
+            "Requests given up unanswered when their key's retention at the warehouse ended.",
+            registry=self.registry,
+        )
+        self.active = Gauge(
+            "fulfilment_dispatcher_active",
+            "1 while this dispatcher holds the advisory lock and sends, 0 while it stands by.",
+            registry=self.registry,
+        )
+
+    def record_answer(self, kind: RequestKind, answer: Answer, seconds: float) -> None:
+        """Count one answer (or failure to get one) and its latency in seconds."""
+        self.requests[kind, OUTCOMES[type(answer)]].inc()
+        self.answer_seconds.labels(kind=str(kind)).observe(seconds)

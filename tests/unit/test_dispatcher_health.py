@@ -1,0 +1,77 @@
+"""The dispatcher's HTTP endpoints: readiness by role and by what the warehouse says."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from test_health import call
+
+from fulfilment.adapters.warehouse_system.client import WarehouseClient
+from fulfilment.dispatcher.health import DispatcherState, dispatcher_health_app
+from fulfilment.dispatcher.leadership import Leadership, Role
+from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt
+from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
+from memory_requests import MemoryWarehouseRequests
+
+
+def a_state(role: Role, halt: Halt | None = None) -> tuple[DispatcherState, DispatcherMetrics]:
+    leadership = Leadership("postgresql://nowhere/", connect_timeout_seconds=1, poll_seconds=1)
+    leadership.role = role
+    metrics = DispatcherMetrics()
+    state = DispatcherState(leadership)
+    if halt is not None:
+        client = WarehouseClient(httpx.AsyncClient(), timeout_seconds=1)
+        options = DispatcherOptions(rate_per_second=1, concurrency=1, timeout_seconds=1)
+        state.dispatcher = Dispatcher(MemoryWarehouseRequests(), client, options, metrics)
+        state.dispatcher.halt = halt
+    return state, metrics
+
+
+async def ready(state: DispatcherState, metrics: DispatcherMetrics) -> tuple[int, dict]:
+    app = dispatcher_health_app(
+        readiness=state.readiness, ready=state.ready, registry=metrics.registry
+    )
+    status, body = await call(app, "/health/ready")
+    return status, json.loads(body)
+
+
+async def test_a_dispatcher_not_connected_is_not_ready() -> None:
+    assert await ready(*a_state(Role.CONNECTING)) == (
+        503,
+        {"database": False, "role": "connecting", "halt": "none"},
+    )
+
+
+async def test_a_standby_is_ready() -> None:
+    assert (await ready(*a_state(Role.STANDBY)))[0] == 200
+
+
+async def test_an_active_dispatcher_probing_a_down_warehouse_is_ready() -> None:
+    assert await ready(*a_state(Role.ACTIVE, Halt.CIRCUIT_OPEN)) == (
+        200,
+        {"database": True, "role": "active", "halt": "circuit_open"},
+    )
+
+
+async def test_refused_credentials_make_it_not_ready_and_say_so() -> None:
+    assert await ready(*a_state(Role.ACTIVE, Halt.CREDENTIALS_REFUSED)) == (
+        503,
+        {"database": True, "role": "active", "halt": "credentials_refused"},
+    )
+
+
+async def test_metrics_start_with_every_kind_and_outcome_at_zero() -> None:
+    state, metrics = a_state(Role.STANDBY)
+    app = dispatcher_health_app(
+        readiness=state.readiness, ready=state.ready, registry=metrics.registry
+    )
+    status, body = await call(app, "/metrics")
+    text = body.decode()
+    assert status == 200
+    for kind in ("fulfilment_order", "cancellation"):
+        for outcome in ("accepted", "refused", "retry", "rate_limited", "failed"):
+            line = f'fulfilment_warehouse_requests_total{{kind="{kind}",outcome="{outcome}"}} 0.0'
+            assert line in text
+    assert "fulfilment_warehouse_credentials_refused 0.0" in text
+    assert "fulfilment_warehouse_circuit_open 0.0" in text
