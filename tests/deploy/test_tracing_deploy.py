@@ -1,8 +1,9 @@
 """Where the traces go: the deployment files and the example collector agree.
 
-The worker and the relay export OTLP/HTTP (port 4318, no gRPC) to the collector named by
-``OTEL_EXPORTER_OTLP_ENDPOINT``; the collector's pipeline only uses what it defines; nothing
-waits for the collector; the sampler the manifests name is one the SDK reads as meant.
+The worker, the relay and the dispatcher export OTLP/HTTP (port 4318, no gRPC) to the
+collector named by ``OTEL_EXPORTER_OTLP_ENDPOINT``; the collector's pipeline only uses what it
+defines; nothing waits for the collector; the sampler the manifests name is one the SDK reads
+as meant.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from stack import ROOT, load_stack
 
 STACK = load_stack()
 COLLECTOR = yaml.safe_load((ROOT / "deploy/otel/collector.yaml").read_text())
-TRACED = ("worker", "relay")
+TRACED = ("worker", "relay", "dispatcher")
 """The compose services that export traces."""
 
 
