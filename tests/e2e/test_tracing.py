@@ -27,9 +27,9 @@ from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.order_shipped import order_shipped_body
 from fulfilment.contracts.topology import (
-    MAIN_QUEUE,
     ORDER_CANCELLED_QUEUE,
     ORDER_CANCELLED_ROUTING_KEY,
+    ORDER_PLACED_QUEUE,
     ORDER_SHIPPED_QUEUE,
     ORDER_SHIPPED_ROUTING_KEY,
     ORDERS_EXCHANGE,
@@ -94,7 +94,7 @@ async def test_each_event_of_an_order_is_one_trace_from_its_producer_to_the_resu
     events = [
         (
             "order_placed",
-            MAIN_QUEUE,
+            ORDER_PLACED_QUEUE,
             placed,
             order_placed_body(
                 event_id=placed,
