@@ -10,7 +10,7 @@ CONFIRM_RESET ?=
 
 WAREHOUSE_PORT ?= 8090
 
-.PHONY: help warehouse-simulator asyncapi docs demo test test-faults test-cluster test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
+.PHONY: help warehouse-simulator asyncapi docs demo test test-faults test-cluster test-failover test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -55,6 +55,18 @@ test-cluster: install services ## The cluster suite: workers on a private 3-node
 	rm -f $(CLUSTER_FIGURES)
 	FULFILMENT_TEST_FAULT_FIGURES=$(abspath $(CLUSTER_FIGURES)) $(UV) run pytest tests/cluster -m cluster
 	@scripts/guarantees-table $(CLUSTER_FIGURES)
+
+FAILOVER_FIGURES ?= failover-figures.jsonl
+
+# Needs the PostgreSQL server binaries (initdb, pg_ctl, pg_basebackup, pg_rewind: Debian's
+# postgresql package) and root, to run them as the postgres user; the primary and standby live
+# in a temporary folder on spare ports, and the machine's own server is left alone.
+# FULFILMENT_TEST_FAILOVER_ORDERS sets the orders per scenario (600).
+test-failover: install services ## The failover suite: workers and a relay on a private PostgreSQL primary and standby, the primary killed under load; writes FAILOVER_FIGURES and prints the table
+	rm -f $(FAILOVER_FIGURES)
+	FULFILMENT_TEST_FAULT_FIGURES=$(abspath $(FAILOVER_FIGURES)) $(UV) run pytest tests/failover -m failover
+	@scripts/guarantees-table $(FAILOVER_FIGURES)
+	@scripts/failover-timings $(FAILOVER_FIGURES)
 
 RABBITMQ4_FIGURES ?= rabbitmq4-figures.jsonl
 

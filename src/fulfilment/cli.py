@@ -8,7 +8,8 @@ Every sub-command exits 0 on success and otherwise prints one line, ``fulfilment
 on standard error and exits non-zero: 1 for a failed run or broken invariants, 2 for bad input
 or settings, 3 for an unreachable service, 4 for a service that refused the user or has no
 such virtual host or database. A group called without a command (``fulfilment``,
-``fulfilment stock``, ``fulfilment dlq``) prints its help and exits 2, as a usage error.
+``fulfilment stock``, ``fulfilment dlq``, ``fulfilment warehouse``) prints its help and exits
+2, as a usage error.
 
 The help is the commands' docstrings read as Markdown, so that ``code`` shows as code, not
 between backticks, and a paragraph is filled to the terminal's width.
@@ -26,11 +27,13 @@ import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from uuid import UUID
 
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from fulfilment import __version__
+from fulfilment.domain.handoff import RequestStatus
 from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import Settings, SettingsError, load_settings
 from fulfilment.tools.command import CommandError, ToolOptions
@@ -100,6 +103,12 @@ outbox_app = typer.Typer(
     help="The outbox of result events: ``fulfilment outbox prune``.",
 )
 app.add_typer(outbox_app, name="outbox")
+warehouse_app = typer.Typer(
+    cls=Group,
+    no_args_is_help=True,
+    help="The requests to the warehouse system: list, show or re-send them.",
+)
+app.add_typer(warehouse_app, name="warehouse")
 
 T = TypeVar("T")
 
@@ -359,12 +368,21 @@ def report(
 ) -> None:
     """Outcome counts, dead letters by reason, pending messages, and the stock invariants.
 
-    Exits 1 when an invariant does not hold.
+    With the hand-off to the warehouse system (``FULFILMENT_WAREHOUSE_URL`` set, or requests
+    recorded), also the requests by kind and status, how many are open and the oldest one's
+    age, and how many failed or expired. Exits 1 when an invariant does not hold.
     """
     from fulfilment.tools.report import report_command  # noqa: PLC0415 - see the module's text
 
-    options = tool_options(settings_or_exit())
-    run(report_command(options, as_json=as_json, echo=typer.echo))
+    settings = settings_or_exit()
+    run(
+        report_command(
+            tool_options(settings),
+            as_json=as_json,
+            echo=typer.echo,
+            handoff=settings.warehouse_url is not None,
+        )
+    )
 
 
 @app.command(cls=Command)
@@ -669,3 +687,95 @@ def _queues(names: list[str] | None) -> tuple[str, ...]:
         return dead_letter_queues(names or [])
     except ValueError as error:
         fail(str(error), ExitCode.BAD_INPUT)
+
+
+KeysArgument = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="KEY", help="Idempotency keys (UUIDs) as `fulfilment warehouse list` shows them."
+    ),
+]
+
+
+@warehouse_app.command("list", cls=Command)
+def warehouse_list(
+    *,
+    statuses: Annotated[
+        list[RequestStatus] | None,
+        typer.Option(
+            "--status",
+            metavar="STATUS",
+            help="Only requests in this status (pending, sending, accepted, refused, failed,"
+            " withdrawn, expired); repeat for several. Default: pending, sending, failed and"
+            " expired, every one the warehouse has not settled.",
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """The requests to the warehouse system in the chosen statuses, oldest first.
+
+    One line each: idempotency key, kind, status, attempts, the last HTTP status code, when it
+    was recorded, and its order; then how many of all the requests in those statuses these are.
+    Reads, changes nothing.
+    """
+    from fulfilment.tools.warehouse_requests import list_command  # noqa: PLC0415 - see the module's text
+
+    options = tool_options(settings_or_exit())
+    run(list_command(options, statuses or (), limit=limit, as_json=as_json, echo=typer.echo))
+
+
+@warehouse_app.command("show", cls=Command)
+def warehouse_show(
+    keys: KeysArgument,
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Everything about the requests with these keys, the body sent included.
+
+    Kind, order, status, attempts, times, the warehouse's id, the last HTTP status code and
+    answer, the lines, and the body: the exact bytes sent, frozen at the first attempt (none
+    before). A key that matches no request exits 1.
+    """
+    from fulfilment.tools.warehouse_requests import show_command  # noqa: PLC0415 - see the module's text
+
+    uuids = _request_keys(keys)
+    options = tool_options(settings_or_exit())
+    run(show_command(options, uuids, as_json=as_json, echo=typer.echo))
+
+
+@warehouse_app.command("resend", cls=Command)
+def warehouse_resend(
+    keys: KeysArgument,
+    *,
+    yes: YesOption = False,
+    operator: OperatorOption = None,
+) -> None:
+    """Send failed or expired requests again, with the same idempotency key and the same body.
+
+    Each goes back to ``sending``, due now; the dispatcher sends it at its next turn. Any other
+    status is refused, and so is a fulfilment order whose order is no longer reserved (its body
+    would hand the warehouse units the order no longer holds). Each re-send writes a row of
+    ``warehouse_request_audit`` (who, when, the status before). A dry run unless --yes; exits 1
+    when no key matches a request, or when --yes refused some (after the summary).
+    """
+    from fulfilment.tools.warehouse_requests import resend_command  # noqa: PLC0415 - see the module's text
+
+    uuids = _request_keys(keys)
+    options = tool_options(settings_or_exit())
+    run(resend_command(options, uuids, execute=yes, operator=operator, echo=typer.echo))
+
+
+def _request_keys(keys: list[str]) -> list[UUID]:
+    """``keys`` as UUIDs, or exit 2 naming the first that is not one.
+
+    Typed ``str`` on the command line, not ``UUID``, so that the help and the runbook may
+    write ``KEY``: the check is here, with the command's one-line failure.
+    """
+    uuids = []
+    for key in keys:
+        try:
+            uuids.append(UUID(key))
+        except ValueError:
+            fail(f"not an idempotency key (a UUID): {key!r}", ExitCode.BAD_INPUT)
+    return uuids

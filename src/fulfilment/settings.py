@@ -188,7 +188,8 @@ class Settings(BaseSettings):
     set by libpq's query parameters: ``sslmode`` (one of :data:`SSL_MODES`), ``sslrootcert``
     (the CA file), ``sslcert``/``sslkey`` (a client certificate). ``verify-full`` checks the
     server's certificate and host name; ``require`` only encrypts, unless ``sslrootcert`` is
-    given (libpq's meaning)."""
+    given (libpq's meaning). Servers of which the primary is to be used: one ``host`` each,
+    ``?host=a:5432&host=b:5432&target_session_attrs=read-write`` (``engine.asyncpg_dsn``)."""
 
     consumer_name: str = Field(default="fulfilment", min_length=1, max_length=100)
     """Inbox namespace: the ``consumer`` column of ``inbox_messages``. Never change it on a live

@@ -6,7 +6,8 @@ the pydantic models generated from their CRDs (cloudcoil), read back to catch fi
 CRD does not have. The Messaging Topology Operator's Policy and the Cluster Operator's
 RabbitmqCluster have no packaged schema: their fields are checked by
 ``stack.check_rabbitmq_policies``, ``stack.check_rabbitmq_cluster`` and (User, Permission)
-``stack.check_broker_users``.
+``stack.check_broker_users``. CloudNativePG's Cluster has none on PyPI either: a pydantic model
+of the fields the manifest uses checks it (``test_postgres_cluster``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CHECKED_ELSEWHERE = {
     ("rabbitmq.com/v1beta1", "RabbitmqCluster"),
     ("rabbitmq.com/v1beta1", "User"),
     ("rabbitmq.com/v1beta1", "Permission"),
+    ("postgresql.cnpg.io/v1", "Cluster"),
 }
 
 STACK = load_stack()

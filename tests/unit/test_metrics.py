@@ -227,6 +227,7 @@ def test_every_database_retry_series_exists_at_zero_before_the_first_retry() -> 
             "server_shutdown",
             "server_starting",
             "too_many_connections",
+            "read_only",
             "connection",
             "pool_timeout",
             "other",

@@ -59,12 +59,19 @@ RECONNECT_ERRORS = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    # The protocol out of step with its connection, which a server that ends the connection
+    # just as a statement starts leaves behind (a failover); TargetServerAttributeNotMatched
+    # (no primary among the URL's hosts) is one too.
+    asyncpg.InternalClientError,
     aiormq.exceptions.AMQPConnectionError,
     aiormq.exceptions.ChannelInvalidStateError,
     aiormq.exceptions.ChannelClosed,
 )
 """What ends a relay's session and makes it connect again: a broker or database that is down,
-restarting, or closed the connection (``admin_shutdown``, ``cannot_connect_now``)."""
+restarting, or closed the connection (``admin_shutdown``, ``cannot_connect_now``); during a
+database failover also a server that is a standby (``read_only_sql_transaction``), no primary
+among the URL's hosts, or a connection the failover left out of step."""
 
 RECONNECT_INITIAL_SECONDS = 0.5
 """First wait before connecting again (plus up to 1 s of jitter), after a failed attempt or

@@ -17,6 +17,7 @@ from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_session
 from fulfilment.adapters.postgres.outcomes import outcome_report
+from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.rabbitmq.connection import connect
 from fulfilment.adapters.rabbitmq.inspection import (
     DeadLetterSummary,
@@ -24,25 +25,31 @@ from fulfilment.adapters.rabbitmq.inspection import (
     queue_state,
 )
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from fulfilment.domain.handoff import RequestBacklog, RequestStatus
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.virtual_host import missing_queues_note
 
 
-async def report_command(options: ToolOptions, *, as_json: bool, echo: Echo) -> None:
+async def report_command(
+    options: ToolOptions, *, as_json: bool, echo: Echo, handoff: bool = False
+) -> None:
     """``fulfilment report``: echo the report, for people or (``as_json``) as one JSON document.
+
+    ``handoff``: the hand-off to the warehouse system is configured (``FULFILMENT_WAREHOUSE_URL``
+    set); see :func:`collect_report`.
 
     Raises:
         CommandError: a stock invariant does not hold (exit 1), after the report.
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
-    document = await collect_report(options)
+    document = await collect_report(options, handoff=handoff)
     echo(json.dumps(document, indent=2, sort_keys=True) if as_json else render_report(document))
     if not document["invariants"]["ok"]:
         msg = "stock invariants do not hold (see the report above)"
         raise CommandError(msg)
 
 
-async def collect_report(options: ToolOptions) -> dict[str, Any]:
+async def collect_report(options: ToolOptions, *, handoff: bool = False) -> dict[str, Any]:
     """The report as a JSON-ready document.
 
     Shape: ``{"outcomes": {"reserved", "rejected": {reason: count}, "released", "shipped",
@@ -58,11 +65,22 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
     ``by_reason`` row of class ``unread``. ``missing_queues`` names the subscribed queues and
     DLQs the virtual host does not have (counted as empty), in that order.
 
+    With the hand-off configured (``handoff``) or requests recorded, also
+    ``"warehouse_requests": {"open", "oldest_open_age_seconds", "failed", "expired",
+    "by_kind": {kind: {status: count}}}``: the requests to the warehouse system not yet
+    answered (``pending``/``sending``) and the oldest one's age in seconds (null when none),
+    those that need an operator (``fulfilment warehouse resend``), and every request by kind
+    and status. Without either the key is absent, so that a service without the hand-off
+    reports as before it.
+
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
         outcomes = await outcome_report(warehouse.engine)
+        backlog = await PostgresWarehouseRequests(
+            warehouse.engine, retry_budget_seconds=options.database.retry_budget_seconds
+        ).backlog()
     by_reason: list[dict[str, Any]] = []
     dead_by_queue: dict[str, int] = {}
     pending: dict[str, dict[str, int]] = {}
@@ -100,7 +118,7 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
     details = asdict(outcomes)
     invariants = details.pop("invariants", {})
     outbox_rows = details.pop("outbox", {})
-    return {
+    document: dict[str, Any] = {
         "outcomes": details,
         "dead_lettered": {
             "total": sum(dead_by_queue.values()),
@@ -115,6 +133,28 @@ async def collect_report(options: ToolOptions) -> dict[str, Any]:
         "outbox": outbox_rows,
         "invariants": {**invariants, "ok": outcomes.ok},
         "missing_queues": missing,
+    }
+    if handoff or backlog.by_kind_and_status:
+        document["warehouse_requests"] = _requests_document(backlog)
+    return document
+
+
+def _requests_document(backlog: RequestBacklog) -> dict[str, Any]:
+    by_kind: dict[str, dict[str, int]] = {}
+    for (kind, status), count in sorted(backlog.by_kind_and_status.items()):
+        by_kind.setdefault(str(kind), {})[str(status)] = count
+
+    def with_status(status: RequestStatus) -> int:
+        return sum(
+            count for (_, each), count in backlog.by_kind_and_status.items() if each is status
+        )
+
+    return {
+        "open": backlog.open_count,
+        "oldest_open_age_seconds": backlog.oldest_open_age_seconds,
+        "failed": with_status(RequestStatus.FAILED),
+        "expired": with_status(RequestStatus.EXPIRED),
+        "by_kind": by_kind,
     }
 
 
@@ -140,6 +180,17 @@ def render_report(document: dict[str, Any]) -> str:
     invariants = document["invariants"]
     lines.append("stock invariants               " + ("hold" if invariants["ok"] else "BROKEN"))
     lines += [f"  {key:<28}{_value(value)}" for key, value in invariants.items() if key != "ok"]
+    requests = document.get("warehouse_requests")
+    if requests is not None:
+        age = requests["oldest_open_age_seconds"]
+        oldest = "" if age is None else f", oldest {age:.0f} s"
+        lines.append("warehouse requests")
+        lines.append(f"  {'open':<28}{requests['open']}{oldest}")
+        lines.append(f"  {'failed':<28}{requests['failed']}")
+        lines.append(f"  {'expired':<28}{requests['expired']}")
+        lines += [
+            f"  {kind:<28}{_value(statuses)}" for kind, statuses in requests["by_kind"].items()
+        ]
     # Zeros read from the wrong virtual host would look like a healthy, idle service.
     note = missing_queues_note(document.get("missing_queues", []))
     if note is not None:

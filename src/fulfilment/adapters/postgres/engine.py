@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-from sqlalchemy.engine import make_url
+from sqlalchemy import event
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 CLIENT_TIMEOUT_MARGIN_SECONDS = 1.0
@@ -60,8 +61,39 @@ def asyncpg_dsn(url: str) -> str:
     libpq's meanings (``asyncpg.connect_utils``). SQLAlchemy would instead pass each query
     parameter to ``asyncpg.connect`` as a keyword, which has no ``sslmode``: hence
     :func:`async_engine`.
+
+    Several servers, of which the service uses whichever is primary, are named as SQLAlchemy
+    documents it ("Specifying multiple fallback hosts"): one ``host`` query parameter each,
+    ``?host=a:5432&host=b:5432&target_session_attrs=read-write``. asyncpg keeps only the last
+    of a repeated parameter, so the hosts (and ``port``, if repeated) are joined into libpq's
+    list, ``host=a:5432,b:5432``, which asyncpg tries in turn, keeping the first that is
+    ``target_session_attrs`` (``read-write``: the primary).
     """
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    parsed = make_url(url)
+    query = {
+        name: ",".join(value) if isinstance(value, tuple) and name in _LISTS else value
+        for name, value in parsed.query.items()
+    }
+    return parsed.set(drivername="postgresql", query=query).render_as_string(hide_password=False)
+
+
+_LISTS = frozenset({"host", "port"})
+"""Query parameters that libpq (and asyncpg) take as one comma-separated list."""
+
+READ_ONLY_SQL_TRANSACTION = "25006"
+"""What a standby answers a write with: a connection that meets it is on a server that is no
+longer (or not yet) the primary, and is dropped so the next one looks for the primary."""
+
+
+def _drop_connections_to_a_standby(context: ExceptionContext) -> None:
+    """``handle_error`` hook: take SQLSTATE 25006 for a disconnect.
+
+    SQLAlchemy then invalidates the connection (and every pooled one opened before it), so a
+    pool that was connected to the old primary, now a standby behind the same address, does
+    not keep handing out read-only connections; the retry policy tries again on a new one.
+    """
+    if getattr(context.original_exception, "sqlstate", None) == READ_ONLY_SQL_TRANSACTION:
+        context.is_disconnect = True
 
 
 def async_engine(url: str, *, connect_args: dict[str, Any], **engine_args: Any) -> AsyncEngine:  # noqa: ANN401 - create_async_engine's own keywords
@@ -78,11 +110,13 @@ def async_engine(url: str, *, connect_args: dict[str, Any], **engine_args: Any) 
     async def connect() -> asyncpg.Connection:
         return await asyncpg.connect(dsn, **connect_args)
 
-    return create_async_engine(
+    engine = create_async_engine(
         make_url(url).set(drivername="postgresql+asyncpg", query={}),
         async_creator=connect,
         **engine_args,
     )
+    event.listen(engine.sync_engine, "handle_error", _drop_connections_to_a_standby)
+    return engine
 
 
 def _milliseconds(seconds: float) -> str:
@@ -106,7 +140,9 @@ def create_engine(options: DatabaseOptions) -> AsyncEngine:
       ``;``, ``ROLLBACK``), three times the reservation's one. A connection dropped by a
       database failover fails its next statement instead; SQLAlchemy then invalidates every
       connection of the pool opened before the failure, and the retry policy
-      (``adapters.postgres.retry``) tries again on a new one, within the same budget.
+      (``adapters.postgres.retry``) tries again on a new one, within the same budget. A
+      connection that meets a standby (SQLSTATE 25006) is dropped the same way
+      (:func:`async_engine`).
 
     The caller owns the engine and must ``await engine.dispose()`` at shutdown.
     """

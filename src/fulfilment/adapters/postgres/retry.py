@@ -47,6 +47,10 @@ TRANSIENT_SQLSTATES: Mapping[str, str] = MappingProxyType(
         "57P02": "server_shutdown",  # crash_shutdown
         "57P03": "server_starting",  # cannot_connect_now: the server is starting up
         "53300": "too_many_connections",
+        # read_only_sql_transaction: the server is, or has just become, a standby (a failover
+        # or switchover); the connection is dropped (``engine``) and the next one finds the
+        # primary.
+        "25006": "read_only",
     }
 )
 """SQLSTATEs worth another attempt, besides the whole class 08, each with the ``error`` label

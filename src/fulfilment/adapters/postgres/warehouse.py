@@ -251,11 +251,12 @@ class PostgresWarehouse(Warehouse):
                         rows: list[Sequence[Any]] = await connection.fetch(
                             on_pool, *parameters.values()
                         )
-                    except (asyncpg.InterfaceError, OSError):
+                    except (asyncpg.InterfaceError, OSError, asyncpg.ReadOnlySQLTransactionError):
                         # The connection, not the server, failed (a failover kills connections
-                        # under running statements), or stopped answering (the pool's
-                        # command_timeout raised TimeoutError, an OSError): never hand it out
-                        # again; the retry policy decides whether to try on a new one.
+                        # under running statements), stopped answering (the pool's
+                        # command_timeout raised TimeoutError, an OSError), or is on a server
+                        # that became a standby (25006): never hand it out again; the retry
+                        # policy decides whether to try on a new one.
                         connection.terminate()
                         raise
                     return rows

@@ -1,0 +1,399 @@
+"""The worker and the relay across a PostgreSQL failover, as production runs the database.
+
+Each scenario runs three workers and a relay on the service's URL over both servers
+(``host=a&host=b&target_session_attrs=read-write``) while a plan of orders on hot SKUs, with
+cancels and shipments, is published; it changes the servers' places under the load, lets
+everything settle, and ends with the product's reconciliation and the lifecycle suite's
+comparison with the in-order sequence: none lost, none applied twice, stock and lines as the
+in-order sequence leaves them, the invariants held, nothing dead-lettered; the outbox tells
+each order's lifecycle once, and every result event reached ``fulfilment.events`` (again only
+under its own ``event_id``); no worker restarted, and each exits 0 on SIGTERM. The row of
+figures goes to ``FULFILMENT_TEST_FAULT_FIGURES`` with the time to recover and the drain rates.
+
+``FULFILMENT_TEST_FAILOVER_ORDERS`` sets the orders per scenario (default :data:`ORDERS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aio_pika
+import pytest
+from failoverlib import Load, Primary, Timings, acknowledged, handled_lines, processed, timings
+from faultlib import Cluster, assert_outbox_tells_the_lifecycle, declare, record_figures
+from harness import put_stock
+from postgres_pair import ASYNCHRONOUS, PostgresPair
+from pydantic import SecretStr
+from relay_harness import RelayProcess, bind_events_queue, spawn_relay
+from test_lifecycle_faults import (
+    HOT_SKUS,
+    STOCK,
+    LifecyclePlan,
+    Outcome,
+    assert_nothing_lost_nor_applied_twice,
+    compare_with_the_in_order_sequence,
+    lifecycle_plan,
+)
+
+from fulfilment.contracts.topology import (
+    DEAD_LETTER_QUEUES,
+    ORDER_CANCELLED,
+    ORDER_PLACED,
+    ORDER_SHIPPED,
+    SUBSCRIBED_QUEUES,
+)
+from fulfilment.settings import Settings
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(600)]
+
+ORDERS = int(os.environ.get("FULFILMENT_TEST_FAILOVER_ORDERS", "600"))
+"""Orders per scenario (with their cancels and shipments, about 1.45 events each): 600 keep
+the five scenarios within about 6 minutes on two cores, where the workers handle some 50
+events per second between two servers replicating synchronously."""
+WORKERS = 3
+DELIVERY_LIMIT = 20
+"""Above the handful of returns a failover causes, so no innocent delivery is taken for
+poison by the broker's own limit."""
+PROMOTE_AFTER_SECONDS = 1.0
+"""What detecting the dead primary takes before the standby is promoted (CloudNativePG's
+instance manager notices in about this)."""
+PROMOTED_WITHIN_SECONDS = 5.0
+FAULT_AT = 0.35
+"""Share of the plan's events processed when the fault comes: mid-load."""
+
+Fault = Callable[[PostgresPair], Awaitable[tuple[str, float, float]]]
+"""Changes the servers' places under load; returns what it did, the epoch second it began, and
+the one from which a commit is one of the new primary's (the promotion's end)."""
+
+
+@dataclass
+class Result:
+    """What a scenario measured, beside the reconciliation."""
+
+    outcome: Outcome
+    timings: Timings
+    restarts: int
+    published_twice: int
+    exits: list[int]
+    outcomes: Counter[str]
+    requeued: int
+    retried: int
+    paused: int
+
+
+async def run_scenario(
+    fault: Fault,
+    *,
+    pair: PostgresPair,
+    url: str,
+    workers: Cluster,
+    relays: list[RelayProcess],
+    env: dict[str, str],
+    amqp_url: str,
+    tmp_path: Path,
+    seed: int,
+    lost_allowed: bool = False,
+) -> tuple[str, Result, LifecyclePlan]:
+    primary = Primary(url)
+    try:
+        db = await primary.connection()
+        await put_stock(db, STOCK)
+        await declare(amqp_url, DELIVERY_LIMIT)
+        plan = lifecycle_plan(ORDERS, cancelled=0.2, shipped=0.2, early=0.1, lag=0, seed=seed)
+        total = len(plan.in_order)
+        async with await aio_pika.connect(amqp_url) as broker:
+            events = await bind_events_queue(broker)
+            workers.start(WORKERS, wait_ready=True, FULFILMENT_DELIVERY_LIMIT=str(DELIVERY_LIMIT))
+            relay = spawn_relay(relays, env, tmp_path)
+            load = Load(plan, broker, primary)
+            load.start()
+            deadline = time.monotonic() + 120
+            while await processed(primary) < FAULT_AT * total:
+                assert time.monotonic() < deadline, "the workers did not start processing"
+                await asyncio.sleep(0.2)
+
+            injected, began, promoted = await fault(pair)
+            await load.done()
+            restarts = await settle(workers, primary, broker, total, lost_allowed=lost_allowed)
+            ended = time.time()
+
+            db = await primary.connection()
+            outbox = {str(row["event_id"]) for row in await db.fetch("SELECT event_id FROM outbox")}
+            received = await take_events(events, outbox)
+        outcome = await compare_with_the_in_order_sequence(
+            plan, db, Settings(database_url=SecretStr(url), amqp_url=SecretStr(amqp_url))
+        )
+        if not lost_allowed:
+            assert_nothing_lost_nor_applied_twice(plan, outcome)
+            await assert_outbox_tells_the_lifecycle(
+                db, placed=plan.count(ORDER_PLACED), shipped=plan.count(ORDER_SHIPPED)
+            )
+            missing = outbox - set(received)
+            unpublished = await db.fetchval(
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+            )
+            assert not missing, (
+                f"{len(missing)} result events never reached fulfilment.events "
+                f"({unpublished} outbox rows unpublished; the relay: {relay.log_tail()})"
+            )
+            assert set(received) <= outbox, "events published that the outbox does not hold"
+    finally:
+        await primary.close()
+    exits = [*workers.stop_all(), relay.terminate()[0]]
+    return (
+        injected,
+        Result(
+            outcome=outcome,
+            timings=timings(workers, began, promoted, ended),
+            restarts=restarts,
+            published_twice=sum(received.values()) - len(received),
+            exits=exits,
+            outcomes=Counter(
+                str(line.get("outcome")).partition(":")[0]
+                for queue in SUBSCRIBED_QUEUES
+                for line in workers.log_events(f"{queue.event}.handled")
+            ),
+            requeued=sum(
+                len(workers.log_events(f"{queue.event}.requeued")) for queue in SUBSCRIBED_QUEUES
+            ),
+            retried=len(workers.log_events("database_retry")),
+            paused=len(workers.log_events("consumer.paused")),
+        ),
+        plan,
+    )
+
+
+async def settle(
+    workers: Cluster,
+    primary: Primary,
+    broker: aio_pika.abc.AbstractConnection,
+    total: int,
+    *,
+    lost_allowed: bool,
+    timeout: float = 180,
+) -> int:
+    """Wait until every event is processed (or, when some may be lost, until the queues are
+    empty and the inbox stopped growing); restart dead workers, return how many."""
+    restarts = 0
+    deadline = time.monotonic() + timeout
+    last, still_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        restarts += workers.restart_dead()
+        count = await processed(primary)
+        depths = [await depth(broker, queue.name) for queue in SUBSCRIBED_QUEUES]
+        if count >= total and not any(depths):
+            return restarts
+        if count != last:
+            last, still_since = count, time.monotonic()
+        elif lost_allowed and not any(depths) and time.monotonic() - still_since > 5:
+            return restarts
+        await asyncio.sleep(0.3)
+    pytest.fail(f"{await processed(primary)} of {total} events processed in {timeout:g} s")
+
+
+async def depth(broker: aio_pika.abc.AbstractConnection, name: str) -> int:
+    channel = await broker.channel()
+    try:
+        queue = await channel.declare_queue(name, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+    finally:
+        await channel.close()
+
+
+async def take_events(
+    queue: aio_pika.abc.AbstractQueue, expected: set[str], timeout: float = 120
+) -> Counter[str]:
+    """Every message of ``queue`` by ``message_id``, consumed until each of ``expected`` came
+    and a second passed without another (so duplicates in flight are counted too)."""
+    received: Counter[str] = Counter()
+    last = time.monotonic()
+
+    async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        nonlocal last
+        received[str(message.message_id)] += 1
+        last = time.monotonic()
+
+    tag = await queue.consume(take, no_ack=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if expected <= set(received) and time.monotonic() - last > 1:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await queue.cancel(tag)
+    return received
+
+
+def record(name: str, injected: str, result: Result, plan: LifecyclePlan, **extra: object) -> None:
+    reconciliation = result.outcome.reconciliation
+    record_figures(
+        name,
+        f"{plan.count(ORDER_PLACED)} orders on {len(HOT_SKUS)} hot SKUs, "
+        f"{plan.count(ORDER_CANCELLED)} cancels, {plan.count(ORDER_SHIPPED)} shipments; "
+        f"3 workers and a relay; {injected}",
+        reconciliation,
+        applied_twice=result.outcome.applied_twice,
+        oversold=0 if reconciliation.invariants_hold else 1,
+        stock_right=not result.outcome.skus_differing,
+        worker_restarts=result.restarts,
+        published_twice=result.published_twice,
+        duplicates=result.outcomes["duplicate"],
+        requeued=result.requeued,
+        consumer_paused=result.paused,
+        database_retries=result.retried,
+        exits=result.exits,
+        **asdict(result.timings),
+        **extra,
+    )
+
+
+def assert_the_service_carried_on(result: Result) -> None:
+    assert result.restarts == 0, f"{result.restarts} workers had to be restarted"
+    assert result.exits == [0] * (WORKERS + 1), result.exits
+    assert result.outcome.reconciliation.dead_lettered == 0
+
+
+# --- faults ---------------------------------------------------------------------------------
+
+
+async def kill_and_promote(pair: PostgresPair) -> tuple[str, float, float]:
+    """SIGKILL the primary, promote the standby after the detection time, rebuild the old
+    primary (pg_rewind) while the load goes on."""
+    killed = pair.primary.name
+    began = time.time()
+    await asyncio.to_thread(pair.kill, pair.primary)
+    await asyncio.sleep(PROMOTE_AFTER_SECONDS)
+    await asyncio.to_thread(pair.promote)
+    promoted = time.time()
+    assert promoted - began < PROMOTED_WITHIN_SECONDS, promoted - began
+    await asyncio.to_thread(pair.rebuild)
+    injected = (
+        f"SIGKILL of the primary ({killed}), {pair.primary.name} promoted "
+        f"{promoted - began:.1f} s later, {pair.rebuilt[-1]}"
+    )
+    return injected, began, promoted
+
+
+async def switch_over(pair: PostgresPair) -> tuple[str, float, float]:
+    """``pg_ctl stop -m fast`` on the primary, then promote the standby and rebuild."""
+    stopped = pair.primary.name
+    began = time.time()
+    await asyncio.to_thread(pair.stop, pair.primary, "fast")
+    took = await asyncio.to_thread(pair.promote)
+    promoted = time.time()
+    await asyncio.to_thread(pair.rebuild)
+    injected = (
+        f"switchover: pg_ctl stop -m fast of {stopped}, {pair.primary.name} promoted in "
+        f"{took:.1f} s, {pair.rebuilt[-1]}"
+    )
+    return injected, began, promoted
+
+
+STANDBY_DOWN_SECONDS = 15.0
+
+
+async def standby_down(pair: PostgresPair) -> tuple[str, float, float]:
+    """Stop the synchronous standby for :data:`STANDBY_DOWN_SECONDS`, then start it again."""
+    standby = pair.standby
+    began = time.time()
+    await asyncio.to_thread(pair.stop, standby, "fast")
+    await asyncio.sleep(STANDBY_DOWN_SECONDS)
+    await asyncio.to_thread(pair.start, standby)
+    await asyncio.to_thread(pair.wait_streaming)
+    injected = f"synchronous standby ({standby.name}) stopped for {STANDBY_DOWN_SECONDS:g} s"
+    return injected, began, began
+
+
+# --- scenarios ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scenario(postgres_pair, failover_url, workers, relays, failover_env, amqp_url, tmp_path):
+    async def run(fault: Fault, seed: int, **options: bool) -> tuple[str, Result, LifecyclePlan]:
+        return await run_scenario(
+            fault,
+            pair=postgres_pair,
+            url=failover_url,
+            workers=workers,
+            relays=relays,
+            env=failover_env,
+            amqp_url=amqp_url,
+            tmp_path=tmp_path,
+            seed=seed,
+            **options,
+        )
+
+    return run
+
+
+async def test_the_primary_killed_under_load_loses_nothing_and_applies_nothing_twice(scenario):
+    injected, result, plan = await scenario(kill_and_promote, seed=41)
+    record("database failover: primary killed (synchronous)", injected, result, plan)
+    assert_the_service_carried_on(result)
+
+
+async def test_a_second_failover_back_to_the_rebuilt_server_loses_nothing(scenario, postgres_pair):
+    if not postgres_pair.rebuilt:  # run alone: make the primary a rebuilt server first
+        await kill_and_promote(postgres_pair)
+    rebuilt = postgres_pair.rebuilt[-1].split(":")[0]
+    # The rebuilt server is the standby: the failover goes back to it.
+    assert postgres_pair.standby.name == rebuilt
+    injected, result, plan = await scenario(kill_and_promote, seed=42)
+    assert postgres_pair.primary.name == rebuilt
+    record("database failover back to the rebuilt server", injected, result, plan)
+    assert_the_service_carried_on(result)
+
+
+async def test_a_planned_switchover_loses_nothing_and_reports_its_pause(scenario):
+    injected, result, plan = await scenario(switch_over, seed=43)
+    record("database switchover (pg_ctl stop -m fast, promote)", injected, result, plan)
+    assert_the_service_carried_on(result)
+    assert result.timings.longest_pause_seconds < 30, result.timings
+
+
+async def test_the_synchronous_standby_down_holds_commits_and_dead_letters_nothing(scenario):
+    injected, result, plan = await scenario(standby_down, seed=44)
+    record("synchronous standby down, then back", injected, result, plan)
+    assert_the_service_carried_on(result)
+    # Nothing was acknowledged while no standby confirmed commits: the waiting commits held
+    # their rows and inbox entries, so the deliveries behind them ran out of their deadline,
+    # went back to the queue, and the consumers paused; the redeliveries of the waiting ones
+    # came back as duplicates once the standby confirmed them.
+    assert result.timings.longest_pause_seconds >= STANDBY_DOWN_SECONDS - 1, result.timings
+    assert result.requeued > 0
+    assert result.paused > 0
+
+
+async def test_asynchronous_replication_loses_what_the_standby_had_not_received(
+    scenario, postgres_pair, workers
+):
+    postgres_pair.replication = ASYNCHRONOUS
+    try:
+        await asyncio.to_thread(postgres_pair.heal)
+        injected, result, plan = await scenario(kill_and_promote, seed=45, lost_allowed=True)
+    finally:
+        postgres_pair.replication = "'*'"
+    reconciliation = result.outcome.reconciliation
+    # Lost: deliveries a worker acknowledged whose change the promoted standby never received;
+    # the broker forgot them at the acknowledgement, so nothing brings them back.
+    lost = acknowledged(workers) & set(reconciliation.missing)
+    assert set(reconciliation.missing) == lost, "missing events that no worker acknowledged"
+    record(
+        "database failover with asynchronous replication (loss measured)",
+        injected,
+        result,
+        plan,
+        acknowledged_and_lost=len(lost),
+        acknowledged=len(handled_lines(workers)),
+        replication="asynchronous",
+    )
+    assert result.restarts == 0
+    assert result.exits == [0] * (WORKERS + 1), result.exits
+    assert DEAD_LETTER_QUEUES  # reconcile read every DLQ: a lost event is not a dead letter
