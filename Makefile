@@ -112,7 +112,7 @@ K8S_VERSION := 1.33.0
 
 check-deploy: install ## Lint and validate the Dockerfile, compose stack, Kubernetes manifests and Prometheus config
 	$(UV) run hadolint Dockerfile
-	$(UV) run yamllint --strict docker-compose.yml k8s deploy/prometheus/prometheus.yml deploy/grafana/provisioning .yamllint
+	$(UV) run yamllint --strict docker-compose.yml k8s deploy/prometheus/prometheus.yml deploy/grafana/provisioning deploy/otel .yamllint
 	"$$($(UV) run python -c 'import compose; print(compose.__file__)' | xargs dirname)/docker-compose" --file docker-compose.yml config --quiet
 	$(UV) run kubernetes-validate --strict --quiet --no-warn -k $(K8S_VERSION) k8s/*.yaml
 	scripts/render-prometheus-rule --check

@@ -3,9 +3,13 @@ example result events, and a relay that is not connected."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
+
+from opentelemetry import context as otel_context
 
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.result_events import (
@@ -19,6 +23,7 @@ from fulfilment.contracts.result_events import (
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine, ReserveStock
 from fulfilment.observability.relay_metrics import RelayMetrics
+from fulfilment.observability.tracing import context_of
 from fulfilment.relay.service import Relay, RelayOptions
 from fulfilment.worker.delivery import check_body, parse_event
 
@@ -77,11 +82,21 @@ RESULT_EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
 the dispatcher's store write them into the outbox."""
 
 
+@contextmanager
+def in_trace(traceparent: str | None) -> Iterator[None]:
+    """Run the block with ``traceparent`` as the current (remote) span, as a delivery's span
+    is current while its handler runs; None: no trace."""
+    token = otel_context.attach(context_of(traceparent))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
 def order(
     *lines: tuple[str, int],
     event_id: UUID | None = None,
     order_id: UUID | None = None,
-    traceparent: str | None = None,
 ) -> ReserveStock:
     """A ``ReserveStock`` of ``(sku, quantity)`` lines; new ids unless given."""
     return ReserveStock(
@@ -89,7 +104,6 @@ def order(
         order_id=order_id or uuid4(),
         placed_at=PLACED_AT,
         lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
-        traceparent=traceparent,
     )
 
 
@@ -97,7 +111,6 @@ def cancellation(
     order_id: UUID,
     *lines: tuple[str, int],
     event_id: UUID | None = None,
-    traceparent: str | None = None,
 ) -> CancelOrder:
     """A ``CancelOrder`` of ``order_id``: of its ``(sku, quantity)`` lines, or whole without."""
     return CancelOrder(
@@ -105,19 +118,15 @@ def cancellation(
         order_id=order_id,
         cancelled_at=CANCELLED_AT,
         lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines) if lines else None,
-        traceparent=traceparent,
     )
 
 
-def shipment(
-    order_id: UUID, *, event_id: UUID | None = None, traceparent: str | None = None
-) -> ShipOrder:
+def shipment(order_id: UUID, *, event_id: UUID | None = None) -> ShipOrder:
     """A ``ShipOrder`` of ``order_id``; a new event id unless given."""
     return ShipOrder(
         event_id=event_id or uuid4(),
         order_id=order_id,
         shipped_at=SHIPPED_AT,
-        traceparent=traceparent,
     )
 
 

@@ -59,6 +59,7 @@ from fulfilment.domain.model import (
     StockLevel,
     aggregate_demand,
 )
+from fulfilment.observability.tracing import current_traceparent
 
 CANCEL_INBOX_OUTCOMES = {
     CancelKind.RELEASED: "released",
@@ -81,7 +82,7 @@ class RecordedEvent:
 
     ``body`` is the message without ``event_id`` and ``occurred_at`` (a new UUID and the
     transaction's time, which no two warehouses share); ``traceparent`` the trace context of
-    the input event that caused it.
+    the span current when it was written (the delivery's).
     """
 
     routing_key: str
@@ -245,7 +246,7 @@ class InMemoryWarehouse(Warehouse):
                         command.order_id,
                         command.event_id,
                         dict(placement.state.lines),
-                        command.traceparent,
+                        current_traceparent(),
                     )
             else:
                 # A rejection as cancelled names every SKU the order asked for.
@@ -291,7 +292,7 @@ class InMemoryWarehouse(Warehouse):
                     command.order_id,
                     command.event_id,
                     None if decided.asked is None else dict(decided.asked),
-                    command.traceparent,
+                    current_traceparent(),
                 )
             for sku, units in cancellation.lines.items():
                 self.levels[sku] = released(self.levels[sku], units)
@@ -403,7 +404,7 @@ class InMemoryWarehouse(Warehouse):
         self, routing_key: str, command: ReserveStock | CancelOrder | ShipOrder, **fields: Any
     ) -> None:
         self.result_events.append(
-            RecordedEvent(routing_key, result_body(command, **fields), command.traceparent)
+            RecordedEvent(routing_key, result_body(command, **fields), current_traceparent())
         )
 
     @staticmethod

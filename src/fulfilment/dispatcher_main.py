@@ -48,6 +48,7 @@ from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, read_ba
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.probes import ProbeServer
+from fulfilment.observability.tracing import start_tracing
 from fulfilment.settings import Settings
 
 logger = structlog.get_logger("fulfilment.dispatcher")
@@ -128,6 +129,9 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
         return refused.exit_code
     metrics = DispatcherMetrics(version=__version__)
+    tracing = start_tracing(
+        metrics.registry, service_name="fulfilment-dispatcher", version=__version__
+    )
     engine = create_engine(database_options(settings))
     requests = PostgresWarehouseRequests(engine, retry_budget_seconds=settings.retry_budget_seconds)
     client = WarehouseClient(http_client, timeout_seconds=settings.warehouse_timeout_seconds)
@@ -196,6 +200,8 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         await engine.dispose()
+        if tracing is not None:
+            await tracing.shutdown()
     logger.info("dispatcher.stopped")
     return 0
 

@@ -44,6 +44,7 @@ from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_S
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
+from fulfilment.observability.tracing import start_tracing
 from fulfilment.settings import Settings
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
@@ -312,6 +313,7 @@ async def run_worker(
         logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
         return refused.exit_code
     metrics = new_metrics()
+    tracing = start_tracing(metrics.registry, service_name="fulfilment-worker", version=__version__)
     database = database_options(settings)
     engine = create_engine(database)
     pool = await create_pool(database)  # the reservations' (hot path); the engine for the rest
@@ -328,6 +330,8 @@ async def run_worker(
         pool=pool,
         pool_size=settings.database_pool_size,
         batch_max=settings.reservation_batch_max,
+        # The worker records the requests; only the dispatcher ever calls the warehouse system.
+        handoff=settings.warehouse_url is not None,
     )
     warehouse: Warehouse = postgres if wrap_warehouse is None else wrap_warehouse(postgres)
 
@@ -398,6 +402,8 @@ async def run_worker(
         await serving
         pool.terminate()
         await engine.dispose()
+        if tracing is not None:
+            await tracing.shutdown()
     return ExitCode.FAILED if worker.watchdog.gave_up else ExitCode.OK
 
 

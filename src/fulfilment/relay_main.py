@@ -29,6 +29,7 @@ from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics
+from fulfilment.observability.tracing import start_tracing
 from fulfilment.relay.health import relay_health_app
 from fulfilment.relay.service import (
     RECONNECT_INITIAL_SECONDS,
@@ -84,6 +85,7 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
         logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
         return refused.exit_code
     metrics = RelayMetrics(RESULT_ROUTING_KEYS, version=__version__)
+    tracing = start_tracing(metrics.registry, service_name="fulfilment-relay", version=__version__)
     relay = Relay(relay_options(settings), metrics, hooks)
     http = ProbeServer(
         uvicorn.Config(
@@ -123,6 +125,8 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
     finally:
         http.should_exit = True
         await serving
+        if tracing is not None:
+            await tracing.shutdown()
     return ExitCode.OK
 
 

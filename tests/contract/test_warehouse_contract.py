@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from builders import cancellation, order, shipment
+from builders import cancellation, in_trace, order, shipment
 from fakes import InMemoryWarehouse, RecordedEvent, result_body
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
@@ -725,9 +725,10 @@ def lines(*pairs):
 
 async def test_a_reservation_writes_stock_reserved_with_its_lines_merged_and_sorted(warehouse):
     await warehouse.put_stock({"b": 10, "B": 10, "A": 10})
-    command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4), traceparent=TRACEPARENT)
+    command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4))
 
-    await warehouse.reserve(command)
+    with in_trace(TRACEPARENT):
+        await warehouse.reserve(command)
 
     assert await result_events(warehouse) == [
         RecordedEvent(
@@ -777,10 +778,11 @@ async def test_duplicates_of_an_event_or_an_order_write_no_result_event(warehous
 
 async def test_a_partial_cancel_and_the_last_one_write_stock_released_with_the_status(warehouse):
     placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
-    partial = cancellation(placed.order_id, ("B", 5), ("Z", 1), traceparent=TRACEPARENT)
+    partial = cancellation(placed.order_id, ("B", 5), ("Z", 1))
     whole = cancellation(placed.order_id)
 
-    await warehouse.cancel(partial)
+    with in_trace(TRACEPARENT):
+        await warehouse.cancel(partial)
     await warehouse.cancel(whole)
 
     assert (await result_events(warehouse))[1:] == [
@@ -851,9 +853,10 @@ async def test_an_order_whose_lines_were_all_cancelled_first_is_rejected_naming_
 async def test_a_shipment_writes_stock_shipped_with_what_left_and_nothing_after(warehouse):
     placed = await reserved_order(warehouse, ("B", 2), ("A", 3))
     await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
-    first = shipment(placed.order_id, traceparent=TRACEPARENT)
+    first = shipment(placed.order_id)
 
-    await warehouse.ship(first)
+    with in_trace(TRACEPARENT):
+        await warehouse.ship(first)
     await warehouse.ship(shipment(placed.order_id))
     await warehouse.ship(first)
     await warehouse.ship(shipment(uuid.uuid4()))
@@ -868,13 +871,17 @@ async def test_a_shipment_writes_stock_shipped_with_what_left_and_nothing_after(
 async def test_every_event_of_a_batch_gets_its_own_row_and_trace_context(warehouse):
     await warehouse.put_stock({"A": 100})
     traces = [f"00-{i:032x}-{i:016x}-01" for i in range(1, 11)]
-    commands = [order(("A", 1), traceparent=trace) for trace in traces]
+    commands = [order(("A", 1)) for _ in traces]
 
-    await asyncio.gather(*(warehouse.reserve(command) for command in commands))
+    async def reserve(command, trace):
+        with in_trace(trace):
+            await warehouse.reserve(command)
+
+    await asyncio.gather(*map(reserve, commands, traces))
 
     events = await result_events(warehouse)
     assert sorted((event.order_id, event.traceparent) for event in events) == sorted(
-        (str(command.order_id), command.traceparent) for command in commands
+        (str(command.order_id), trace) for command, trace in zip(commands, traces, strict=True)
     )
 
 
@@ -920,10 +927,13 @@ async def test_a_reservation_records_its_fulfilment_order_pending_with_its_lines
     handoff_warehouse,
 ):
     await handoff_warehouse.put_stock({"b": 10, "B": 10, "A": 10})
-    command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4), traceparent=TRACEPARENT)
+    command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4))
 
-    await handoff_warehouse.reserve(command)
+    with in_trace(TRACEPARENT):
+        await handoff_warehouse.reserve(command)
 
+    # The request continues the order's trace from the span that wrote its result event.
+    assert [event.traceparent for event in await result_events(handoff_warehouse)] == [TRACEPARENT]
     assert await requests_of(handoff_warehouse) == [
         (
             "fulfilment_order",
@@ -988,10 +998,11 @@ async def test_a_cancel_after_the_send_releases_nothing_and_records_a_cancellati
 ):
     placed = await reserved_order(handoff_warehouse, ("A", 3), ("B", 2))
     await move_on(handoff_warehouse, placed.order_id, sent)
-    command = cancellation(placed.order_id, *asked, traceparent=TRACEPARENT)
+    command = cancellation(placed.order_id, *asked)
     events_before = await result_events(handoff_warehouse)
 
-    outcome = await handoff_warehouse.cancel(command)
+    with in_trace(TRACEPARENT):
+        outcome = await handoff_warehouse.cancel(command)
 
     assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
         CancelKind.CANCEL_REQUESTED,

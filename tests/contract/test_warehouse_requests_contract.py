@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
-from builders import cancellation, order, shipment
+from builders import cancellation, in_trace, order, shipment
 from fakes import InMemoryWarehouse, InMemoryWarehouseRequests, RecordedEvent
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
@@ -53,8 +53,9 @@ class Stores:
 
     async def placed(self, *lines, traceparent=None):
         await self.warehouse.put_stock({"A": 10, "B": 10, "C": 10})
-        command = order(*lines, traceparent=traceparent)
-        await self.warehouse.reserve(command)
+        command = order(*lines)
+        with in_trace(traceparent):
+            await self.warehouse.reserve(command)
         return command
 
     async def accepted(self, *lines, warehouse_id="WH-1"):
@@ -110,7 +111,7 @@ def stores(request):
     return request.getfixturevalue(request.param)
 
 
-def released(command, *pairs, order_status):
+def released(command, *pairs, order_status, traceparent=None):
     return RecordedEvent(
         "stock.released",
         {
@@ -120,7 +121,7 @@ def released(command, *pairs, order_status):
             "lines": [{"sku": sku, "quantity": units} for sku, units in pairs],
             "order_status": order_status,
         },
-        command.traceparent,
+        traceparent,
     )
 
 
@@ -350,8 +351,9 @@ async def test_an_accepted_cancellation_releases_then_with_its_event(
     stores, asked, expected_status, held
 ):
     command = await stores.accepted(("A", 3))
-    cancel = cancellation(command.order_id, *asked, traceparent=TRACEPARENT)
-    await stores.warehouse.cancel(cancel)
+    cancel = cancellation(command.order_id, *asked)
+    with in_trace(TRACEPARENT):
+        await stores.warehouse.cancel(cancel)
     assert (await stores.stock())["A"] == StockLevel(10, 3)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
@@ -360,7 +362,9 @@ async def test_an_accepted_cancellation_releases_then_with_its_event(
     assert (await stores.stock())["A"] == held
     events = await stores.result_events()
     units = 1 if asked else 3
-    assert events[1:] == [released(cancel, ("A", units), order_status=expected_status)]
+    assert events[1:] == [
+        released(cancel, ("A", units), order_status=expected_status, traceparent=TRACEPARENT)
+    ]
     record = await stores.requests.get(cancelling.idempotency_key)
     assert record is not None
     assert record.status is RequestStatus.ACCEPTED
@@ -390,8 +394,9 @@ async def test_an_accepted_cancellation_of_an_order_shipped_meanwhile_releases_n
 )
 async def test_a_refused_cancellation_keeps_the_order_reserved_and_says_so(stores, asked, lines):
     command = await stores.accepted(("A", 3), warehouse_id="WH-3")
-    cancel = cancellation(command.order_id, *asked, traceparent=TRACEPARENT)
-    await stores.warehouse.cancel(cancel)
+    cancel = cancellation(command.order_id, *asked)
+    with in_trace(TRACEPARENT):
+        await stores.warehouse.cancel(cancel)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
     await stores.requests.record(cancelling, Refused(409, '{"error": "too_late"}'))

@@ -37,6 +37,8 @@ import pytest
 import typer.main
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import make_url
 from stack import ROOT, Stack, check_scaling, field_of, http_get, load_stack
 from typer.core import TyperGroup
@@ -49,6 +51,7 @@ from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.main import build_worker
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.relay_metrics import RelayMetrics
+from fulfilment.observability.tracing import Tracing
 from fulfilment.settings import Settings
 
 RUNBOOK = ROOT / "docs/runbook.md"
@@ -204,7 +207,13 @@ def exported_samples() -> dict[str, list[dict[str, str]]]:
     samples: dict[str, list[dict[str, str]]] = {}
     relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
     dispatcher = DispatcherMetrics().registry
-    for family in [*_worker_registry().collect(), *relay.collect(), *dispatcher.collect()]:
+    # Each process's registry gets the dropped spans' counter once tracing is on.
+    traced = CollectorRegistry()
+    Tracing(
+        traced, service_name="fulfilment-worker", version="0", exporter=InMemorySpanExporter()
+    ).provider.shutdown()
+    families = [*_worker_registry().collect(), *relay.collect(), *dispatcher.collect()]
+    for family in [*families, *traced.collect()]:
         names = {
             "counter": [f"{family.name}_total"],
             "histogram": [f"{family.name}{end}" for end in ("_bucket", "_count", "_sum")],

@@ -82,7 +82,7 @@ async def two(amqp_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[T
     handled: dict[str, list[bytes]] = {"a": [], "b": []}
 
     def handler(name: str) -> Handler:
-        async def handle(body: bytes, _traceparent: str | None) -> Handled:
+        async def handle(body: bytes) -> Handled:
             if not database.up:
                 raise TransientError(REFUSED)
             handled[name].append(body)

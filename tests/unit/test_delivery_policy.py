@@ -38,6 +38,7 @@ from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.main import new_metrics
 from fulfilment.observability.metrics import Metrics
+from fulfilment.observability.tracing import current_traceparent
 from fulfilment.worker import delivery
 from fulfilment.worker.consumer_control import ConsumerPause
 from fulfilment.worker.dead_lettering import DeadLetterPublisher
@@ -180,9 +181,9 @@ async def _harness(
         redeliveries[event_id] += 1
         return redeliveries[event_id]
 
-    async def counted(body: bytes, traceparent: str | None) -> Handled:
+    async def counted(body: bytes) -> Handled:
         calls.append(body)
-        traces.append(traceparent)
+        traces.append(current_traceparent())
         return await handler(body)
 
     policy = DeliveryPolicy(

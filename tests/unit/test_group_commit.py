@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from opentelemetry.trace import SpanContext
 
 import builders
 from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOutcomesError
@@ -15,6 +16,7 @@ from fulfilment.domain.model import (
     ReservationOutcome,
     ReserveStock,
 )
+from fulfilment.observability.tracing import traceparent_of
 
 
 def order(sku: str = "A") -> ReserveStock:
@@ -32,6 +34,7 @@ class Database:
 
     def __init__(self, *, seconds: float = 0.01, failing_sku: str | None = None) -> None:
         self.batches: list[list[ReserveStock]] = []
+        self.spans: list[list[SpanContext]] = []
         self.running = 0
         self.most_running = 0
         self._seconds = seconds
@@ -39,8 +42,9 @@ class Database:
         self.error: Exception = ValueError("violates a check constraint")
         self.batch_started = asyncio.Event()
 
-    async def commit_batch(self, commands):
+    async def commit_batch(self, commands, spans=()):
         self.batches.append(list(commands))
+        self.spans.append(list(spans))
         self.batch_started.set()
         self.running += 1
         self.most_running = max(self.most_running, self.running)
@@ -158,7 +162,7 @@ async def test_a_caller_cancelled_while_waiting_is_left_out_of_the_next_batch():
 async def test_orders_a_batch_left_without_an_outcome_get_an_error_instead_of_waiting():
     batches = []
 
-    async def answers_one(commands):
+    async def answers_one(commands, _spans):
         batches.append(list(commands))
         return [reserved(commands[0])]
 
@@ -240,12 +244,12 @@ async def test_the_kinds_together_never_run_more_than_pool_size_batches():
     group = GroupCommit(pool_size=2, batch_max=2)
 
     def counted(database):
-        async def commit_batch(commands):
+        async def commit_batch(commands, spans):
             nonlocal running, most
             running += 1
             most = max(most, running)
             try:
-                return await database.commit_batch(commands)
+                return await database.commit_batch(commands, spans)
             finally:
                 running -= 1
 
@@ -262,3 +266,19 @@ async def test_the_kinds_together_never_run_more_than_pool_size_batches():
 def test_a_pool_size_or_batch_max_below_one_is_refused(pool_size, batch_max):
     with pytest.raises(ValueError, match="must be >= 1"):
         GroupCommit(pool_size=pool_size, batch_max=batch_max)
+
+
+async def test_each_command_goes_to_its_batch_with_the_span_context_current_at_its_call():
+    database = Database()
+    group = GroupCommit(pool_size=1, batch_max=32)
+    traces = [f"00-{i:032x}-{i:016x}-01" for i in (1, 2, 3)]
+
+    async def run(trace):
+        with builders.in_trace(trace):
+            return await group.run(database.commit_batch, order())
+
+    await asyncio.wait_for(asyncio.gather(*map(run, [*traces, None])), timeout=1)
+
+    assert [[traceparent_of(span) for span in batch] for batch in database.spans] == [
+        [*traces, None]
+    ]

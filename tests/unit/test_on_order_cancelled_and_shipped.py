@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
-from builders import order
+from builders import in_trace, order
 from deliveries import in_memory_dead_letters
 from fakes import InMemoryWarehouse
 from fulfilment.contracts.order_cancelled import order_cancelled_body
@@ -321,17 +321,19 @@ async def test_the_handlers_refuse_a_body_that_is_not_their_event(handler: Any, 
 async def test_the_handlers_hand_the_trace_context_to_the_result_events() -> None:
     warehouse = InMemoryWarehouse()
     await warehouse.put_stock({"A": 10})
-    placed = order(("A", 2), traceparent="00-" + "1" * 32 + "-" + "1" * 16 + "-01")
-    await warehouse.reserve(placed)
+    placed = order(("A", 2))
+    place_trace = "00-" + "1" * 32 + "-" + "1" * 16 + "-01"
+    with in_trace(place_trace):
+        await warehouse.reserve(placed)
     cancel_trace, ship_trace = "00-" + "2" * 32 + "-" + "2" * 16 + "-01", None
 
-    await on_order_cancelled(
-        cancelled(placed.order_id, [("A", 1)]), cancel_trace, warehouse=warehouse
-    )
-    await on_order_shipped(shipped(placed.order_id), ship_trace, warehouse=warehouse)
+    with in_trace(cancel_trace):
+        await on_order_cancelled(cancelled(placed.order_id, [("A", 1)]), warehouse=warehouse)
+    with in_trace(ship_trace):
+        await on_order_shipped(shipped(placed.order_id), warehouse=warehouse)
 
     assert [(event.routing_key, event.traceparent) for event in warehouse.result_events] == [
-        ("stock.reserved", placed.traceparent),
+        ("stock.reserved", place_trace),
         ("stock.released", cancel_trace),
         ("stock.shipped", None),
     ]

@@ -45,11 +45,8 @@ class OrderCancelledV1(BaseModel):
             raise refusal
         return value
 
-    def to_command(self, traceparent: str | None = None) -> CancelOrder:
-        """Translate to the domain command (pydantic does not cross into the application).
-
-        ``traceparent`` is the delivery's W3C trace context, if it had one.
-        """
+    def to_command(self) -> CancelOrder:
+        """Translate to the domain command (pydantic does not cross into the application)."""
         return CancelOrder(
             event_id=self.event_id,
             order_id=self.order_id,
@@ -57,7 +54,6 @@ class OrderCancelledV1(BaseModel):
             lines=None
             if self.lines is None
             else tuple(OrderLine(line.sku, line.quantity) for line in self.lines),
-            traceparent=traceparent,
         )
 
 

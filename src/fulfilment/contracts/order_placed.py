@@ -146,17 +146,13 @@ class OrderPlacedV1(BaseModel):
     placed_at: PlacedAt
     lines: OrderLines
 
-    def to_command(self, traceparent: str | None = None) -> ReserveStock:
-        """Translate to the domain command (pydantic does not cross into the application).
-
-        ``traceparent`` is the delivery's W3C trace context, if it had one.
-        """
+    def to_command(self) -> ReserveStock:
+        """Translate to the domain command (pydantic does not cross into the application)."""
         return ReserveStock(
             event_id=self.event_id,
             order_id=self.order_id,
             placed_at=self.placed_at,
             lines=tuple(OrderLine(line.sku, line.quantity) for line in self.lines),
-            traceparent=traceparent,
         )
 
 

@@ -27,16 +27,12 @@ class OrderShippedV1(BaseModel):
     order_id: MintedUuid
     shipped_at: EventTime
 
-    def to_command(self, traceparent: str | None = None) -> ShipOrder:
-        """Translate to the domain command (pydantic does not cross into the application).
-
-        ``traceparent`` is the delivery's W3C trace context, if it had one.
-        """
+    def to_command(self) -> ShipOrder:
+        """Translate to the domain command (pydantic does not cross into the application)."""
         return ShipOrder(
             event_id=self.event_id,
             order_id=self.order_id,
             shipped_at=self.shipped_at,
-            traceparent=traceparent,
         )
 
 

@@ -73,16 +73,13 @@ class OrderStatus(StrEnum):
 class CancelOrder:
     """Command: cancel an order, whole (``lines`` is None) or the given lines.
 
-    ``event_id`` is the producer's idempotency key; ``cancelled_at`` is timezone-aware;
-    ``traceparent`` is the W3C trace context the event came with (None: none), which the
-    result event it causes carries on.
+    ``event_id`` is the producer's idempotency key; ``cancelled_at`` is timezone-aware.
     """
 
     event_id: UUID
     order_id: UUID
     cancelled_at: datetime
     lines: tuple[OrderLine, ...] | None = None
-    traceparent: str | None = None
 
     def cancelled(self) -> dict[str, int] | None:
         """Units cancelled per SKU, lines of the same SKU summed, keys in code-point order.
@@ -96,14 +93,12 @@ class CancelOrder:
 class ShipOrder:
     """Command: ship everything the order still holds.
 
-    ``shipped_at`` is timezone-aware; ``traceparent`` is the W3C trace context the event came
-    with (None: none), which the result event it causes carries on.
+    ``shipped_at`` is timezone-aware.
     """
 
     event_id: UUID
     order_id: UUID
     shipped_at: datetime
-    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

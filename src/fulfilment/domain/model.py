@@ -43,16 +43,13 @@ class OrderLine:
 class ReserveStock:
     """Command: reserve stock for every line of one placed order.
 
-    ``event_id`` is the producer's idempotency key; ``placed_at`` is timezone-aware;
-    ``traceparent`` is the W3C trace context the event came with (None: none), which the
-    result event it causes carries on.
+    ``event_id`` is the producer's idempotency key; ``placed_at`` is timezone-aware.
     """
 
     event_id: UUID
     order_id: UUID
     placed_at: datetime
     lines: tuple[OrderLine, ...]
-    traceparent: str | None = None
 
     def demand(self) -> dict[str, int]:
         """Units wanted per SKU, lines of the same SKU summed, keys in ascending code-point order.

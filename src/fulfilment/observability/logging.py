@@ -7,6 +7,7 @@ import sys
 from typing import Literal, TextIO
 
 import structlog
+from opentelemetry import trace
 
 
 class _NamedWriteLogger(structlog.WriteLogger):
@@ -41,6 +42,7 @@ def configure_logging(
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        add_trace_ids,
     ]
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
@@ -79,6 +81,21 @@ def configure_logging(
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+def add_trace_ids(
+    _logger: object, _name: str, event_dict: structlog.types.EventDict
+) -> structlog.types.EventDict:
+    """Add ``trace_id`` (32 hex) and ``span_id`` (16 hex) of the current span, if there is one.
+
+    With tracing off the current span is the delivery's incoming parent (``observability.
+    tracing.consumer_span``), so a line still names the trace its event came in.
+    """
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        event_dict["trace_id"] = f"{span_context.trace_id:032x}"
+        event_dict["span_id"] = f"{span_context.span_id:016x}"
+    return event_dict
 
 
 def _logger_factory(*args: object) -> _NamedWriteLogger:

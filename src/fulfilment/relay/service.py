@@ -32,6 +32,8 @@ from typing import cast
 import aiormq
 import asyncpg
 import structlog
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, StatusCode
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from fulfilment.adapters.postgres.outbox import (
@@ -45,8 +47,10 @@ from fulfilment.adapters.postgres.outbox import (
 from fulfilment.backoff import Backoff
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
+from fulfilment.observability.tracing import context_of, traceparent_of, tracing_enabled
 
 logger = structlog.get_logger("fulfilment.relay")
+tracer = trace.get_tracer("fulfilment.relay")
 
 RECONNECT_ERRORS = (
     OSError,
@@ -335,6 +339,7 @@ class Relay:
                 first, the others are published again after the reconnect.
         """
         self._hooks.before_publish(batch)
+        spans = [_publish_span(row) for row in batch] if tracing_enabled() else []
         # A task per row: basic_publish returns only once its confirm came. wait=False: a
         # publish does not wait for the writer to send it (the confirm says it was), so the
         # whole batch is queued in one turn of the event loop (BrokerConnection).
@@ -344,12 +349,14 @@ class Relay:
                     row.body,
                     exchange=EVENTS_EXCHANGE,
                     routing_key=row.routing_key,
-                    properties=message_properties(row, self._options.app_id),
+                    properties=message_properties(
+                        row, self._options.app_id, spans[index] if spans else None
+                    ),
                     mandatory=True,
                     wait=False,
                 )
             )
-            for row in batch
+            for index, row in enumerate(batch)
         ]
         timeout = self._options.publish_timeout_seconds
         # gather cancels what is left when the timeout comes, and returns once every publish
@@ -359,7 +366,9 @@ class Relay:
                 await asyncio.gather(*publishes, return_exceptions=True)
         confirmed: list[int] = []
         lost: BaseException | None = None
-        for row, publish in zip(batch, publishes, strict=True):
+        for index, (row, publish) in enumerate(zip(batch, publishes, strict=True)):
+            if spans:
+                _end_publish_span(spans[index], publish)
             if publish.cancelled():
                 lost = TimeoutError(f"no confirm from the broker in {timeout:g} s")
             elif (error := publish.exception()) is None:
@@ -415,12 +424,16 @@ class Relay:
             pass
 
 
-def message_properties(row: OutboxRow, app_id: str) -> aiormq.spec.Basic.Properties:
+def message_properties(
+    row: OutboxRow, app_id: str, span: Span | None = None
+) -> aiormq.spec.Basic.Properties:
     """The properties of ``row``'s message: the bytes that aio_pika.Message sent before.
 
-    ``priority`` 0, and empty ``headers`` without a trace, are what aio_pika 10.2's
-    ``Message.properties`` set (``message.py``).
+    The ``traceparent`` header is the publish ``span``'s context (tracing on), else the row's
+    own. ``priority`` 0, and empty ``headers`` without a trace, are what aio_pika
+    10.2's ``Message.properties`` set (``message.py``).
     """
+    traceparent = row.traceparent if span is None else traceparent_of(span.get_span_context())
     return aiormq.spec.Basic.Properties(
         content_type="application/json",
         delivery_mode=PERSISTENT,
@@ -428,9 +441,45 @@ def message_properties(row: OutboxRow, app_id: str) -> aiormq.spec.Basic.Propert
         message_id=row.event_id,
         message_type=row.routing_key,
         correlation_id=row.order_id,
-        headers={"traceparent": row.traceparent} if row.traceparent else {},
+        headers={"traceparent": traceparent} if traceparent else {},
         app_id=app_id,
     )
+
+
+def _publish_span(row: OutboxRow) -> Span:
+    """The ``PRODUCER`` span of ``row``'s publish, child of the span that wrote the row.
+
+    Started before the publish and ended at its confirm (:func:`_end_publish_span`); its
+    ``fulfilment.outbox.lag_seconds`` is the time from the row's commit to its read.
+    """
+    return tracer.start_span(
+        f"publish {EVENTS_EXCHANGE}",
+        context=context_of(row.traceparent),
+        kind=SpanKind.PRODUCER,
+        attributes={
+            # OpenTelemetry semantic conventions for messaging (RabbitMQ).
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "messaging.destination.name": EVENTS_EXCHANGE,
+            "messaging.rabbitmq.destination.routing_key": row.routing_key,
+            "messaging.message.id": row.event_id,
+            "messaging.message.conversation_id": row.order_id,
+            "messaging.message.body.size": len(row.body),
+            "fulfilment.order_id": row.order_id,
+            "fulfilment.outbox.id": row.id,
+            "fulfilment.outbox.lag_seconds": round(row.age_seconds, 6),
+        },
+    )
+
+
+def _end_publish_span(span: Span, publish: asyncio.Task[object]) -> None:
+    """End a publish span with the publish's outcome: confirmed, refused, or lost."""
+    if publish.cancelled():
+        span.set_status(StatusCode.ERROR, "no confirm from the broker in time")
+    elif (error := publish.exception()) is not None:
+        span.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
+    span.end()
 
 
 def _log_reconnect(state: RetryCallState) -> None:

@@ -1,10 +1,10 @@
 """The delivery policy: what every subscriber does with a delivery, whatever its event.
 
-A handler (one per event, ``worker.subscribers``) is a plain function of the raw body and the
-delivery's trace context (:func:`trace_context`): it parses the body (:func:`parse_event`),
-calls its use case and returns what it made of the event (:class:`Handled`). Everything else
-is the policy's, the same for every subscription made with :func:`subscribe`, and every
-delivery ends in exactly one of these (README, "Outcomes and failures"):
+A handler (one per event, ``worker.subscribers``) is a plain function of the raw body: it
+parses the body (:func:`parse_event`), calls its use case and returns what it made of the
+event (:class:`Handled`). Everything else is the policy's, the same for every subscription
+made with :func:`subscribe`, and every delivery ends in exactly one of these (README,
+"Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
@@ -37,10 +37,14 @@ deliveries settled at the same moment (a committed batch) go out as one ``basic.
 is still sent only after the delivery's transaction committed (or its dead letter was
 confirmed), and the handler's task ends only once it is written.
 
-Each delivery writes one log line (``<name>.handled``, ``<name>.dead_lettered`` or
-``<name>.requeued``, ``name`` being the subscription's), and one ``<name>.dead_letter_refused``
-per refused attempt while it is held, and counts one outcome in ``fulfilment_events_total``,
-under the subscription's name as its ``event`` label.
+Each delivery is one ``CONSUMER`` span (``process <queue>``), child of the delivery's
+``traceparent`` (:func:`trace_context`; a new trace without a valid one), current while the
+handler runs, with the event, its ids and the outcome (``observability.tracing``; with tracing
+off only the incoming context is made current). Each delivery writes one log line
+(``<name>.handled``, ``<name>.dead_lettered`` or ``<name>.requeued``, ``name`` being the
+subscription's), and one ``<name>.dead_letter_refused`` per refused attempt while it is
+held, and counts one outcome in ``fulfilment_events_total``, under the subscription's name as
+its ``event`` label.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ import structlog
 from faststream import AckPolicy
 from faststream.exceptions import RejectMessage
 from faststream.rabbit import Channel, RabbitBroker
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ValidationError
 
 from fulfilment.application.ports import TransientError
@@ -76,6 +83,7 @@ from fulfilment.observability.metrics import (
     REQUEUED_DEAD_LETTER_REFUSED,
     REQUEUED_TRANSIENT,
 )
+from fulfilment.observability.tracing import consumer_span, context_of
 from fulfilment.worker.acknowledgements import ChannelAcks
 from fulfilment.worker.dead_lettering import (
     DeadLetterPublisher,
@@ -95,6 +103,7 @@ if TYPE_CHECKING:
     from fulfilment.observability.metrics import Metrics
 
 logger = structlog.get_logger("fulfilment.worker")
+tracer = trace.get_tracer("fulfilment.worker")
 
 EventT = TypeVar("EventT", bound=BaseModel)
 
@@ -178,10 +187,11 @@ class Requeue:
     reason: str
 
 
-Handler = Callable[[bytes, str | None], Awaitable[Handled]]
-"""An event's handler: the raw body and the delivery's W3C trace context
-(:func:`trace_context`, None without one) in, what it made of the event out. The trace
-context goes with the event's command to the result events it causes (``outbox.traceparent``).
+Handler = Callable[[bytes], Awaitable[Handled]]
+"""An event's handler: the raw body in, what it made of the event out. It runs in the
+delivery's span, whose context the warehouse adapter writes beside the result events the
+event causes (``outbox.traceparent``) and beside the warehouse requests it records
+(``warehouse_requests.traceparent``).
 
 It raises :class:`MalformedEventError` for a body that can never be its event,
 :class:`EventRefusedError` for an event it refuses as things stand, and
@@ -381,6 +391,7 @@ class _Subscription:
         "_policy",
         "_queue",
         "_requeued",
+        "_span_name",
     )
 
     def __init__(
@@ -408,6 +419,7 @@ class _Subscription:
         self._dead_letter_refused = f"{name}.dead_letter_refused"
         self._requeued = f"{name}.requeued"
         self._ack_lost = f"{name}.ack_lost"
+        self._span_name = f"process {queue}"
 
     async def settle(self, message: RabbitMessage) -> None:
         """Process one delivery and settle it: acknowledge, or reject with or without requeue.
@@ -421,14 +433,48 @@ class _Subscription:
         An acknowledgement that cannot be written because the channel or connection closed
         logs ``<name>.ack_lost``: the broker requeues the delivery.
 
+        The whole of it is the delivery's span (``process <queue>``), the settlement included.
+
         Raises:
             RejectMessage: with requeue, after the reject was sent (FastStream then sends
                 nothing more).
         """
         raw = message.raw_message
+        headers = raw.headers or {}
+        tracestate = headers.get("tracestate")
+        with consumer_span(
+            tracer,
+            self._span_name,
+            context_of(trace_context(headers), tracestate if isinstance(tracestate, str) else None),
+            lambda: self._span_attributes(raw),
+        ):
+            await self._settle(message)
+
+    def _span_attributes(self, raw: AbstractIncomingMessage) -> dict[str, AttributeValue]:
+        """The delivery span's attributes known at its start."""
+        return {
+            # OpenTelemetry semantic conventions for messaging (RabbitMQ), then the service's
+            # own attributes under fulfilment.*.
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": raw.exchange or "",
+            "messaging.rabbitmq.destination.routing_key": raw.routing_key or "",
+            "messaging.consumer.group.name": self._queue,
+            "messaging.message.id": raw.message_id or "",
+            "messaging.message.body.size": len(raw.body),
+            "fulfilment.event": self._event,
+        }
+
+    async def _settle(self, message: RabbitMessage) -> None:
+        raw = message.raw_message
         try:
             requeue = await self._process(message)
-        except Exception:
+        except Exception as error:
+            _annotate(
+                {"fulfilment.outcome": f"{DEAD_LETTERED}:{BROKER_REJECTED}"},
+                error=f"{type(error).__name__}: {error}",
+            )
             self._policy.metrics.event(self._event, DEAD_LETTERED, BROKER_REJECTED).inc()
             await self._acks.reject(raw, requeue=False)
             raise
@@ -482,6 +528,13 @@ class _Subscription:
                     metrics.end_to_end_latency.observe(
                         max(0.0, (datetime.now(UTC) - handled.latency_since).total_seconds())
                     )
+                _annotate(
+                    {
+                        "fulfilment.event_id": str(handled.event_id),
+                        "fulfilment.order_id": str(handled.order_id),
+                        "fulfilment.outcome": handled.outcome,
+                    }
+                )
                 log.info(
                     self._handled,
                     event_id=str(handled.event_id),
@@ -494,8 +547,11 @@ class _Subscription:
             if isinstance(result, Requeue) or not isinstance(result.error, MalformedEventError):
                 # Not refused as malformed, so the body is an event: say which one (its ids are
                 # read again here, off the path of handled deliveries).
-                log = log.bind(**_ids(raw.body))
+                ids = _ids(raw.body)
+                log = log.bind(**ids)
+                _annotate({f"fulfilment.{key}": value for key, value in ids.items()})
             if isinstance(result, Requeue):
+                _annotate({"fulfilment.outcome": REQUEUED, "fulfilment.reason": result.reason})
                 policy.pause(result.reason)
                 metrics.event(self._event, REQUEUED, REQUEUED_TRANSIENT).inc()
                 log.warning(self._requeued, reason=result.reason, duration_ms=duration_ms)
@@ -503,6 +559,13 @@ class _Subscription:
             failure = result
             held_seconds = await self._dead_letter(message, failure, log)
             if held_seconds is None:
+                _annotate(
+                    {
+                        "fulfilment.outcome": REQUEUED,
+                        "fulfilment.reason": REQUEUED_DEAD_LETTER_REFUSED,
+                        "fulfilment.dead_letter.class": str(failure.failure_class),
+                    }
+                )
                 metrics.event(self._event, REQUEUED, REQUEUED_DEAD_LETTER_REFUSED).inc()
                 log.error(
                     self._requeued,
@@ -522,6 +585,13 @@ class _Subscription:
                 else str(failure.failure_class)
             )
             metrics.event(self._event, DEAD_LETTERED, label).inc()
+            _annotate(
+                {
+                    "fulfilment.outcome": f"{DEAD_LETTERED}:{label}",
+                    "fulfilment.dead_letter.class": str(failure.failure_class),
+                },
+                error=failure.reason if failure.failure_class is FailureClass.UNEXPECTED else None,
+            )
             log.warning(
                 self._dead_lettered,
                 outcome=f"{DEAD_LETTERED}:{label}",
@@ -552,7 +622,7 @@ class _Subscription:
                     poison = await self._count_redelivery(body)
                     if poison is not None:
                         return poison
-                return await self._handler(body, trace_context(raw.headers))
+                return await self._handler(body)
         except (MalformedEventError, EventRefusedError) as error:
             return Failure(FailureClass.PERMANENT, str(error), error)
         except TransientError as error:
@@ -655,3 +725,16 @@ def _ids(body: bytes) -> dict[str, str]:
     if envelope.order_id is not None:
         ids["order_id"] = str(envelope.order_id)
     return ids
+
+
+def _annotate(attributes: Mapping[str, str], *, error: str | None = None) -> None:
+    """Set ``attributes`` on the delivery's span; ``error`` marks it failed, with that text.
+
+    Nothing is built for a span that does not record (tracing off, or not sampled).
+    """
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attributes(attributes)
+    if error is not None:
+        span.set_status(StatusCode.ERROR, error)

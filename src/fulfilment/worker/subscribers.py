@@ -1,11 +1,11 @@
 """The handler of each event: raw body -> wire model -> domain command -> use case -> outcome.
 
-Each is a plain function of the raw body, the delivery's W3C trace context (which the
-result events the event causes carry on) and the ports it needs; ``main.build_worker``
-subscribes it to its queue under the delivery policy (``worker.delivery``), which does the
-rest: deadline, redelivery count, dead letters, requeue and pause, the log line and metric.
-:data:`OUTCOMES` lists the ``(outcome, reason)`` labels each handler can return, so that
-their series exist at 0 from the start.
+Each is a plain function of the raw body and the ports it needs (the delivery's trace
+context is the current span's, which the warehouse adapter writes beside the result events);
+``main.build_worker`` subscribes it to its queue under the delivery policy
+(``worker.delivery``), which does the rest: deadline, redelivery count, dead letters, requeue
+and pause, the span, the log line and metric. :data:`OUTCOMES` lists the ``(outcome,
+reason)`` labels each handler can return, so that their series exist at 0 from the start.
 """
 
 from __future__ import annotations
@@ -47,12 +47,8 @@ refusals it raises included; the delivery policy adds its own (dead letters by f
 class, ``requeued``)."""
 
 
-async def on_order_placed(
-    body: bytes, traceparent: str | None = None, *, warehouse: Warehouse
-) -> Handled:
+async def on_order_placed(body: bytes, *, warehouse: Warehouse) -> Handled:
     """Reserve stock for the ``OrderPlaced`` v1 event in ``body``, once per ``event_id``.
-
-    ``traceparent`` (the delivery's trace context, if any) goes to its result event.
 
     Returns the outcome for the policy to log and count: ``reserved``, ``rejected`` with its
     reason and SKUs, or ``duplicate`` (of the event, or of the order); the end-to-end latency
@@ -63,7 +59,7 @@ async def on_order_placed(
         TransientError: from the warehouse, after its retry budget.
     """
     event = parse_event(OrderPlacedV1, body)
-    outcome = await warehouse.reserve(event.to_command(traceparent))
+    outcome = await warehouse.reserve(event.to_command())
     return Handled(
         event_id=event.event_id,
         order_id=event.order_id,
@@ -74,12 +70,8 @@ async def on_order_placed(
     )
 
 
-async def on_order_cancelled(
-    body: bytes, traceparent: str | None = None, *, warehouse: Warehouse
-) -> Handled:
+async def on_order_cancelled(body: bytes, *, warehouse: Warehouse) -> Handled:
     """Cancel the order of the ``OrderCancelled`` v1 event in ``body``, once per ``event_id``.
-
-    ``traceparent`` (the delivery's trace context, if any) goes to its result event.
 
     Returns the outcome for the policy to log and count: ``released`` or
     ``partially_released`` (stock given back), ``tombstoned`` (no order yet: remembered for
@@ -92,7 +84,7 @@ async def on_order_cancelled(
         TransientError: from the warehouse, after its retry budget.
     """
     event = parse_event(OrderCancelledV1, body)
-    outcome = await warehouse.cancel(event.to_command(traceparent))
+    outcome = await warehouse.cancel(event.to_command())
     return Handled(
         event_id=event.event_id,
         order_id=event.order_id,
@@ -102,12 +94,8 @@ async def on_order_cancelled(
     )
 
 
-async def on_order_shipped(
-    body: bytes, traceparent: str | None = None, *, warehouse: Warehouse
-) -> Handled:
+async def on_order_shipped(body: bytes, *, warehouse: Warehouse) -> Handled:
     """Ship the order of the ``OrderShipped`` v1 event in ``body``, once per ``event_id``.
-
-    ``traceparent`` (the delivery's trace context, if any) goes to its result event.
 
     Returns the outcome for the policy to log and count: ``shipped``, ``ignored`` (shipped
     before) or ``duplicate``.
@@ -121,7 +109,7 @@ async def on_order_shipped(
         TransientError: from the warehouse, after its retry budget.
     """
     event = parse_event(OrderShippedV1, body)
-    outcome = await warehouse.ship(event.to_command(traceparent))
+    outcome = await warehouse.ship(event.to_command())
     if outcome.kind is ShipKind.NOT_RESERVED:
         state = f"it is {outcome.status}" if outcome.status else "it has not been placed"
         detail = f"order {event.order_id} cannot be shipped: {state}"

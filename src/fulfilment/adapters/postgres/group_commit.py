@@ -17,6 +17,11 @@ first started), each paying its own round trip, commit and function call; the la
 for a backlog that one transaction at a time cannot keep up with, or a transaction that waits
 (on a lock another replica holds, on a slow disk). The kinds share the slots, so the
 transactions running at once never outnumber the connections of the pool.
+
+Each batch is a span of its own (``group commit``), linked to the span of every call it
+carries (the deliveries' spans, current at :meth:`GroupCommit.run`) and child of the first
+of them, with the batch size; the span contexts go to ``commit_batch`` beside the commands,
+one per command, for the adapter to write into the rows each command causes.
 """
 
 from __future__ import annotations
@@ -27,16 +32,23 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from opentelemetry import trace
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
+
 from fulfilment.application.ports import TransientError
+from fulfilment.observability.tracing import tracing_enabled
 
 __all__ = ["CommitBatch", "GroupCommit", "UnreadableOutcomesError"]
 
 CommandT = TypeVar("CommandT")
 OutcomeT = TypeVar("OutcomeT")
 
-CommitBatch = Callable[[Sequence[CommandT]], Awaitable[Sequence[OutcomeT]]]
+CommitBatch = Callable[[Sequence[CommandT], Sequence[SpanContext]], Awaitable[Sequence[OutcomeT]]]
 """Applies the given commands of one kind in one transaction; one outcome per command, in
-their order (e.g. ``CommitBatch[ReserveStock, ReservationOutcome]``)."""
+their order (e.g. ``CommitBatch[ReserveStock, ReservationOutcome]``). The second argument is
+the span context current at each command's :meth:`GroupCommit.run` (invalid without one)."""
+
+tracer = trace.get_tracer("fulfilment.group_commit")
 
 
 class UnreadableOutcomesError(RuntimeError):
@@ -52,6 +64,7 @@ class _Waiting(Generic[CommandT, OutcomeT]):
     commit_batch: CommitBatch[CommandT, OutcomeT]
     command: CommandT
     answer: asyncio.Future[OutcomeT]
+    span_context: SpanContext
 
 
 class GroupCommit:
@@ -100,7 +113,8 @@ class GroupCommit:
         """
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[OutcomeT] = loop.create_future()
-        self._waiting.append(_Waiting(commit_batch, command, answer))
+        span_context = trace.get_current_span().get_span_context()
+        self._waiting.append(_Waiting(commit_batch, command, answer, span_context))
         if not self._start_scheduled and len(self._running) < self._pool_size:
             # Deliveries read from one socket read run in this same loop iteration; starting
             # on the next one lets them share the transaction instead of the first going alone.
@@ -152,8 +166,23 @@ class GroupCommit:
             raise
 
     async def _answer(self, batch: list[_Waiting[Any, Any]]) -> None:
+        contexts = [waiting.span_context for waiting in batch]
+        if not tracing_enabled():
+            await self._commit_batch(batch, contexts)
+            return
+        with tracer.start_as_current_span(
+            "group commit",
+            context=trace.set_span_in_context(NonRecordingSpan(contexts[0])),
+            links=[Link(span_context) for span_context in contexts if span_context.is_valid],
+            attributes={"fulfilment.group_commit.size": len(batch)},
+        ):
+            await self._commit_batch(batch, contexts)
+
+    async def _commit_batch(
+        self, batch: list[_Waiting[Any, Any]], contexts: list[SpanContext]
+    ) -> None:
         try:
-            outcomes = await batch[0].commit_batch([waiting.command for waiting in batch])
+            outcomes = await batch[0].commit_batch([waiting.command for waiting in batch], contexts)
         except (TransientError, UnreadableOutcomesError) as error:
             _fail(batch, error)
             return

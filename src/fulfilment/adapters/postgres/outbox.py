@@ -32,7 +32,10 @@ class OutboxRow:
         order_id: the order it reports on (a UUID's text), the message's ``correlation_id``.
         routing_key: ``stock.reserved`` ... ``stock.shipped``, also the message's ``type``.
         body: the JSON text of ``outbox.body`` in UTF-8, published as it is.
-        traceparent: W3C trace context of the transaction that wrote it, or None.
+        traceparent: W3C trace context of the span that wrote it (the delivery's span of the
+            event that caused it; with tracing off, that event's incoming ``traceparent``), or
+            None.
+        age_seconds: seconds from its commit (``created_at``) to its read by the relay.
     """
 
     id: int
@@ -41,6 +44,7 @@ class OutboxRow:
     routing_key: str
     body: bytes
     traceparent: str | None
+    age_seconds: float = 0.0
 
 
 async def try_relay_lock(connection: asyncpg.Connection) -> bool:
@@ -63,7 +67,8 @@ async def next_batch(connection: asyncpg.Connection, limit: int) -> list[OutboxR
     # The columns in OutboxRow's order, which is built from them by position.
     records = await connection.fetch(
         "SELECT id, event_id::text, order_id::text, routing_key,"
-        " convert_to(body::text, 'UTF8'), traceparent"
+        " convert_to(body::text, 'UTF8'), traceparent,"
+        " extract(epoch FROM clock_timestamp() - created_at)::float8"
         " FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
         limit,
     )

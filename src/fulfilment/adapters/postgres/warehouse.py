@@ -8,6 +8,8 @@ from uuid import UUID
 
 import asyncpg
 import sqlalchemy as sa
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, SpanKind
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -34,6 +36,7 @@ from fulfilment.domain.model import (
     ReserveStock,
     StockLevel,
 )
+from fulfilment.observability.tracing import current_traceparent, traceparent_of
 
 __all__ = [
     "MAX_ON_HAND",
@@ -54,6 +57,11 @@ DEFAULT_POOL_SIZE = 2
 DEFAULT_BATCH_MAX = 32
 """Default of ``batch_max``: every delivery the default prefetch lets in flight, as
 ``FULFILMENT_RESERVATION_BATCH_MAX`` by default."""
+
+tracer = trace.get_tracer("fulfilment.postgres")
+
+_BATCH_FUNCTIONS = {"reserve": "place_orders", "cancel": "cancel_orders", "ship": "ship_orders"}
+"""The SQL function of each batch operation, the name of its database span."""
 
 _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
@@ -214,10 +222,29 @@ class PostgresWarehouse(Warehouse):
     ) -> Sequence[Sequence[Any]]:
         """One call of a batch function under the retry policy: its rows, one per event.
 
+        Each attempt is a ``CLIENT`` span (``SELECT <function>``, OpenTelemetry's database
+        conventions) in the current one, the group commit's.
+
         Raises ``UnreadableOutcomesError`` unless the rows are ordinals 1 to ``size``.
         """
+        function = _BATCH_FUNCTIONS[operation]
 
         async def attempt() -> Sequence[Sequence[Any]]:
+            with tracer.start_as_current_span(
+                f"SELECT {function}",
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "db.system": "postgresql",
+                    "db.system.name": "postgresql",
+                    "db.operation.name": "SELECT",
+                    "db.stored_procedure.name": function,
+                    "db.query.summary": f"SELECT {function}",
+                    "db.operation.batch.size": size,
+                },
+            ):
+                return await statement_rows()
+
+        async def statement_rows() -> Sequence[Sequence[Any]]:
             if self._pool is not None:
                 async with self._pool.acquire(timeout=self._retry_budget_seconds) as connection:
                     try:
@@ -249,12 +276,14 @@ class PostgresWarehouse(Warehouse):
             raise UnreadableOutcomesError(msg)
         return rows
 
-    async def _reserve_batch(self, commands: Sequence[ReserveStock]) -> list[ReservationOutcome]:
+    async def _reserve_batch(
+        self, commands: Sequence[ReserveStock], spans: Sequence[SpanContext]
+    ) -> list[ReservationOutcome]:
         """Reserve ``commands`` in one ``place_orders()`` call (see ``group_commit``)."""
         rows = await self._batch_rows(
             _PLACE_ORDERS_ON_POOL,
             _PLACE_ORDERS,
-            _arguments(self._consumer, commands, handoff=self._handoff),
+            _arguments(self._consumer, commands, _traceparents(spans), handoff=self._handoff),
             operation="reserve",
             size=len(commands),
         )
@@ -266,12 +295,16 @@ class PostgresWarehouse(Warehouse):
         except ValueError as error:  # an outcome, reason or SKU list this code does not know
             raise UnreadableOutcomesError(str(error)) from error
 
-    async def _cancel_batch(self, commands: Sequence[CancelOrder]) -> list[CancelOutcome]:
+    async def _cancel_batch(
+        self, commands: Sequence[CancelOrder], spans: Sequence[SpanContext]
+    ) -> list[CancelOutcome]:
         """Apply ``commands`` in one ``cancel_orders()`` call (see ``group_commit``)."""
         rows = await self._batch_rows(
             _CANCEL_ORDERS_ON_POOL,
             _CANCEL_ORDERS,
-            _cancel_arguments(self._consumer, commands, handoff=self._handoff),
+            _cancel_arguments(
+                self._consumer, commands, _traceparents(spans), handoff=self._handoff
+            ),
             operation="cancel",
             size=len(commands),
         )
@@ -291,12 +324,14 @@ class PostgresWarehouse(Warehouse):
         except ValueError as error:  # an outcome, status or line this code does not know
             raise UnreadableOutcomesError(str(error)) from error
 
-    async def _ship_batch(self, commands: Sequence[ShipOrder]) -> list[ShipOutcome]:
+    async def _ship_batch(
+        self, commands: Sequence[ShipOrder], spans: Sequence[SpanContext]
+    ) -> list[ShipOutcome]:
         """Apply ``commands`` in one ``ship_orders()`` call (see ``group_commit``)."""
         rows = await self._batch_rows(
             _SHIP_ORDERS_ON_POOL,
             _SHIP_ORDERS,
-            _ship_arguments(self._consumer, commands),
+            _ship_arguments(self._consumer, commands, _traceparents(spans)),
             operation="ship",
             size=len(commands),
         )
@@ -452,9 +487,12 @@ def reserve_orders_statement(
 
     For a connection of the engine (``connection.execute(statement, arguments)``), in a
     transaction of the caller's; every command must have at least one line. ``handoff`` as
-    for :class:`PostgresWarehouse`.
+    for :class:`PostgresWarehouse`. The result events (and the warehouse requests) carry the
+    current span's trace context.
     """
-    return _PLACE_ORDERS, _arguments(consumer, commands, handoff=handoff)
+    return _PLACE_ORDERS, _arguments(
+        consumer, commands, [current_traceparent()] * len(commands), handoff=handoff
+    )
 
 
 def cancel_orders_statement(
@@ -464,7 +502,9 @@ def cancel_orders_statement(
 
     As :func:`reserve_orders_statement`; a command that cancels lines must name at least one.
     """
-    return _CANCEL_ORDERS, _cancel_arguments(consumer, commands, handoff=handoff)
+    return _CANCEL_ORDERS, _cancel_arguments(
+        consumer, commands, [current_traceparent()] * len(commands), handoff=handoff
+    )
 
 
 def ship_orders_statement(
@@ -474,10 +514,18 @@ def ship_orders_statement(
 
     As :func:`reserve_orders_statement`.
     """
-    return _SHIP_ORDERS, _ship_arguments(consumer, commands)
+    return _SHIP_ORDERS, _ship_arguments(
+        consumer, commands, [current_traceparent()] * len(commands)
+    )
 
 
-def _arguments(consumer: str, commands: Sequence[ReserveStock], *, handoff: bool) -> dict[str, Any]:
+def _arguments(
+    consumer: str,
+    commands: Sequence[ReserveStock],
+    traceparents: Sequence[str | None],
+    *,
+    handoff: bool,
+) -> dict[str, Any]:
     """The arguments of ``place_orders()``, by name and in its order."""
     line_orders: list[int] = []
     line_skus: list[str] = []
@@ -496,13 +544,17 @@ def _arguments(consumer: str, commands: Sequence[ReserveStock], *, handoff: bool
         "line_orders": line_orders,
         "line_skus": line_skus,
         "line_quantities": line_quantities,
-        "traceparents": [command.traceparent for command in commands],
+        "traceparents": list(traceparents),
         "handoff": handoff,
     }
 
 
 def _cancel_arguments(
-    consumer: str, commands: Sequence[CancelOrder], *, handoff: bool
+    consumer: str,
+    commands: Sequence[CancelOrder],
+    traceparents: Sequence[str | None],
+    *,
+    handoff: bool,
 ) -> dict[str, Any]:
     """The arguments of ``cancel_orders()``, by name and in its order."""
     line_orders: list[int] = []
@@ -522,20 +574,27 @@ def _cancel_arguments(
         "line_orders": line_orders,
         "line_skus": line_skus,
         "line_quantities": line_quantities,
-        "traceparents": [command.traceparent for command in commands],
+        "traceparents": list(traceparents),
         "handoff": handoff,
     }
 
 
-def _ship_arguments(consumer: str, commands: Sequence[ShipOrder]) -> dict[str, Any]:
+def _ship_arguments(
+    consumer: str, commands: Sequence[ShipOrder], traceparents: Sequence[str | None]
+) -> dict[str, Any]:
     """The arguments of ``ship_orders()``, by name and in its order."""
     return {
         "consumer": consumer,
         "event_ids": [command.event_id for command in commands],
         "order_ids": [command.order_id for command in commands],
         "shipped_at": [command.shipped_at for command in commands],
-        "traceparents": [command.traceparent for command in commands],
+        "traceparents": list(traceparents),
     }
+
+
+def _traceparents(spans: Sequence[SpanContext]) -> list[str | None]:
+    """Per command, the ``traceparent`` its result events carry: the span that wrote them."""
+    return [traceparent_of(span) for span in spans]
 
 
 def _lines(skus: Sequence[str], quantities: Sequence[int]) -> tuple[OrderLine, ...]:

@@ -18,12 +18,29 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 import httpx
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from fulfilment.adapters.warehouse_system.answers import classify
-from fulfilment.domain.handoff import Answer, Failed, RequestKind, WarehouseRequest
+from fulfilment.domain.handoff import (
+    Accepted,
+    Answer,
+    Failed,
+    Refused,
+    RequestKind,
+    WarehouseRequest,
+)
+from fulfilment.observability.dispatcher_metrics import OUTCOMES
+from fulfilment.observability.tracing import context_of, traceparent_of, tracing_enabled
+
+tracer = trace.get_tracer("fulfilment.dispatcher")
 
 ORDERS_PATH = "fulfilment-orders"
 """Path of the fulfilment orders under the API's base (``FULFILMENT_WAREHOUSE_URL``)."""
+
+ORDERS_ROUTE = "/fulfilment-orders"
+CANCELLATIONS_ROUTE = "/fulfilment-orders/{warehouse_id}/cancellations"
+"""The two routes of the API, as the client span's name and ``http.route`` give them."""
 
 KEEPALIVE_EXPIRY_SECONDS = 30.0
 """How long an idle connection is kept for the next request: longer than the dispatcher's
@@ -118,6 +135,13 @@ class WarehouseClient:
         ``POST {base}/fulfilment-orders/{warehouse_id}/cancellations`` for a cancellation, with
         ``Idempotency-Key`` and, when the request has one, ``traceparent``. A timeout or a
         connection error is a ``Retry`` (:func:`~.answers.classify`), never an exception.
+
+        With tracing on, each call is a ``CLIENT`` span ``POST <route>``, child of the
+        request's stored ``traceparent`` (the span of the delivery that recorded it, so the
+        call is in the order's trace), with ``fulfilment.idempotency_key`` and the answer's
+        class ``fulfilment.warehouse.answer`` (the ``outcome`` of
+        ``fulfilment_warehouse_requests_total``); the ``traceparent`` header is that span's.
+        With tracing off the header is the stored one.
         """
         if request.kind is RequestKind.FULFILMENT_ORDER:
             path = ORDERS_PATH
@@ -128,9 +152,43 @@ class WarehouseClient:
         else:
             # The store makes a cancellation claimable only once its order has an id.
             return Failed(reason="no_warehouse_id", answer="cancellation without an order"), 0.0
+        if not tracing_enabled():
+            return await self._post(request, path, request.traceparent)
+        route = (
+            ORDERS_ROUTE if request.kind is RequestKind.FULFILMENT_ORDER else CANCELLATIONS_ROUTE
+        )
+        url = self._http.base_url.join(path)
+        with tracer.start_as_current_span(
+            f"POST {route}",
+            context=context_of(request.traceparent),
+            kind=SpanKind.CLIENT,
+            attributes={
+                "http.request.method": "POST",
+                "http.route": route,
+                "url.full": str(url),
+                "server.address": url.host,
+                "server.port": url.port or (443 if url.scheme == "https" else 80),
+                "fulfilment.idempotency_key": str(request.idempotency_key),
+                "fulfilment.request.kind": str(request.kind),
+                "fulfilment.order_id": str(request.order_id),
+                "fulfilment.request.attempt": request.attempts,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            answer, seconds = await self._post(
+                request, path, traceparent_of(span.get_span_context())
+            )
+            _annotate(span, answer)
+            return answer, seconds
+
+    async def _post(
+        self, request: WarehouseRequest, path: str, traceparent: str | None
+    ) -> tuple[Answer, float]:
+        """POST the body to ``path`` with the key and ``traceparent``; the answer's class."""
         headers = {"idempotency-key": str(request.idempotency_key)}
-        if request.traceparent:
-            headers["traceparent"] = request.traceparent
+        if traceparent:
+            headers["traceparent"] = traceparent
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._timeout_seconds):
@@ -139,3 +197,18 @@ class WarehouseClient:
             return classify(request.kind, None, None, {}, error), time.monotonic() - started
         answer = classify(request.kind, response.status_code, response.content, response.headers)
         return answer, time.monotonic() - started
+
+
+def _annotate(span: Span, answer: Answer) -> None:
+    """The answer on the span: its class (the metric's ``outcome``), status code, error.
+
+    A class the dispatcher tries again or gives up on is an error of the span; an accepted
+    request, a refused cancellation (the warehouse's business answer) are not.
+    """
+    outcome = OUTCOMES[type(answer)]
+    span.set_attribute("fulfilment.warehouse.answer", outcome)
+    if answer.status_code is not None:
+        span.set_attribute("http.response.status_code", answer.status_code)
+    if not isinstance(answer, Accepted | Refused):
+        span.set_attribute("error.type", str(answer.status_code) if answer.status_code else outcome)
+        span.set_status(StatusCode.ERROR, answer.answer[:200])
