@@ -843,8 +843,9 @@ async def _warehouse_system(stop_grace_seconds: float, echo: Echo) -> AsyncItera
             )
             handoff = _Handoff(simulator, dispatcher)
             echo(
-                f"warehouse system: simulator at {env['FULFILMENT_WAREHOUSE_URL']} (pick delay"
-                f" {PICK_DELAY_SECONDS:g} s; log {simulator.log}), dispatcher started"
+                f"warehouse system: simulator at {env['FULFILMENT_WAREHOUSE_URL']} (pid"
+                f" {simulator.process.pid}, pick delay {PICK_DELAY_SECONDS:g} s, log"
+                f" {simulator.log}), dispatcher started"
                 f" ({dispatcher.describe()})"
             )
             await _wait_ready(dispatcher)
