@@ -517,6 +517,10 @@ class _Player:
         counts = _DayCounts()
         start = await outbox_last_id(self._warehouse)
         for run in day.runs():
+            if not isinstance(run[0], RetailOrder):
+                # The orders placed so far reach the warehouse first: a cancellation then
+                # meets its order there, and is accepted or, after the pick, refused.
+                await self._handoff.settle(day, self._warehouse)
             before = await stock_totals(self._warehouse)
             outcomes = await self._send(day, run)
             after = await stock_totals(self._warehouse)
