@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import aio_pika
 import asyncpg
+import psutil
 import pytest
 from sqlalchemy.engine import make_url
 
@@ -98,6 +100,46 @@ async def demo_queue_depth(amqp_url: str) -> int:
         await connection.close()
 
 
+WAREHOUSE_DAY = re.compile(
+    r"^(?P<day>\d{4}-\d\d-\d\d): warehouse received (?P<orders>\d+) fulfilment orders for"
+    r" (?P<reserved>\d+) reservations, cancellations accepted (?P<accepted>\d+),"
+    r" refused (?P<refused>\d+)$",
+    re.MULTILINE,
+)
+
+
+def warehouse_days(out: str) -> dict[str, tuple[int, int, int, int]]:
+    """``{day: (orders received, reservations, accepted, refused)}`` from the warehouse lines."""
+    return {
+        match["day"]: (
+            int(match["orders"]),
+            int(match["reserved"]),
+            int(match["accepted"]),
+            int(match["refused"]),
+        )
+        for match in WAREHOUSE_DAY.finditer(out)
+    }
+
+
+def assert_warehouse_system_stopped(out: str) -> None:
+    """The demo's simulator and dispatcher are gone: their pids and the simulator's port."""
+    started = re.search(
+        r"^warehouse system: simulator at http://127\.0\.0\.1:(?P<port>\d+)/api/v1 \(pid"
+        r" (?P<simulator>\d+), pick delay 2 s, log \S+\), dispatcher started \(pid"
+        r" (?P<dispatcher>\d+), ",
+        out,
+        re.MULTILINE,
+    )
+    assert started, out
+    for pid in (int(started["simulator"]), int(started["dispatcher"])):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", int(started["port"]))),
+    ):
+        pass
+
+
 async def order_states(db: asyncpg.Connection) -> dict[str, int]:
     rows = await db.fetch("SELECT status, count(*) FROM reservations GROUP BY status")
     return {row["status"]: int(row["count"]) for row in rows}
@@ -145,6 +187,7 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
         # The sample's one cancellation cancels a rejected order: nothing is released.
         "stock.released": (0, 0),
         "stock.shipped": (132, 132),
+        "stock.cancel_refused": (0, 0),
     }
     assert await outbox_rows(db) == {
         key: published for key, (published, _, _) in received.items() if published
@@ -155,6 +198,23 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     assert before[1:3] == (12214, 0)  # what the shipments left; nothing is still reserved
     states = await order_states(db)
     assert states == {"rejected": 38, "shipped": 132}
+    # The hand-off: each day's reservations are the warehouse's orders, one each.
+    days = warehouse_days(out)
+    assert days["2010-12-02"] == (109, 109, 0, 0)
+    assert len(days) == out.count(": orders ")  # one warehouse line per day
+    assert all(orders == reserved for orders, reserved, _, _ in days.values())
+    assert sum(orders for orders, _, _, _ in days.values()) == 132
+    assert (
+        "warehouse system (simulator, pick delay 2 s): received 132 fulfilment orders for 132"
+        " reservations, cancellations accepted 0, refused 0; each checked against the"
+        " reservations; dispatcher stopped with exit code 0"
+    ) in out
+    requests = await db.fetch(
+        "SELECT kind, status, count(*), count(DISTINCT order_id), count(DISTINCT warehouse_id)"
+        " FROM warehouse_requests GROUP BY kind, status"
+    )
+    assert [tuple(row) for row in requests] == [("fulfilment_order", "accepted", 132, 132, 132)]
+    assert_warehouse_system_stopped(out)
 
     second = demo(worker_env)
 
@@ -169,6 +229,13 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     nothing = dict.fromkeys(RESULT_EVENTS, (0, 0))
     assert {key: counts[:2] for key, counts in result_event_lines(second.stdout).items()} == nothing
     assert "this run wrote no result event: its events changed nothing" in second.stdout
+    # Nothing reserved again, nothing handed off again (a new simulator received nothing).
+    assert set(warehouse_days(second.stdout).values()) == {(0, 0, 0, 0)}
+    assert (
+        "warehouse system (simulator, pick delay 2 s): received 0 fulfilment orders for 0"
+        " reservations, cancellations accepted 0, refused 0;"
+    ) in second.stdout
+    assert_warehouse_system_stopped(second.stdout)
     assert "relay stopped with exit code 0" in second.stdout
     assert await stock_fingerprint(db) == before
     assert await order_states(db) == states

@@ -52,6 +52,7 @@ def player(connection: object, echo: list[str] | None = None) -> demo._Player:
         warehouse=None,  # type: ignore[arg-type]
         consumer="fulfilment",
         worker=None,  # type: ignore[arg-type]
+        handoff=None,  # type: ignore[arg-type]
         echo=(echo if echo is not None else []).append,
     )
 

@@ -46,17 +46,19 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
+from uuid import UUID
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment.adapters.postgres.admin import (
     DEMO_DATABASE_MARK,
     DemoDatabase,
+    OutboxEntry,
     StockTotals,
     demo_database,
     ensure_database,
@@ -71,10 +73,12 @@ from fulfilment.adapters.postgres.admin import (
     warehouse_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
+from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
 from fulfilment.adapters.rabbitmq.demo_queue import declare_bound_queue, take_messages
 from fulfilment.adapters.rabbitmq.inspection import queue_state
 from fulfilment.adapters.rabbitmq.publishing import UnroutableError
+from fulfilment.contracts.result_events import STOCK_RESERVED_ROUTING_KEY
 from fulfilment.contracts.topology import (
     DEAD_LETTER_QUEUES,
     EVENTS_EXCHANGE,
@@ -96,7 +100,20 @@ from fulfilment.dataset.retail_lifecycle import (
     plan_days,
 )
 from fulfilment.dataset.stock_plan import plan_stock
+from fulfilment.demo.handoff import (
+    CONCURRENCY,
+    PICK_DELAY_SECONDS,
+    RATE_PER_SECOND,
+    SIMULATOR_TOKEN,
+    HandoffCounts,
+    HandoffMismatchError,
+    WarehouseOrders,
+    check_day,
+    read_warehouse,
+)
 from fulfilment.demo.result_events import ResultEventTally
+from fulfilment.domain.handoff import RequestStatus
+from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import REQUEUED
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
@@ -118,6 +135,14 @@ RESULT_EVENTS_BINDING = "#"
 RELAY_COMMAND = ("-c", "from fulfilment.relay_main import main; main()")
 """``fulfilment relay`` run by this interpreter: what the console script calls, found without
 looking for the script on the ``PATH`` (the demo may not import the relay's root)."""
+DISPATCHER_COMMAND = ("-c", "from fulfilment.dispatcher_main import main; main()")
+"""``fulfilment dispatcher`` run by this interpreter, as :data:`RELAY_COMMAND`."""
+SIMULATOR_PATH = Path(__file__).resolve().parents[3] / "simulator"
+"""The checkout's ``simulator/`` folder, which holds ``warehouse_simulator`` (a test and demo
+tool, in neither the wheel nor the image)."""
+HANDOFF_STALL_SECONDS = 60.0
+"""The demo fails if the dispatcher gets none of the open warehouse requests answered for this
+long."""
 READY_WAIT_SECONDS = 60.0
 """How long the worker and the relay may take to report ready before the demo gives up."""
 RELAY_STALL_SECONDS = 60.0
@@ -275,9 +300,10 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     echo(f"relay started ({relay.describe()})")
     try:
         await _wait_ready(relay)
-        player, code = await _play_days(
-            options, days, stop_grace_seconds=stop_grace_seconds, echo=echo
-        )
+        async with _warehouse_system(stop_grace_seconds, echo) as handoff:
+            player, code = await _play_days(
+                options, days, handoff, stop_grace_seconds=stop_grace_seconds, echo=echo
+            )
         tally = await _received_result_events(options, baseline, relay, echo)
         echo("\n".join(tally.lines(RESULT_EVENTS_QUEUE)))
     finally:
@@ -302,23 +328,30 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     failure = tally.failure()
     if failure is not None:
         raise DemoError(failure)
-    clean_stops = code == 0 and relay_code == 0
+    clean_stops = code == 0 and relay_code == 0 and handoff.dispatcher_code == 0
     return 0 if reconciled and clean_stops and document["invariants"]["ok"] else 1
 
 
 async def _play_days(
     options: ToolOptions,
     days: Sequence[RetailDay],
+    handoff: _Handoff,
     *,
     stop_grace_seconds: float,
     echo: Echo,
 ) -> tuple[_Player, int]:
     """Start the worker, play ``days`` through it, stop it; the player and its exit code.
 
+    The worker records a warehouse request per reservation (``FULFILMENT_WAREHOUSE_URL`` is
+    the demo's simulator), which ``handoff``'s dispatcher sends.
+
     Raises:
-        DemoError: the worker did not get ready, exited, or stalled (it is stopped all the same).
+        DemoError: the worker did not get ready, exited, or stalled (it is stopped all the same);
+            the hand-off stalled or does not match the reservations.
     """
-    worker = await _start_child("worker", ("-m", "fulfilment"), "FULFILMENT_HTTP_PORT")
+    worker = await _start_child(
+        "worker", ("-m", "fulfilment"), "FULFILMENT_HTTP_PORT", env=handoff.env
+    )
     echo(f"worker started ({worker.describe()})")
     try:
         await _wait_ready(worker)
@@ -332,6 +365,7 @@ async def _play_days(
                 warehouse=warehouse,
                 consumer=options.consumer,
                 worker=_Worker(worker),
+                handoff=handoff,
                 echo=echo,
             )
             for day in days:
@@ -450,9 +484,11 @@ class _Player:
         warehouse: PostgresWarehouse,
         consumer: str,
         worker: _Worker,
+        handoff: _Handoff,
         echo: Echo,
     ) -> None:
         self._connection = connection
+        self._handoff = handoff
         self._amqp_url = amqp_url
         self._warehouse = warehouse
         self._consumer = consumer
@@ -470,9 +506,21 @@ class _Player:
         )
 
     async def play(self, day: RetailDay) -> None:
-        """Send the day's runs and its shipments, each settled; echo one line for the day."""
+        """Send the day's runs and its shipments, each settled; echo the day's two lines.
+
+        Before the shipments, the warehouse answers every request of the day (a cancel it
+        accepts must meet its order reserved); after them, what it received is checked.
+
+        Raises:
+            DemoError: the hand-off stalled, or does not match the day's reservations.
+        """
         counts = _DayCounts()
+        start = await outbox_last_id(self._warehouse)
         for run in day.runs():
+            if not isinstance(run[0], RetailOrder):
+                # The orders placed so far reach the warehouse first: a cancellation then
+                # meets its order there, and is accepted or, after the pick, refused.
+                await self._handoff.settle(day, self._warehouse)
             before = await stock_totals(self._warehouse)
             outcomes = await self._send(day, run)
             after = await stock_totals(self._warehouse)
@@ -480,8 +528,13 @@ class _Player:
                 counts.outcomes["orders"].update(outcomes)
                 counts.reserved += after.reserved - before.reserved
             else:
+                # A cancel of an order sent to the warehouse releases when the warehouse
+                # accepts it: the run is over when its requests are answered.
+                await self._handoff.settle(day, self._warehouse)
+                after = await stock_totals(self._warehouse)
                 counts.outcomes["cancellations"].update(outcomes)
                 counts.released += before.reserved - after.reserved
+        await self._handoff.settle(day, self._warehouse)
         statuses = await order_statuses(self._warehouse, [order.order_id for order in day.orders])
         shipments = day.shipments(statuses)
         before = await stock_totals(self._warehouse)
@@ -490,6 +543,9 @@ class _Player:
         counts.shipped = before.on_hand - after.on_hand
         self.shipments += shipments
         self._echo(_day_line(day, counts, after))
+        statuses = await order_statuses(self._warehouse, [order.order_id for order in day.orders])
+        entries = await outbox_entries_after(self._warehouse, start)
+        self._echo(await self._handoff.check(day, self._warehouse, statuses, entries))
 
     async def _send(self, day: RetailDay, events: Sequence[RetailEvent]) -> list[str]:
         """Publish ``events`` (of one kind), wait until settled; their inbox outcomes, in no order.
@@ -579,21 +635,30 @@ class _Child:
         return f"pid {self.process.pid}, port {self.port}, log {self.log}"
 
 
-async def _start_child(name: str, arguments: Sequence[str], port_variable: str) -> _Child:
+async def _start_child(
+    name: str,
+    arguments: Sequence[str],
+    port_variable: str | None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> _Child:
     """Start ``python <arguments>`` with its HTTP server on a free port, its output in a log.
 
-    ``port_variable`` is the setting of that port (``FULFILMENT_HTTP_PORT`` ...). A port of its
-    own: whatever else answers on the configured one is not this process.
+    ``port_variable`` is the setting of that port (``FULFILMENT_HTTP_PORT`` ...); None: the
+    port is given as ``--port N`` after ``arguments``. A port of its own: whatever else answers
+    on the configured one is not this process. ``env`` is added to the demo's environment.
     """
     port = _free_port()
     log_path = Path(tempfile.gettempdir()) / f"fulfilment-demo-{name}-{port}.log"
+    port_env = {port_variable: str(port)} if port_variable else {}
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             *arguments,
+            *([] if port_variable else ["--port", str(port)]),
             stdout=log,
             stderr=log,
-            env={**os.environ, port_variable: str(port)},
+            env={**os.environ, **(env or {}), **port_env},
         )
     return _Child(name, process, port, log_path)
 
@@ -629,6 +694,175 @@ class _Worker:
             if outcome != REQUEUED:
                 answered[event] += count
         return answered
+
+
+class _Handoff:
+    """The demo's warehouse system (the simulator) and ``fulfilment dispatcher``, while they run.
+
+    Counts what the warehouse received, day by day, and checks it
+    (:func:`fulfilment.demo.handoff.check_day`).
+    """
+
+    def __init__(self, simulator: _Child, dispatcher: _Child) -> None:
+        self.simulator = simulator
+        self.dispatcher = dispatcher
+        self.dispatcher_code: int | None = None
+        self.total = HandoffCounts()
+        self._cancellations_seen = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The settings of the hand-off, for the worker (and the dispatcher)."""
+        return _handoff_env(self.simulator)
+
+    async def settle(self, day: RetailDay, warehouse: PostgresWarehouse) -> None:
+        """Wait until no warehouse request is open (``pending`` or ``sending``).
+
+        Raises:
+            DemoError: the dispatcher or the simulator exited, or no open request was
+                answered for :data:`HANDOFF_STALL_SECONDS`.
+        """
+        requests = PostgresWarehouseRequests(warehouse.engine, retry_budget_seconds=10.0)
+        last, changed = -1, time.monotonic()
+        while (left := (await requests.backlog()).open_count) > 0:
+            for child in (self.dispatcher, self.simulator):
+                if child.process.returncode is not None:
+                    msg = (
+                        f"{day.name}: the {child.name} exited with code"
+                        f" {child.process.returncode} with {left} warehouse requests open"
+                        f" (log: {child.log})"
+                    )
+                    raise DemoError(msg)
+            now = time.monotonic()
+            if left != last:
+                last, changed = left, now
+            if now - changed > HANDOFF_STALL_SECONDS:
+                msg = (
+                    f"{day.name}: the dispatcher got none of the {left} open warehouse requests"
+                    f" answered for {HANDOFF_STALL_SECONDS:g} s (log: {self.dispatcher.log})"
+                )
+                raise DemoError(msg)
+            await asyncio.sleep(SETTLE_POLL_SECONDS)
+
+    async def check(
+        self,
+        day: RetailDay,
+        warehouse: PostgresWarehouse,
+        statuses: Mapping[UUID, OrderStatus],
+        entries: Sequence[OutboxEntry],
+    ) -> str:
+        """Check what the warehouse received for ``day``; the day's warehouse line.
+
+        ``entries`` are the outbox rows the day wrote, ``statuses`` its orders' after the
+        shipments.
+
+        Raises:
+            DemoError: it does not match the day's reservations (one line).
+        """
+        requests = PostgresWarehouseRequests(warehouse.engine, retry_budget_seconds=10.0)
+        records = await requests.find(list(RequestStatus), limit=10**9)
+        received = await asyncio.to_thread(read_warehouse, self.simulator_admin)
+        answered = received.cancellations[self._cancellations_seen :]
+        self._cancellations_seen = len(received.cancellations)
+        reserved = {e.order_id for e in entries if e.routing_key == STOCK_RESERVED_ROUTING_KEY}
+        try:
+            counts = check_day(
+                reserved,
+                requests=records,
+                warehouse=received,
+                cancellations=answered,
+                entries=entries,
+                statuses=statuses,
+            )
+        except HandoffMismatchError as mismatch:
+            msg = f"{day.name}: warehouse hand-off: {mismatch}"
+            raise DemoError(msg) from mismatch
+        self.total.add(counts)
+        return f"{day.name}: warehouse {counts.describe()}"
+
+    @property
+    def simulator_admin(self) -> str:
+        """The simulator's admin endpoints, ``http://127.0.0.1:N/_simulator``."""
+        return f"http://127.0.0.1:{self.simulator.port}/_simulator"
+
+    def summary(self, received: WarehouseOrders) -> str:
+        """The run's line: what the warehouse received, checked, and the dispatcher's exit."""
+        extra = len(received.orders) - self.total.orders
+        return (
+            f"warehouse system (simulator, pick delay {PICK_DELAY_SECONDS:g} s): "
+            f"{self.total.describe()}"
+            + (f" (and {extra} orders of earlier runs' requests)" if extra else "")
+            + f"; each checked against the reservations; dispatcher stopped with exit code"
+            f" {self.dispatcher_code}"
+        )
+
+
+def _handoff_env(simulator: _Child) -> dict[str, str]:
+    """The hand-off's settings: the simulator's API, its token, the demo's caps."""
+    return {
+        "FULFILMENT_WAREHOUSE_URL": f"http://127.0.0.1:{simulator.port}/api/v1",
+        "FULFILMENT_WAREHOUSE_TOKEN": SIMULATOR_TOKEN,
+        "FULFILMENT_WAREHOUSE_RATE_PER_SECOND": f"{RATE_PER_SECOND:g}",
+        "FULFILMENT_WAREHOUSE_CONCURRENCY": str(CONCURRENCY),
+    }
+
+
+@contextlib.asynccontextmanager
+async def _warehouse_system(stop_grace_seconds: float, echo: Echo) -> AsyncIterator[_Handoff]:
+    """Start the simulator and ``fulfilment dispatcher``, yield them, stop them, echo the sum.
+
+    Neither is left running, whatever happens (the simulator is stopped last: the dispatcher's
+    requests in flight get their answers).
+
+    Raises:
+        DemoError: the simulator is not in this checkout, or either did not get ready.
+    """
+    if not (SIMULATOR_PATH / "warehouse_simulator").is_dir():
+        msg = f"the warehouse simulator is not in this checkout ({SIMULATOR_PATH})"
+        raise DemoError(msg)
+    python_path = os.pathsep.join(
+        p for p in (str(SIMULATOR_PATH), os.environ.get("PYTHONPATH", "")) if p
+    )
+    simulator = await _start_child(
+        "warehouse-simulator",
+        (
+            "-m",
+            "warehouse_simulator",
+            "--token",
+            SIMULATOR_TOKEN,
+            "--pick-delay-seconds",
+            f"{PICK_DELAY_SECONDS:g}",
+        ),
+        None,
+        env={"PYTHONPATH": python_path},
+    )
+    try:
+        await _wait_ready(simulator, "/_simulator/stats")
+        dispatcher: _Child | None = None
+        handoff: _Handoff | None = None
+        try:
+            env = _handoff_env(simulator)
+            dispatcher = await _start_child(
+                "dispatcher", DISPATCHER_COMMAND, "FULFILMENT_DISPATCHER_PORT", env=env
+            )
+            handoff = _Handoff(simulator, dispatcher)
+            echo(
+                f"warehouse system: simulator at {env['FULFILMENT_WAREHOUSE_URL']} (pid"
+                f" {simulator.process.pid}, pick delay {PICK_DELAY_SECONDS:g} s, log"
+                f" {simulator.log}), dispatcher started"
+                f" ({dispatcher.describe()})"
+            )
+            await _wait_ready(dispatcher)
+            yield handoff
+        finally:
+            if dispatcher is not None:
+                code = await _stop(dispatcher.process, stop_grace_seconds)
+                if handoff is not None:
+                    handoff.dispatcher_code = code
+        received = await asyncio.to_thread(read_warehouse, handoff.simulator_admin)
+        echo(handoff.summary(received))
+    finally:
+        await _stop(simulator.process, stop_grace_seconds)
 
 
 _EVENT: dict[type, str] = {
@@ -741,8 +975,8 @@ async def _purge_queues(amqp_url: str) -> dict[str, int]:
     return purged
 
 
-async def _wait_ready(child: _Child) -> None:
-    url = f"http://127.0.0.1:{child.port}/health/ready"
+async def _wait_ready(child: _Child, path: str = "/health/ready") -> None:
+    url = f"http://127.0.0.1:{child.port}{path}"
     deadline = time.monotonic() + READY_WAIT_SECONDS
     while time.monotonic() < deadline:
         if child.process.returncode is not None:
