@@ -328,6 +328,8 @@ async def run_worker(
         pool=pool,
         pool_size=settings.database_pool_size,
         batch_max=settings.reservation_batch_max,
+        # The worker records the requests; only the dispatcher ever calls the warehouse system.
+        handoff=settings.warehouse_url is not None,
     )
     warehouse: Warehouse = postgres if wrap_warehouse is None else wrap_warehouse(postgres)
 
