@@ -84,7 +84,8 @@ async def request_of(
     db: asyncpg.Connection, order_id: uuid.UUID, kind: str
 ) -> asyncpg.Record | None:
     return await db.fetchrow(
-        "SELECT * FROM warehouse_requests WHERE order_id = $1 AND kind = $2 ORDER BY id DESC LIMIT 1",
+        "SELECT * FROM warehouse_requests WHERE order_id = $1 AND kind = $2"
+        " ORDER BY id DESC LIMIT 1",
         order_id,
         kind,
     )
@@ -179,7 +180,7 @@ async def test_a_timeout_after_the_warehouse_committed_is_answered_as_a_replay_a
     assert len(orders) == len(placed)
     assert duplicate_orders(orders) == 0
     attempts = await db.fetch("SELECT attempts FROM warehouse_requests")
-    assert all(row["attempts"] >= 2 for row in attempts)  # noqa: PLR2004 - timed out, then the replay
+    assert all(row["attempts"] >= 2 for row in attempts)
 
 
 async def test_a_poison_order_is_failed_and_visible_and_the_orders_after_it_are_accepted(
@@ -200,7 +201,7 @@ async def test_a_poison_order_is_failed_and_visible_and_the_orders_after_it_are_
     after = [await place(broker, [("A", 1)]) for _ in range(3)]
 
     async def recorded() -> bool:
-        return sum((await request_statuses(db)).values()) == 7  # noqa: PLR2004 - 3 + 1 + 3
+        return sum((await request_statuses(db)).values()) == 7
 
     await wait_for(recorded, what="7 requests recorded")
     spawn_dispatcher(dispatchers, env, tmp_path)
@@ -212,7 +213,7 @@ async def test_a_poison_order_is_failed_and_visible_and_the_orders_after_it_are_
     row = await request_of(db, poison, "fulfilment_order")
     assert row is not None
     assert row["status"] == "failed"
-    assert row["last_status_code"] == 422  # noqa: PLR2004 - the warehouse's refusal
+    assert row["last_status_code"] == 422
     assert json.loads(row["last_answer"])["error"] == "sku_not_stocked"
     for order_id in [*before, *after]:
         assert await status_of(db, order_id) == "accepted"
@@ -239,7 +240,7 @@ async def test_a_cancel_before_the_send_withdraws_the_request_and_it_is_never_se
     shrunk = await place(broker, [("A", 4)])
 
     async def both_pending() -> bool:
-        return (await request_statuses(db))["pending"] == 2  # noqa: PLR2004
+        return (await request_statuses(db))["pending"] == 2
 
     await wait_for(both_pending, what="two pending requests")
     # No dispatcher runs yet: the cancels meet requests never sent, and release at once.
@@ -247,7 +248,7 @@ async def test_a_cancel_before_the_send_withdraws_the_request_and_it_is_never_se
     await cancel(broker, shrunk, [("A", 1)])
 
     async def released() -> bool:
-        return (await outbox_counts(db))["stock.released"] == 2  # noqa: PLR2004
+        return (await outbox_counts(db))["stock.released"] == 2
 
     await wait_for(released, what="two stock.released")
     assert await status_of(db, withdrawn) == "withdrawn"
@@ -262,7 +263,7 @@ async def test_a_cancel_before_the_send_withdraws_the_request_and_it_is_never_se
     assert [order["reference"] for order in orders] == [str(shrunk)]
     assert orders[0]["lines"] == [{"sku": "A", "quantity": 3}]
     assert simulator.stats()["requests_total"] == 1  # the withdrawn one never left
-    assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = 'A'") == 3  # noqa: PLR2004
+    assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = 'A'") == 3
     assert await stock_equals_the_lines(db) == []
 
 

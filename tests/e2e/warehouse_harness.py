@@ -84,7 +84,7 @@ class SimulatorProcess:
 
     def _admin(self, name: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
         data = None if changes is None else json.dumps(changes).encode()
-        request = urllib.request.Request(  # noqa: S310 - a local http URL
+        request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/_simulator/{name}",
             data=data,
             method="GET" if data is None else "POST",
@@ -129,7 +129,7 @@ class DispatcherProcess(WorkerProcess):
 
     def readiness(self) -> dict[str, Any]:
         try:
-            with urllib.request.urlopen(  # noqa: S310 - a local http URL
+            with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.port}/health/ready", timeout=2
             ) as answer:
                 return dict(json.loads(answer.read()))

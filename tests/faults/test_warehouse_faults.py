@@ -309,7 +309,7 @@ async def test_random_kills_of_workers_and_dispatchers_with_cancels_and_ships_ha
         await asyncio.sleep(rng.uniform(0.2, 0.8))
         for order in cancelled[start // 3 : start // 3 + 13]:
             whole = rng.random() < 0.5
-            lines = None if whole else [order.lines[0][:1] + (1,)]
+            lines = None if whole else [(order.lines[0][0], 1)]
             await cancel(broker, order_id(order), lines)
             extra_events += 1
         for order in shipped[start // 4 : start // 4 + 10]:
@@ -338,7 +338,7 @@ async def test_random_kills_of_workers_and_dispatchers_with_cancels_and_ships_ha
     await wait_for(
         settled, timeout=180, what=f"{total} events processed and every request answered"
     )
-    assert kills >= 5  # noqa: PLR2004 - enough kills landed while requests flowed
+    assert kills >= 5
     statuses = await request_statuses(db, "fulfilment_order")
     assert set(statuses) <= {"accepted", "withdrawn"}, statuses
     figures = await assert_handed_off_once(db, simulator)
