@@ -21,12 +21,14 @@ from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
 from warehouse_harness import (
     DispatcherProcess,
     SimulatorProcess,
+    assert_handed_off_once,
     cancel,
     duplicate_orders,
     handoff_env,
     open_requests,
     order_id_of,
     outbox_counts,
+    record_handoff_figures,
     request_statuses,
     reserved_lines,
     ship,
@@ -145,6 +147,8 @@ async def test_each_reservation_becomes_exactly_one_order_at_the_warehouse_with_
     assert {row["reference"]: row["warehouse_id"] for row in warehouse_ids} == {
         reference: order["id"] for reference, order in by_reference.items()
     }
+    figures = await assert_handed_off_once(db, simulator)
+    record_handoff_figures("hand-off", "none: 20 orders, 1 rejected", figures)
 
 
 async def test_a_timeout_after_the_warehouse_committed_is_answered_as_a_replay_and_one_order_stays(
@@ -181,6 +185,12 @@ async def test_a_timeout_after_the_warehouse_committed_is_answered_as_a_replay_a
     assert duplicate_orders(orders) == 0
     attempts = await db.fetch("SELECT attempts FROM warehouse_requests")
     assert all(row["attempts"] >= 2 for row in attempts)
+    figures = await assert_handed_off_once(db, simulator)
+    record_handoff_figures(
+        "timeout after commit",
+        "every request committed, then stalled past the 2 s timeout",
+        figures,
+    )
 
 
 async def test_a_poison_order_is_failed_and_visible_and_the_orders_after_it_are_accepted(
@@ -220,6 +230,10 @@ async def test_a_poison_order_is_failed_and_visible_and_the_orders_after_it_are_
     references = {order["reference"] for order in simulator.orders()}
     assert references == {str(order_id) for order_id in [*before, *after]}
     assert await order_status(db, poison) == "reserved"  # failed there, held here for operators
+    figures = await assert_handed_off_once(db, simulator)
+    record_handoff_figures(
+        "poison order", "a SKU the warehouse refuses (422) amid 6 orders", figures
+    )
 
 
 async def test_a_cancel_before_the_send_withdraws_the_request_and_it_is_never_sent(
@@ -265,6 +279,10 @@ async def test_a_cancel_before_the_send_withdraws_the_request_and_it_is_never_se
     assert simulator.stats()["requests_total"] == 1  # the withdrawn one never left
     assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = 'A'") == 3
     assert await stock_equals_the_lines(db) == []
+    figures = await assert_handed_off_once(db, simulator)
+    record_handoff_figures(
+        "cancel before the send", "a whole and a partial cancel before any dispatcher ran", figures
+    )
 
 
 async def test_a_cancel_while_the_order_is_in_flight_waits_for_its_answer_then_releases_once(
@@ -317,6 +335,10 @@ async def test_a_cancel_while_the_order_is_in_flight_waits_for_its_answer_then_r
     assert len(simulator.orders()) == 1
     assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = 'A'") == 0
     assert await stock_equals_the_lines(db) == []
+    figures = await assert_handed_off_once(db, simulator)
+    record_handoff_figures(
+        "cancel while in flight", "a cancel during a 3 s answer of the warehouse", figures
+    )
 
 
 async def test_a_partial_cancel_of_an_accepted_order_releases_its_lines_when_the_warehouse_accepts(
@@ -357,6 +379,8 @@ async def test_a_partial_cancel_of_an_accepted_order_releases_its_lines_when_the
     levels = dict(await db.fetch("SELECT sku, reserved FROM stock_levels ORDER BY sku"))
     assert levels == {"A": 1, "B": 2}
     assert await stock_equals_the_lines(db) == []
+    figures = await assert_handed_off_once(db, simulator)
+    record_handoff_figures("cancel accepted", "a partial cancel of an accepted order", figures)
 
 
 async def test_a_refused_cancel_keeps_the_order_reserved_tells_the_shop_and_the_order_ships(
@@ -403,3 +427,7 @@ async def test_a_refused_cancel_keeps_the_order_reserved_tells_the_shop_and_the_
     level = await db.fetchrow("SELECT on_hand, reserved FROM stock_levels WHERE sku = 'A'")
     assert (level["on_hand"], level["reserved"]) == (6, 0)
     assert await stock_equals_the_lines(db) == []
+    figures = await assert_handed_off_once(db, simulator)
+    record_handoff_figures(
+        "cancel refused", "a cancel after the pick (too_late), then the ship", figures
+    )

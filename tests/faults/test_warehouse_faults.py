@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 from faultlib import (
     AMPLE_STOCK,
+    LIMIT,
     Cluster,
     Order,
     declare,
@@ -212,7 +213,7 @@ async def test_a_warehouse_down_under_load_slows_no_drain_and_the_backlog_drains
 ) -> None:
     cap = 50
     await put_stock(db, AMPLE_STOCK)
-    await declare(amqp_url, 20)
+    await declare(amqp_url, LIMIT)
     without = synthetic_orders(LOAD_ORDERS, seed=31)
     with_handoff = synthetic_orders(LOAD_ORDERS, seed=32)
 
@@ -242,8 +243,9 @@ async def test_a_warehouse_down_under_load_slows_no_drain_and_the_backlog_drains
     assert time.monotonic() < outage_ends, "the drain outlasted the outage: raise it"
     assert await open_requests(db) == LOAD_ORDERS  # piled up, none lost, none answered
     assert simulator.orders() == []
-    # Loosely: the hand-off adds a row to each transaction and never waits on the warehouse.
-    assert handoff_rate >= 0.5 * reference_rate, (handoff_rate, reference_rate)
+    # Loosely (the machine is shared): a worker that waited on the warehouse would drain at
+    # most a request's worth during the outage, not thousands of orders a second's worth.
+    assert handoff_rate >= 0.25 * reference_rate, (handoff_rate, reference_rate)
     during_outage = int(simulator.stats()["requests_total"])
 
     async def backlog_drained() -> bool:
@@ -276,7 +278,7 @@ async def test_a_warehouse_down_under_load_slows_no_drain_and_the_backlog_drains
     )
 
 
-async def test_random_kills_of_workers_and_dispatchers_with_cancels_and_ships_hand_off_once(
+async def test_random_kills_of_workers_and_dispatchers_with_cancels_and_ships_hand_off_once(  # noqa: PLR0915 - one scenario, its checks in reading order
     cluster: Cluster,
     db: asyncpg.Connection,
     broker: aio_pika.abc.AbstractRobustConnection,
@@ -335,9 +337,19 @@ async def test_random_kills_of_workers_and_dispatchers_with_cancels_and_ships_ha
         cluster.restart_dead()
         return await inbox_count(db) >= total and await open_requests(db) == 0
 
-    await wait_for(
-        settled, timeout=180, what=f"{total} events processed and every request answered"
-    )
+    deadline = time.monotonic() + 180
+    while not await settled():
+        if time.monotonic() > deadline:
+            left = await db.fetch(
+                "SELECT kind, status, count(*) AS n FROM warehouse_requests"
+                " WHERE status IN ('pending', 'sending') GROUP BY 1, 2"
+            )
+            pytest.fail(
+                f"{await inbox_count(db)} of {total} events processed; open requests"
+                f" {[tuple(row) for row in left]}; "
+                + " | ".join(d.log_tail(2) for d in dispatchers)
+            )
+        await asyncio.sleep(0.5)
     assert kills >= 5
     statuses = await request_statuses(db, "fulfilment_order")
     assert set(statuses) <= {"accepted", "withdrawn"}, statuses
