@@ -232,7 +232,11 @@ async def stock_equals_the_lines(db: asyncpg.Connection) -> list[str]:
 
 
 async def handoff_figures(
-    db: asyncpg.Connection, simulator: SimulatorProcess, *, cap: float | None = None
+    db: asyncpg.Connection,
+    simulator: SimulatorProcess,
+    *,
+    cap: float | None = None,
+    reserved_before: int = 0,
 ) -> dict[str, int]:
     """The fault table's four counts after a run (each must be 0), from the database and from
     what the simulator holds and counted:
@@ -244,6 +248,8 @@ async def handoff_figures(
     - ``cancels_applied_twice``: cancels with more than one ``stock.released``;
     - ``rate_cap_breaches``: whole seconds in which the simulator got more than ``cap``
       requests (None: not counted).
+
+    ``reserved_before``: reservations made with the hand-off off, which record no request.
     """
     held = Counter(order["reference"] for order in simulator.orders())
     requests = await db.fetch(
@@ -254,7 +260,7 @@ async def handoff_figures(
         await db.fetchval("SELECT count(*) FROM inbox_messages WHERE outcome = 'reserved'")
     )
     lost = (
-        max(0, reserved - len(orders))
+        max(0, reserved - reserved_before - len(orders))
         + sum(1 for row in requests if row["status"] in {"pending", "sending", "expired"})
         + sum(1 for row in orders if row["status"] == "accepted" and not held[row["reference"]])
     )
@@ -291,9 +297,13 @@ def record_handoff_figures(
 
 
 async def assert_handed_off_once(
-    db: asyncpg.Connection, simulator: SimulatorProcess, *, cap: float | None = None
+    db: asyncpg.Connection,
+    simulator: SimulatorProcess,
+    *,
+    cap: float | None = None,
+    reserved_before: int = 0,
 ) -> dict[str, int]:
     """:func:`handoff_figures`, each asserted 0; returns them for the figures file."""
-    figures = await handoff_figures(db, simulator, cap=cap)
+    figures = await handoff_figures(db, simulator, cap=cap, reserved_before=reserved_before)
     assert figures == dict.fromkeys(figures, 0), figures
     return figures
