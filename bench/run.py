@@ -289,6 +289,8 @@ class Consumer:
     log_path: Path
     http_port: int | None = None
     process: subprocess.Popen[bytes] | None = None
+    ready_path: str = "/health/ready"
+    """What answers 200 once the process is ready (the simulator has no ``/health``)."""
 
     def start(self) -> None:
         """Start the process; its standard error (and the worker's output) go to the log."""
@@ -311,7 +313,7 @@ class Consumer:
                 return
         else:
             while time.monotonic() < deadline and self.process.poll() is None:
-                if self._get("/health/ready") is not None:
+                if self._get(self.ready_path) is not None:
                     return
                 time.sleep(0.1)
         msg = f"{self.kind} not ready (exit code {self.process.poll()}): {self.log_tail()}"
@@ -349,8 +351,14 @@ class ServiceProcess:
     name: str
     """Its CPU group, log file and column in the table."""
     command: tuple[str, ...]
-    port_setting: str
-    """The environment variable of its HTTP port (``/health/ready``, ``/metrics``)."""
+    port_setting: str | None
+    """The environment variable of its HTTP port (``/health/ready``, ``/metrics``); None for
+    one whose port is fixed in its command (:attr:`port`)."""
+    port: int | None = None
+    """Its fixed port (the warehouse simulator's, which the others' settings name)."""
+    ready_path: str = "/health/ready"
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of this process alone."""
 
 
 SERVICE_PROCESSES = (
@@ -365,6 +373,55 @@ SERVICE_PROCESSES = (
 Each is started before the worker, stopped once the outbox has no unpublished row, and gets
 its own CPU and peak-RSS columns. The warehouse dispatcher, when it lands, is one more entry
 (and, if it finishes on something other than the outbox, its own wait in :func:`drain`)."""
+
+WAREHOUSE_LATENCY_SECONDS = 0.02
+"""How long the simulated warehouse takes to answer each request with ``--warehouse``."""
+
+WAREHOUSE_RATE_PER_SECOND = 200
+"""The dispatcher's rate cap with ``--warehouse``: above the worker's drain on 2 cores, so
+the dispatcher sends while the worker drains (its CPU counted beside it) instead of idling
+at the default 2.5 a second."""
+
+
+def warehouse_processes(port: int) -> tuple[ServiceProcess, ...]:
+    """The processes ``--warehouse`` runs beside the worker and the relay.
+
+    The simulated warehouse on ``port``, answering in :data:`WAREHOUSE_LATENCY_SECONDS`, and
+    ``fulfilment dispatcher``.
+    """
+    return (
+        ServiceProcess(
+            "warehouse",
+            (
+                sys.executable,
+                "-m",
+                "warehouse_simulator",
+                "--port",
+                str(port),
+                "--latency-seconds",
+                str(WAREHOUSE_LATENCY_SECONDS),
+            ),
+            None,
+            port=port,
+            ready_path="/_simulator/stats",
+            env=(("PYTHONPATH", str(ROOT / "simulator")),),
+        ),
+        ServiceProcess(
+            "dispatcher",
+            (str(Path(sys.executable).parent / "fulfilment"), "dispatcher"),
+            "FULFILMENT_DISPATCHER_PORT",
+        ),
+    )
+
+
+def warehouse_env(port: int) -> dict[str, str]:
+    """The settings that turn the hand-off on, against the simulator on ``port``."""
+    return {
+        "FULFILMENT_WAREHOUSE_URL": f"http://127.0.0.1:{port}/api/v1",
+        "FULFILMENT_WAREHOUSE_TOKEN": "simulator-token",
+        "FULFILMENT_WAREHOUSE_RATE_PER_SECOND": str(WAREHOUSE_RATE_PER_SECOND),
+        "FULFILMENT_WAREHOUSE_CONCURRENCY": "8",
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,10 +460,21 @@ class Plan:
             return []
         made = []
         for process in self.beside_worker:
-            port = _free_port()
-            env = self._service_env() | {process.port_setting: str(port)}
+            port = process.port or _free_port()
+            env = self._service_env() | dict(process.env)
+            if process.port_setting is not None:
+                env[process.port_setting] = str(port)
             log = self.logs / f"{label}-{process.name}.log"
-            made.append(Consumer(process.name, list(process.command), env, log, http_port=port))
+            made.append(
+                Consumer(
+                    process.name,
+                    list(process.command),
+                    env,
+                    log,
+                    http_port=port,
+                    ready_path=process.ready_path,
+                )
+            )
         return made
 
     def consumers(self, kind: str, label: str) -> list[Consumer]:
@@ -1321,6 +1389,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " its delivery is acknowledged",
     )
     parser.add_argument(
+        "--warehouse",
+        action="store_true",
+        help="the hand-off on: a simulated warehouse answering in about 20 ms and `fulfilment"
+        " dispatcher` run beside the worker (and the relay), FULFILMENT_WAREHOUSE_URL set",
+    )
+    parser.add_argument(
         "--env",
         action="append",
         default=[],
@@ -1366,6 +1440,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(item.split("=", 1) for item in args.env)
     if args.worker_src is not None:
         env["PYTHONPATH"] = str(args.worker_src.resolve())
+    if args.warehouse and args.no_relay:
+        print("--warehouse needs the relay: drop --no-relay", file=sys.stderr)
+        return 2
+    beside: tuple[ServiceProcess, ...] = () if args.no_relay else SERVICE_PROCESSES
+    if args.warehouse:
+        port = _free_port()
+        env = warehouse_env(port) | env
+        beside = (*beside, *warehouse_processes(port))
     with (
         tempfile.TemporaryDirectory(prefix="fulfilment-bench-") as temporary,
         dedicated_services(args.admin_database_url, args.amqp_url) as services,
@@ -1378,7 +1460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.prefetch,
             args.workers,
             env,
-            beside_worker=() if args.no_relay else SERVICE_PROCESSES,
+            beside_worker=beside,
         )
         asyncio.run(declare_queues(services.amqp_url, SETTING_DEFAULTS["delivery_limit"]))
         servers = asyncio.run(versions(services))
