@@ -43,8 +43,12 @@ class InvariantChecks:
             or applied twice. With the hand-off, a cancel of an order the warehouse may hold
             releases it later, when the warehouse accepts the cancellation or its fulfilment
             order fails (``fulfilment.domain.handoff``); then the request, not the inbox row
-            (``cancel_requested``), records the release. Assumes one consumer name per
-            database, as deployed.
+            (``cancel_requested``), records the release. The mark is recorded when the
+            release happens, not derived afterwards: ``fulfilment prune`` deletes the inbox
+            rows that would tell which released orders had an inbox ``released`` row, and a
+            request's status (``accepted``, ``withdrawn``) does not say whether its
+            application released the whole order, part of it, or nothing. Assumes one
+            consumer name per database, as deployed.
         orphan_lines: ``reservation_lines`` rows whose order has no reservation (the check
             of the foreign key that migration 0005 dropped).
         shipped_mismatches: SKUs whose ``shipped`` (the units ``ship_orders()`` took out of

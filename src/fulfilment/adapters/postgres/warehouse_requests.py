@@ -524,7 +524,7 @@ async def _apply_cancels(
     *,
     one_by_one: bool,
 ) -> None:
-    """Apply ``cancels`` (request id, cause, asked lines as stored, trace context) to the order.
+    """Apply ``cancels`` (request id, cause, asked lines as stored, trace context), order locked.
 
     By the lifecycle (``fulfilment.domain.handoff``): an accepted cancellation on the order
     as it is now, or a failed fulfilment order's waiting cancellations one after the other.
