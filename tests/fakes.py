@@ -148,6 +148,7 @@ class StoredRequest:
 
     ``lines`` are units per SKU in code-point order (None: a cancellation of the whole
     order); times are timezone-aware (the fake's clock is the wall clock, as ``now()`` is).
+    ``released_order`` marks the cancellation whose application left its order released.
     """
 
     id: int
@@ -168,6 +169,7 @@ class StoredRequest:
     warehouse_id: str | None = None
     last_status_code: int | None = None
     last_answer: str | None = None
+    released_order: bool = False
 
 
 class InMemoryWarehouse(Warehouse):
@@ -550,6 +552,8 @@ class InMemoryWarehouseRequests(WarehouseRequests):
 
     def _apply(self, cancel: StoredRequest, cancellation: Cancellation) -> None:
         """Release what ``cancellation`` gives back, as ``cancel``'s cancel, with its event."""
+        if cancellation.kind is CancelKind.RELEASED:
+            cancel.released_order = True
         if not cancellation.lines:
             return
         for sku, units in cancellation.lines.items():

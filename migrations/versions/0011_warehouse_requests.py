@@ -11,7 +11,10 @@ Create Date: 2026-12-02
   with the row; ``body`` is frozen at the first attempt. A partial index serves the
   dispatcher's claim (open rows by ``next_attempt_at``), another the per-order rule and the
   cancels' look-up (``order_id, id``); a partial unique index keeps one fulfilment order per
-  order.
+  order. ``released_order`` marks the cancellation whose application left its order
+  ``released`` (none else did: the order's release left no inbox ``released`` row), so the
+  invariant check counts every release; it is recorded, not derived, because ``fulfilment
+  prune`` deletes the inbox rows that would tell per order which event released it.
 - ``warehouse_request_audit``: who re-sent which request (``fulfilment`` operator commands).
   ``dead_letter_audit`` does not fit: it records messages (headers, body, failure class).
 - ``inbox_messages.outcome`` gains ``cancel_requested`` (a cancel that waits for the
@@ -121,6 +124,7 @@ def upgrade() -> None:
             nullable=False,
             server_default=sa.text("now()"),
         ),
+        sa.Column("released_order", sa.Boolean, nullable=False, server_default=sa.false()),
         sa.PrimaryKeyConstraint("id", name="warehouse_requests_pkey"),
         sa.UniqueConstraint("idempotency_key", name="warehouse_requests_idempotency_key_key"),
         sa.CheckConstraint(
@@ -139,6 +143,11 @@ def upgrade() -> None:
             "attempts >= 0 AND (attempts = 0) = (body IS NULL)"
             " AND (attempts = 0) = (first_attempt_at IS NULL)",
             name="warehouse_requests_body_frozen_at_first_attempt",
+        ),
+        sa.CheckConstraint(
+            "NOT released_order"
+            " OR (kind = 'cancellation' AND status IN ('accepted', 'withdrawn'))",
+            name="warehouse_requests_released_order_by_a_cancellation",
         ),
     )
     op.create_index(

@@ -68,6 +68,16 @@ class Stores:
     async def stock(self):
         return await self.warehouse.stock(["A", "B", "C"])
 
+    async def released_order_marks(self):
+        """``released_order`` of every request, in the order recorded."""
+        if isinstance(self.warehouse, InMemoryWarehouse):
+            return [r.released_order for r in self.warehouse.requests]
+        async with self.warehouse.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.text("SELECT released_order FROM warehouse_requests ORDER BY id")
+            )
+            return [marked for (marked,) in rows]
+
     async def result_events(self):
         """The result events written, in order, less event_id and occurred_at."""
         if isinstance(self.warehouse, InMemoryWarehouse):
@@ -368,6 +378,8 @@ async def test_an_accepted_cancellation_releases_then_with_its_event(
     record = await stores.requests.get(cancelling.idempotency_key)
     assert record is not None
     assert record.status is RequestStatus.ACCEPTED
+    # Only the cancellation that leaves the order released is marked as its release.
+    assert await stores.released_order_marks() == [False, expected_status == "released"]
     again = await stores.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
     assert again.kind is (CancelKind.CANCEL_REQUESTED if asked else CancelKind.IGNORED)
 
@@ -385,6 +397,7 @@ async def test_an_accepted_cancellation_of_an_order_shipped_meanwhile_releases_n
         "stock.reserved",
         "stock.shipped",
     ]
+    assert await stores.released_order_marks() == [False, False]
 
 
 @pytest.mark.parametrize(
@@ -445,6 +458,20 @@ async def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_local
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []
     after = await stores.warehouse.cancel(cancellation(command.order_id))
     assert (after.kind, after.lines) == (CancelKind.RELEASED, (OrderLine("B", 2),))
+    # Released by the inbox's cancel, not by a request: none is marked.
+    assert await stores.released_order_marks() == [False, False, False]
+
+
+async def test_a_failed_fulfilment_order_marks_the_waiting_cancel_that_released_it(stores):
+    command = await stores.placed(("A", 3))
+    [sent] = await stores.requests.claim(10, lease_seconds=LEASE)
+    for cancel in (cancellation(command.order_id), cancellation(command.order_id, ("A", 1))):
+        assert (await stores.warehouse.cancel(cancel)).kind is CancelKind.CANCEL_REQUESTED
+
+    await stores.requests.record(sent, Failed("unknown_sku", '{"error": "unknown sku"}', 422))
+
+    assert (await stores.stock())["A"] == StockLevel(10, 0)
+    assert await stores.released_order_marks() == [False, True, False]
 
 
 async def test_a_failed_cancellation_releases_nothing(stores):

@@ -6,11 +6,14 @@ import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from builders import order, shipment
+from builders import cancellation, order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.outcomes import InvariantChecks, outcome_report
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.composition import database_options
+from fulfilment.domain.handoff import Accepted, Failed
+from fulfilment.domain.lifecycle import CancelKind
 from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres
@@ -208,3 +211,164 @@ async def test_the_report_counts_the_outbox_rows_published_and_not(warehouse):
     report = await outcome_report(warehouse.engine)
 
     assert report.outbox == {"unpublished": 2, "published": 1}
+
+
+# --- with the hand-off: a release that waited for the warehouse's answer ------------------
+
+LEASE = 30.0
+"""A lease no test outlives."""
+
+
+class HandedOff:
+    """The stock store with the hand-off on, and the requests' store, over one database."""
+
+    def __init__(self, warehouse: PostgresWarehouse, requests: PostgresWarehouseRequests) -> None:
+        self.warehouse = warehouse
+        self.requests = requests
+
+    async def placed(self, *lines):
+        """An order reserved, its fulfilment order claimed (sent, no answer yet)."""
+        await self.warehouse.put_stock({"A": 10, "B": 10})
+        command = order(*lines)
+        await self.warehouse.reserve(command)
+        [self.fulfilment_order] = await self.requests.claim(10, lease_seconds=LEASE)
+        return command
+
+    async def accepted(self, *lines):
+        """An order whose fulfilment order the warehouse accepted."""
+        command = await self.placed(*lines)
+        await self.requests.record(
+            self.fulfilment_order, Accepted(201, '{"status": "received"}', "WH-1")
+        )
+        return command
+
+    async def cancel_accepted(self, command, *lines):
+        """A cancel that the warehouse must be asked, asked, and accepted."""
+        outcome = await self.warehouse.cancel(cancellation(command.order_id, *lines))
+        assert outcome.kind is CancelKind.CANCEL_REQUESTED
+        [cancelling] = await self.requests.claim(10, lease_seconds=LEASE)
+        await self.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
+
+    async def released_order_marks(self):
+        """``released_order`` of every request, in the order recorded."""
+        async with self.warehouse.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.text("SELECT released_order FROM warehouse_requests ORDER BY id")
+            )
+            return [marked for (marked,) in rows]
+
+
+@pytest.fixture
+async def handed_off(clean_database):
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    try:
+        yield HandedOff(
+            PostgresWarehouse(
+                engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True
+            ),
+            PostgresWarehouseRequests(engine, retry_budget_seconds=2.0),
+        )
+    finally:
+        await engine.dispose()
+
+
+async def test_a_whole_cancel_the_warehouse_accepted_is_the_release_of_its_order(handed_off):
+    command = await handed_off.accepted(("A", 3))
+
+    await handed_off.cancel_accepted(command)
+
+    report = await outcome_report(handed_off.warehouse.engine)
+    assert (report.reserved, report.released) == (0, 1)
+    assert report.processed == {"cancel_requested": 1, "reserved": 1}
+    assert await handed_off.released_order_marks() == [False, True]
+    assert report.invariants == InvariantChecks(0, 0, (), 0, 0, 0, ())
+
+
+async def test_a_partial_then_a_whole_cancel_accepted_release_the_order_once(handed_off):
+    command = await handed_off.accepted(("A", 3), ("B", 1))
+
+    await handed_off.cancel_accepted(command, ("A", 1))
+    partly = await outcome_report(handed_off.warehouse.engine)
+    await handed_off.cancel_accepted(command)
+
+    assert (partly.reserved, partly.released, partly.ok) == (1, 0, True)
+    report = await outcome_report(handed_off.warehouse.engine)
+    assert (report.reserved, report.released) == (0, 1)
+    assert await handed_off.released_order_marks() == [False, False, True]
+    assert report.ok
+
+
+async def test_two_whole_cancels_accepted_release_the_order_once(handed_off):
+    command = await handed_off.accepted(("A", 3))
+    for _ in range(2):
+        outcome = await handed_off.warehouse.cancel(cancellation(command.order_id))
+        assert outcome.kind is CancelKind.CANCEL_REQUESTED
+    for _ in range(2):
+        [cancelling] = await handed_off.requests.claim(10, lease_seconds=LEASE)
+        await handed_off.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
+
+    report = await outcome_report(handed_off.warehouse.engine)
+    assert report.released == 1
+    assert await handed_off.released_order_marks() == [False, True, False]
+    assert report.ok
+
+
+async def test_a_failed_fulfilment_order_releasing_its_waiting_cancel_is_counted(handed_off):
+    command = await handed_off.placed(("A", 3))
+    await handed_off.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
+    await handed_off.warehouse.cancel(cancellation(command.order_id))
+
+    await handed_off.requests.record(
+        handed_off.fulfilment_order, Failed("unknown_sku", '{"error": "unknown sku"}', 422)
+    )
+
+    report = await outcome_report(handed_off.warehouse.engine)
+    assert (report.reserved, report.released) == (0, 1)
+    assert await handed_off.released_order_marks() == [False, False, True]
+    assert report.ok
+
+
+async def test_a_local_partial_release_then_an_inbox_release_is_counted_once(handed_off):
+    command = await handed_off.placed(("A", 3))
+    await handed_off.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
+    await handed_off.requests.record(
+        handed_off.fulfilment_order, Failed("unknown_sku", '{"error": "unknown sku"}', 422)
+    )
+
+    # Its fulfilment order failed: a cancel now releases at once, recorded in the inbox.
+    outcome = await handed_off.warehouse.cancel(cancellation(command.order_id))
+
+    assert outcome.kind is CancelKind.RELEASED
+    report = await outcome_report(handed_off.warehouse.engine)
+    assert report.released == 1
+    assert report.processed == {"cancel_requested": 1, "released": 1, "reserved": 1}
+    assert await handed_off.released_order_marks() == [False, False]
+    assert report.ok
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        "DELETE FROM inbox_messages WHERE outcome = 'released'",
+        "UPDATE warehouse_requests SET released_order = false",
+    ],
+    ids=["inbox-row", "request-mark"],
+)
+async def test_a_release_without_its_trace_is_still_reported(handed_off, lost):
+    by_inbox = await handed_off.accepted(("A", 1))
+    await handed_off.warehouse.put_stock({"A": 10, "B": 10})
+    at_once = order(("B", 1))
+    await handed_off.warehouse.reserve(at_once)  # its fulfilment order is never sent
+    assert (await handed_off.warehouse.cancel(cancellation(at_once.order_id))).kind is (
+        CancelKind.RELEASED
+    )
+    await handed_off.cancel_accepted(by_inbox)
+    assert (await outcome_report(handed_off.warehouse.engine)).ok
+
+    async with handed_off.warehouse.engine.begin() as connection:
+        await connection.execute(sa.text(lost))
+
+    report = await outcome_report(handed_off.warehouse.engine)
+    assert report.released == 2
+    assert report.invariants.inbox_unaccounted == -1
+    assert not report.ok

@@ -15,6 +15,7 @@ from fulfilment.adapters.postgres.tables import (
     reservation_lines,
     reservations,
     stock_levels,
+    warehouse_requests,
 )
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.domain.model import RejectionReason
@@ -34,12 +35,20 @@ class InvariantChecks:
             orders' ``reservation_lines`` (either side missing counts as 0).
         reserved_mismatch_examples: up to :data:`MISMATCH_EXAMPLES` of those SKUs, in
             code-point order.
-        inbox_unaccounted: the inbox rows that placed, released or shipped an order minus the
-            orders they did that to (placed: every order but a tombstone; released; shipped);
-            0 when every such event left exactly one trace. Each order is placed by one event,
-            and released or shipped by at most one (later ones are ignored), so a difference is
-            an event lost half-way or applied twice. Assumes one consumer name per database, as
-            deployed.
+        inbox_unaccounted: the inbox rows that placed, released or shipped an order, and the
+            cancellation requests marked ``released_order``, minus the orders they did that to
+            (placed: every order but a tombstone; released; shipped); 0 when every such event
+            left exactly one trace. Each order is placed by one event, and released or shipped
+            by at most one (later ones are ignored), so a difference is an event lost half-way
+            or applied twice. With the hand-off, a cancel of an order the warehouse may hold
+            releases it later, when the warehouse accepts the cancellation or its fulfilment
+            order fails (``fulfilment.domain.handoff``); then the request, not the inbox row
+            (``cancel_requested``), records the release. The mark is recorded when the
+            release happens, not derived afterwards: ``fulfilment prune`` deletes the inbox
+            rows that would tell which released orders had an inbox ``released`` row, and a
+            request's status (``accepted``, ``withdrawn``) does not say whether its
+            application released the whole order, part of it, or nothing. Assumes one
+            consumer name per database, as deployed.
         orphan_lines: ``reservation_lines`` rows whose order has no reservation (the check
             of the foreign key that migration 0005 dropped).
         shipped_mismatches: SKUs whose ``shipped`` (the units ``ship_orders()`` took out of
@@ -161,13 +170,21 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
     inbox_total = sum(by_outcome.values())
     duplicate_orders = by_outcome.get("duplicate_order", 0)
     # Every order but a tombstone was placed by one event, recorded reserved or rejected; a
-    # released or shipped order was released or shipped by one event, recorded so.
+    # shipped order was shipped by one event, recorded so; a released order was released by
+    # one event, recorded so in the inbox or, when the warehouse had to be asked first, on
+    # the cancellation request whose application released it.
+    released_by_requests = await connection.scalar(
+        sa.select(sa.func.count()).where(warehouse_requests.c.released_order)
+    )
     placed_orders = sum(orders.values()) - orders[OrderStatus.CANCELLED]
     unaccounted = (
-        by_outcome.get("reserved", 0) + by_outcome.get("rejected", 0) - placed_orders
-    ) + sum(
-        by_outcome.get(status, 0) - orders[status]
-        for status in (OrderStatus.RELEASED, OrderStatus.SHIPPED)
+        (by_outcome.get("reserved", 0) + by_outcome.get("rejected", 0) - placed_orders)
+        + (
+            by_outcome.get("released", 0)
+            + (released_by_requests or 0)
+            - orders[OrderStatus.RELEASED]
+        )
+        + (by_outcome.get("shipped", 0) - orders[OrderStatus.SHIPPED])
     )
 
     out_of_bounds = await connection.scalar(

@@ -327,6 +327,7 @@ warehouse_requests = sa.Table(
         nullable=False,
         server_default=sa.text("now()"),
     ),
+    sa.Column("released_order", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.PrimaryKeyConstraint("id", name="warehouse_requests_pkey"),
     sa.UniqueConstraint("idempotency_key", name="warehouse_requests_idempotency_key_key"),
     sa.CheckConstraint(_one_of("kind", REQUEST_KINDS), name="warehouse_requests_kind_valid"),
@@ -339,6 +340,10 @@ warehouse_requests = sa.Table(
         "attempts >= 0 AND (attempts = 0) = (body IS NULL)"
         " AND (attempts = 0) = (first_attempt_at IS NULL)",
         name="warehouse_requests_body_frozen_at_first_attempt",
+    ),
+    sa.CheckConstraint(
+        "NOT released_order OR (kind = 'cancellation' AND status IN ('accepted', 'withdrawn'))",
+        name="warehouse_requests_released_order_by_a_cancellation",
     ),
     sa.Index(
         "warehouse_requests_due_idx",
@@ -359,7 +364,10 @@ claimed, sent and answered by the dispatcher (``PostgresWarehouseRequests``). ``
 per-order sending order; ``idempotency_key`` is minted with the row and never changes;
 ``lines`` are ``[{"sku", "quantity"}]`` merged per SKU and sorted by SKU (NULL: a
 cancellation of the whole order); ``body`` is the exact bytes sent, frozen at the first
-attempt (so NULL exactly while ``attempts`` is 0). At most one fulfilment order per order."""
+attempt (so NULL exactly while ``attempts`` is 0). At most one fulfilment order per order.
+``released_order`` is true on the cancellation whose application (accepted, or applied
+locally once its fulfilment order failed) left its order ``released``: the invariant check
+(``outcomes``) counts it as the event that released the order."""
 
 REQUEST_AUDIT_ACTIONS = ("resent",)
 """Every ``warehouse_request_audit.action``."""

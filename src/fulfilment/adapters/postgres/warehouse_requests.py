@@ -44,7 +44,7 @@ from fulfilment.domain.handoff import (
     cancellation_accepted,
     fulfilment_order_failed,
 )
-from fulfilment.domain.lifecycle import OrderState, OrderStatus
+from fulfilment.domain.lifecycle import CancelKind, OrderState, OrderStatus
 from fulfilment.domain.model import OrderLine
 
 __all__ = ["PostgresWarehouseRequests"]
@@ -121,6 +121,8 @@ _RETRY_LATER = sa.text(
 _WITHDRAW = sa.text(
     "UPDATE warehouse_requests SET status = 'withdrawn' WHERE id = ANY (CAST(:ids AS bigint[]))"
 ).bindparams(sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger)))
+
+_RELEASED_ORDER = sa.text("UPDATE warehouse_requests SET released_order = true WHERE id = :id")
 
 _ORDER_LINES = sa.text(
     "SELECT sku, quantity FROM reservation_lines WHERE order_id = :order_id"
@@ -358,7 +360,7 @@ class PostgresWarehouseRequests(WarehouseRequests):
                     await _apply_cancels(
                         connection,
                         request.order_id,
-                        [(row.causation_id, row.lines, row.traceparent)],
+                        [(row.id, row.causation_id, row.lines, row.traceparent)],
                         one_by_one=False,
                     )
                 return
@@ -383,13 +385,14 @@ class PostgresWarehouseRequests(WarehouseRequests):
                     await connection.execute(_WAITING_CANCELLATIONS, {"order_id": request.order_id})
                 ).all()
                 if waiting:
+                    # Withdrawn first: the CHECK allows ``released_order`` only once they are.
+                    await connection.execute(_WITHDRAW, {"ids": [w.id for w in waiting]})
                     await _apply_cancels(
                         connection,
                         request.order_id,
-                        [(w.causation_id, w.lines, w.traceparent) for w in waiting],
+                        [(w.id, w.causation_id, w.lines, w.traceparent) for w in waiting],
                         one_by_one=True,
                     )
-                    await connection.execute(_WITHDRAW, {"ids": [w.id for w in waiting]})
 
         await self._in_transaction("record_answer", work)
 
@@ -517,26 +520,31 @@ async def _answered(
 async def _apply_cancels(
     connection: AsyncConnection,
     order_id: UUID,
-    cancels: Sequence[tuple[UUID, Any, str | None]],
+    cancels: Sequence[tuple[int, UUID, Any, str | None]],
     *,
     one_by_one: bool,
 ) -> None:
-    """Apply ``cancels`` (cause, asked lines as stored, trace context) to the locked order.
+    """Apply ``cancels`` (request id, cause, asked lines as stored, trace context), order locked.
 
     By the lifecycle (``fulfilment.domain.handoff``): an accepted cancellation on the order
     as it is now, or a failed fulfilment order's waiting cancellations one after the other.
-    Each that releases stock writes its ``stock.released`` event, caused by its cancel.
+    Each that releases stock writes its ``stock.released`` event, caused by its cancel. The
+    one that leaves the order ``released`` (at most one: later ones find nothing to release)
+    is marked ``released_order``, for no inbox ``released`` row records that release.
     """
     status = (await connection.execute(_LOCK_ORDER, {"order_id": order_id})).scalar_one()
     rows = await connection.execute(_ORDER_LINES, {"order_id": order_id})
     held = {str(sku): int(quantity) for sku, quantity in rows}
     state = OrderState(OrderStatus(status), held)
-    asked = [_units(lines) for _, lines, _ in cancels]
+    asked = [_units(lines) for _, _, lines, _ in cancels]
     if one_by_one:
         state_after, results = fulfilment_order_failed(state, asked)
     else:
         results = [cancellation_accepted(state, asked[0])]
         state_after = results[0].state
+    for (request_id, _, _, _), cancellation in zip(cancels, results, strict=True):
+        if cancellation.kind is CancelKind.RELEASED:
+            await connection.execute(_RELEASED_ORDER, {"id": request_id})
     released: dict[str, int] = {}
     for cancellation in results:
         for sku, units in cancellation.lines.items():
@@ -562,7 +570,7 @@ async def _apply_cancels(
     await connection.execute(
         _ORDER_STATUS, {"order_id": order_id, "status": str(state_after.status)}
     )
-    for (causation_id, _, traceparent), cancellation in zip(cancels, results, strict=True):
+    for (_, causation_id, _, traceparent), cancellation in zip(cancels, results, strict=True):
         if cancellation.lines:
             await connection.execute(
                 _STOCK_RELEASED,
