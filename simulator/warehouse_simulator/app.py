@@ -1,6 +1,6 @@
 """The simulated warehouse: its orders, its idempotency keys, its faults, and its ASGI app.
 
-It speaks the API of the README's "The warehouse system" (``POST {base}/fulfilment-orders``,
+It speaks the API of docs/design.md's "The API it calls" (``POST {base}/fulfilment-orders``,
 ``POST {base}/fulfilment-orders/{id}/cancellations``) with the semantics of the IETF draft "The
 Idempotency-Key HTTP Header Field":
 

@@ -315,8 +315,8 @@ class Settings(BaseSettings):
     else (README, "Least privilege"). Empty: no grants (one line says so), as when every
     process connects as the owner."""
 
-    # The hand-off to the warehouse system and the dispatcher that sends it (README, "The
-    # warehouse system").
+    # The hand-off to the warehouse system and the dispatcher that sends it (docs/design.md,
+    # "Warehouse hand-off").
 
     warehouse_url: str | None = None
     """Base of the warehouse system's API, e.g. ``https://wms.example/api/v1`` (``http://`` or

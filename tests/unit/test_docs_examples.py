@@ -12,7 +12,11 @@ from fulfilment.contracts.envelope import find_ambiguity
 from fulfilment.contracts.order_cancelled import OrderCancelledV1
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.order_shipped import OrderShippedV1
-from fulfilment.contracts.result_events import StockReservedV1, parse_result_event
+from fulfilment.contracts.result_events import (
+    StockCancelRefusedV1,
+    StockReservedV1,
+    parse_result_event,
+)
 
 EVENTS = Path(__file__).parents[2] / "docs/events.md"
 
@@ -24,8 +28,8 @@ def examples() -> list[str]:
     return re.findall(r"```json\n(.*?)```", section, re.DOTALL)
 
 
-def test_the_section_shows_one_body_of_each_consumed_event_and_a_result_event() -> None:
-    assert len(examples()) == 5
+def test_the_section_shows_one_body_of_each_consumed_event_and_two_result_events() -> None:
+    assert len(examples()) == 6
 
 
 @pytest.mark.parametrize(
@@ -36,6 +40,7 @@ def test_the_section_shows_one_body_of_each_consumed_event_and_a_result_event() 
         (2, OrderCancelledV1),
         (3, OrderShippedV1),
         (4, StockReservedV1),
+        (5, StockCancelRefusedV1),
     ],
 )
 def test_each_example_validates_with_its_model(index: int, model: type[BaseModel]) -> None:
@@ -58,3 +63,16 @@ def test_the_result_event_answers_the_order_placed_example() -> None:
 
     assert isinstance(reserved, StockReservedV1)
     assert (reserved.causation_id, reserved.order_id) == (placed.event_id, placed.order_id)
+
+
+def test_the_refused_cancel_answers_the_partial_cancel_example() -> None:
+    partial = OrderCancelledV1.model_validate_json(examples()[2])
+    refused = parse_result_event("stock.cancel_refused", examples()[5].encode())
+
+    assert isinstance(refused, StockCancelRefusedV1)
+    assert (refused.causation_id, refused.order_id) == (partial.event_id, partial.order_id)
+    assert refused.lines is not None
+    assert partial.lines is not None
+    assert [(line.sku, line.quantity) for line in refused.lines] == [
+        (line.sku, line.quantity) for line in partial.lines
+    ]

@@ -154,7 +154,7 @@ class StockCancelRefusedV1(ResultEventV1):
     """``stock.cancel_refused``: the warehouse system refused a cancel (``too_late``).
 
     Picking had begun: nothing was released, the order stays ``reserved`` and will ship. Only
-    with the hand-off to the warehouse system on (README, "The warehouse system"); the
+    with the hand-off to the warehouse system on (docs/design.md, "Warehouse hand-off"); the
     ``causation_id`` is the ``OrderCancelled`` refused.
     """
 

@@ -1,4 +1,4 @@
-"""The bodies of the requests to the warehouse system's API (README, "The warehouse system").
+"""The bodies of the requests to the warehouse system's API (docs/design.md, "The API it calls").
 
 ``POST {base}/fulfilment-orders`` sends ``{"reference", "lines", "requested_at"}`` and
 ``POST {base}/fulfilment-orders/{id}/cancellations`` sends ``{"lines"}``, or ``{}`` for the

@@ -3,9 +3,9 @@
 The shop's warehouse management system (or third-party logistics provider) picks, packs and
 ships. Every reservation becomes a *fulfilment order* there and every cancel of an order it
 already holds a *cancellation*, each sent over HTTP with an idempotency key minted when the
-request is recorded, in the transaction of the change that caused it (README, "The warehouse
-system"). This module holds the vocabulary that the store, the client and the dispatcher
-share, and the specification of what the hand-off changes in the lifecycle (product
+request is recorded, in the transaction of the change that caused it (docs/design.md,
+"Warehouse hand-off"). This module holds the vocabulary that the store, the client and the
+dispatcher share, and the specification of what the hand-off changes in the lifecycle (product
 contract, "The warehouse system", "What it does to the lifecycle"), as pure functions of an
 order's state and its requests' statuses:
 

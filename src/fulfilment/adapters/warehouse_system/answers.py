@@ -1,6 +1,6 @@
 """The warehouse system's answers, classified: one pure function for every row of the API's table.
 
-README, "The warehouse system" gives the table; :func:`classify` is it, written once, so that
+docs/design.md, "The API it calls" gives the table; :func:`classify` is it, written once, so that
 the dispatcher acts on a class of answer (``domain.handoff.Answer``) and never on a status
 code. A 2xx whose body is not what the API says is ``Failed`` (kept for an operator), not
 ``Accepted``: the service cannot record a warehouse id it did not get.
