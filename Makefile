@@ -96,8 +96,8 @@ test-fast: install ## Unit tests that need no service (in-memory fake, no databa
 lint: install check-deploy check-asyncapi ## ruff lint and format check, import layers, deployment files, the AsyncAPI document
 	$(UV) run ruff check src tests bench simulator
 	$(UV) run ruff format --check src tests bench simulator
-	$(UV) run ruff check scripts/render-docs
-	$(UV) run ruff format --check scripts/render-docs
+	$(UV) run ruff check scripts/render-docs scripts/bind-result-events
+	$(UV) run ruff format --check scripts/render-docs scripts/bind-result-events
 	$(UV) run lint-imports
 
 check-asyncapi: ## Parse docs/asyncapi.json with @asyncapi/parser (npm); fail on any error or warning

@@ -241,7 +241,7 @@ def outbox_prune() -> None:
     The outbox half of ``fulfilment prune``, which the CronJob runs. In transactions of
     ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay. Needs the database
     **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not delete outbox rows
-    (README, "Least privilege").
+    (docs/security.md, "Least privilege").
     """
     from fulfilment.tools.outbox import prune_command  # noqa: PLC0415 - see the module's text
 
@@ -264,7 +264,7 @@ def prune() -> None:
     rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
     nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
     Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not
-    delete (README, "Least privilege").
+    delete (docs/security.md, "Least privilege").
     """
     from fulfilment.tools.outbox import prune_all_command  # noqa: PLC0415 - see the module's text
 
@@ -287,7 +287,7 @@ def migrate() -> None:
     Run it with the **owner** role's ``FULFILMENT_DATABASE_URL`` (the role that owns the
     tables; it needs ``CREATEDB`` only while the database is missing). With
     ``FULFILMENT_DATABASE_RUNTIME_ROLE``, the same transaction gives that role, the worker's
-    and the relay's, only the privileges they use (README, "Least privilege"); without it,
+    and the relay's, only the privileges they use (docs/security.md, "Least privilege"); without it,
     one line says that nothing was granted.
     """
     from fulfilment.tools.migrate import migrate_command  # noqa: PLC0415 - see the module's text
@@ -309,7 +309,7 @@ def stock_load(
     """Upsert on-hand stock levels from FILE; nothing changes if any row is bad.
 
     Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may change
-    stock levels only through the reservation functions (README, "Least privilege").
+    stock levels only through the reservation functions (docs/security.md, "Least privilege").
     """
     from fulfilment.tools.stock_csv import load_command  # noqa: PLC0415 - see the module's text
 

@@ -110,7 +110,7 @@ async def require_current_schema(engine: AsyncEngine, database_url: str, *, prog
         msg = (
             f"the database user {user!r} may not do what the {program} does ({'; '.join(missing)}):"
             " run `fulfilment migrate` with FULFILMENT_DATABASE_RUNTIME_ROLE naming it"
-            " (README, 'Least privilege')"
+            " (docs/security.md, 'Least privilege')"
         )
         raise StartRefusedError(
             msg, event=f"{program}.privileges_missing", exit_code=ExitCode.REFUSED

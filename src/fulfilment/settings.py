@@ -312,7 +312,7 @@ class Settings(BaseSettings):
     """The PostgreSQL role the worker and the relay connect as (the user of their
     ``FULFILMENT_DATABASE_URL``), for ``fulfilment migrate`` only: after upgrading, it gives this
     role the privileges of ``adapters.postgres.privileges.RUNTIME_PRIVILEGES`` and nothing
-    else (README, "Least privilege"). Empty: no grants (one line says so), as when every
+    else (docs/security.md, "Least privilege"). Empty: no grants (one line says so), as when every
     process connects as the owner."""
 
     # The hand-off to the warehouse system and the dispatcher that sends it (docs/design.md,

@@ -1127,9 +1127,9 @@ def _role_problems(
 def check_database_roles(stack: Stack, root: Path = ROOT) -> list[str]:
     """The migration runs as the owner role, the worker and the relay as the runtime role.
 
-    README, "Least privilege": in compose and in Kubernetes, the owner's URL reaches only the
-    migration (and the prune CronJob, which deletes), the runtime role's the worker and the
-    relay, the migration grants to the role they connect as, and the local stack creates both.
+    docs/security.md, "Least privilege": in compose and in Kubernetes, the owner's URL reaches
+    only the migration (and the prune CronJob, which deletes), the runtime role's the worker and
+    the relay, the migration grants to the role they connect as, and the local stack creates both.
     """
     problems = _role_problems(
         "docker-compose.yml",

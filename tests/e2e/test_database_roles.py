@@ -256,7 +256,7 @@ async def test_a_worker_whose_role_was_granted_nothing_refuses_to_start_in_one_l
     )
     assert refused[0]["reason"].endswith(
         ": run `fulfilment migrate` with FULFILMENT_DATABASE_RUNTIME_ROLE naming it"
-        " (README, 'Least privilege')"
+        " (docs/security.md, 'Least privilege')"
     )
 
 
@@ -343,6 +343,6 @@ def test_an_owner_command_run_as_the_runtime_role_says_which_role_it_needs(
     assert result.exit_code == 4
     assert result.stderr == (
         "fulfilment: PostgreSQL refused this command to the user of FULFILMENT_DATABASE_URL:"
-        f" InsufficientPrivilegeError: {refused}; run it with the owner role's URL (README,"
-        " 'Least privilege')\n"
+        f" InsufficientPrivilegeError: {refused}; run it with the owner role's URL"
+        " (docs/security.md, 'Least privilege')\n"
     )

@@ -1,7 +1,7 @@
 """``fulfilment migrate``: the database at the migrations' head, with the runtime role's grants.
 
 The database is created if missing; the runtime role's privileges are those of
-``adapters.postgres.privileges`` (README, "Least privilege").
+``adapters.postgres.privileges`` (docs/security.md, "Least privilege").
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from fulfilment.tools.command import CommandError, Echo
 
 GRANTS_SKIPPED = (
     "runtime role grants skipped: FULFILMENT_DATABASE_RUNTIME_ROLE is not set (every process"
-    " then needs this URL's rights; README, 'Least privilege')"
+    " then needs this URL's rights; docs/security.md, 'Least privilege')"
 )
 
 

@@ -162,17 +162,17 @@ INSUFFICIENT_PRIVILEGE = "42501"
 def privilege_refusal(error: BaseException) -> DatabaseRefusedError | None:
     """A one-line refusal when ``error`` is PostgreSQL's ``insufficient_privilege``, else None.
 
-    An operator command run with the runtime role's URL (README, "Least privilege") meets it
-    on the first statement the role may not run: the line names the statement's object and
-    says which role the command needs.
+    An operator command run with the runtime role's URL (docs/security.md, "Least privilege")
+    meets it on the first statement the role may not run: the line names the statement's
+    object and says which role the command needs.
     """
     cause, sqlstate = _driver_error(error)
     if sqlstate != INSUFFICIENT_PRIVILEGE:
         return None
     return DatabaseRefusedError(
         f"PostgreSQL refused this command to the user of FULFILMENT_DATABASE_URL:"
-        f" {type(cause).__name__}: {cause}; run it with the owner role's URL (README,"
-        " 'Least privilege')"
+        f" {type(cause).__name__}: {cause}; run it with the owner role's URL"
+        " (docs/security.md, 'Least privilege')"
     )
 
 

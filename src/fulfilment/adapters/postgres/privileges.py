@@ -1,6 +1,6 @@
 """What the runtime role may do in the database: one decision per table, sequence and function.
 
-Two roles use the database (README, "Least privilege"). The **owner** runs ``fulfilment
+Two roles use the database (docs/security.md, "Least privilege"). The **owner** runs ``fulfilment
 migrate``: it owns every table and function the migrations create, and the operator commands
 that empty, delete or load run as it. The **runtime** role runs ``fulfilment worker`` and
 ``fulfilment relay`` (and the read-only and dead-letter tools): it owns nothing, and may do
@@ -288,8 +288,8 @@ def apply_runtime_grants(connection: Connection, role: str) -> GrantSummary:
     ).one_or_none()
     if found is None:
         msg = (
-            f"role {role} does not exist in the database server: create it first (README,"
-            " 'Least privilege')"
+            f"role {role} does not exist in the database server: create it first"
+            " (docs/security.md, 'Least privilege')"
         )
         raise RuntimeRoleError(msg)
     if found.is_current:
@@ -334,7 +334,7 @@ def apply_runtime_grants(connection: Connection, role: str) -> GrantSummary:
         # PostgreSQL before 15 lets PUBLIC create in schema public; its owner can take it back.
         warnings.append(
             f"role {role} may create objects in schema {schema}: revoke CREATE on it from"
-            " PUBLIC (README, 'Least privilege')"
+            " PUBLIC (docs/security.md, 'Least privilege')"
         )
     return GrantSummary(role, tuple(granted), tuple(withheld), tuple(warnings))
 
