@@ -35,6 +35,7 @@ from relay_harness import (
     lifecycle_rows,
     spawn_relay,
 )
+from warehouse_harness import DispatcherProcess, SimulatorProcess, handoff_env, request_statuses
 
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -152,23 +153,31 @@ def scraped_worker(
     tmp_path: Path,
     prometheus_binary: str,
 ) -> Iterator[tuple[WorkerProcess, Prometheus]]:
-    """A worker and a relay, both scraped (the dashboard has the relay's panels too)."""
-    env = {
-        **worker_env,
-        "FULFILMENT_QUEUE_POLL_INTERVAL_SECONDS": "1",
-        "FULFILMENT_INVARIANT_CHECK_INTERVAL_SECONDS": "1",
-        "FULFILMENT_RELAY_POLL_SECONDS": "0.5",
-    }
+    """A worker, a relay and a dispatcher (against the warehouse simulator), all scraped: the
+    dashboard has the relay's and the dispatcher's panels too."""
+    simulator = SimulatorProcess(tmp_path / "simulator.log")
+    simulator.start()
+    env = handoff_env(
+        worker_env,
+        simulator,
+        FULFILMENT_QUEUE_POLL_INTERVAL_SECONDS="1",
+        FULFILMENT_INVARIANT_CHECK_INTERVAL_SECONDS="1",
+        FULFILMENT_RELAY_POLL_SECONDS="0.5",
+    )
     worker = spawn(workers, env, tmp_path)
     relays: list[RelayProcess] = []
     relay = spawn_relay(relays, env, tmp_path)
-    server = Prometheus(prometheus_binary, tmp_path, [worker.port, relay.port])
+    dispatcher = DispatcherProcess(dict(env), tmp_path / "dispatcher.log")
+    dispatcher.start()
+    server = Prometheus(prometheus_binary, tmp_path, [worker.port, relay.port, dispatcher.port])
     try:
         server.wait_ready()
         yield worker, server
     finally:
         server.stop()
+        dispatcher.stop_quietly()
         relay.stop_quietly()
+        simulator.stop()
 
 
 async def _at_least(value: Awaitable[float], minimum: float) -> bool:
@@ -260,7 +269,7 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
         )
     }
     assert handled == {
-        ("order_cancelled", "released", ""),
+        ("order_cancelled", "cancel_requested", ""),
         ("order_shipped", "shipped", ""),
         ("order_shipped", "dead_lettered", "order_not_reserved"),
     }
@@ -293,8 +302,9 @@ async def run_traffic(
     broker: aio_pika.abc.AbstractRobustConnection, db: asyncpg.Connection
 ) -> None:
     """Orders: 6 reserved, 2 rejected (unknown SKU), 1 duplicate, 2 dead-lettered (malformed);
-    then a cancel and a shipment of two reserved orders, and a shipment of an order that was
-    never placed (dead-lettered, order_not_reserved)."""
+    once the warehouse accepted the 6, a cancel (a cancellation request) and a shipment of two
+    reserved orders, and a shipment of an order that was never placed (dead-lettered,
+    order_not_reserved)."""
     await db.executemany(
         "INSERT INTO stock_levels (sku, on_hand) VALUES ($1, $2)", [("85123A", 100)]
     )
@@ -315,6 +325,13 @@ async def run_traffic(
         return int(await db.fetchval("SELECT count(*) FROM reservations")) == 8
 
     await wait_for(placed, what="the orders placed")
+
+    async def handed_off() -> bool:
+        return (await request_statuses(db))["accepted"] == 6
+
+    # Every reservation handed to the warehouse first, so that the cancel below waits for the
+    # warehouse's answer (a cancellation request) instead of releasing at once.
+    await wait_for(handed_off, what="the six fulfilment orders accepted")
     now = datetime.now(UTC)
     cancel = order_cancelled_body(event_id=uuid.uuid4(), order_id=reserved[1], cancelled_at=now)
     await publish(broker, cancel, routing_key=ORDER_CANCELLED_ROUTING_KEY)
