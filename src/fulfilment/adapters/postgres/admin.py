@@ -127,9 +127,14 @@ RESET_TABLES = (
     "stock_levels",
     "delivery_attempts",
     "outbox",
+    "warehouse_requests",
 )
 """The tables ``demo --reset`` empties: every table of the service's state.
-``dead_letter_audit`` stays, and records what the reset purged from the DLQs."""
+``warehouse_requests`` goes with the reservations that recorded them: the demo's order ids
+are derived from its data, so a kept row would refuse the same order's next reservation
+(``warehouse_requests_one_fulfilment_order_idx``) and dead-letter it. ``dead_letter_audit``
+stays, and records what the reset purged from the DLQs; ``warehouse_request_audit`` stays
+too, an operator's record like it."""
 
 DEMO_DATABASE_MARK = "fulfilment demo database"
 """How the comment of a database the demo made or found empty begins (``COMMENT ON
