@@ -29,6 +29,7 @@ from fulfilment.domain.handoff import (
     cancel_with_handoff,
     cancellation_accepted,
     cancellation_refused,
+    cancellation_to_send,
     fulfilment_order_failed,
 )
 from fulfilment.domain.lifecycle import (
@@ -456,8 +457,19 @@ class InMemoryWarehouseRequests(WarehouseRequests):
             claimed = []
             for request in due:
                 if request.body is None:
+                    lines = request.lines
+                    if request.kind is RequestKind.CANCELLATION:
+                        reservation = self.warehouse.reservations.get(request.order_id)
+                        to_send = cancellation_to_send(
+                            None if reservation is None else reservation.state, lines
+                        )
+                        if not to_send.send:
+                            request.status = RequestStatus.WITHDRAWN
+                            request.answered_at = now
+                            continue
+                        lines = to_send.lines
                     request.body = request_body(
-                        request.kind, request.order_id, request.lines, request.created_at
+                        request.kind, request.order_id, lines, request.created_at
                     )
                 request.attempts += 1
                 request.first_attempt_at = request.first_attempt_at or now

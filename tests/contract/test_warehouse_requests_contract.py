@@ -26,6 +26,7 @@ from fulfilment.composition import database_options
 from fulfilment.contracts.warehouse_bodies import request_body
 from fulfilment.domain.handoff import (
     Accepted,
+    Answered,
     CredentialsRefused,
     Failed,
     RateLimited,
@@ -256,6 +257,68 @@ async def test_a_cancellation_is_not_claimable_before_its_order_is_accepted(stor
     assert sent.idempotency_key == again[0].idempotency_key
 
 
+async def test_a_cancellation_first_sent_asks_only_what_the_order_still_holds(stores):
+    # Two cancels recorded while the order is at the warehouse each ask what it held then: the
+    # second, sent once the first was accepted, must not ask for the units the first took
+    # (a warehouse refuses more than its order has).
+    command = await stores.accepted(("A", 3), ("B", 2))
+    first = cancellation(command.order_id, ("A", 1))
+    second = cancellation(command.order_id, ("A", 5), ("B", 2))
+    await stores.warehouse.cancel(first)
+    await stores.warehouse.cancel(second)
+    [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
+    assert json.loads(cancelling.body) == {"lines": [{"sku": "A", "quantity": 1}]}
+    await stores.requests.record(cancelling, Accepted(201, '{"status": "partially_cancelled"}'))
+
+    [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
+
+    assert cancelling.causation_id == second.event_id
+    assert json.loads(cancelling.body) == {
+        "lines": [{"sku": "A", "quantity": 2}, {"sku": "B", "quantity": 2}]
+    }
+    await stores.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
+    assert await stores.stock() == {
+        "A": StockLevel(10),
+        "B": StockLevel(10),
+        "C": StockLevel(10),
+    }
+
+
+@pytest.mark.parametrize("asked", [None, [("A", 1)]], ids=["whole", "lines"])
+async def test_a_cancellation_that_finds_nothing_left_to_ask_is_withdrawn_unsent(stores, asked):
+    # A whole cancel accepted first leaves nothing for the second to ask, whole or in part;
+    # and a second asking only for a SKU the first took finds nothing of its lines.
+    command = await stores.accepted(("A", 3), ("B", 2))
+    await stores.warehouse.cancel(cancellation(command.order_id))
+    later = cancellation(command.order_id, *(asked or []))
+    await stores.warehouse.cancel(later)
+    [whole] = await stores.requests.claim(10, lease_seconds=LEASE)
+    await stores.requests.record(whole, Accepted(201, '{"status": "cancelled"}'))
+
+    assert await stores.requests.claim(10, lease_seconds=LEASE) == []
+    [record] = await stores.requests.find({RequestStatus.WITHDRAWN}, 10)
+    assert (record.kind, record.attempts) == (RequestKind.CANCELLATION, 0)
+    assert (await stores.stock())["A"] == StockLevel(10)
+
+
+async def test_a_cancellation_of_lines_taken_by_an_earlier_one_is_withdrawn_unsent(stores):
+    command = await stores.accepted(("A", 3), ("B", 2))
+    await stores.warehouse.cancel(cancellation(command.order_id, ("A", 3)))
+    await stores.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
+    [first] = await stores.requests.claim(10, lease_seconds=LEASE)
+    await stores.requests.record(first, Accepted(201, '{"status": "partially_cancelled"}'))
+
+    assert await stores.requests.claim(10, lease_seconds=LEASE) == []
+    assert await stores.stock() == {
+        "A": StockLevel(10),
+        "B": StockLevel(10, 2),
+        "C": StockLevel(10),
+    }
+    assert [r.kind for r in await stores.requests.find({RequestStatus.WITHDRAWN}, 10)] == [
+        RequestKind.CANCELLATION
+    ]
+
+
 async def test_a_later_request_of_an_order_waits_until_the_earlier_one_is_answered(stores):
     command = await stores.accepted(("A", 3))
     first = cancellation(command.order_id, ("A", 1))
@@ -335,6 +398,43 @@ async def test_an_accepted_fulfilment_order_keeps_the_warehouse_id(stores):
         201,
     )
     assert record.answered_at is not None
+
+
+async def test_a_batch_of_answers_records_each_as_record_would(stores):
+    cancelled = await stores.accepted(("A", 3))
+    await stores.warehouse.cancel(cancellation(cancelled.order_id))
+    orders = [order(("B", 1)), order(("C", 1)), order(("B", 2))]
+    for command in orders:
+        await stores.warehouse.reserve(command)
+    cancelling, accepted, retried, failed = await stores.requests.claim(10, lease_seconds=LEASE)
+    assert cancelling.kind is RequestKind.CANCELLATION
+    before = datetime.now(UTC)
+
+    await stores.requests.record_answers(
+        [
+            Answered(accepted, Accepted(201, '{"id": "WH-2"}', "WH-2")),
+            Answered(cancelling, Accepted(201, '{"status": "cancelled"}')),
+            Answered(retried, Retry("timed out"), 60),
+            Answered(failed, Failed("unknown_sku", "422 unknown_sku", 422)),
+            # The same request answered again (a send whose lease ran out): changes nothing.
+            Answered(accepted, Failed("late", "422 late", 422)),
+        ]
+    )
+
+    records = [await stores.requests.get(r.idempotency_key) for r in (accepted, retried, failed)]
+    assert [(r.status, r.warehouse_id, r.last_answer) for r in records if r is not None] == [
+        (RequestStatus.ACCEPTED, "WH-2", '{"id": "WH-2"}'),
+        (RequestStatus.SENDING, None, "timed out"),
+        (RequestStatus.FAILED, None, "422 unknown_sku"),
+    ]
+    assert records[1] is not None
+    assert before + timedelta(seconds=55) < records[1].next_attempt_at
+    assert records[1].next_attempt_at < before + timedelta(seconds=65)
+    cancel_record = await stores.requests.get(cancelling.idempotency_key)
+    assert cancel_record is not None
+    assert cancel_record.status is RequestStatus.ACCEPTED
+    assert (await stores.stock())["A"] == StockLevel(10, 0)
+    assert [event.routing_key for event in await stores.result_events()][-1] == "stock.released"
 
 
 async def test_an_answer_to_a_request_answered_already_changes_nothing(stores):

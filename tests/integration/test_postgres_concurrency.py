@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from builders import cancellation, order, shipment
 from fakes import InMemoryWarehouse
-from fulfilment.adapters.postgres.engine import create_engine, create_pool
+from fulfilment.adapters.postgres.engine import create_pool
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
@@ -36,15 +36,6 @@ pytestmark = pytest.mark.postgres
 CONNECTIONS = 20
 DEADLOCK_DETECTED = "40P01"
 LOCK_TIMEOUT = "55P03"
-
-
-@pytest.fixture
-async def engine(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 @pytest.fixture

@@ -298,14 +298,15 @@ async def test_a_partial_then_a_whole_cancel_accepted_release_the_order_once(han
     assert report.ok
 
 
-async def test_two_whole_cancels_accepted_release_the_order_once(handed_off):
+async def test_two_whole_cancels_release_the_order_once_the_second_withdrawn_unsent(handed_off):
     command = await handed_off.accepted(("A", 3))
     for _ in range(2):
         outcome = await handed_off.warehouse.cancel(cancellation(command.order_id))
         assert outcome.kind is CancelKind.CANCEL_REQUESTED
-    for _ in range(2):
-        [cancelling] = await handed_off.requests.claim(10, lease_seconds=LEASE)
-        await handed_off.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
+    [cancelling] = await handed_off.requests.claim(10, lease_seconds=LEASE)
+    await handed_off.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
+    # The order is released: the second finds nothing left to cancel and is never sent.
+    assert await handed_off.requests.claim(10, lease_seconds=LEASE) == []
 
     report = await outcome_report(handed_off.warehouse.engine)
     assert report.released == 1

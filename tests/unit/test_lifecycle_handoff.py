@@ -15,11 +15,13 @@ import pytest
 from fulfilment.contracts.warehouse_bodies import request_body
 from fulfilment.domain.handoff import (
     SENT_STATUSES,
+    CancellationToSend,
     RequestKind,
     RequestStatus,
     cancel_with_handoff,
     cancellation_accepted,
     cancellation_refused,
+    cancellation_to_send,
     fulfilment_order_failed,
 )
 from fulfilment.domain.lifecycle import (
@@ -138,6 +140,36 @@ def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_in_turn():
         (CancelKind.RELEASED, {"B": 2}),
     ]
     assert state.status is OrderStatus.RELEASED
+
+
+@pytest.mark.parametrize(
+    ("asked", "lines"),
+    [
+        (None, None),
+        ({"A": 1}, {"A": 1}),
+        ({"A": 5, "B": 2}, {"A": 3, "B": 2}),
+        ({"A": 5, "Z": 1}, {"A": 3}),
+    ],
+    ids=["whole", "held", "more-than-held", "a-sku-not-held"],
+)
+def test_a_cancellation_first_sent_asks_what_a_reserved_order_still_holds(asked, lines):
+    assert cancellation_to_send(RESERVED, asked) == CancellationToSend(send=True, lines=lines)
+
+
+@pytest.mark.parametrize(
+    ("state", "asked"),
+    [(RELEASED, None), (RELEASED, {"A": 1}), (RESERVED, {"Z": 1})],
+    ids=["released-whole", "released-lines", "nothing-of-its-lines-held"],
+)
+def test_a_cancellation_with_nothing_left_to_ask_is_not_sent(state, asked):
+    assert not cancellation_to_send(state, asked).send
+
+
+@pytest.mark.parametrize("state", [SHIPPED, None], ids=["shipped", "no-row"])
+@pytest.mark.parametrize("asked", [None, {"A": 5}], ids=["whole", "lines"])
+def test_a_cancellation_of_an_order_not_reserved_is_sent_as_recorded(state, asked):
+    # The warehouse answers it: too_late for an order that left.
+    assert cancellation_to_send(state, asked) == CancellationToSend(send=True, lines=asked)
 
 
 def test_a_fulfilment_order_s_body_is_compact_json_in_the_api_s_order():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from uuid import UUID
 
 from fulfilment.domain.handoff import (
     Answer,
+    Answered,
     RequestBacklog,
     RequestRecord,
     RequestStatus,
@@ -183,6 +184,23 @@ class WarehouseRequests(ABC):
         Raises:
             TransientError: the store failed in a way worth retrying.
         """
+
+    async def record_answers(self, answers: Sequence[Answered]) -> None:
+        """Record several answers, each exactly as :meth:`record` would.
+
+        The dispatcher's batch: the answers that came while the previous batch was being
+        written. This default records them one by one, in order; a store may write several in
+        one transaction, and then a failure leaves all of those unrecorded (their leases bring
+        them back, as after a failed :meth:`record`).
+
+        Raises:
+            TransientError: the store failed in a way worth retrying; answers before the
+                failing one may be recorded.
+        """
+        for answered in answers:
+            await self.record(
+                answered.request, answered.answer, retry_in_seconds=answered.retry_in_seconds
+            )
 
     @abstractmethod
     async def expire(self, retention_seconds: float) -> int:

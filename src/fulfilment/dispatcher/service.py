@@ -39,6 +39,7 @@ from fulfilment.application.ports import TransientError, WarehouseRequests
 from fulfilment.domain.handoff import (
     Accepted,
     Answer,
+    Answered,
     CredentialsRefused,
     Failed,
     RateLimited,
@@ -83,7 +84,8 @@ class DispatcherOptions:
 
     Attributes:
         rate_per_second: most requests sent per second.
-        concurrency: most requests in flight (claimed and not yet recorded).
+        concurrency: most requests in flight: claimed, and not yet answered by the warehouse
+            (or held back at a gate).
         timeout_seconds: one request's timeout (the client's).
         poll_seconds: how long the loop waits when nothing is due before it looks again.
         key_retention_seconds: how long the warehouse keeps a key; older unanswered requests
@@ -190,6 +192,8 @@ class Dispatcher:
         self._probe_at = 0.0
         self._expired_at = float("-inf")
         self._backlog_read_at = float("-inf")
+        self._answers: list[tuple[Answered, asyncio.Future[None]]] = []
+        self._recording = False
         self.halt = Halt.NONE
 
     def stop(self) -> None:
@@ -250,20 +254,37 @@ class Dispatcher:
             await self._wait(self._options.poll_seconds)
 
     async def _send(self, request: WarehouseRequest, *, probe: bool) -> None:
-        """Send one claimed request through the gates and record its answer; frees its slot."""
+        """Send one claimed request through the gates and record its answer.
+
+        Its slot is freed once the warehouse answered (or the request was held back), before
+        the answer is recorded: the cap bounds the requests at the warehouse, and a slot held
+        through the record would leave the warehouse's connections idle while the database
+        commits.
+        """
+        slot = True
+
+        def free_slot() -> None:
+            nonlocal slot
+            if slot:
+                slot = False
+                self._slots.release()
+                self._wake.set()
+
         try:
             if not probe:
                 held = await self._through_gates()
                 if held is not None:
-                    await self._requests.record(request, held[0], retry_in_seconds=held[1])
+                    free_slot()
+                    await self._record(Answered(request, held[0], held[1]))
                     return
             else:
                 async with self._limiter:
                     pass
             answer, seconds = await self._client.send(request)
+            free_slot()
             self._metrics.record_answer(request.kind, answer, seconds)
             retry_in = self._react(request, answer, probe=probe)
-            await self._requests.record(request, answer, retry_in_seconds=retry_in)
+            await self._record(Answered(request, answer, retry_in))
             _log_answer(request, answer, retry_in)
         except TransientError as error:
             # The lease brings the request back; the answer, if any, is sent again.
@@ -271,8 +292,51 @@ class Dispatcher:
                 "dispatcher.record_failed", key=str(request.idempotency_key), error=str(error)
             )
         finally:
-            self._slots.release()
-            self._wake.set()
+            free_slot()
+
+    async def _record(self, answered: Answered) -> None:
+        """Record ``answered`` with the answers that came while the last batch was written.
+
+        The first sender to find no batch being written writes the queue
+        (``record_answers``), again while answers keep coming; the others wait for theirs.
+        A send answered while a write is under way so costs no transaction of its own.
+
+        Raises:
+            TransientError: the store failed on the batch (part of it may be recorded; the
+                leases bring back the rest).
+        """
+        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._answers.append((answered, recorded))
+        if not self._recording:
+            self._recording = True
+            try:
+                while self._answers:
+                    batch, self._answers = self._answers, []
+                    await self._write(batch)
+            except BaseException:
+                # Cancelled while writing: no one is left to write the answers queued since.
+                for _, waiting in self._answers:
+                    waiting.cancel()
+                self._answers = []
+                raise
+            finally:
+                self._recording = False
+        await recorded
+
+    async def _write(self, batch: list[tuple[Answered, asyncio.Future[None]]]) -> None:
+        """One ``record_answers`` call for ``batch``; each waiter learns its outcome."""
+        try:
+            await self._requests.record_answers([answered for answered, _ in batch])
+        except Exception as error:  # noqa: BLE001 - handed to every waiter, which raises it
+            for _, recorded in batch:
+                recorded.set_exception(error)
+        except BaseException:
+            for _, recorded in batch:
+                recorded.cancel()
+            raise
+        else:
+            for _, recorded in batch:
+                recorded.set_result(None)
 
     async def _through_gates(self) -> tuple[Retry, float] | None:
         """Wait for the ``Retry-After`` gate and the rate cap; or the reason to hand back.

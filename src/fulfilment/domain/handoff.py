@@ -26,6 +26,9 @@ A cancel that would release nothing (``ignored``) records nothing either. Then:
 - the warehouse accepts the cancellation: the cancel is applied to the order now, by the
   lifecycle's table (:func:`cancellation_accepted`): released, and a ``stock.released`` event
   caused by the cancel; an order shipped meanwhile releases nothing;
+- when it is first sent, a cancellation asks for what the order still holds of its lines
+  (earlier cancellations may have been accepted since it was recorded), and one that finds
+  nothing of them left is ``withdrawn`` unsent (:func:`cancellation_to_send`);
 - it refuses (``too_late``): nothing is released, the order stays ``reserved`` and will ship;
   a ``stock.cancel_refused`` event says so;
 - the fulfilment order fails: its order's waiting cancellations are applied at once, in the
@@ -48,6 +51,7 @@ from fulfilment.domain.lifecycle import (
     CancelKind,
     Cancellation,
     OrderState,
+    OrderStatus,
     apply_cancelled,
 )
 from fulfilment.domain.model import OrderLine
@@ -173,6 +177,19 @@ Answer = Accepted | Refused | Retry | RateLimited | Failed | CredentialsRefused
 
 
 @dataclass(frozen=True, slots=True)
+class Answered:
+    """A claimed request with the answer to record for it (``WarehouseRequests.record_answers``).
+
+    ``retry_in_seconds``: when the request is due again, for an answer that sends it again
+    (``Retry``, ``RateLimited``, ``CredentialsRefused``); None for a final one, or now.
+    """
+
+    request: WarehouseRequest
+    answer: Answer
+    retry_in_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRecord:
     """One row of ``warehouse_requests`` as an operator sees it (``list``, ``show``).
 
@@ -273,6 +290,50 @@ def cancel_with_handoff(
             return HandoffCancellation(cancellation, withdrawn=True)
         return HandoffCancellation(cancellation, fulfilment_lines=dict(cancellation.state.lines))
     return HandoffCancellation(cancellation)
+
+
+@dataclass(frozen=True, slots=True)
+class CancellationToSend:
+    """What a cancellation asks the warehouse for at its first send (:func:`cancellation_to_send`).
+
+    ``send`` False: it is not sent at all, and is ``withdrawn``. Else ``lines`` are the units
+    per SKU its body asks for, None for the whole order.
+    """
+
+    send: bool
+    lines: Mapping[str, int] | None = None
+
+
+def cancellation_to_send(
+    state: OrderState | None, asked: Mapping[str, int] | None
+) -> CancellationToSend:
+    """The lines a cancellation's body asks for, fixed when it is first sent.
+
+    ``asked`` is what the cancel asked and the order held when it was recorded (None: the
+    whole order). A request is due only once every earlier request of its order is answered,
+    so at the first send the warehouse's order holds what the reservation in ``state`` holds
+    now: earlier cancellations it accepted have been applied to both. Asking for more than
+    that would be refused (a WMS refuses a cancellation of units an order no longer has), and
+    the lifecycle says a cancel of more than the order holds cancels what it holds (product
+    contract, "The reservation lifecycle"). So:
+
+    - the order is reserved: the whole order stays the whole order; lines become what the
+      order still holds of them (:func:`~fulfilment.domain.lifecycle.apply_cancelled`), and
+      when it holds none of them any more the cancellation is not sent;
+    - the order was released (an earlier cancellation gave everything back): not sent;
+    - otherwise (shipped, or no reservation): sent as recorded, and the warehouse answers
+      (``too_late`` for an order that left).
+    """
+    if state is None or state.status not in {OrderStatus.RESERVED, OrderStatus.RELEASED}:
+        return CancellationToSend(send=True, lines=asked)
+    if state.status is OrderStatus.RELEASED:
+        return CancellationToSend(send=False)
+    if asked is None:
+        return CancellationToSend(send=True, lines=None)
+    cancellation = apply_cancelled(state, asked)
+    if not cancellation.lines:
+        return CancellationToSend(send=False)
+    return CancellationToSend(send=True, lines=dict(cancellation.lines))
 
 
 def cancellation_accepted(state: OrderState, asked: Mapping[str, int] | None) -> Cancellation:

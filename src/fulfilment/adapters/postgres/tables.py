@@ -348,6 +348,7 @@ warehouse_requests = sa.Table(
     sa.Index(
         "warehouse_requests_due_idx",
         "next_attempt_at",
+        "id",
         postgresql_where=sa.text("status IN ('pending', 'sending')"),
     ),
     sa.Index("warehouse_requests_order_idx", "order_id", "id"),

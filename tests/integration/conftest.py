@@ -1,0 +1,26 @@
+"""Fixtures of the integration suite's tests against PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.composition import database_options
+from fulfilment.settings import Settings
+
+
+@pytest.fixture
+async def engine(clean_database: str) -> AsyncIterator[AsyncEngine]:
+    """The service's engine (``create_engine``, default settings) on the emptied database.
+
+    A module that needs another engine (a plain one, another database) defines its own.
+    """
+    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
