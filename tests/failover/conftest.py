@@ -32,7 +32,7 @@ DATABASE = "fulfilment"
 
 TABLES = (
     "inbox_messages, inbox_pruned, reservation_lines, reservations, stock_levels,"
-    " tombstone_lines, delivery_attempts, outbox"
+    " tombstone_lines, delivery_attempts, outbox, warehouse_requests, warehouse_request_audit"
 )
 """Every table a scenario fills (``tests/conftest.py``'s ``clean_database`` empties the same)."""
 

@@ -1,4 +1,5 @@
-"""The worker and the relay across a PostgreSQL failover, as production runs the database.
+"""The worker, the relay and the dispatcher across a PostgreSQL failover, as production runs
+the database.
 
 Each scenario runs three workers and a relay on the service's URL over both servers
 (``host=a&host=b&target_session_attrs=read-write``) while a plan of orders on hot SKUs, with
@@ -9,6 +10,10 @@ in-order sequence leaves them, the invariants held, nothing dead-lettered; the o
 each order's lifecycle once, and every result event reached ``fulfilment.events`` (again only
 under its own ``event_id``); no worker restarted, and each exits 0 on SIGTERM. The row of
 figures goes to ``FULFILMENT_TEST_FAULT_FIGURES`` with the time to recover and the drain rates.
+
+The hand-off's scenario adds a dispatcher (and the warehouse simulator on a socket): it
+follows the primary too, without a restart, and every reservation is one order at the
+warehouse, every cancel one accepted cancellation, once the requests have drained.
 
 ``FULFILMENT_TEST_FAILOVER_ORDERS`` sets the orders per scenario (default :data:`ORDERS`).
 """
@@ -24,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aio_pika
+import asyncpg
 import pytest
 from failoverlib import Load, Primary, Timings, acknowledged, handled_lines, processed, timings
 from faultlib import Cluster, assert_outbox_tells_the_lifecycle, declare, record_figures
@@ -39,6 +45,14 @@ from test_lifecycle_faults import (
     assert_nothing_lost_nor_applied_twice,
     compare_with_the_in_order_sequence,
     lifecycle_plan,
+)
+from warehouse_harness import (
+    DispatcherProcess,
+    SimulatorProcess,
+    handoff_env,
+    handoff_figures,
+    open_requests,
+    request_statuses,
 )
 
 from fulfilment.contracts.topology import (
@@ -85,6 +99,29 @@ class Result:
     requeued: int
     retried: int
     paused: int
+    handoff: Handoff | None = None
+
+
+@dataclass
+class Handoff:
+    """What the hand-off's scenario measured at the warehouse and of its dispatcher."""
+
+    figures: dict[str, int]
+    """:func:`warehouse_harness.handoff_figures`: requests lost, duplicate orders, cancels
+    applied twice (rate-cap breaches not counted)."""
+    fulfilment_orders: Counter[str]
+    cancellations: Counter[str]
+    dispatcher_restarts: int
+    dispatcher_exit: int
+    drained_seconds: float
+    """From the end of the events' processing to the last request answered."""
+
+
+HANDOFF_LAG_WAVES = 4
+"""Waves (a quarter of a second each) between an order and its late cancels and shipment in
+the hand-off's scenario."""
+HANDOFF_RATE_PER_SECOND = 200
+"""The hand-off scenario's cap: high enough that the requests drain with the events."""
 
 
 async def run_scenario(
@@ -99,18 +136,30 @@ async def run_scenario(
     tmp_path: Path,
     seed: int,
     lost_allowed: bool = False,
+    simulator: SimulatorProcess | None = None,
+    lag: int = 0,
 ) -> tuple[str, Result, LifecyclePlan]:
     primary = Primary(url)
+    handoff = warehouse_variables(simulator)
+    dispatcher: DispatcherProcess | None = None
     try:
         db = await primary.connection()
         await put_stock(db, STOCK)
         await declare(amqp_url, DELIVERY_LIMIT)
-        plan = lifecycle_plan(ORDERS, cancelled=0.2, shipped=0.2, early=0.1, lag=0, seed=seed)
+        plan = lifecycle_plan(ORDERS, cancelled=0.2, shipped=0.2, early=0.1, lag=lag, seed=seed)
         total = len(plan.in_order)
         async with await aio_pika.connect(amqp_url) as broker:
             events = await bind_events_queue(broker)
-            workers.start(WORKERS, wait_ready=True, FULFILMENT_DELIVERY_LIMIT=str(DELIVERY_LIMIT))
-            relay = spawn_relay(relays, env, tmp_path)
+            workers.start(
+                WORKERS,
+                wait_ready=True,
+                FULFILMENT_DELIVERY_LIMIT=str(DELIVERY_LIMIT),
+                **handoff,
+            )
+            relay = spawn_relay(relays, env | handoff, tmp_path)
+            if simulator is not None:
+                dispatcher = DispatcherProcess(env | handoff, tmp_path / "dispatcher.log")
+                dispatcher.start(wait_ready=True)
             load = Load(plan, broker, primary)
             load.start()
             deadline = time.monotonic() + 120
@@ -122,6 +171,9 @@ async def run_scenario(
             await load.done()
             restarts = await settle(workers, primary, broker, total, lost_allowed=lost_allowed)
             ended = time.time()
+            if dispatcher is not None:
+                await settle_requests(primary, dispatcher)
+                drained_seconds = time.time() - ended
 
             db = await primary.connection()
             outbox = {str(row["event_id"]) for row in await db.fetch("SELECT event_id FROM outbox")}
@@ -143,8 +195,13 @@ async def run_scenario(
                 f"({unpublished} outbox rows unpublished; the relay: {relay.log_tail()})"
             )
             assert set(received) <= outbox, "events published that the outbox does not hold"
+        if dispatcher is not None:
+            assert simulator is not None
+            measured = await measure_handoff(db, simulator, dispatcher, drained_seconds)
     finally:
         await primary.close()
+        if dispatcher is not None:
+            dispatcher.stop_quietly()
     exits = [*workers.stop_all(), relay.terminate()[0]]
     return (
         injected,
@@ -164,9 +221,56 @@ async def run_scenario(
             ),
             retried=len(workers.log_events("database_retry")),
             paused=len(workers.log_events("consumer.paused")),
+            handoff=measured if dispatcher is not None else None,
         ),
         plan,
     )
+
+
+def warehouse_variables(simulator: SimulatorProcess | None) -> dict[str, str]:
+    """The hand-off's ``FULFILMENT_WAREHOUSE_*`` variables against ``simulator``; none without."""
+    if simulator is None:
+        return {}
+    return {
+        key: value
+        for key, value in handoff_env(
+            {}, simulator, FULFILMENT_WAREHOUSE_RATE_PER_SECOND=str(HANDOFF_RATE_PER_SECOND)
+        ).items()
+        if key.startswith("FULFILMENT_WAREHOUSE_")
+    }
+
+
+async def measure_handoff(
+    db: asyncpg.Connection,
+    simulator: SimulatorProcess,
+    dispatcher: DispatcherProcess,
+    drained_seconds: float,
+) -> Handoff:
+    """The hand-off's figures once every request is answered; the dispatcher stopped."""
+    alive = dispatcher.process is not None and dispatcher.process.poll() is None
+    return Handoff(
+        figures=await handoff_figures(db, simulator),
+        fulfilment_orders=await request_statuses(db, "fulfilment_order"),
+        cancellations=await request_statuses(db, "cancellation"),
+        dispatcher_restarts=0 if alive else 1,
+        dispatcher_exit=dispatcher.terminate()[0],
+        drained_seconds=round(drained_seconds, 2),
+    )
+
+
+async def settle_requests(
+    primary: Primary, dispatcher: DispatcherProcess, timeout: float = 120
+) -> None:
+    """Wait until the dispatcher answered every request (none pending or sending)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        db = await primary.connection()
+        left = await open_requests(db)
+        if left == 0:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"{left} requests still open after {timeout:g} s: {dispatcher.log_tail()}")
+        await asyncio.sleep(0.3)
 
 
 async def settle(
@@ -250,8 +354,21 @@ def record(name: str, injected: str, result: Result, plan: LifecyclePlan, **extr
         database_retries=result.retried,
         exits=result.exits,
         **asdict(result.timings),
+        **(handoff_row(result.handoff) if result.handoff else {}),
         **extra,
     )
+
+
+def handoff_row(handoff: Handoff) -> dict[str, object]:
+    """The hand-off's columns of a figures row (``scripts/failover-timings``' second table)."""
+    return {
+        **{f"handoff_{name}": count for name, count in handoff.figures.items()},
+        "fulfilment_orders": dict(handoff.fulfilment_orders),
+        "cancellations": dict(handoff.cancellations),
+        "dispatcher_restarts": handoff.dispatcher_restarts,
+        "dispatcher_exit": handoff.dispatcher_exit,
+        "requests_drained_seconds": handoff.drained_seconds,
+    }
 
 
 def assert_the_service_carried_on(result: Result) -> None:
@@ -316,7 +433,14 @@ async def standby_down(pair: PostgresPair) -> tuple[str, float, float]:
 
 @pytest.fixture
 def scenario(postgres_pair, failover_url, workers, relays, failover_env, amqp_url, tmp_path):
-    async def run(fault: Fault, seed: int, **options: bool) -> tuple[str, Result, LifecyclePlan]:
+    async def run(
+        fault: Fault,
+        seed: int,
+        *,
+        lost_allowed: bool = False,
+        simulator: SimulatorProcess | None = None,
+        lag: int = 0,
+    ) -> tuple[str, Result, LifecyclePlan]:
         return await run_scenario(
             fault,
             pair=postgres_pair,
@@ -327,7 +451,9 @@ def scenario(postgres_pair, failover_url, workers, relays, failover_env, amqp_ur
             amqp_url=amqp_url,
             tmp_path=tmp_path,
             seed=seed,
-            **options,
+            lost_allowed=lost_allowed,
+            simulator=simulator,
+            lag=lag,
         )
 
     return run
@@ -337,6 +463,32 @@ async def test_the_primary_killed_under_load_loses_nothing_and_applies_nothing_t
     injected, result, plan = await scenario(kill_and_promote, seed=41)
     record("database failover: primary killed (synchronous)", injected, result, plan)
     assert_the_service_carried_on(result)
+
+
+async def test_the_dispatcher_follows_the_primary_and_hands_each_order_off_once(
+    scenario, tmp_path: Path
+):
+    simulator = SimulatorProcess(tmp_path / "simulator.log")
+    simulator.start()
+    try:
+        # Cancels and shipments a second behind their orders: most orders are at the
+        # warehouse by then, so their cancellations wait for its answer, across the failover.
+        injected, result, plan = await scenario(
+            kill_and_promote, seed=46, simulator=simulator, lag=HANDOFF_LAG_WAVES
+        )
+    finally:
+        simulator.stop()
+    record("database failover with the warehouse hand-off", injected, result, plan)
+    assert_the_service_carried_on(result)
+    handoff = result.handoff
+    assert handoff is not None
+    # Requests lost, duplicate orders at the warehouse, cancels applied twice: all 0.
+    assert handoff.figures == dict.fromkeys(handoff.figures, 0), handoff.figures
+    assert set(handoff.fulfilment_orders) <= {"accepted", "withdrawn"}, handoff.fulfilment_orders
+    # The simulator never picks an order here, so every cancellation sent is accepted.
+    assert set(handoff.cancellations) <= {"accepted", "withdrawn"}, handoff.cancellations
+    assert handoff.cancellations["accepted"] > 0, "no cancellation waited for the warehouse"
+    assert (handoff.dispatcher_restarts, handoff.dispatcher_exit) == (0, 0)
 
 
 async def test_a_second_failover_back_to_the_rebuilt_server_loses_nothing(scenario, postgres_pair):

@@ -240,6 +240,10 @@ INBOX_OUTCOME_EVENTS = {
 events"); the other outcomes (a tombstone, a duplicate, a cancel or shipment that changed
 nothing) write none."""
 
+CANCELLATION_ANSWER_EVENTS = {"accepted": "stock.released", "refused": "stock.cancel_refused"}
+"""The result event a cancellation request's answer writes (product contract, "The warehouse
+system"): a release once accepted, a refusal once refused."""
+
 NEXT_STATUS = {
     (None, "stock.reserved"): "reserved",
     (None, "stock.rejected"): "rejected",
@@ -264,9 +268,11 @@ async def assert_outbox_tells_the_lifecycle(
       in the transaction of the change);
     - every body is valid (``parse_result_event``) and carries its row's ``event_id`` and
       ``order_id``;
+    - with the hand-off, each cancellation request the warehouse answered has its event
+      (``CANCELLATION_ANSWER_EVENTS``), caused by its cancel;
     - per order, in ``id`` order, the events follow the lifecycle (``NEXT_STATUS``: reserved
-      or rejected first, released or shipped after reserved, nothing after the end) and end in
-      the order's status in ``reservations``.
+      or rejected first, released or shipped after reserved, a refused cancel while reserved,
+      nothing after the end) and end in the order's status in ``reservations``.
     """
     rows = await db.fetch(
         "SELECT id, event_id, order_id, routing_key, body::text AS body FROM outbox ORDER BY id"
@@ -277,6 +283,20 @@ async def assert_outbox_tells_the_lifecycle(
         for row in inbox
         if row["outcome"] in INBOX_OUTCOME_EVENTS
     )
+    # With the hand-off, a cancel of an order the warehouse holds changes nothing in its own
+    # transaction (inbox outcome cancel_requested): its stock.released comes with the
+    # warehouse's acceptance, unless the order had shipped by then, and its
+    # stock.cancel_refused with a refusal.
+    answered = await db.fetch(
+        "SELECT w.causation_id, w.order_id, w.status FROM warehouse_requests AS w"
+        " JOIN reservations AS r USING (order_id)"
+        " WHERE w.kind = 'cancellation' AND (w.status = 'refused' OR (w.status = 'accepted'"
+        "   AND (r.shipped_at IS NULL OR r.shipped_at > w.answered_at)))"
+    )
+    expected.update(
+        (row["causation_id"], row["order_id"], CANCELLATION_ANSWER_EVENTS[row["status"]])
+        for row in answered
+    )
     statuses: dict[uuid.UUID, str | None] = {}
     written: Counter[tuple[uuid.UUID, uuid.UUID, str]] = Counter()
     for row in rows:
@@ -286,6 +306,8 @@ async def assert_outbox_tells_the_lifecycle(
         before = statuses.get(event.order_id)
         if isinstance(event, StockReleasedV1):
             after = event.order_status if before == "reserved" else None
+        elif row["routing_key"] == "stock.cancel_refused":
+            after = before if before == "reserved" else None
         else:
             after = NEXT_STATUS.get((before, row["routing_key"]))
         assert after is not None, (
