@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -84,10 +84,16 @@ class Receiver:
         with self._lock:
             return list(self._spans)
 
-    def wait_for(self, count: int, *, timeout: float = 30) -> list[ReceivedSpan]:
-        """At least ``count`` spans, waiting up to ``timeout`` seconds for them."""
+    def wait_until(
+        self, arrived: Callable[[list[ReceivedSpan]], bool], *, timeout: float = 30
+    ) -> list[ReceivedSpan]:
+        """The spans received once ``arrived`` holds of them, or after ``timeout`` seconds.
+
+        A span ends after the spans inside it and may come in a later export than they do, so
+        a test waits for the spans it needs rather than for a count of any.
+        """
         deadline = time.monotonic() + timeout
-        while len(self.spans) < count and time.monotonic() < deadline:
+        while not arrived(self.spans) and time.monotonic() < deadline:
             time.sleep(0.1)
         return self.spans
 

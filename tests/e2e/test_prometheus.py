@@ -35,7 +35,13 @@ from relay_harness import (
     lifecycle_rows,
     spawn_relay,
 )
-from warehouse_harness import DispatcherProcess, SimulatorProcess, handoff_env, request_statuses
+from warehouse_harness import (
+    DispatcherProcess,
+    SimulatorProcess,
+    handoff_env,
+    open_requests,
+    request_statuses,
+)
 
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -231,6 +237,13 @@ async def test_the_dashboard_and_alert_queries_return_the_worker_s_data_from_pro
     await wait_for(
         lambda: scraped("sum(fulfilment_events_total)", 14), timeout=30, what="14 events scraped"
     )
+
+    # The cancel's request is answered after its event was counted, and its answer writes a
+    # result event of its own: counted before that, the outbox would grow past the figure.
+    async def answered() -> bool:
+        return await open_requests(db) == 0
+
+    await wait_for(answered, what="every warehouse request answered")
     # The traffic's own result events (the functions write them) and the rows inserted.
     written = await db.fetchval("SELECT count(*) FROM outbox")
     assert written > len(lifecycle_rows(2))

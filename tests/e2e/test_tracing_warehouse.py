@@ -115,11 +115,18 @@ async def test_the_warehouse_call_is_a_client_span_in_the_order_s_trace(
     def in_trace() -> list[ReceivedSpan]:
         return [span for span in receiver.spans if span.trace_id == trace_id]
 
-    async def warehouse_call_exported() -> bool:
-        return any(span.service == "fulfilment-dispatcher" for span in in_trace())
+    async def delivery_and_warehouse_call_exported() -> bool:
+        spans = in_trace()
+        return any(span.service == "fulfilment-dispatcher" for span in spans) and any(
+            span.name.startswith("process ") for span in spans
+        )
 
-    # Not receiver.wait_for: it blocks the loop the simulator answers on.
-    await wait_for(warehouse_call_exported, timeout=30, what="the warehouse call's span")
+    # Not receiver.wait_until: it blocks the loop the simulator answers on.
+    await wait_for(
+        delivery_and_warehouse_call_exported,
+        timeout=30,
+        what="the delivery's span and the warehouse call's",
+    )
     spans = in_trace()
     [consumer] = [span for span in spans if span.name.startswith("process ")]
     [call] = [span for span in spans if span.service == "fulfilment-dispatcher"]

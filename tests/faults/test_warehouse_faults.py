@@ -280,11 +280,6 @@ async def test_a_warehouse_down_under_load_slows_no_drain_and_the_backlog_drains
     )
 
 
-@pytest.mark.xfail(
-    reason="its last failure was the count (ships that overtook their orders are dead-lettered,"
-    " not in the inbox); counted now, it passed 3 of 3 runs: drop this marker once CI has run it",
-    strict=False,
-)
 async def test_random_kills_of_workers_and_dispatchers_with_cancels_and_ships_hand_off_once(  # noqa: PLR0915 - one scenario, its checks in reading order
     cluster: Cluster,
     db: asyncpg.Connection,
