@@ -220,6 +220,22 @@ def ratio_row(label: str, product: Row, reference: Row) -> Ratio:
     )
 
 
+def relative_row(label: str, variant: Row, base: Row) -> Ratio:
+    """``variant`` over ``base``, both of the product: each rate over the same rate.
+
+    CPU group by group; a group the base has not (a process only the variant runs) is left
+    out, and counts in the total.
+    """
+    groups = [group for group in variant.cpu if group != "rest" and group in base.cpu]
+    return Ratio(
+        label=label,
+        counted=ratio(variant.counted, base.counted),
+        drained=ratio(variant.drained, base.drained),
+        cpu={group: ratio(variant.cpu[group], base.cpu[group]) for group in groups}
+        | {"total": ratio(variant.cpu_total, base.cpu_total)},
+    )
+
+
 def comparison_table(
     rows: Sequence[Row | Ratio],
     cpu_groups: Sequence[str],

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http.server
 import json
 import math
 import os
@@ -61,13 +62,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,7 @@ from figures import (
     percentile,
     ratio_row,
     reached,
+    relative_row,
     spacing_ms,
 )
 from measure import CpuSampler, peak_rss_bytes
@@ -313,13 +316,14 @@ class Consumer:
                 return
         else:
             while time.monotonic() < deadline and self.process.poll() is None:
-                if self._get(self.ready_path) is not None:
+                if self.get(self.ready_path) is not None:
                     return
                 time.sleep(0.1)
         msg = f"{self.kind} not ready (exit code {self.process.poll()}): {self.log_tail()}"
         raise RuntimeError(msg)
 
-    def _get(self, path: str) -> str | None:
+    def get(self, path: str) -> str | None:
+        """The body of GET ``path`` on the process's HTTP port when it answers 200, else None."""
         try:
             with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.http_port}{path}", timeout=2
@@ -330,7 +334,7 @@ class Consumer:
 
     def metrics(self) -> str:
         """The worker's or relay's Prometheus exposition text (empty for the reference)."""
-        return (self._get("/metrics") or "") if self.http_port else ""
+        return (self.get("/metrics") or "") if self.http_port else ""
 
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM, then wait; return the exit code."""
@@ -424,6 +428,18 @@ def warehouse_env(port: int) -> dict[str, str]:
     }
 
 
+def with_warehouse(
+    env: dict[str, str], beside: tuple[ServiceProcess, ...]
+) -> tuple[dict[str, str], tuple[ServiceProcess, ...]]:
+    """``env`` and ``beside`` with the hand-off on.
+
+    The simulator on a free port and the dispatcher beside; their settings under the ones
+    ``env`` already has.
+    """
+    port = _free_port()
+    return warehouse_env(port) | env, (*beside, *warehouse_processes(port))
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What to run: the settings of one benchmark invocation."""
@@ -436,6 +452,13 @@ class Plan:
     """Extra environment of every service process (``--env``), e.g. tracing's settings."""
     beside_worker: tuple[ServiceProcess, ...] = SERVICE_PROCESSES
     """The processes run beside the worker: none with ``--no-relay`` (the worker alone)."""
+    label: str = ""
+    """The variant's name (``--variant``); empty for the configuration the options give."""
+
+    @property
+    def hands_off(self) -> bool:
+        """Whether a dispatcher runs beside the worker (``--warehouse`` or a variant's)."""
+        return any(process.name == "dispatcher" for process in self.beside_worker)
 
     def _service_env(self) -> dict[str, str]:
         """The service's processes' environment: this run's services, JSON logs, extras."""
@@ -573,11 +596,66 @@ class Drain:
     """``{orders committed: {"worker": [MiB per process], "relay": [MiB]}}``: ``VmHWM`` read
     every :data:`RSS_CHECKPOINT_ORDERS` orders committed and at the end (the relay's last
     once it has published every event)."""
+    variant: str = ""
+    """The plan's label: the variant drained (empty: the options' configuration)."""
+    handoff: Handoff | None = None
+    """What the dispatcher did over the counted window; None when none ran."""
 
     @property
     def counted_rate(self) -> float:
         """The headline: result events confirmed per second, or the drain's rate without any."""
         return self.events.rate if self.events is not None else self.rate
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """What the dispatcher did in a drain.
+
+    ``answered_per_second``: requests answered for good (``answered_at``) per second over the
+    counted window; ``cap_per_second`` its rate cap (``FULFILMENT_WAREHOUSE_RATE_PER_SECOND``);
+    ``open_at_end``: requests recorded and not yet answered when the window ended (the
+    backlog the dispatcher had left). From the simulated warehouse, once every result event
+    was confirmed: ``requests``, the most requests it received in one second
+    (``max_requests_per_second``) and the TCP ``connections`` it accepted.
+    """
+
+    answered_per_second: float
+    cap_per_second: float
+    open_at_end: int
+    requests: int
+    max_requests_per_second: int
+    connections: int
+
+
+async def handoff_of_drain(
+    plan: Plan, start: float, end: float, warehouse: dict[str, Any]
+) -> Handoff:
+    """The dispatcher's figures between ``start`` and ``end`` (epoch seconds).
+
+    ``warehouse`` is the simulator's ``/_simulator/stats``, read at the window's end.
+    """
+    connection = await asyncpg.connect(plan.services.database_url)
+    try:
+        row = await connection.fetchrow(
+            "SELECT count(*) FILTER (WHERE answered_at BETWEEN to_timestamp($1)"
+            "                                           AND to_timestamp($2)) AS answered,"
+            "       count(*) FILTER (WHERE created_at <= to_timestamp($2)"
+            "                          AND (answered_at IS NULL"
+            "                               OR answered_at > to_timestamp($2))) AS open"
+            " FROM warehouse_requests",
+            start,
+            end,
+        )
+    finally:
+        await connection.close()
+    return Handoff(
+        answered_per_second=row["answered"] / (end - start),
+        cap_per_second=float(plan.env.get("FULFILMENT_WAREHOUSE_RATE_PER_SECOND", "nan")),
+        open_at_end=row["open"],
+        requests=int(warehouse["requests_total"]),
+        max_requests_per_second=int(warehouse["max_requests_per_second"]),
+        connections=int(warehouse["connections"]),
+    )
 
 
 DATABASE_COUNTERS = ("xact_commit", "xact_rollback", "tup_inserted", "tup_updated")
@@ -910,6 +988,10 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
                 )
             rss.by_orders[len(orders)] = rss.now()
             worker_rss = rss.by_orders[len(orders)]["worker"]
+            simulator = _by_name(beside).get("warehouse", [])
+            warehouse = (
+                json.loads(simulator[0].get("/_simulator/stats") or "{}") if simulator else {}
+            )
         finally:
             for process in [*consumers, *beside]:
                 process.stop()
@@ -923,6 +1005,8 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
 
     def per_1000(cpu: dict[str, float]) -> dict[str, float]:
         return {group: seconds / counted * 1000 for group, seconds in cpu.items()}
+
+    handoff = await handoff_of_drain(plan, start, counted_end, warehouse) if warehouse else None
 
     return Drain(
         kind=kind,
@@ -943,6 +1027,8 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
         },
         events=events,
         peak_rss_by_orders=rss.by_orders,
+        variant=plan.label,
+        handoff=handoff,
     )
 
 
@@ -1142,7 +1228,9 @@ async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
     for process in [*beside, worker]:
         process.start()
     assert worker.process is not None  # noqa: S101 - just started
-    command = ["py-spy", "record", "--pid", str(worker.process.pid), "--rate", "200"]
+    # The virtual environment's py-spy, beside this interpreter: it need not be on the PATH.
+    spy_binary = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    command = [spy_binary, "record", "--pid", str(worker.process.pid), "--rate", "200"]
     spy = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; its end is awaited below
         [*command, "--format", "raw", "--output", str(out)],
         stdout=subprocess.DEVNULL,
@@ -1236,39 +1324,78 @@ def _row(label: str, drain: Drain) -> Row:
 def _name(kind: str, plan: Plan) -> str:
     if kind == "reference":
         return "reference (publishes nothing)"
-    return " + ".join(["worker", *(process.name for process in plan.beside_worker)])
+    processes = " + ".join(["worker", *(process.name for process in plan.beside_worker)])
+    return f"{plan.label}: {processes}" if plan.label else processes
 
 
-def comparison_rows(drains: Sequence[Drain], plan: Plan) -> list[Row | Ratio]:
-    """Drain by drain (each round: the product, the reference, their ratio), then the medians."""
+def comparison_rows(drains: Sequence[Drain], plans: Sequence[Plan]) -> list[Row | Ratio]:
+    """Round by round, then the medians, and each variant's median over the first plan's.
+
+    A round is each plan's drain, the reference's, and each plan over the reference.
+    """
     rows: list[Row | Ratio] = []
-    by_kind: dict[str, list[Row]] = {"worker": [], "reference": []}
-    rounds = max(sum(1 for d in drains if d.kind == kind) for kind in by_kind)
+    reference = [d for d in drains if d.kind == "reference"]
+    mine = {
+        plan.label: [d for d in drains if d.kind == "worker" and d.variant == plan.label]
+        for plan in plans
+    }
+    runs: dict[str, list[Row]] = {plan.label: [] for plan in plans}
+    reference_rows: list[Row] = []
+    rounds = max([len(reference), *(len(of) for of in mine.values())])
     for index in range(rounds):
         made: dict[str, Row] = {}
-        for kind, runs in by_kind.items():
-            mine = [d for d in drains if d.kind == kind]
-            if index < len(mine):
-                made[kind] = _row(f"round {index + 1}: {_name(kind, plan)}", mine[index])
-                runs.append(made[kind])
-                rows.append(made[kind])
-        if len(made) == len(by_kind):
-            rows.append(ratio_row(f"round {index + 1}: ratio", made["worker"], made["reference"]))
+        for plan in plans:
+            if index < len(mine[plan.label]):
+                made[plan.label] = _row(
+                    f"round {index + 1}: {_name('worker', plan)}", mine[plan.label][index]
+                )
+                runs[plan.label].append(made[plan.label])
+                rows.append(made[plan.label])
+        if index < len(reference):
+            against = _row(f"round {index + 1}: {_name('reference', plans[0])}", reference[index])
+            reference_rows.append(against)
+            rows.append(against)
+            rows.extend(
+                ratio_row(f"round {index + 1}: {_ratio_name(plan)}", made[plan.label], against)
+                for plan in plans
+                if plan.label in made
+            )
     medians = {
-        kind: median_row(f"**median: {_name(kind, plan)}**", runs)
-        for kind, runs in by_kind.items()
-        if runs
+        plan.label: median_row(f"**median: {_name('worker', plan)}**", runs[plan.label])
+        for plan in plans
+        if runs[plan.label]
     }
     rows += medians.values()
-    if len(medians) == len(by_kind):
-        rows.append(ratio_row("**median: ratio**", medians["worker"], medians["reference"]))
+    if reference_rows:
+        reference_median = median_row(f"**median: {_name('reference', plans[0])}**", reference_rows)
+        rows.append(reference_median)
+        rows += [
+            ratio_row(f"**median: {_ratio_name(plan)}**", medians[plan.label], reference_median)
+            for plan in plans
+            if plan.label in medians
+        ]
+    base = plans[0]
+    rows += [
+        relative_row(
+            f"**median: {plan.label} / {base.label or 'without it'}**",
+            medians[plan.label],
+            medians[base.label],
+        )
+        for plan in plans[1:]
+        if plan.label in medians and base.label in medians
+    ]
     return rows
 
 
-def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) -> str:
+def _ratio_name(plan: Plan) -> str:
+    return f"{plan.label} / reference" if plan.label else "ratio (over the reference)"
+
+
+def report(drains: Sequence[Drain], latencies: Sequence[Latency], plans: Sequence[Plan]) -> str:
     """The result table and the lines under it, as Markdown."""
-    rounds = sum(1 for d in drains if d.kind == "worker")
-    beside = [process.name for process in plan.beside_worker]
+    plan = plans[0]
+    rounds = sum(1 for d in drains if d.kind == "worker" and d.variant == plan.label)
+    beside = list(dict.fromkeys(p.name for each in plans for p in each.beside_worker))
     lines: list[str] = []
     if drains:
         counted = (
@@ -1277,24 +1404,61 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plan: Plan) ->
             if beside
             else "the worker alone: an order counts when its delivery is acknowledged"
         )
+        variants = "".join(
+            f"; variant `{each.label}`: {_variant_text(each, plan)}" for each in plans[1:]
+        )
         lines += [
             (
                 f"orders per drain: {drains[0].orders:,}; prefetch (concurrency) {plan.prefetch}; "
                 f"{plan.workers} worker process(es); {counted}; {rounds} round(s); CPU over the "
-                "counted window; the reference is compared on its drain"
+                f"counted window; the reference is compared on its drain{variants}"
             ),
             "",
             *comparison_table(
-                comparison_rows(drains, plan),
+                comparison_rows(drains, plans),
                 cpu_groups=["consumer", *beside, "broker", "postgres"],
                 rss_processes=["consumer", *beside],
                 events=bool(beside),
             ),
         ]
     lines += _events_lines(drains)
+    lines += _handoff_lines(drains)
     for result in latencies:
         lines += ["", _latency_line(result)]
     return "\n".join(lines)
+
+
+def _variant_text(variant: Plan, base: Plan) -> str:
+    """What a variant adds to the base plan: processes and settings."""
+    added = [p.name for p in variant.beside_worker if p not in base.beside_worker]
+    settings = [
+        f"{name}={value}"
+        for name, value in variant.env.items()
+        if base.env.get(name) != value and name != "FULFILMENT_WAREHOUSE_TOKEN"
+    ]
+    return ", ".join([*(f"+ {name}" for name in added), *settings]) or "as the base"
+
+
+def _handoff_lines(drains: Sequence[Drain]) -> list[str]:
+    """What the dispatcher did in each drain that ran one."""
+    lines = []
+    for d in drains:
+        h = d.handoff
+        if h is None:
+            continue
+        lines.append(
+            f"{d.variant or 'worker'} drain: the dispatcher answered {h.answered_per_second:,.0f}"
+            f" requests/s over the counted window (cap {number(h.cap_per_second, 1)}/s; the"
+            f" worker drained {d.rate:,.0f} orders/s), {h.open_at_end:,} still open at its end"
+            " (the backlog it had left behind the worker);"
+            f" the warehouse received {h.requests:,} requests, at most"
+            f" {h.max_requests_per_second:,} in one second, over {h.connections} connection(s)"
+        )
+    return ["", *lines] if lines else []
+
+
+def _of_variant(drain: Drain) -> str:
+    return f" ({drain.variant})" if drain.variant else ""
 
 
 def _events_lines(drains: Sequence[Drain]) -> list[str]:
@@ -1304,7 +1468,7 @@ def _events_lines(drains: Sequence[Drain]) -> list[str]:
         e = d.events
         assert e is not None  # noqa: S101 - filtered above
         lines.append(
-            f"worker drain {index}: {e.count:,} result events reached the queue "
+            f"worker drain {index}{_of_variant(d)}: {e.count:,} result events reached the queue "
             f"({e.outbox_rows:,} outbox rows) at {e.rate:,.0f}/s (marked published: "
             f"{e.marked_rate:,.0f}/s), relay CPU {e.relay_cpu_per_1000:.3f} s per 1,000 events; "
             f"commit -> confirm max {number(e.lag_ms.get('max'), 1)} ms (depth read every "
@@ -1321,8 +1485,8 @@ def _events_lines(drains: Sequence[Drain]) -> list[str]:
                 )
                 if marks:
                     lines.append(
-                        f"worker drain {index}, {process} peak RSS MiB by orders committed: "
-                        + marks
+                        f"worker drain {index}{_of_variant(d)}, {process} peak RSS MiB by orders"
+                        " committed: " + marks
                     )
     return ["", *lines] if lines else []
 
@@ -1352,6 +1516,72 @@ def _latency_line(result: Latency) -> str:
     elif result.kind == "reference":
         text += "; publishes no events"
     return text
+
+
+class OtlpSink:
+    """An OTLP/HTTP endpoint that answers 200 to every export and counts the requests and bytes.
+
+    A collector's work is not the service's: the sink keeps it out of the figures (its CPU is
+    the benchmark's own, in the rest of the machine) while the exporters do all theirs.
+    """
+
+    def __init__(self) -> None:
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                self.rfile.read(length)
+                sink.requests += 1
+                sink.bytes += length
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.requests = 0
+        self.bytes = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def variant_plan(text: str, base: Plan, sink: Callable[[], OtlpSink]) -> Plan:
+    """The plan of ``--variant`` ``text`` (``LABEL; ITEM; ...``): ``base`` with the ITEMs.
+
+    Raises:
+        ValueError: no label, an unknown ITEM, or `warehouse` where it cannot be added.
+    """
+    label, *items = [part.strip() for part in text.split(";")]
+    if not label or "=" in label:
+        msg = f"--variant {text!r}: it starts with a label, e.g. 'hand-off; warehouse'"
+        raise ValueError(msg)
+    env = dict(base.env)
+    beside = base.beside_worker
+    for item in items:
+        if item == "warehouse":
+            if base.hands_off or not beside:
+                msg = f"--variant {text!r}: warehouse needs the relay and no --warehouse"
+                raise ValueError(msg)
+            env, beside = with_warehouse(env, beside)
+        elif item == "otlp":
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink().port}"
+        elif "=" in item:
+            name, value = item.split("=", 1)
+            env[name.strip()] = value.strip()
+        else:
+            msg = f"--variant {text!r}: {item!r} is neither warehouse, otlp nor NAME=VALUE"
+            raise ValueError(msg)
+    return replace(base, env=env, beside_worker=beside, label=label)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1395,6 +1625,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " dispatcher` run beside the worker (and the relay), FULFILMENT_WAREHOUSE_URL set",
     )
     parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL; ITEM; ...",
+        help="drain this variant of the configuration too, in every round beside it, and compare"
+        " it with it: ITEMs are `warehouse` (the hand-off on, as --warehouse), `otlp` (traces"
+        " exported to a sink the benchmark serves, which only counts them) and NAME=VALUE"
+        " settings, e.g. 'tracing 1 %%; otlp; OTEL_TRACES_SAMPLER=parentbased_traceidratio;"
+        " OTEL_TRACES_SAMPLER_ARG=0.01'; repeat for more",
+    )
+    parser.add_argument(
         "--env",
         action="append",
         default=[],
@@ -1430,6 +1671,63 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def plans_of(
+    args: argparse.Namespace, services: Services, logs: Path, sink: Callable[[], OtlpSink]
+) -> list[Plan]:
+    """The options' plan, then one per ``--variant``.
+
+    Raises:
+        ValueError: options that do not go together, or a variant that is not understood.
+    """
+    env = dict(item.split("=", 1) for item in args.env)
+    if args.worker_src is not None:
+        env["PYTHONPATH"] = str(args.worker_src.resolve())
+    if args.warehouse and args.no_relay:
+        msg = "--warehouse needs the relay: drop --no-relay"
+        raise ValueError(msg)
+    beside: tuple[ServiceProcess, ...] = () if args.no_relay else SERVICE_PROCESSES
+    if args.warehouse:
+        env, beside = with_warehouse(env, beside)
+    plan = Plan(services, logs, args.prefetch, args.workers, env, beside_worker=beside)
+    plans = [plan, *(variant_plan(text, plan, sink) for text in args.variant)]
+    if len({each.label for each in plans}) < len(plans):
+        msg = "--variant: each needs a label of its own"
+        raise ValueError(msg)
+    return plans
+
+
+def drain_rounds(
+    plans: Sequence[Plan],
+    workload: Workload,
+    backlog: Sequence[Order],
+    *,
+    rounds: int,
+    reference: bool,
+) -> list[Drain]:
+    """``rounds`` rounds, each a drain of ``backlog`` per plan, then the reference's."""
+    runs = [(each, "worker") for each in plans] + ([(plans[0], "reference")] if reference else [])
+    drains: list[Drain] = []
+    for round_number in range(1, rounds + 1):
+        for plan, kind in runs:
+            asyncio.run(reset_database(plan.services.database_url, workload))
+            label = f"round{round_number}" + (f"-v{plans.index(plan)}" if plan.label else "")
+            result = asyncio.run(drain(plan, kind, backlog, label))
+            drains.append(result)
+            print(
+                f"round {round_number} {_name(kind, plan)}: {result.rate:,.0f} orders/s"
+                " drained, "
+                + (f"{result.events.rate:,.0f}/s confirmed, " if result.events else "")
+                + "CPU/1k "
+                + ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_per_1000.items())
+                + f", peak RSS {result.peak_rss_mib} MiB (beside "
+                + f"{result.beside_peak_rss_mib}), {result.outcomes}, per order "
+                + f"{result.database_per_order}, events {result.events}"
+                + (f", hand-off {result.handoff}" if result.handoff else ""),
+                flush=True,
+            )
+    return drains
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the table; return the exit code."""
     args = parse_args(argv)
@@ -1437,31 +1735,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     backlog = workload.make_orders(args.orders, seed=args.seed, namespace="backlog")
     args.results.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    env = dict(item.split("=", 1) for item in args.env)
-    if args.worker_src is not None:
-        env["PYTHONPATH"] = str(args.worker_src.resolve())
-    if args.warehouse and args.no_relay:
-        print("--warehouse needs the relay: drop --no-relay", file=sys.stderr)
-        return 2
-    beside: tuple[ServiceProcess, ...] = () if args.no_relay else SERVICE_PROCESSES
-    if args.warehouse:
-        port = _free_port()
-        env = warehouse_env(port) | env
-        beside = (*beside, *warehouse_processes(port))
+    sinks: list[OtlpSink] = []
+
+    def sink() -> OtlpSink:
+        if not sinks:
+            sinks.append(OtlpSink())
+        return sinks[0]
+
     with (
         tempfile.TemporaryDirectory(prefix="fulfilment-bench-") as temporary,
         dedicated_services(args.admin_database_url, args.amqp_url) as services,
+        contextlib.ExitStack() as closing,
     ):
+        closing.callback(lambda: [each.close() for each in sinks])
         logs = args.results / f"logs-{stamp}" if args.keep_logs else Path(temporary)
         logs.mkdir(exist_ok=True)
-        plan = Plan(
-            services,
-            Path(logs),
-            args.prefetch,
-            args.workers,
-            env,
-            beside_worker=beside,
-        )
+        try:
+            plans = plans_of(args, services, Path(logs), sink)
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 2
+        plan = plans[0]
         asyncio.run(declare_queues(services.amqp_url, SETTING_DEFAULTS["delivery_limit"]))
         servers = asyncio.run(versions(services))
         if args.profile:
@@ -1474,25 +1768,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.rounds < 1 and not (args.latency_rate and args.latency_seconds > 0):
             print("--rounds 0 needs --latency-rate and --latency-seconds", file=sys.stderr)
             return 2
-        drains: list[Drain] = []
-        for round_number in range(1, args.rounds + 1):
-            for kind in kinds:
-                asyncio.run(reset_database(services.database_url, workload))
-                result = asyncio.run(drain(plan, kind, backlog, f"round{round_number}"))
-                drains.append(result)
-                print(
-                    f"round {round_number} {kind}: {result.rate:,.0f} orders/s drained, "
-                    + (f"{result.events.rate:,.0f}/s confirmed, " if result.events else "")
-                    + "CPU/1k "
-                    + ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_per_1000.items())
-                    + f", peak RSS {result.peak_rss_mib} MiB (beside "
-                    + f"{result.beside_peak_rss_mib}), {result.outcomes}, per order "
-                    + f"{result.database_per_order}, events {result.events}",
-                    flush=True,
-                )
+        drains = drain_rounds(
+            plans, workload, backlog, rounds=args.rounds, reference=not args.skip_reference
+        )
         latencies = []
         if args.latency_seconds > 0:
-            rate = args.latency_rate or median([d.rate for d in drains if d.kind == "worker"]) / 2
+            rate = (
+                args.latency_rate
+                or median([d.rate for d in drains if d.kind == "worker" and not d.variant]) / 2
+            )
             steady = workload.make_orders(
                 int(rate * args.latency_seconds), seed=args.seed + 1, namespace="steady"
             )
@@ -1500,7 +1784,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 asyncio.run(reset_database(services.database_url, workload))
                 latencies.append(asyncio.run(latency(plan, kind, steady, rate)))
                 print(f"latency {kind}: {asdict(latencies[-1])}", flush=True)
-    table = report(drains, latencies, plan)
+        exported = (
+            f"\ntraces exported to the sink: {sinks[0].requests:,} requests,"
+            f" {sinks[0].bytes / 2**20:,.1f} MiB"
+            if sinks
+            else ""
+        )
+    table = report(drains, latencies, plans) + exported
     machine = (
         f"{os.cpu_count()} CPUs ({cpu_model()}), {servers}, Python "
         f"{platform.python_version()}, {platform.system()} {platform.release()}"

@@ -128,6 +128,22 @@ def test_the_ratio_compares_both_product_rates_with_the_references_drain():
     assert "rest" not in compared.cpu
 
 
+def test_a_variant_is_compared_rate_for_rate_with_the_base_and_its_extra_processes_count():
+    base = product("base", 1000, 1200, 0.5)
+    variant = figures.Row(
+        label="hand-off",
+        counted=900,
+        drained=1080,
+        cpu={"consumer": 0.55, "relay": 0.2, "dispatcher": 0.3, "broker": 0.2, "postgres": 0.3},
+    )
+    compared = figures.relative_row("hand-off / base", variant, base)
+    assert compared.counted == pytest.approx(0.9)
+    assert compared.drained == pytest.approx(0.9)
+    assert compared.cpu["consumer"] == pytest.approx(1.1)
+    assert "dispatcher" not in compared.cpu  # the base runs none
+    assert compared.cpu["total"] == pytest.approx(1.55 / 1.2)
+
+
 def test_the_table_gives_the_figures_and_the_ratios_under_one_header():
     rows = [product("worker + relay", 1166, 1747, 0.5), reference("reference", 922, 1.0)]
     rows.append(figures.ratio_row("ratio", rows[0], rows[1]))
