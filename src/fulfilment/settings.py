@@ -339,7 +339,8 @@ class Settings(BaseSettings):
     warehouse_rate_per_second: Seconds = 2.5
     """Most requests per second to the warehouse system (2.5: 150 a minute, what real 3PL APIs
     allow per account). Held for every request, retries and probes included, and never
-    exceeded within a second (requests go at least ``1 / rate`` seconds apart)."""
+    exceeded within a second (up to 50 a second, requests go at least ``1 / rate`` seconds
+    apart; above, a wake-up that came late is caught up within the second's cap)."""
 
     warehouse_concurrency: int = Field(default=4, ge=1, le=256)
     """Most requests in flight at once, and the most connections of the dispatcher's pool."""

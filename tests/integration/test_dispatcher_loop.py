@@ -317,3 +317,19 @@ async def test_a_retry_after_longer_than_the_timeout_hands_the_waiting_requests_
     )
     assert back[1] is not None
     assert back[1] > 2.0  # due when the gate opens, not at the next claim
+
+
+async def test_a_cap_of_a_hundred_a_second_is_held_within_a_twentieth_and_never_exceeded(
+    server: SimulatorServer,
+) -> None:
+    store = MemoryWarehouseRequests()
+    for n in range(400):
+        store.add_order([("85123A", n + 1)])
+    await run_until(
+        store, server, all_answered(store), timeout=30, what="drained", rate=100, concurrency=8
+    )
+
+    per_second = [count for _, count in sorted(server.simulator.requests_per_second.items())]
+    assert max(per_second) <= 100, per_second
+    # The whole seconds between the first and the last, which are partial.
+    assert min(per_second[1:-1]) >= 95, per_second
