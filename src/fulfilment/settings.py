@@ -39,6 +39,10 @@ MAX_RESERVATION_BATCH = 1000
 """Most orders one reservation transaction may carry (``reservation_batch_max``)."""
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A duration in seconds, finite and positive."""
+
+PerSecond = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A rate per second, finite and positive."""
 
 RUNTIME_ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """Role names ``FULFILMENT_DATABASE_RUNTIME_ROLE`` accepts: PostgreSQL's unquoted identifiers in
@@ -336,7 +340,7 @@ class Settings(BaseSettings):
     connection, and for the request as a whole. A request that times out is sent again later
     under the same key (the warehouse may have committed it)."""
 
-    warehouse_rate_per_second: Seconds = 2.5
+    warehouse_rate_per_second: PerSecond = 2.5
     """Most requests per second to the warehouse system (2.5: 150 a minute, what real 3PL APIs
     allow per account). Held for every request, retries and probes included, and never
     exceeded within a second (up to 50 a second, requests go at least ``1 / rate`` seconds
