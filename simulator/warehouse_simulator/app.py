@@ -437,6 +437,8 @@ class WarehouseSimulator:
         if client:
             self.connections.add((client[0], client[1]))
         body = await _read_body(receive)
+        if body is None:
+            return
         path: str = scope["path"]
         method: str = scope["method"]
         if path.startswith(ADMIN_PATH + "/"):
@@ -514,16 +516,21 @@ def _lines(value: object) -> list[dict[str, Any]] | None:
     return lines
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request's whole body; None when the client went away before sending all of it.
+
+    A server handles a request only once its body is complete: one cut off (a client killed
+    between writing its headers and its body) was never sent, and must neither create an
+    order nor bind its idempotency key to the part that arrived.
+    """
     chunks = []
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            break
+            return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+            return b"".join(chunks)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

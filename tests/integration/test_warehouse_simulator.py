@@ -92,3 +92,33 @@ def test_the_command_line_serves_and_prints_the_url_to_configure() -> None:
         finally:
             process.terminate()
         assert process.wait(timeout=10) == 0
+
+
+async def test_a_request_cut_off_in_its_body_is_not_handled_and_its_retry_is_the_first(
+    server: SimulatorServer,
+) -> None:
+    # A client killed between writing the headers and the body: a real server never handles
+    # such a request, so the key stays unused and the same request sent again creates the
+    # order (not 422 idempotency_key_reused against an empty body).
+    request = an_order()
+    assert request.body is not None
+    path = server.simulator.base_path + "/fulfilment-orders"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {server.host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Idempotency-Key: {request.idempotency_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(request.body)}\r\n\r\n"
+    ).encode()
+    _, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(head + request.body[:5])
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    await asyncio.sleep(0.2)
+
+    client, http = a_client(server.url)
+    async with http:
+        answer, _ = await client.send(request)
+
+    assert isinstance(answer, Accepted), answer
+    assert answer.status_code == 201
+    assert len(server.simulator.orders) == 1
