@@ -130,13 +130,6 @@ _WAITING_CANCELLATIONS = sa.text(
     " ORDER BY id FOR UPDATE"
 )
 
-_ANSWERED = sa.text(
-    "UPDATE warehouse_requests"
-    " SET status = :status, answered_at = now(), last_status_code = :status_code,"
-    "     last_answer = :answer, warehouse_id = coalesce(:warehouse_id, warehouse_id)"
-    " WHERE id = :id"
-)
-
 # The answers that change the request's row only (_changes_the_request_only), one or many:
 # the order rows first, in order_id order as cancel_orders() takes them, then the requests
 # still sending, in id order; nothing else is locked.
@@ -150,16 +143,19 @@ _LOCK_SENDING = sa.text(
     " WHERE id = ANY (CAST(:ids AS bigint[])) AND status = 'sending' ORDER BY id FOR UPDATE"
 ).bindparams(sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger)))
 
-_ACCEPTED_MANY = sa.text(
+# Final answers, one or many: each request's status, answer and the warehouse's id.
+_ANSWERED = sa.text(
     "UPDATE warehouse_requests AS w"
-    " SET status = 'accepted', answered_at = now(), last_status_code = b.status_code,"
+    " SET status = b.status, answered_at = now(), last_status_code = b.status_code,"
     "     last_answer = b.answer, warehouse_id = coalesce(b.warehouse_id, w.warehouse_id)"
-    " FROM unnest(CAST(:ids AS bigint[]), CAST(:status_codes AS integer[]),"
-    "             CAST(:answers AS text[]), CAST(:warehouse_ids AS text[]))"
-    "      AS b(id, status_code, answer, warehouse_id)"
+    " FROM unnest(CAST(:ids AS bigint[]), CAST(:statuses AS text[]),"
+    "             CAST(:status_codes AS integer[]), CAST(:answers AS text[]),"
+    "             CAST(:warehouse_ids AS text[]))"
+    "      AS b(id, status, status_code, answer, warehouse_id)"
     " WHERE w.id = b.id"
 ).bindparams(
     sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger)),
+    sa.bindparam("statuses", type_=_TEXT_ARRAY),
     sa.bindparam("status_codes", type_=postgresql.ARRAY(sa.Integer)),
     sa.bindparam("answers", type_=_TEXT_ARRAY),
     sa.bindparam("warehouse_ids", type_=_TEXT_ARRAY),
@@ -416,7 +412,7 @@ class PostgresWarehouseRequests(WarehouseRequests):
                 return  # answered already, expired, or withdrawn: the answer changes nothing
             kind = RequestKind(row.kind)
             if isinstance(answer, Accepted):  # a cancellation's: a fulfilment order's is above
-                await _answered(connection, row.id, RequestStatus.ACCEPTED, answer)
+                await _answered(connection, [(row.id, RequestStatus.ACCEPTED, answer)])
                 await _apply_cancels(
                     connection,
                     request.order_id,
@@ -425,7 +421,7 @@ class PostgresWarehouseRequests(WarehouseRequests):
                 )
                 return
             if isinstance(answer, Refused) and kind is RequestKind.CANCELLATION:
-                await _answered(connection, row.id, RequestStatus.REFUSED, answer)
+                await _answered(connection, [(row.id, RequestStatus.REFUSED, answer)])
                 await connection.execute(
                     _STOCK_CANCEL_REFUSED,
                     {
@@ -439,7 +435,7 @@ class PostgresWarehouseRequests(WarehouseRequests):
                 await connection.execute(_NOTIFY_RELAY)
                 return
             # Failed, or a Refused that only a cancellation can get: terminal.
-            await _answered(connection, row.id, RequestStatus.FAILED, answer)
+            await _answered(connection, [(row.id, RequestStatus.FAILED, answer)])
             if kind is RequestKind.FULFILMENT_ORDER:
                 waiting = (
                     await connection.execute(_WAITING_CANCELLATIONS, {"order_id": request.order_id})
@@ -489,8 +485,8 @@ class PostgresWarehouseRequests(WarehouseRequests):
     async def _record_request_only(self, batch: Sequence[Answered]) -> None:
         """Write ``batch`` in one transaction: answers that change the request's row only.
 
-        One answer per request; the accepted fulfilment orders by one statement, the answers
-        that send again by another.
+        One answer per request; the accepted fulfilment orders by one statement (as
+        :func:`_answered` records any final answer), the answers that send again by another.
         """
 
         async def work(connection: AsyncConnection) -> None:
@@ -499,18 +495,14 @@ class PostgresWarehouseRequests(WarehouseRequests):
             ids = [answered.request.id for answered in batch]
             sending = set((await connection.execute(_LOCK_SENDING, {"ids": ids})).scalars())
             open_ = [answered for answered in batch if answered.request.id in sending]
-            accepted = [(a.request.id, a.answer) for a in open_ if isinstance(a.answer, Accepted)]
+            accepted = [
+                (a.request.id, RequestStatus.ACCEPTED, a.answer)
+                for a in open_
+                if isinstance(a.answer, Accepted)
+            ]
             later = [a for a in open_ if not isinstance(a.answer, Accepted)]
             if accepted:
-                await connection.execute(
-                    _ACCEPTED_MANY,
-                    {
-                        "ids": [request_id for request_id, _ in accepted],
-                        "status_codes": [answer.status_code for _, answer in accepted],
-                        "answers": [answer.answer for _, answer in accepted],
-                        "warehouse_ids": [answer.warehouse_id for _, answer in accepted],
-                    },
-                )
+                await _answered(connection, accepted)
             if later:
                 await connection.execute(
                     _RETRY_LATER_MANY,
@@ -644,19 +636,20 @@ def _first_body(row: sa.Row[Any]) -> bytes | None:
 
 
 async def _answered(
-    connection: AsyncConnection,
-    request_id: int,
-    status: RequestStatus,
-    answer: Answer,
+    connection: AsyncConnection, answers: Sequence[tuple[int, RequestStatus, Answer]]
 ) -> None:
+    """Record final ``answers`` (request id, its new status, the answer) by one statement."""
     await connection.execute(
         _ANSWERED,
         {
-            "id": request_id,
-            "status": str(status),
-            "status_code": answer.status_code,
-            "answer": answer.answer,
-            "warehouse_id": answer.warehouse_id if isinstance(answer, Accepted) else None,
+            "ids": [request_id for request_id, _, _ in answers],
+            "statuses": [str(status) for _, status, _ in answers],
+            "status_codes": [answer.status_code for _, _, answer in answers],
+            "answers": [answer.answer for _, _, answer in answers],
+            "warehouse_ids": [
+                answer.warehouse_id if isinstance(answer, Accepted) else None
+                for _, _, answer in answers
+            ],
         },
     )
 
