@@ -18,14 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import os
-import socket
-import subprocess
 import sys
+import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +31,9 @@ import uvloop
 from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+
+from warehouse_harness import TOKEN, SimulatorProcess
 
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.schema import migrate
@@ -51,9 +50,6 @@ from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import Settings
 from services import throwaway_database
 
-ROOT = Path(__file__).resolve().parents[1]
-TOKEN = "bench-token"  # noqa: S105 - the simulator's, on loopback
-
 _FILL = (
     "INSERT INTO warehouse_requests"
     " (idempotency_key, kind, order_id, causation_id, lines, status, next_attempt_at)"
@@ -65,57 +61,20 @@ _FILL = (
 )
 
 
-def free_port() -> int:
-    """A TCP port free on the loopback now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
-def simulator(latency_seconds: float) -> Iterator[str]:
-    """The warehouse simulator in a process of its own; yields its API's base URL."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "warehouse_simulator",
-            "--port",
-            str(port),
-            "--token",
-            TOKEN,
-            "--latency-seconds",
-            str(latency_seconds),
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "simulator")},
-        stdout=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/_simulator/stats", timeout=1):  # noqa: S310 - loopback
-                    break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(10)
+def simulator(latency_seconds: float) -> Iterator[SimulatorProcess]:
+    """The warehouse simulator in a process of its own, answering after ``latency_seconds``."""
+    with tempfile.TemporaryDirectory() as folder:
+        process = SimulatorProcess(Path(folder) / "simulator.log")
+        process.start()
+        try:
+            process.faults(latency_seconds=latency_seconds)
+            yield process
+        finally:
+            process.stop()
 
 
-def simulator_stats(base: str) -> dict[str, object]:
-    """The simulator's counts (``/_simulator/stats``)."""
-    with urllib.request.urlopen(f"{base}/_simulator/stats", timeout=5) as answer:  # noqa: S310 - loopback
-        stats: dict[str, object] = json.load(answer)
-    return stats
-
-
-async def measure(url: str, base: str, arguments: argparse.Namespace) -> None:
+async def measure(url: str, warehouse: SimulatorProcess, arguments: argparse.Namespace) -> None:
     """Fill the backlog, run the dispatcher until every request is answered, print figures."""
     plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     db = await asyncpg.connect(plain)
@@ -124,7 +83,7 @@ async def measure(url: str, base: str, arguments: argparse.Namespace) -> None:
     engine = create_engine(database_options(Settings(database_url=url)))  # type: ignore[arg-type]
     http = build_http_client(
         WarehouseClientOptions(
-            url=f"{base}/api/v1",
+            url=warehouse.url,
             token=TOKEN,
             timeout_seconds=10.0,
             ca_file=None,
@@ -158,7 +117,7 @@ async def measure(url: str, base: str, arguments: argparse.Namespace) -> None:
     await http.aclose()
     await engine.dispose()
     await db.close()
-    stats = simulator_stats(base)
+    stats = warehouse.stats()
     requests = arguments.requests
     print(
         f"requests={requests} rate cap={arguments.rate}/s concurrency={arguments.concurrency}"
@@ -187,11 +146,11 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with (
         throwaway_database("fulfilment_bench") as url,
-        simulator(arguments.latency_seconds) as base,
+        simulator(arguments.latency_seconds) as warehouse,
     ):
         migrate(url)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(measure(url, base, arguments))
+            runner.run(measure(url, warehouse, arguments))
 
 
 if __name__ == "__main__":
