@@ -47,6 +47,8 @@ class MemoryWarehouseRequests(WarehouseRequests):
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
+        self.claims: list[tuple[int, int]] = []
+        """Each claim's ``(limit, requests claimed)``."""
 
     def add_order(self, lines: list[tuple[str, int]], order_id: UUID | None = None) -> Row:
         order_id = order_id or uuid.uuid4()
@@ -114,6 +116,7 @@ class MemoryWarehouseRequests(WarehouseRequests):
             row.claimed_at.append(now)
             row.first_attempt = row.first_attempt or now
             claimed.append(row.request)
+        self.claims.append((limit, len(claimed)))
         return claimed
 
     async def record(

@@ -54,13 +54,14 @@ async def run_until(
     what: str,
     rate: float = 50.0,
     concurrency: int = 4,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Running, float]:
     client, http = a_client(server.url, timeout_seconds=2.0, max_connections=concurrency)
     metrics = DispatcherMetrics()
     options = DispatcherOptions(
         rate_per_second=rate, concurrency=concurrency, timeout_seconds=2.0, poll_seconds=0.05
     )
-    dispatcher = Dispatcher(store, client, options, metrics)
+    dispatcher = Dispatcher(store, client, options, metrics, clock=clock)
     started = time.monotonic()
     task = asyncio.create_task(dispatcher.run())
     try:
@@ -333,3 +334,89 @@ async def test_a_cap_of_a_hundred_a_second_is_held_within_a_twentieth_and_never_
     assert max(per_second) <= 100, per_second
     # The whole seconds between the first and the last, which are partial.
     assert min(per_second[1:-1]) >= 95, per_second
+
+
+async def test_a_claim_takes_requests_for_the_next_slots_so_claims_are_few(
+    server: SimulatorServer,
+) -> None:
+    server.simulator.faults.update({"latency_seconds": 0.01})
+    store = MemoryWarehouseRequests()
+    for n in range(200):
+        store.add_order([("85123A", n + 1)])
+    await run_until(
+        store, server, all_answered(store), timeout=30, what="drained", rate=1000, concurrency=4
+    )
+
+    assert len(server.simulator.orders) == 200
+    assert all(row.request.attempts == 1 for row in store.rows)
+    fruitful = [claimed for _, claimed in store.claims if claimed]
+    # Each claim asks for its free slots and four more: at most 200 / 5 claims find requests,
+    # where a claim per freed slot would take 100 or more.
+    assert len(fruitful) <= 200 // 5, store.claims
+    assert all(limit > 4 for limit, _ in store.claims), store.claims
+
+
+async def test_a_request_held_past_its_hold_is_handed_back_unsent_then_sent_once(
+    server: SimulatorServer,
+) -> None:
+    server.simulator.faults.update({"latency_seconds": 0.3})
+    store = MemoryWarehouseRequests()
+    first = store.add_order([("85123A", 1)])
+    second = store.add_order([("85123A", 2)])
+    # One slot: the claim takes both, the second waits at hand while the first is sent.
+    # The clock jumps past the hold while the first is at the warehouse.
+    offset = 0.0
+
+    def clock() -> float:
+        return time.monotonic() + offset
+
+    async def jump_once_the_first_is_at_the_warehouse() -> None:
+        nonlocal offset
+        await until(lambda: server.simulator.requests_total >= 1, 5, "the first request sent")
+        offset = 60.0
+
+    jumping = asyncio.create_task(jump_once_the_first_is_at_the_warehouse())
+    await run_until(
+        store,
+        server,
+        all_answered(store),
+        timeout=15,
+        what="both answered",
+        concurrency=1,
+        clock=clock,
+    )
+    await jumping
+
+    assert store.claims[0] == (2, 2)
+    assert [type(answer).__name__ for answer in first.answers] == ["Accepted"]
+    held, sent = second.answers
+    assert held == Retry(answer="not sent: held too long")
+    assert second.retry_ins[0] == 0.0
+    assert sent.status_code == 201
+    assert len(server.simulator.orders) == 2
+
+
+async def test_requests_at_hand_when_stopped_are_handed_back_due_now(
+    server: SimulatorServer,
+) -> None:
+    server.simulator.faults.update({"latency_seconds": 0.2})
+    store = MemoryWarehouseRequests()
+    for n in range(20):
+        store.add_order([("85123A", n + 1)])
+
+    await run_until(
+        store,
+        server,
+        lambda: any(row.answers for row in store.rows),
+        timeout=10,
+        what="a first answer",
+        concurrency=2,
+    )
+
+    stopped_at = time.monotonic()
+    left = [row for row in store.rows if row.status is RequestStatus.SENDING]
+    assert left, "the claims took requests ahead of the slots"
+    assert all(row.due <= stopped_at for row in left), [row.due - stopped_at for row in left]
+    handed_back = [row for row in left if not any(a.status_code for a in row.answers)]
+    assert handed_back
+    assert all(row.answers == [Retry(answer="stopping")] for row in handed_back)

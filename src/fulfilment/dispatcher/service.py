@@ -23,6 +23,7 @@ unsent (a ``Retry`` recorded for when the gate opens), so its lease never runs o
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import math
@@ -101,16 +102,30 @@ class DispatcherOptions:
     expire_interval_seconds: float = 60.0
 
     @property
-    def lease_seconds(self) -> float:
-        """Seconds a claimed request is kept from other claims: its waits at the gates, its send.
+    def hold_seconds(self) -> float:
+        """Longest a claimed request waits in the dispatcher for a slot; then it is handed back.
 
-        A claimed request may wait up to ``timeout_seconds`` for a ``Retry-After`` gate (a
-        longer one hands it back), then up to ``concurrency / rate_per_second`` for the rate
-        cap, then ``timeout_seconds`` for its answer; :data:`LEASE_MARGIN_SECONDS` covers the
+        A claim takes up to ``concurrency`` requests more than there are free slots, so that
+        the next slots to free find a request at hand instead of a round trip to the
+        database. Those wait behind at most ``concurrency`` others at the rate cap
+        (``concurrency / rate_per_second``) and for slots held at most ``timeout_seconds``
+        by a send.
+        """
+        return self.concurrency / self.rate_per_second + self.timeout_seconds
+
+    @property
+    def lease_seconds(self) -> float:
+        """Seconds a claimed request is kept from other claims: its waits, then its send.
+
+        A claimed request may wait up to :attr:`hold_seconds` for a slot (a longer wait hands
+        it back unsent), then up to ``timeout_seconds`` for a ``Retry-After`` gate (a longer
+        one hands it back), then up to ``concurrency / rate_per_second`` for the rate cap,
+        then ``timeout_seconds`` for its answer; :data:`LEASE_MARGIN_SECONDS` covers the
         record.
         """
         return (
-            self.concurrency / self.rate_per_second
+            self.hold_seconds
+            + self.concurrency / self.rate_per_second
             + 2 * self.timeout_seconds
             + LEASE_MARGIN_SECONDS
         )
@@ -213,6 +228,8 @@ class Dispatcher:
         self._slots = asyncio.Semaphore(options.concurrency)
         self._limiter = rate_limiter(options.rate_per_second)
         self._in_flight: set[asyncio.Task[None]] = set()
+        # Claimed, not yet given a slot: (request, when it was claimed).
+        self._ready: collections.deque[tuple[WarehouseRequest, float]] = collections.deque()
         self._gate_until = 0.0
         self._failures = 0
         self._failed_probes = 0
@@ -246,13 +263,23 @@ class Dispatcher:
                 except TransientError as error:
                     logger.warning("dispatcher.store_failed", error=str(error))
                     await self._pause(self._options.poll_seconds)
+            await self._hand_back_ready("stopping", 0.0)
         finally:
             if self._in_flight:
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
 
     async def _turn(self) -> None:
-        """One claim: a probe while halted, else as many requests as there are free slots."""
+        """A probe while halted; else a request for each free slot, claimed when none is at hand.
+
+        A claim takes the free slots' requests and up to ``concurrency`` more, held for the
+        next slots to free (:attr:`DispatcherOptions.hold_seconds`): a claim per
+        ``concurrency`` requests or so instead of one per freed slot, and a freed slot sends
+        without waiting for the database.
+        """
         if self.halt is not Halt.NONE:
+            await self._hand_back_ready(
+                f"not sent: {self.halt}", max(0.0, self._probe_at - self._clock())
+            )
             await self._pause(self._probe_at - self._clock())
             if self._stopping.is_set():
                 return
@@ -264,24 +291,56 @@ class Dispatcher:
                 await self._wait(self._options.poll_seconds)
             return
         await self._pause(self._gate_until - self._clock())
-        # Wait for a free slot, then claim as many requests as are free.
+        # Wait for a free slot, take every free one, and a request for each.
         await self._slots.acquire()
         free = 1
         while free < self._options.concurrency and not self._slots.locked():
             await self._slots.acquire()
             free += 1
-        batch = await self._requests.claim(free, lease_seconds=self._options.lease_seconds)
-        for _ in range(free - len(batch)):
+        if self._stopping.is_set():
+            # Stopped while waiting for the slots: nothing more is sent.
+            for _ in range(free):
+                self._slots.release()
+            return
+        if len(self._ready) < free:
+            claimed_at = self._clock()
+            batch = await self._requests.claim(
+                free - len(self._ready) + self._options.concurrency,
+                lease_seconds=self._options.lease_seconds,
+            )
+            self._ready.extend((request, claimed_at) for request in batch)
+        taken = min(free, len(self._ready))
+        for _ in range(free - taken):
             self._slots.release()
-        for request in batch:
-            task = asyncio.create_task(self._send(request, probe=False))
+        for _ in range(taken):
+            request, claimed_at = self._ready.popleft()
+            task = asyncio.create_task(self._send(request, probe=False, claimed_at=claimed_at))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
-        if len(batch) < free:
+        if taken < free:
             await self._wait(self._options.poll_seconds)
 
-    async def _send(self, request: WarehouseRequest, *, probe: bool) -> None:
+    async def _hand_back_ready(self, reason: str, due_in_seconds: float) -> None:
+        """Record the requests at hand unsent, due in ``due_in_seconds``: a halt or a stop.
+
+        Raises:
+            TransientError: the store failed (their leases bring them back).
+        """
+        if not self._ready:
+            return
+        ready, self._ready = self._ready, collections.deque()
+        await self._requests.record_answers(
+            [Answered(request, Retry(answer=reason), due_in_seconds) for request, _ in ready]
+        )
+
+    async def _send(
+        self, request: WarehouseRequest, *, probe: bool, claimed_at: float | None = None
+    ) -> None:
         """Send one claimed request through the gates and record its answer.
+
+        A request that waited for its slot longer than
+        :attr:`DispatcherOptions.hold_seconds` since ``claimed_at`` is handed back unsent,
+        due now: what is left of its lease may not cover the gates and the send.
 
         Its slot is freed once the warehouse answered (or the request was held back), before
         the answer is recorded: the cap bounds the requests at the warehouse, and a slot held
@@ -298,6 +357,10 @@ class Dispatcher:
                 self._wake.set()
 
         try:
+            if claimed_at is not None and (self._clock() - claimed_at > self._options.hold_seconds):
+                free_slot()
+                await self._record(Answered(request, Retry(answer="not sent: held too long"), 0.0))
+                return
             if not probe:
                 held = await self._through_gates()
                 if held is not None:
