@@ -277,18 +277,7 @@ class Dispatcher:
         without waiting for the database.
         """
         if self.halt is not Halt.NONE:
-            await self._hand_back_ready(
-                f"not sent: {self.halt}", max(0.0, self._probe_at - self._clock())
-            )
-            await self._pause(self._probe_at - self._clock())
-            if self._stopping.is_set():
-                return
-            batch = await self._requests.claim(1, lease_seconds=self._options.lease_seconds)
-            if batch:
-                await self._slots.acquire()
-                await self._send(batch[0], probe=True)
-            else:
-                await self._wait(self._options.poll_seconds)
+            await self._probe()
             return
         await self._pause(self._gate_until - self._clock())
         # Wait for a free slot, take every free one, and a request for each.
@@ -318,6 +307,21 @@ class Dispatcher:
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
         if taken < free:
+            await self._wait(self._options.poll_seconds)
+
+    async def _probe(self) -> None:
+        """While halted: hand back the requests at hand, then send one when the probe is due."""
+        await self._hand_back_ready(
+            f"not sent: {self.halt}", max(0.0, self._probe_at - self._clock())
+        )
+        await self._pause(self._probe_at - self._clock())
+        if self._stopping.is_set():
+            return
+        batch = await self._requests.claim(1, lease_seconds=self._options.lease_seconds)
+        if batch:
+            await self._slots.acquire()
+            await self._send(batch[0], probe=True)
+        else:
             await self._wait(self._options.poll_seconds)
 
     async def _hand_back_ready(self, reason: str, due_in_seconds: float) -> None:
