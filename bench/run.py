@@ -616,7 +616,9 @@ class Handoff:
     ``open_at_end``: requests recorded and not yet answered when the window ended (the
     backlog the dispatcher had left). From the simulated warehouse, once every result event
     was confirmed: ``requests``, the most requests it received in one second
-    (``max_requests_per_second``) and the TCP ``connections`` it accepted.
+    (``max_requests_per_second``), the requests it received in each whole second of the
+    counted window (``window_seconds``: the rate the cap is held at while the worker drains,
+    without the dispatcher's start-up), and the TCP ``connections`` it accepted.
     """
 
     answered_per_second: float
@@ -625,6 +627,7 @@ class Handoff:
     requests: int
     max_requests_per_second: int
     connections: int
+    window_seconds: tuple[int, ...] = ()
 
 
 async def handoff_of_drain(
@@ -655,6 +658,14 @@ async def handoff_of_drain(
         requests=int(warehouse["requests_total"]),
         max_requests_per_second=int(warehouse["max_requests_per_second"]),
         connections=int(warehouse["connections"]),
+        window_seconds=tuple(
+            int(count)
+            for second, count in sorted(
+                (int(second), count)
+                for second, count in warehouse.get("requests_per_second", {}).items()
+            )
+            if start <= second and second + 1 <= end
+        ),
     )
 
 
@@ -1453,6 +1464,12 @@ def _handoff_lines(drains: Sequence[Drain]) -> list[str]:
             " (the backlog it had left behind the worker);"
             f" the warehouse received {h.requests:,} requests, at most"
             f" {h.max_requests_per_second:,} in one second, over {h.connections} connection(s)"
+            + (
+                f"; {min(h.window_seconds)} to {max(h.window_seconds)} in each of the"
+                f" {len(h.window_seconds)} whole seconds of the window"
+                if h.window_seconds
+                else ""
+            )
         )
     return ["", *lines] if lines else []
 
