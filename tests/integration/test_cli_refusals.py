@@ -133,3 +133,21 @@ def test_migrate_by_a_user_that_may_not_create_the_missing_database_says_so(
         f" '{role_without_createdb}_db' and refused user '{role_without_createdb}' to create"
         " it: InsufficientPrivilegeError: permission denied to create database\n"
     )
+
+
+def test_migrate_creates_a_missing_database_and_names_it(database_url):
+    name = f"fulfilment_created_{uuid.uuid4().hex[:8]}"
+    url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        first = fulfilment("migrate", FULFILMENT_DATABASE_URL=url)
+        second = fulfilment("migrate", FULFILMENT_DATABASE_URL=url)
+    finally:
+        asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    assert first.exit_code == 0, first.stderr
+    assert first.stdout.splitlines()[:2] == [
+        f"created the database {name}",
+        "database migrated to head",
+    ]
+    assert second.exit_code == 0, second.stderr
+    assert second.stdout.splitlines()[0] == "database migrated to head"

@@ -178,6 +178,17 @@ def test_an_unreachable_database_exits_3_without_its_password():
     assert result.stderr.count("\n") == 1
 
 
+def test_a_missing_stock_file_is_named_with_what_went_wrong_and_exits_2():
+    missing = "data/sample/no-such-stock.csv"
+
+    result = fulfilment("stock", "load", missing, FULFILMENT_DATABASE_URL=NOWHERE_DATABASE)
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"fulfilment: {missing}: cannot read the stock file: No such file or directory\n"
+    )
+
+
 def test_an_unreachable_broker_exits_3_without_its_password():
     result = fulfilment("dlq", "list", FULFILMENT_AMQP_URL=NOWHERE_BROKER)
 

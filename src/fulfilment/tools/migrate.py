@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+from sqlalchemy.engine import make_url
+
 from fulfilment.adapters.postgres.admin import ensure_database
 from fulfilment.adapters.postgres.privileges import (
     GrantSummary,
@@ -27,6 +29,7 @@ GRANTS_SKIPPED = (
 async def migrate_command(database_url: str, *, runtime_role: str, echo: Echo) -> None:
     """Create the database if missing, ``alembic upgrade head``, then grant ``runtime_role``.
 
+    A database it created is named in a line of its own (``created the database <name>``).
     The grants are made in the upgrade's transaction; none when ``runtime_role`` is empty.
 
     Raises:
@@ -35,7 +38,8 @@ async def migrate_command(database_url: str, *, runtime_role: str, echo: Echo) -
             is this URL's user, a superuser, or owns or inherits the tables), or an object of
             the schema has no privilege decision (exit 1); the upgrade is rolled back.
     """
-    await ensure_database(database_url)
+    if await ensure_database(database_url):
+        echo(f"created the database {make_url(database_url).database}")
     try:
         # alembic runs its own event loop (migrations/env.py), so not on this one.
         summary = await asyncio.to_thread(migrate, database_url, runtime_role=runtime_role or None)

@@ -58,8 +58,13 @@ async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
     """
     try:
         levels = read_stock_csv(file)
-    except (StockCsvError, OSError) as error:
+    except StockCsvError as error:
         raise CommandError(str(error), ExitCode.BAD_INPUT) from error
+    except OSError as error:
+        # The bare "[Errno 2] No such file or directory: 'x'" names neither the command's
+        # argument as given nor what to do.
+        msg = f"{file}: cannot read the stock file: {error.strerror or error}"
+        raise CommandError(msg, ExitCode.BAD_INPUT) from error
     try:
         async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
             await warehouse.put_stock(levels)
