@@ -419,4 +419,4 @@ async def test_requests_at_hand_when_stopped_are_handed_back_due_now(
     assert all(row.due <= stopped_at for row in left), [row.due - stopped_at for row in left]
     handed_back = [row for row in left if not any(a.status_code for a in row.answers)]
     assert handed_back
-    assert all(row.answers == [Retry(answer="stopping")] for row in handed_back)
+    assert all(row.answers == [Retry(answer="not sent: stopping")] for row in handed_back)

@@ -250,7 +250,9 @@ class Dispatcher:
         return {"sending": self.halt is Halt.NONE, "halt": str(self.halt)}
 
     async def run(self) -> None:
-        """Claim, send and record until stopped; then wait for the requests in flight.
+        """Claim, send and record until stopped; then hand back, wait for those in flight.
+
+        Stopped, the requests claimed and not yet sent are handed back unsent and due now.
 
         A store that fails (``TransientError``) is logged and tried again after
         ``poll_seconds``; the claimed rows' leases bring them back.
@@ -263,7 +265,11 @@ class Dispatcher:
                 except TransientError as error:
                     logger.warning("dispatcher.store_failed", error=str(error))
                     await self._pause(self._options.poll_seconds)
-            await self._hand_back_ready("stopping", 0.0)
+            try:
+                await self._hand_back_ready("not sent: stopping", 0.0)
+            except TransientError as error:
+                # Their leases bring them back, later.
+                logger.warning("dispatcher.store_failed", error=str(error))
         finally:
             if self._in_flight:
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
