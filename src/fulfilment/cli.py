@@ -144,7 +144,7 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     Its :class:`CommandError` exits with the error's code; a service that is unreachable exits
     3, one that refuses the user or has no such virtual host or database exits 4, and so does a
     broker that refuses the user an operation (``ACCESS_REFUSED``); a DLQ that another ``dlq``
-    command is walking exits 1.
+    command is walking exits 1, and so does a database without the schema (not migrated).
     """
     from aiormq.exceptions import ChannelAccessRefused  # noqa: PLC0415 - loads aiormq
 
@@ -152,6 +152,7 @@ def run(command: Coroutine[Any, Any, T]) -> T:
         DatabaseRefusedError,
         DatabaseUnavailableError,
         privilege_refusal,
+        schema_missing,
     )
     from fulfilment.adapters.rabbitmq.connection import BrokerRefusedError, BrokerUnavailableError  # noqa: PLC0415 - loads aio-pika
     from fulfilment.adapters.rabbitmq.walk import WalkInProgressError  # noqa: PLC0415 - loads aio-pika
@@ -179,9 +180,13 @@ def run(command: Coroutine[Any, Any, T]) -> T:
     except Exception as error:
         # A command that needs the owner's rights, run with the runtime role's URL.
         refusal = privilege_refusal(error)
-        if refusal is None:
+        if refusal is not None:
+            fail(str(refusal), ExitCode.REFUSED)
+        # A database created by hand, not migrated yet.
+        missing = schema_missing(error)
+        if missing is None:
             raise
-        fail(str(refusal), ExitCode.REFUSED)
+        fail(missing, ExitCode.FAILED)
 
 
 def _print_version(value: bool) -> None:  # noqa: FBT001 - typer passes the flag's value

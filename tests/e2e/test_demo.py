@@ -290,7 +290,7 @@ async def test_reset_refuses_a_database_that_is_not_the_demo_s_until_it_is_named
     assert refused.stderr == (
         f"fulfilment: --reset refused: database '{name}' is not the demo's (it did not create it"
         " or find it empty) and holds rows in stock_levels; to empty it anyway, name it:"
-        f" --reset --confirm-reset {name}\n"
+        f" --reset --confirm-reset {name} (make demo RESET=1 CONFIRM_RESET={name})\n"
     )
     assert misnamed.stderr == (
         "fulfilment: --confirm-reset 'fulfilment' does not name the database of"
@@ -390,7 +390,8 @@ def test_reset_refuses_another_application_s_database_before_migrating_it(
         assert refused.stderr == (
             f"fulfilment: --reset refused: database '{name}' is not the demo's (it did not"
             " create it or find it empty) and holds tables that are not the service's:"
-            f" invoices; to empty it anyway, name it: --reset --confirm-reset {name}\n"
+            f" invoices; to empty it anyway, name it: --reset --confirm-reset {name}"
+            f" (make demo RESET=1 CONFIRM_RESET={name})\n"
         )
 
         async def tables() -> list[str]:

@@ -151,3 +151,32 @@ def test_migrate_creates_a_missing_database_and_names_it(database_url):
     ]
     assert second.exit_code == 0, second.stderr
     assert second.stdout.splitlines()[0] == "database migrated to head"
+
+
+@pytest.mark.parametrize(
+    ("command", "missing"),
+    [
+        (("report",), 'relation "reservations" does not exist'),
+        (("stock", "load", SAMPLE_STOCK), 'relation "stock_levels" does not exist'),
+        (("warehouse", "list"), 'relation "warehouse_requests" does not exist'),
+        (("prune",), 'relation "'),
+    ],
+)
+def test_a_database_never_migrated_gets_one_line_that_says_to_migrate(
+    database_url, command, missing
+):
+    name = f"fulfilment_unmigrated_{uuid.uuid4().hex[:8]}"
+    url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    asyncio.run(admin_execute(f'CREATE DATABASE "{name}"'))
+    try:
+        result = fulfilment(*command, FULFILMENT_DATABASE_URL=url)
+    finally:
+        asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.startswith(
+        "fulfilment: the database of FULFILMENT_DATABASE_URL is not migrated to this build"
+    ), result.stderr
+    assert missing in result.stderr
+    assert result.stderr.endswith("): run `fulfilment migrate` first\n")
+    assert result.stderr.count("\n") == 1

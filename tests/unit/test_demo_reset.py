@@ -33,7 +33,7 @@ def test_reset_refuses_a_database_with_rows_the_demo_did_not_write_and_names_the
     assert reset_refusal(found, confirmed=None) == (
         "--reset refused: database 'shop' is not the demo's (it did not create it or find it"
         " empty) and holds rows in inbox_messages, dead_letter_audit; to empty it anyway, name"
-        " it: --reset --confirm-reset shop"
+        " it: --reset --confirm-reset shop (make demo RESET=1 CONFIRM_RESET=shop)"
     )
 
 
@@ -65,5 +65,5 @@ def test_reset_refuses_a_database_with_another_application_s_tables_even_if_mark
         assert reset_refusal(found, confirmed=None) == (
             "--reset refused: database 'shop' is not the demo's (it did not create it or find"
             " it empty) and holds tables that are not the service's: invoices; to empty it"
-            " anyway, name it: --reset --confirm-reset shop"
+            " anyway, name it: --reset --confirm-reset shop (make demo RESET=1 CONFIRM_RESET=shop)"
         )

@@ -200,6 +200,7 @@ def reset_refusal(database: DemoDatabase, confirmed: str | None) -> str | None:
         f"--reset refused: database {database.name!r} is not the demo's (it did not create it"
         f" or find it empty) and holds {' and '.join(held)}; to empty it anyway,"
         f" name it: --reset {CONFIRM_RESET_OPTION} {database.name}"
+        f" (make demo RESET=1 CONFIRM_RESET={database.name})"
     )
 
 

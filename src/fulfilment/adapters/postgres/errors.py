@@ -176,6 +176,26 @@ def privilege_refusal(error: BaseException) -> DatabaseRefusedError | None:
     )
 
 
+UNDEFINED_TABLE = "42P01"
+UNDEFINED_FUNCTION = "42883"
+
+
+def schema_missing(error: BaseException) -> str | None:
+    """A one-line reason when ``error`` is a table or function of the schema missing, else None.
+
+    An operator command run against a database created by hand and never migrated (or
+    migrated by an older release) meets it on its first statement; the worker and the relay
+    check the revision at start instead (``schema.check_schema_current``).
+    """
+    cause, sqlstate = _driver_error(error)
+    if sqlstate not in {UNDEFINED_TABLE, UNDEFINED_FUNCTION}:
+        return None
+    return (
+        "the database of FULFILMENT_DATABASE_URL is not migrated to this build"
+        f" ({type(cause).__name__}: {cause}): run `fulfilment migrate` first"
+    )
+
+
 def _driver_error(error: BaseException) -> tuple[BaseException, str | None]:
     """The innermost cause of ``error`` and the first SQLSTATE on the way to it.
 
