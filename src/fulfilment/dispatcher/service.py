@@ -367,12 +367,14 @@ class Dispatcher:
                 self._wake.set()
 
         try:
-            if claimed_at is not None and (self._clock() - claimed_at > self._options.hold_seconds):
-                free_slot()
-                await self._record(Answered(request, Retry(answer="not sent: held too long"), 0.0))
-                return
             if not probe:
-                held = await self._through_gates()
+                held: tuple[Retry, float] | None
+                if claimed_at is not None and (
+                    self._clock() - claimed_at > self._options.hold_seconds
+                ):
+                    held = Retry(answer="not sent: held too long"), 0.0
+                else:
+                    held = await self._through_gates()
                 if held is not None:
                     free_slot()
                     await self._record(Answered(request, held[0], held[1]))
