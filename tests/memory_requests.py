@@ -61,6 +61,10 @@ class MemoryWarehouseRequests(WarehouseRequests):
         ).encode()
         return self._add(RequestKind.FULFILMENT_ORDER, order_id, body)
 
+    def add_orders(self, count: int) -> list[Row]:
+        """``count`` fulfilment orders of one line each, of 1, 2 ... ``count`` units."""
+        return [self.add_order([("85123A", n + 1)]) for n in range(count)]
+
     def add_cancellation(self, order_id: UUID) -> Row:
         return self._add(RequestKind.CANCELLATION, order_id, b"{}")
 

@@ -83,7 +83,7 @@ async def test_the_backlog_is_sent_once_each_over_fewer_connections_than_request
     server: SimulatorServer,
 ) -> None:
     store = MemoryWarehouseRequests()
-    rows = [store.add_order([("85123A", n + 1)]) for n in range(40)]
+    rows = store.add_orders(40)
     running, _ = await run_until(store, server, all_answered(store), timeout=20, what="drained")
     assert [row.status for row in rows] == [RequestStatus.ACCEPTED] * 40
     assert len(server.simulator.orders) == 40
@@ -115,8 +115,7 @@ async def test_a_429_storm_sends_nothing_before_retry_after_and_never_above_the_
 ) -> None:
     server.simulator.faults.update({"rate_limit_per_second": 4, "retry_after_seconds": 1})
     store = MemoryWarehouseRequests()
-    for n in range(24):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(24)
     running, _ = await run_until(
         store, server, all_answered(store), timeout=40, what="drained", rate=10, concurrency=4
     )
@@ -133,8 +132,7 @@ async def test_a_429_storm_sends_nothing_before_retry_after_and_never_above_the_
 
 async def test_the_measured_rate_holds_the_cap(server: SimulatorServer) -> None:
     store = MemoryWarehouseRequests()
-    for n in range(45):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(45)
     _, seconds = await run_until(
         store, server, all_answered(store), timeout=30, what="drained", rate=15, concurrency=8
     )
@@ -167,8 +165,7 @@ async def test_an_outage_opens_the_circuit_costs_few_probes_then_the_backlog_dra
     outage = 4.0
     server.simulator.go_down(outage)
     store = MemoryWarehouseRequests()
-    for n in range(30):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(30)
     opened: list[float] = []
 
     async def watch(running_dispatcher: Dispatcher) -> None:
@@ -212,8 +209,7 @@ async def test_refused_credentials_stop_sending_until_they_work_and_fail_nothing
 ) -> None:
     server.simulator.faults.token = "rotated"  # noqa: S105 - the simulator's token
     store = MemoryWarehouseRequests()
-    for n in range(10):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(10)
     client, http = a_client(server.url, timeout_seconds=2.0, max_connections=4)
     metrics = DispatcherMetrics()
     dispatcher = Dispatcher(
@@ -297,8 +293,7 @@ async def test_a_retry_after_longer_than_the_timeout_hands_the_waiting_requests_
 ) -> None:
     server.simulator.faults.update({"rate_limit_per_second": 2, "retry_after_seconds": 4})
     store = MemoryWarehouseRequests()
-    for n in range(8):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(8)
 
     def handed_back() -> bool:
         return any(
@@ -324,8 +319,7 @@ async def test_a_cap_of_a_hundred_a_second_is_held_within_a_twentieth_and_never_
     server: SimulatorServer,
 ) -> None:
     store = MemoryWarehouseRequests()
-    for n in range(400):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(400)
     await run_until(
         store, server, all_answered(store), timeout=30, what="drained", rate=100, concurrency=8
     )
@@ -341,8 +335,7 @@ async def test_a_claim_takes_requests_for_the_next_slots_so_claims_are_few(
 ) -> None:
     server.simulator.faults.update({"latency_seconds": 0.01})
     store = MemoryWarehouseRequests()
-    for n in range(200):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(200)
     await run_until(
         store, server, all_answered(store), timeout=30, what="drained", rate=1000, concurrency=4
     )
@@ -401,8 +394,7 @@ async def test_requests_at_hand_when_stopped_are_handed_back_due_now(
 ) -> None:
     server.simulator.faults.update({"latency_seconds": 0.2})
     store = MemoryWarehouseRequests()
-    for n in range(20):
-        store.add_order([("85123A", n + 1)])
+    store.add_orders(20)
 
     await run_until(
         store,
