@@ -88,8 +88,9 @@ def add_trace_ids(
 ) -> structlog.types.EventDict:
     """Add ``trace_id`` (32 hex) and ``span_id`` (16 hex) of the current span, if there is one.
 
-    With tracing off the current span is the delivery's incoming parent (``observability.
-    tracing.consumer_span``), so a line still names the trace its event came in.
+    With tracing off, or under an unsampled parent, the current span is the delivery's
+    incoming parent (``observability.tracing.current_span``), so a line still names the trace
+    its event came in.
     """
     span_context = trace.get_current_span().get_span_context()
     if span_context.is_valid:

@@ -47,7 +47,11 @@ from fulfilment.adapters.postgres.outbox import (
 from fulfilment.backoff import Backoff
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
-from fulfilment.observability.tracing import context_of, traceparent_of, tracing_enabled
+from fulfilment.observability.tracing import (
+    context_of,
+    records_children_of_traceparent,
+    traceparent_of,
+)
 
 logger = structlog.get_logger("fulfilment.relay")
 tracer = trace.get_tracer("fulfilment.relay")
@@ -339,7 +343,10 @@ class Relay:
                 first, the others are published again after the reconnect.
         """
         self._hooks.before_publish(batch)
-        spans = [_publish_span(row) for row in batch] if tracing_enabled() else []
+        spans = [
+            _publish_span(row) if records_children_of_traceparent(row.traceparent) else None
+            for row in batch
+        ]
         # A task per row: basic_publish returns only once its confirm came. wait=False: a
         # publish does not wait for the writer to send it (the confirm says it was), so the
         # whole batch is queued in one turn of the event loop (BrokerConnection).
@@ -349,9 +356,7 @@ class Relay:
                     row.body,
                     exchange=EVENTS_EXCHANGE,
                     routing_key=row.routing_key,
-                    properties=message_properties(
-                        row, self._options.app_id, spans[index] if spans else None
-                    ),
+                    properties=message_properties(row, self._options.app_id, spans[index]),
                     mandatory=True,
                     wait=False,
                 )
@@ -367,8 +372,8 @@ class Relay:
         confirmed: list[int] = []
         lost: BaseException | None = None
         for index, (row, publish) in enumerate(zip(batch, publishes, strict=True)):
-            if spans:
-                _end_publish_span(spans[index], publish)
+            if (span := spans[index]) is not None:
+                _end_publish_span(span, publish)
             if publish.cancelled():
                 lost = TimeoutError(f"no confirm from the broker in {timeout:g} s")
             elif (error := publish.exception()) is None:
@@ -429,9 +434,10 @@ def message_properties(
 ) -> aiormq.spec.Basic.Properties:
     """The properties of ``row``'s message: the bytes that aio_pika.Message sent before.
 
-    The ``traceparent`` header is the publish ``span``'s context (tracing on), else the row's
-    own. ``priority`` 0, and empty ``headers`` without a trace, are what aio_pika
-    10.2's ``Message.properties`` set (``message.py``).
+    The ``traceparent`` header is the publish ``span``'s context, else (tracing off, or the
+    row's context not sampled: no publish span) the row's own. ``priority`` 0, and empty
+    ``headers`` without a trace, are what aio_pika 10.2's ``Message.properties`` set
+    (``message.py``).
     """
     traceparent = row.traceparent if span is None else traceparent_of(span.get_span_context())
     return aiormq.spec.Basic.Properties(

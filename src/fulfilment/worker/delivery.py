@@ -65,7 +65,7 @@ from faststream import AckPolicy
 from faststream.exceptions import RejectMessage
 from faststream.rabbit import Channel, RabbitBroker
 from opentelemetry import trace
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ValidationError
 
@@ -83,7 +83,7 @@ from fulfilment.observability.metrics import (
     REQUEUED_DEAD_LETTER_REFUSED,
     REQUEUED_TRANSIENT,
 )
-from fulfilment.observability.tracing import consumer_span, context_of
+from fulfilment.observability.tracing import context_of, current_span
 from fulfilment.worker.acknowledgements import ChannelAcks
 from fulfilment.worker.dead_lettering import (
     DeadLetterPublisher,
@@ -442,11 +442,15 @@ class _Subscription:
         raw = message.raw_message
         headers = raw.headers or {}
         tracestate = headers.get("tracestate")
-        with consumer_span(
+        with current_span(
             tracer,
             self._span_name,
-            context_of(trace_context(headers), tracestate if isinstance(tracestate, str) else None),
-            lambda: self._span_attributes(raw),
+            kind=SpanKind.CONSUMER,
+            parent=context_of(
+                trace_context(headers), tracestate if isinstance(tracestate, str) else None
+            ),
+            attributes=lambda: self._span_attributes(raw),
+            record_errors=False,
         ):
             await self._settle(message)
 

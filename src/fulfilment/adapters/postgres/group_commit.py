@@ -20,8 +20,10 @@ transactions running at once never outnumber the connections of the pool.
 
 Each batch is a span of its own (``group commit``), linked to the span of every call it
 carries (the deliveries' spans, current at :meth:`GroupCommit.run`) and child of the first
-of them, with the batch size; the span contexts go to ``commit_batch`` beside the commands,
-one per command, for the adapter to write into the rows each command causes.
+of them, with the batch size (none where the first is not sampled, as a parent-based sampler
+would drop it: ``observability.tracing.current_span``); the span contexts go to
+``commit_batch`` beside the commands, one per command, for the adapter to write into the
+rows each command causes.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
 from fulfilment.application.ports import TransientError
-from fulfilment.observability.tracing import tracing_enabled
+from fulfilment.observability.tracing import current_span
 
 __all__ = ["CommitBatch", "GroupCommit", "UnreadableOutcomesError"]
 
@@ -167,14 +169,13 @@ class GroupCommit:
 
     async def _answer(self, batch: list[_Waiting[Any, Any]]) -> None:
         contexts = [waiting.span_context for waiting in batch]
-        if not tracing_enabled():
-            await self._commit_batch(batch, contexts)
-            return
-        with tracer.start_as_current_span(
+        with current_span(
+            tracer,
             "group commit",
-            context=trace.set_span_in_context(NonRecordingSpan(contexts[0])),
-            links=[Link(span_context) for span_context in contexts if span_context.is_valid],
-            attributes={"fulfilment.group_commit.size": len(batch)},
+            kind=SpanKind.INTERNAL,
+            parent=trace.set_span_in_context(NonRecordingSpan(contexts[0])),
+            links=lambda: [Link(context) for context in contexts if context.is_valid],
+            attributes=lambda: {"fulfilment.group_commit.size": len(batch)},
         ):
             await self._commit_batch(batch, contexts)
 

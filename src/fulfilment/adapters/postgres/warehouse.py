@@ -36,7 +36,7 @@ from fulfilment.domain.model import (
     ReserveStock,
     StockLevel,
 )
-from fulfilment.observability.tracing import current_traceparent, traceparent_of
+from fulfilment.observability.tracing import current_span, current_traceparent, traceparent_of
 
 __all__ = [
     "MAX_ON_HAND",
@@ -230,10 +230,11 @@ class PostgresWarehouse(Warehouse):
         function = _BATCH_FUNCTIONS[operation]
 
         async def attempt() -> Sequence[Sequence[Any]]:
-            with tracer.start_as_current_span(
+            with current_span(
+                tracer,
                 f"SELECT {function}",
                 kind=SpanKind.CLIENT,
-                attributes={
+                attributes=lambda: {
                     "db.system": "postgresql",
                     "db.system.name": "postgresql",
                     "db.operation.name": "SELECT",

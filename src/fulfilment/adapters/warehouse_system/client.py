@@ -31,7 +31,11 @@ from fulfilment.domain.handoff import (
     WarehouseRequest,
 )
 from fulfilment.observability.dispatcher_metrics import OUTCOMES
-from fulfilment.observability.tracing import context_of, traceparent_of, tracing_enabled
+from fulfilment.observability.tracing import (
+    context_of,
+    records_children_of_traceparent,
+    traceparent_of,
+)
 
 tracer = trace.get_tracer("fulfilment.dispatcher")
 
@@ -141,7 +145,8 @@ class WarehouseClient:
         call is in the order's trace), with ``fulfilment.idempotency_key`` and the answer's
         class ``fulfilment.warehouse.answer`` (the ``outcome`` of
         ``fulfilment_warehouse_requests_total``); the ``traceparent`` header is that span's.
-        With tracing off the header is the stored one.
+        With tracing off, or the stored context not sampled (no span of it would be recorded),
+        the header is the stored one.
         """
         if request.kind is RequestKind.FULFILMENT_ORDER:
             path = ORDERS_PATH
@@ -152,7 +157,7 @@ class WarehouseClient:
         else:
             # The store makes a cancellation claimable only once its order has an id.
             return Failed(reason="no_warehouse_id", answer="cancellation without an order"), 0.0
-        if not tracing_enabled():
+        if not records_children_of_traceparent(request.traceparent):
             return await self._post(request, path, request.traceparent)
         route = (
             ORDERS_ROUTE if request.kind is RequestKind.FULFILMENT_ORDER else CANCELLATIONS_ROUTE
