@@ -169,7 +169,8 @@ def test_an_error_marks_the_span_only_when_asked(monkeypatch, record_errors, sta
             record_errors=record_errors,
         ),
     ):
-        raise ValueError("refused")
+        message = "refused"
+        raise ValueError(message)
 
     (finished,) = exported.get_finished_spans()
     if status is None:
