@@ -154,6 +154,11 @@ def test_under_a_sampled_parent_the_span_is_the_parent_s_child_and_current(monke
     assert [each.context for each in finished.links] == [link]
 
 
+def refuse() -> None:
+    message = "refused"
+    raise ValueError(message)
+
+
 @pytest.mark.parametrize(("record_errors", "status"), [(True, StatusCode.ERROR), (False, None)])
 def test_an_error_marks_the_span_only_when_asked(monkeypatch, record_errors, status) -> None:
     provider, exported = provider_of(monkeypatch, "parentbased_always_on", None)
@@ -169,8 +174,7 @@ def test_an_error_marks_the_span_only_when_asked(monkeypatch, record_errors, sta
             record_errors=record_errors,
         ),
     ):
-        message = "refused"
-        raise ValueError(message)
+        refuse()
 
     (finished,) = exported.get_finished_spans()
     if status is None:
