@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
@@ -64,8 +65,22 @@ async def serve(arguments: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry: parse the options and serve."""
-    asyncio.run(serve(parse_arguments(argv)))
+    """Console entry: parse the options and serve.
+
+    Raises:
+        SystemExit: 1, with one line naming the address, when the port cannot be listened on
+            (another process has it, or it needs privileges).
+    """
+    arguments = parse_arguments(argv)
+    try:
+        asyncio.run(serve(arguments))
+    except OSError as error:
+        # Binding the port is the one socket call before serving.
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        sys.exit(
+            f"warehouse simulator: cannot listen on {arguments.host}:{arguments.port}:"
+            f" {reason}; choose another with --port (make: WAREHOUSE_PORT=...)"
+        )
 
 
 if __name__ == "__main__":

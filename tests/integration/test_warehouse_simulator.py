@@ -94,6 +94,27 @@ def test_the_command_line_serves_and_prints_the_url_to_configure() -> None:
         assert process.wait(timeout=10) == 0
 
 
+def test_a_port_taken_is_one_line_naming_it_not_a_traceback() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "warehouse_simulator", "--port", str(port)],
+            env={**os.environ, "PYTHONPATH": str(SIMULATOR)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert done.returncode == 1
+    expected = (
+        f"warehouse simulator: cannot listen on 127.0.0.1:{port}: Address already in use;"
+        " choose another with --port (make: WAREHOUSE_PORT=...)"
+    )
+    assert done.stderr.strip().splitlines() == [expected]
+
+
 async def test_a_request_cut_off_in_its_body_is_not_handled_and_its_retry_is_the_first(
     server: SimulatorServer,
 ) -> None:
