@@ -42,7 +42,9 @@ it running) and prints where its CPU goes; ``--no-relay`` runs the worker alone 
 before result events counted: an order counts when its delivery is acknowledged);
 ``--worker-src`` runs another version's worker (its ``src/``, e.g. from ``git archive``) to
 compare versions; ``--env NAME=VALUE`` sets the environment of every service process (a
-setting, tracing). The benchmark is not run by CI: it takes minutes and its figures depend on
+setting, tracing); ``--traceparent-sampled RATIO`` publishes every order with a producer's
+``traceparent`` (a trace of its own, sampled with that probability), the same ones for every
+consumer and variant. The benchmark is not run by CI: it takes minutes and its figures depend on
 the machine.
 """
 
@@ -965,7 +967,7 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
             broker,
             exchange=ORDERS_EXCHANGE,
             routing_key=_route(kind),
-            bodies=[order.body() for order in orders],
+            orders=orders,
         )
     finally:
         await broker.close()
@@ -1230,7 +1232,7 @@ async def profile(plan: Plan, orders: Sequence[Order], out: Path) -> None:
             broker,
             exchange=ORDERS_EXCHANGE,
             routing_key=ORDER_PLACED_ROUTING_KEY,
-            bodies=[order.body() for order in orders],
+            orders=orders,
         )
     finally:
         await broker.close()
@@ -1627,6 +1629,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " rate); with --rounds 0, the latency phase runs alone",
     )
     parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument(
+        "--traceparent-sampled",
+        type=float,
+        metavar="RATIO",
+        help="publish every order with a `traceparent` of a trace of its own, as a traced"
+        " producer does, sampled with this probability (0 to 1): every consumer and variant"
+        " gets the same ones; by default no order has one, so with tracing on the worker"
+        " starts each trace",
+    )
     parser.add_argument("--skip-reference", action="store_true", help="drain with the worker only")
     parser.add_argument(
         "--no-relay",
@@ -1685,7 +1696,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=os.environ.get("FULFILMENT_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
         help="RabbitMQ URL of the default virtual host (env FULFILMENT_BENCH_AMQP_URL)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.traceparent_sampled is not None and not 0 <= args.traceparent_sampled <= 1:
+        parser.error(f"--traceparent-sampled {args.traceparent_sampled:g}: a ratio, 0 to 1")
+    return args
 
 
 def plans_of(
@@ -1749,7 +1763,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the table; return the exit code."""
     args = parse_args(argv)
     workload = load_workload(args.data)
-    backlog = workload.make_orders(args.orders, seed=args.seed, namespace="backlog")
+    backlog = workload.make_orders(
+        args.orders,
+        seed=args.seed,
+        namespace="backlog",
+        traceparent_sampled=args.traceparent_sampled,
+    )
     args.results.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     sinks: list[OtlpSink] = []
@@ -1795,7 +1814,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 or median([d.rate for d in drains if d.kind == "worker" and not d.variant]) / 2
             )
             steady = workload.make_orders(
-                int(rate * args.latency_seconds), seed=args.seed + 1, namespace="steady"
+                int(rate * args.latency_seconds),
+                seed=args.seed + 1,
+                namespace="steady",
+                traceparent_sampled=args.traceparent_sampled,
             )
             for kind in kinds:
                 asyncio.run(reset_database(services.database_url, workload))

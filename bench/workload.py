@@ -44,6 +44,8 @@ class Order:
     event_id: uuid.UUID
     order_id: uuid.UUID
     lines: tuple[tuple[str, int], ...]
+    traceparent: str | None = None
+    """The producer's W3C trace context, sent as the ``traceparent`` header; None: no header."""
 
     def body(self, placed_at: datetime = PLACED_AT) -> bytes:
         """The UTF-8 JSON body of the product contract (``version`` 1)."""
@@ -70,9 +72,17 @@ class Workload:
         """``on_hand`` per SKU: :data:`ON_HAND` each."""
         return dict.fromkeys(self.skus, ON_HAND)
 
-    def make_orders(self, count: int, *, seed: int, namespace: str) -> list[Order]:
-        """``count`` orders drawn with ``seed``; ids are UUIDv5 of ``namespace`` and the index."""
+    def make_orders(
+        self, count: int, *, seed: int, namespace: str, traceparent_sampled: float | None = None
+    ) -> list[Order]:
+        """``count`` orders drawn with ``seed``; ids are UUIDv5 of ``namespace`` and the index.
+
+        With ``traceparent_sampled`` (0 to 1) each order also gets a ``traceparent`` of a trace
+        of its own, sampled with that probability, as a traced producer sends it; its own
+        random stream, so the orders' lines are the same with it as without.
+        """
         rng = random.Random(seed)
+        traces = random.Random(f"{seed}:{namespace}:traceparent")
         space = uuid.uuid5(uuid.NAMESPACE_URL, f"fulfilment-bench:{namespace}")
         orders = []
         for index in range(count):
@@ -82,9 +92,21 @@ class Workload:
                     event_id=uuid.uuid5(space, f"event:{index}"),
                     order_id=uuid.uuid5(space, f"order:{index}"),
                     lines=tuple((sku, rng.choice(self.quantities[sku])) for sku in skus),
+                    traceparent=None
+                    if traceparent_sampled is None
+                    else producer_traceparent(
+                        traces, sampled=traces.random() < traceparent_sampled
+                    ),
                 )
             )
         return orders
+
+
+def producer_traceparent(rng: random.Random, *, sampled: bool) -> str:
+    """A W3C ``traceparent`` (version 00) of a new trace: random non-zero ids, the flag given."""
+    trace_id = rng.getrandbits(128) or 1
+    span_id = rng.getrandbits(64) or 1
+    return f"00-{trace_id:032x}-{span_id:016x}-{int(sampled):02x}"
 
 
 def load_workload(data: Path) -> Workload:
@@ -124,9 +146,9 @@ async def publish_backlog(
     *,
     exchange: str,
     routing_key: str,
-    bodies: Sequence[bytes],
+    orders: Sequence[Order],
 ) -> float:
-    """Publish ``bodies`` persistently, confirmed, ``mandatory``; return the seconds it took.
+    """Publish ``orders`` persistently, confirmed, ``mandatory``; return the seconds it took.
 
     Raises:
         aio_pika.exceptions.DeliveryError: the broker refused or could not route a message.
@@ -137,16 +159,20 @@ async def publish_backlog(
         target = await channel.get_exchange(exchange, ensure=False)
         window = asyncio.Semaphore(PUBLISH_WINDOW)
 
-        async def one(body: bytes) -> None:
+        async def one(order: Order) -> None:
             try:
-                await target.publish(_message(body), routing_key=routing_key, mandatory=True)
+                await target.publish(
+                    _message(order.body(), order.traceparent),
+                    routing_key=routing_key,
+                    mandatory=True,
+                )
             finally:
                 window.release()
 
         async with asyncio.TaskGroup() as group:
-            for body in bodies:
+            for order in orders:
                 await window.acquire()
-                group.create_task(one(body))
+                group.create_task(one(order))
     finally:
         await channel.close()
     return time.perf_counter() - started
@@ -179,7 +205,9 @@ async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by nam
                     await asyncio.sleep(delay)
                 body = order.body(placed_at=clock())
                 group.create_task(
-                    target.publish(_message(body), routing_key=routing_key, mandatory=True)
+                    target.publish(
+                        _message(body, order.traceparent), routing_key=routing_key, mandatory=True
+                    )
                 )
         elapsed = loop.time() - started
     finally:
@@ -187,9 +215,10 @@ async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by nam
     return len(orders) / elapsed if elapsed > 0 else float("nan")
 
 
-def _message(body: bytes) -> aio_pika.Message:
+def _message(body: bytes, traceparent: str | None) -> aio_pika.Message:
     return aio_pika.Message(
         body,
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        headers={"traceparent": traceparent} if traceparent else None,
     )
