@@ -331,16 +331,11 @@ def records_children_of(parent: SpanContext) -> bool:
 
     False with tracing off, and for a valid ``parent`` that is not sampled under a sampler that
     drops the children of such parents (the default, parent-based ones): a span started there
-    would cost the sampler's decision, two ids and a context for nothing, once per delivery and
-    per result event at a 1 % ratio. An invalid ``parent`` starts a new trace, which the
-    sampler's root decides.
+    would cost the sampler's decision, two ids and a context for nothing, once per group
+    commit, database call and result event at a 1 % ratio. An invalid ``parent`` starts a new
+    trace, which the sampler's root decides.
     """
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        return False
-    if not parent.is_valid or parent.trace_flags.sampled:
-        return True
-    return not _drops_children_of_unsampled(provider.sampler)
+    return _records_children(valid=parent.is_valid, sampled=parent.trace_flags.sampled)
 
 
 _VERSION_00: Final = "00-"
@@ -361,17 +356,22 @@ def records_children_of_traceparent(traceparent: str | None) -> bool:
         or len(traceparent) != _VERSION_00_LENGTH
         or not traceparent.startswith(_VERSION_00)
     ):
-        return tracing_enabled()
+        return _records_children(valid=False, sampled=False)
     try:
-        sampled = int(traceparent[-2:], 16) & 1
+        flags = int(traceparent[-2:], 16)
     except ValueError:
-        return tracing_enabled()
-    if sampled:
-        return tracing_enabled()
+        return _records_children(valid=False, sampled=False)
+    return _records_children(valid=True, sampled=bool(flags & 1))
+
+
+def _records_children(*, valid: bool, sampled: bool) -> bool:
+    """:func:`records_children_of` for a parent known by whether it is valid and sampled."""
     provider = trace.get_tracer_provider()
-    return isinstance(provider, TracerProvider) and not _drops_children_of_unsampled(
-        provider.sampler
-    )
+    if not isinstance(provider, TracerProvider):
+        return False
+    if not valid or sampled:
+        return True
+    return not _drops_children_of_unsampled(provider.sampler)
 
 
 @contextmanager
