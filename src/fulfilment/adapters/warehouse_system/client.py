@@ -31,11 +31,7 @@ from fulfilment.domain.handoff import (
     WarehouseRequest,
 )
 from fulfilment.observability.dispatcher_metrics import OUTCOMES
-from fulfilment.observability.tracing import (
-    context_of,
-    records_children_of_traceparent,
-    traceparent_of,
-)
+from fulfilment.observability.tracing import context_of, current_span, traceparent_of
 
 tracer = trace.get_tracer("fulfilment.dispatcher")
 
@@ -157,17 +153,16 @@ class WarehouseClient:
         else:
             # The store makes a cancellation claimable only once its order has an id.
             return Failed(reason="no_warehouse_id", answer="cancellation without an order"), 0.0
-        if not records_children_of_traceparent(request.traceparent):
-            return await self._post(request, path, request.traceparent)
         route = (
             ORDERS_ROUTE if request.kind is RequestKind.FULFILMENT_ORDER else CANCELLATIONS_ROUTE
         )
         url = self._http.base_url.join(path)
-        with tracer.start_as_current_span(
+        with current_span(
+            tracer,
             f"POST {route}",
-            context=context_of(request.traceparent),
             kind=SpanKind.CLIENT,
-            attributes={
+            parent=context_of(request.traceparent),
+            attributes=lambda: {
                 "http.request.method": "POST",
                 "http.route": route,
                 "url.full": str(url),
@@ -178,11 +173,11 @@ class WarehouseClient:
                 "fulfilment.order_id": str(request.order_id),
                 "fulfilment.request.attempt": request.attempts,
             },
-            record_exception=False,
-            set_status_on_exception=False,
+            record_errors=False,
         ) as span:
+            # Without a span of its own the block has the stored context's: the header is that.
             answer, seconds = await self._post(
-                request, path, traceparent_of(span.get_span_context())
+                request, path, traceparent_of(span.get_span_context()) or request.traceparent
             )
             _annotate(span, answer)
             return answer, seconds
