@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -55,7 +56,17 @@ async def serve(arguments: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    async with SimulatorServer(simulator, host=arguments.host, port=arguments.port) as server:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            server = await stack.enter_async_context(
+                SimulatorServer(simulator, host=arguments.host, port=arguments.port)
+            )
+        except OSError as error:
+            reason = os.strerror(error.errno) if error.errno else str(error)
+            sys.exit(
+                f"warehouse simulator: cannot listen on {arguments.host}:{arguments.port}:"
+                f" {reason}; choose another with --port (make: WAREHOUSE_PORT=...)"
+            )
         sys.stdout.write(
             f"warehouse simulator: FULFILMENT_WAREHOUSE_URL={server.url}"
             f" FULFILMENT_WAREHOUSE_TOKEN={arguments.token} (admin: {server.admin_url}/stats)\n"
@@ -71,16 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         SystemExit: 1, with one line naming the address, when the port cannot be listened on
             (another process has it, or it needs privileges).
     """
-    arguments = parse_arguments(argv)
-    try:
-        asyncio.run(serve(arguments))
-    except OSError as error:
-        # Binding the port is the one socket call before serving.
-        reason = os.strerror(error.errno) if error.errno else str(error)
-        sys.exit(
-            f"warehouse simulator: cannot listen on {arguments.host}:{arguments.port}:"
-            f" {reason}; choose another with --port (make: WAREHOUSE_PORT=...)"
-        )
+    asyncio.run(serve(parse_arguments(argv)))
 
 
 if __name__ == "__main__":
