@@ -25,8 +25,10 @@ import os
 import re
 import urllib.parse
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Literal, Self
 
+from dotenv.parser import parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
 
@@ -541,13 +543,51 @@ def unknown_env_file_variables() -> list[str]:
     return [f"{env_file}: {problem}" for problem in unknown_variables(variables)]
 
 
+def unreadable_env_file_lines() -> list[str]:
+    """One line per line of the ``.env`` file that python-dotenv cannot read, with its number.
+
+    python-dotenv skips such a line (an unclosed quote, a line that is no ``NAME=VALUE``) with
+    a logged warning and reads on, so the variable it meant to set would take the
+    environment's value or its default: a command would run against the default database
+    instead of the one the line names. The file is the one :class:`Settings` reads, parsed by
+    the same parser; the value is left out of the line, since it may hold a password.
+    """
+    env_file = Settings.model_config.get("env_file")
+    if env_file is None:
+        return []
+    names = [env_file] if isinstance(env_file, str | Path) else list(env_file)
+    problems = []
+    for name in names:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            continue
+        with path.open(encoding=Settings.model_config.get("env_file_encoding")) as stream:
+            problems.extend(
+                f"{name}:{binding.original.line}: {_line_start(binding.original.string)}"
+                " cannot be read as NAME=VALUE (an unclosed quote?): fix or remove it"
+                for binding in parse_stream(stream)
+                if binding.error
+            )
+    return problems
+
+
+def _line_start(line: str) -> str:
+    """The variable an unreadable ``.env`` line meant to set, or "the line" when none shows."""
+    name = line.partition("=")[0].strip().removeprefix("export ").strip()
+    return name if name.isidentifier() else "the line"
+
+
 def load_settings() -> Settings:
     """Read and validate the settings from the environment (and ``.env``, if present).
 
     Raises:
         SettingsError: one line per invalid or unknown variable, each naming it and saying why
-            (and the ``.env`` file, for a key of that file).
+            (and the ``.env`` file, for a key of that file), or per line of ``.env`` that
+            cannot be read.
     """
+    unreadable = unreadable_env_file_lines()
+    if unreadable:
+        raise SettingsError("\n".join(unreadable))
     unknown = unknown_variables(os.environ) + unknown_env_file_variables()
     if unknown:
         raise SettingsError("\n".join(unknown))

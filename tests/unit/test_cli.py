@@ -222,6 +222,19 @@ def test_a_misspelt_key_in_the_env_file_is_bad_input_naming_the_file(tmp_path, m
     )
 
 
+def test_an_unreadable_env_file_line_is_bad_input_and_nothing_runs(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text('FULFILMENT_DATABASE_URL="postgresql://postgres@db/elsewhere\n')
+    monkeypatch.chdir(tmp_path)
+
+    result = fulfilment("report")
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "fulfilment: invalid settings: .env:1: FULFILMENT_DATABASE_URL cannot be read as"
+        " NAME=VALUE (an unclosed quote?): fix or remove it\n"
+    )
+
+
 def test_the_operator_commands_load_neither_the_online_retail_reader_nor_the_demo():
     # import-linter holds the tools' own imports; this holds the command line's lazy ones.
     operator_commands = (
