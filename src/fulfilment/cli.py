@@ -138,14 +138,24 @@ def tool_options(settings: Settings) -> ToolOptions:
     )
 
 
-def run(command: Coroutine[Any, Any, T]) -> T:
+def run(command: Coroutine[Any, Any, T], *, interrupted: str = "interrupted (Ctrl-C)") -> T:
     """Run a tool's coroutine and return its result.
 
     Its :class:`CommandError` exits with the error's code; a service that is unreachable exits
     3, one that refuses the user or has no such virtual host or database exits 4, and so does a
     broker that refuses the user an operation (``ACCESS_REFUSED``); a DLQ that another ``dlq``
     command is walking exits 1, and so does a database without the schema (not migrated).
+    SIGINT (Ctrl-C) cancels the coroutine and exits 130 with the line ``interrupted``, which
+    says what the command leaves behind.
     """
+    try:
+        return _run_classified(command)
+    except KeyboardInterrupt:
+        fail(interrupted, ExitCode.INTERRUPTED)
+
+
+def _run_classified(command: Coroutine[Any, Any, T]) -> T:
+    """:func:`run` but for SIGINT: the command's errors exit with their codes."""
     from aiormq.exceptions import ChannelAccessRefused  # noqa: PLC0415 - loads aiormq
 
     from fulfilment.adapters.postgres.errors import (  # noqa: PLC0415 - loads SQLAlchemy
@@ -363,7 +373,10 @@ def publish(
             files,
             cancellations=cancellations,
             echo=typer.echo,
-        )
+        ),
+        interrupted="interrupted (Ctrl-C): the events the broker confirmed stay published;"
+        " publish the same files again to send the rest (ids derive from the invoices, so the"
+        " worker answers those it has as duplicates)",
     )
 
 

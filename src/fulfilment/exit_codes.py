@@ -1,7 +1,7 @@
 """``ExitCode``: the exit statuses of the worker, the relay and every ``fulfilment`` command.
 
 A leaf module (it imports nothing of the service), so that each program's root and each
-command names the same five values (README, "Running it").
+command names the same six values (README, "Running it").
 """
 
 from __future__ import annotations
@@ -30,3 +30,9 @@ class ExitCode(IntEnum):
     """RabbitMQ or PostgreSQL answered but refused the user (wrong name or password, no
     permission) or has no such virtual host or database: a setting to fix, not a service to
     wait for."""
+
+    INTERRUPTED = 130
+    """A command stopped by SIGINT (Ctrl-C) before it finished: 128 and the signal's number,
+    the shell's convention. What it had done stays done; the commands are safe to run again.
+    The services (worker, relay, dispatcher) take SIGINT as a request to stop, like SIGTERM,
+    and exit 0."""

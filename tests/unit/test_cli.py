@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.abc
 import itertools
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import typer
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fulfilment import __version__
-from fulfilment.cli import DEMO_NOT_INSTALLED, app, tool_options
+from fulfilment.cli import DEMO_NOT_INSTALLED, app, run, tool_options
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools.dlq import dead_letter_queues
@@ -233,6 +237,25 @@ def test_an_unreadable_env_file_line_is_bad_input_and_nothing_runs(tmp_path, mon
         "fulfilment: invalid settings: .env:1: FULFILMENT_DATABASE_URL cannot be read as"
         " NAME=VALUE (an unclosed quote?): fix or remove it\n"
     )
+
+
+def test_ctrl_c_cancels_a_command_and_exits_130_with_the_line_it_was_given(capsys):
+    cancelled = []
+
+    async def waits() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    with pytest.raises(typer.Exit) as exited:
+        run(waits(), interrupted="interrupted (Ctrl-C): nothing lost")
+
+    assert exited.value.exit_code == 130
+    assert cancelled == [True]
+    assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C): nothing lost\n"
 
 
 def test_the_operator_commands_load_neither_the_online_retail_reader_nor_the_demo():

@@ -16,6 +16,7 @@ def test_the_exit_codes_keep_their_numbers() -> None:
         "BAD_INPUT": 2,
         "UNAVAILABLE": 3,
         "REFUSED": 4,
+        "INTERRUPTED": 130,
     }
 
 
