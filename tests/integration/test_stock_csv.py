@@ -5,12 +5,15 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from builders import order
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.composition import database_options
-from fulfilment.domain.model import StockLevel
+from fulfilment.domain.model import OutcomeKind, StockLevel
+from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import Settings
-from fulfilment.tools.stock_csv import MAX_ON_HAND, StockCsvError, read_stock_csv
+from fulfilment.tools.command import CommandError, ToolOptions
+from fulfilment.tools.stock_csv import MAX_ON_HAND, StockCsvError, load_command, read_stock_csv
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "stock.csv"
 
@@ -194,3 +197,29 @@ async def test_the_shipped_sample_loads_twice_with_the_same_result(warehouse):
 
     stored = await warehouse.stock(levels)
     assert {sku: level.on_hand for sku, level in stored.items()} == levels
+
+
+@pytest.mark.postgres
+async def test_a_level_below_the_reserved_units_is_refused_naming_its_line(
+    warehouse, clean_database, tmp_path
+):
+    await warehouse.put_stock({"A": 5, "B": 5, "C": 5})
+    outcome = await warehouse.reserve(order(("A", 3), ("C", 4)))
+    assert outcome.kind is OutcomeKind.RESERVED
+    path = write(tmp_path, "sku,on_hand\nB,0\nC,1\n\nA,2\n")
+    options = ToolOptions(
+        amqp_url="amqp://unused/",
+        database=database_options(Settings(database_url=SecretStr(clean_database))),
+        consumer="fulfilment",
+    )
+
+    with pytest.raises(CommandError) as raised:
+        await load_command(options, path, echo=print)
+
+    assert str(raised.value) == (
+        f"{path}:3: on_hand 1 for 'C' would fall below the units already reserved for it;"
+        " nothing was loaded (so would line 5)"
+    )
+    assert raised.value.exit_code is ExitCode.BAD_INPUT
+    levels = await warehouse.stock(["A", "B", "C"])
+    assert {sku: level.on_hand for sku, level in levels.items()} == {"A": 5, "B": 5, "C": 5}

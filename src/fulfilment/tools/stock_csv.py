@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from fulfilment.adapters.postgres.admin import warehouse_session
-from fulfilment.adapters.postgres.errors import StockBelowReservedError
+from fulfilment.adapters.postgres.errors import SKUS_SHOWN, StockBelowReservedError
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import MAX_SKU_LENGTH
 from fulfilment.exit_codes import ExitCode
@@ -57,7 +57,7 @@ async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
         DatabaseUnavailableError: PostgreSQL does not answer.
     """
     try:
-        levels = read_stock_csv(file)
+        levels, lines = read_stock_file(file)
     except StockCsvError as error:
         raise CommandError(str(error), ExitCode.BAD_INPUT) from error
     except OSError as error:
@@ -69,13 +69,37 @@ async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
         async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
             await warehouse.put_stock(levels)
     except StockBelowReservedError as error:
-        msg = f"{file}: {error}"
-        raise CommandError(msg, ExitCode.BAD_INPUT) from error
+        raise CommandError(
+            _below_reserved(file, levels, lines, error.skus), ExitCode.BAD_INPUT
+        ) from error
     echo(f"loaded {len(levels)} stock levels from {file}")
 
 
+def _below_reserved(
+    file: Path, levels: dict[str, int], lines: dict[str, int], skus: tuple[str, ...]
+) -> str:
+    """``FILE:LINE: ...`` for the first row, in file order, whose level the database refused."""
+    rows = sorted(lines[sku] for sku in skus)
+    first = next(sku for sku in skus if lines[sku] == rows[0])
+    message = (
+        f"{file}:{rows[0]}: on_hand {levels[first]} for {first!r} would fall below the units"
+        " already reserved for it; nothing was loaded"
+    )
+    others = rows[1:]
+    if others:
+        shown = ", ".join(str(line) for line in others[: SKUS_SHOWN - 1])
+        more = f" and {len(rows) - SKUS_SHOWN} more" if len(rows) > SKUS_SHOWN else ""
+        message += f" (so would line{'s' if len(others) > 1 else ''} {shown}{more})"
+    return message
+
+
 def read_stock_csv(path: Path | str) -> dict[str, int]:
-    """Read a stock file into ``{sku: on_hand}``, in file order.
+    """Read a stock file into ``{sku: on_hand}``, in file order (see :func:`read_stock_file`)."""
+    return read_stock_file(path)[0]
+
+
+def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
+    """Read a stock file into ``{sku: on_hand}`` and ``{sku: line}``, both in file order.
 
     Raises:
         StockCsvError: the file is not UTF-8, its header is not exactly ``sku,on_hand``, or a
@@ -108,7 +132,7 @@ def read_stock_csv(path: Path | str) -> dict[str, int]:
             raise StockCsvError(path, reader.line_num + 1, f"not UTF-8 ({error.reason})") from None
         except csv.Error as error:
             raise StockCsvError(path, reader.line_num, f"malformed CSV ({error})") from None
-    return levels
+    return levels, first_line
 
 
 def _parse_row(path: Path | str, line: int, row: list[str]) -> tuple[str, int]:
