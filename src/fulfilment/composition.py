@@ -12,10 +12,11 @@ import asyncio
 import errno
 import ipaddress
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import uvloop
 from sqlalchemy import exc as sa_exc
@@ -190,5 +191,26 @@ def run_service(service: Callable[[Settings], Coroutine[Any, Any, int]]) -> NoRe
     configure_logging(level=settings.log_level, log_format=settings.log_format)
     loop_factory = uvloop.new_event_loop if settings.event_loop == "uvloop" else None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        code = runner.run(service(settings))
+        code = runner.run(_ignoring_stop_signals_once_done(service(settings)))
     sys.exit(code)
+
+
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+"""The signals each service takes as a request to stop (drain, then exit 0)."""
+
+
+async def _ignoring_stop_signals_once_done(service: Coroutine[Any, Any, int]) -> int:
+    """``service``; once it has returned or raised, SIGTERM and SIGINT are ignored.
+
+    The stop is decided by then, and its exit code with it. Closing the event loop would
+    otherwise give SIGINT back to Python's default handler, and a repeated one would turn a
+    clean stop into a ``KeyboardInterrupt`` and exit 130: a second Ctrl-C, or ``uv run``,
+    which forwards a SIGINT sent to it to its child twice, 0.2 s apart.
+    """
+    try:
+        return await service
+    finally:
+        loop = asyncio.get_running_loop()
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, signal.SIG_IGN)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import ssl
 import sys
 
@@ -36,6 +35,7 @@ from fulfilment.adapters.warehouse_system.client import (
     build_http_client,
 )
 from fulfilment.composition import (
+    STOP_SIGNALS,
     StartRefusedError,
     database_options,
     listen,
@@ -176,7 +176,7 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         )
     )
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stopping.set)
     logger.info(
         "dispatcher.starting",

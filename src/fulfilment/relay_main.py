@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 
 import structlog
 import uvicorn
@@ -18,6 +17,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
 from fulfilment.composition import (
+    STOP_SIGNALS,
     StartRefusedError,
     database_options,
     listen,
@@ -106,7 +106,7 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
         relay.stop()
 
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop)
     logger.info(
         "relay.starting",

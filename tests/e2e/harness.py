@@ -116,6 +116,21 @@ class WorkerProcess:
         code = self.process.wait(timeout=timeout)
         return code, time.monotonic() - started
 
+    def stop_pressing(self, signum: int, *, every: float = 0.02, timeout: float = 30) -> int:
+        """Send ``signum`` every ``every`` seconds until the process exits; its exit code.
+
+        As an operator pressing Ctrl-C again and again does, or ``uv run``, which forwards a
+        SIGINT to its child twice: one of them lands after the event loop has closed.
+        """
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None:
+            if time.monotonic() > deadline:
+                pytest.fail(f"still running {timeout} s after the first signal: {self.log_tail()}")
+            self.process.send_signal(signum)
+            time.sleep(every)
+        return self.process.returncode
+
     def kill(self) -> None:
         assert self.process is not None
         self.process.kill()
