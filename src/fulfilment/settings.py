@@ -556,7 +556,7 @@ def unreadable_env_file_lines() -> list[str]:
     if env_file is None:
         return []
     names = [env_file] if isinstance(env_file, str | Path) else list(env_file)
-    problems = []
+    problems: list[str] = []
     for name in names:
         path = Path(name).expanduser()
         if not path.is_file():
