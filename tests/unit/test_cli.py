@@ -213,30 +213,34 @@ def test_the_options_built_for_the_tools_keep_the_urls_out_of_their_repr():
     assert "secret" not in repr(options)
 
 
-def test_a_misspelt_key_in_the_env_file_is_bad_input_naming_the_file(tmp_path, monkeypatch):
-    (tmp_path / ".env").write_text("FULFILMENT_DATABASE_URI=postgresql://elsewhere/fulfilment\n")
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (
+            "FULFILMENT_DATABASE_URI=postgresql://elsewhere/fulfilment",
+            (
+                ".env: FULFILMENT_DATABASE_URI: not a setting of this service (did you mean"
+                " FULFILMENT_DATABASE_URL?)"
+            ),
+        ),
+        (
+            'FULFILMENT_DATABASE_URL="postgresql://postgres@db/elsewhere',
+            (
+                ".env:1: FULFILMENT_DATABASE_URL cannot be read as NAME=VALUE (an unclosed"
+                " quote?): fix or remove it"
+            ),
+        ),
+    ],
+    ids=["misspelt key", "unreadable line"],
+)
+def test_a_bad_env_file_line_is_bad_input_naming_the_file(tmp_path, monkeypatch, line, said):
+    (tmp_path / ".env").write_text(f"{line}\n")
     monkeypatch.chdir(tmp_path)
 
     result = fulfilment("report")
 
     assert result.exit_code == 2
-    assert result.stderr == (
-        "fulfilment: invalid settings: .env: FULFILMENT_DATABASE_URI: not a setting of this"
-        " service (did you mean FULFILMENT_DATABASE_URL?)\n"
-    )
-
-
-def test_an_unreadable_env_file_line_is_bad_input_and_nothing_runs(tmp_path, monkeypatch):
-    (tmp_path / ".env").write_text('FULFILMENT_DATABASE_URL="postgresql://postgres@db/elsewhere\n')
-    monkeypatch.chdir(tmp_path)
-
-    result = fulfilment("report")
-
-    assert result.exit_code == 2
-    assert result.stderr == (
-        "fulfilment: invalid settings: .env:1: FULFILMENT_DATABASE_URL cannot be read as"
-        " NAME=VALUE (an unclosed quote?): fix or remove it\n"
-    )
+    assert result.stderr == f"fulfilment: invalid settings: {said}\n"
 
 
 def test_ctrl_c_cancels_a_command_and_exits_130_with_the_line_it_was_given(capsys):
