@@ -8,8 +8,6 @@ delivery span, and the request carries that span's context as its ``traceparent`
 
 from __future__ import annotations
 
-import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,8 +17,9 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, program, publish, put_stock, spawn, wait_for
+from harness import WorkerProcess, publish, put_stock, spawn, wait_for
 from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
+from warehouse_harness import DispatcherProcess
 
 from fulfilment.contracts.order_placed import order_placed_body
 from otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
@@ -28,27 +27,6 @@ from simulated_warehouse import TOKEN
 from warehouse_simulator import Faults, SimulatorServer, WarehouseSimulator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
-
-
-class DispatcherProcess(WorkerProcess):
-    """One ``fulfilment dispatcher`` child with its own HTTP port and log file."""
-
-    def start(self, *, wait_ready: bool = True) -> None:
-        self.env["FULFILMENT_DISPATCHER_PORT"] = str(self.port)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                program("dispatcher", self.env), env=self.env, stdout=log, stderr=log
-            )
-        if not wait_ready:
-            return
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"dispatcher exited with {self.process.returncode}: {self.log_tail()}")
-            if self.ready():
-                return
-            time.sleep(0.2)
-        pytest.fail(f"dispatcher not ready within 60 s: {self.log_tail()}")
 
 
 @pytest.fixture
