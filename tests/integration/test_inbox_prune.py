@@ -129,7 +129,7 @@ async def test_the_prune_command_prunes_the_outbox_and_the_inbox_by_their_settin
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "outbox prune: 0 published rows older than 3600 s deleted",
-        "inbox prune: 1 processed ids older than 172800 s deleted (fulfilment)",
+        "inbox prune: 1 processed ids older than 172800 s deleted (consumer fulfilment)",
     ]
     left = {row["event_id"] for row in await db.fetch("SELECT event_id FROM inbox_messages")}
     assert left == {young}

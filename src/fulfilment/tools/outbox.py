@@ -70,7 +70,8 @@ async def prune_all_command(
     """``fulfilment prune``: the outbox (as :func:`prune_command`), then the inbox.
 
     Echoes the outbox's line, then
-    ``inbox prune: <n> processed ids older than <s> s deleted (<consumer>)``.
+    ``inbox prune: <n> processed ids older than <s> s deleted (consumer <consumer>)``, the
+    consumer being ``FULFILMENT_CONSUMER_NAME``, whose inbox it is.
 
     Raises:
         DatabaseUnavailableError, DatabaseRefusedError: PostgreSQL does not answer or refuses.
@@ -85,5 +86,5 @@ async def prune_all_command(
         )
     echo(
         f"inbox prune: {deleted} processed ids older than {processed_id_retention_seconds:.0f} s"
-        f" deleted ({options.consumer})"
+        f" deleted (consumer {options.consumer})"
     )
