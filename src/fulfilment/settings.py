@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
+import io
 import ipaddress
 import itertools
 import os
@@ -26,7 +27,7 @@ import re
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
 from dotenv.parser import parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -113,6 +114,29 @@ AMQP_FOREIGN_TLS_PARAMETERS = {
 """TLS parameters of other clients (pika, the Erlang client, libpq, older aio-pika examples)
 that aiormq ignores without a word, so that a URL with them would connect without the check
 its author asked for; each with what this client reads instead."""
+
+
+MAX_PORT: Final = 65535
+
+
+def _check_ports(url: str) -> None:
+    """Refuse a URL whose host, or one of whose hosts, names a port that is no TCP port.
+
+    The client libraries would raise it as a bare ``ValueError`` or ``OverflowError`` at the
+    first connection (``port can't be converted to integer``), a traceback instead of the
+    variable's name. A database URL may list several hosts (``h1:5432,h2:5433``, libpq's
+    form, which asyncpg reads); each is checked. An IPv6 literal keeps its brackets.
+
+    Raises:
+        ValueError: a port that is not a whole number from 1 to 65535; the password is not shown.
+    """
+    hosts = urllib.parse.urlsplit(url).netloc.rpartition("@")[2]
+    for host in hosts.split(","):
+        after_address = host.rpartition("]")[2] if host.startswith("[") else host
+        text = after_address.rpartition(":")[2] if ":" in after_address else ""
+        if text and not (text.isdigit() and 1 <= int(text) <= MAX_PORT):
+            msg = f"names the port {text!r}: a port is a whole number from 1 to {MAX_PORT}"
+            raise ValueError(msg)
 
 
 def _check_amqp_tls_parameters(url: str) -> None:
@@ -390,6 +414,7 @@ class Settings(BaseSettings):
         if not value.get_secret_value().startswith(("amqp://", "amqps://")):
             msg = "must start with amqp:// or amqps://"
             raise ValueError(msg)
+        _check_ports(value.get_secret_value())
         _check_amqp_tls_parameters(value.get_secret_value())
         return value
 
@@ -399,6 +424,7 @@ class Settings(BaseSettings):
         url = value.get_secret_value()
         for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
             if url.startswith(prefix):
+                _check_ports(url)
                 _check_tls_parameters(url)
                 return SecretStr("postgresql+asyncpg://" + url.removeprefix(prefix))
         msg = "must start with postgresql:// or postgresql+asyncpg://"
@@ -416,6 +442,7 @@ class Settings(BaseSettings):
         if parts.query or parts.fragment:
             msg = "is the API's base: no ?query or #fragment"
             raise ValueError(msg)
+        _check_ports(value)
         return value
 
     @field_validator("warehouse_ca_file")
@@ -544,13 +571,15 @@ def unknown_env_file_variables() -> list[str]:
 
 
 def unreadable_env_file_lines() -> list[str]:
-    """One line per line of the ``.env`` file that python-dotenv cannot read, with its number.
+    """One line per line of the ``.env`` file that would not set what it seems to, numbered.
 
-    python-dotenv skips such a line (an unclosed quote, a line that is no ``NAME=VALUE``) with
-    a logged warning and reads on, so the variable it meant to set would take the
-    environment's value or its default: a command would run against the default database
-    instead of the one the line names. The file is the one :class:`Settings` reads, parsed by
-    the same parser; the value is left out of the line, since it may hold a password.
+    python-dotenv skips a line that is no ``NAME=VALUE`` (an unclosed quote) with a logged
+    warning and reads on, reads a bare ``NAME`` as no value, and lets a quote closed on a later
+    line take the lines between into the value: in each case the variable would take the
+    environment's value, its default or a mangled one, and a command could run against the
+    default database instead of the one the line names. A file that is not UTF-8 is refused
+    too, rather than raised as a traceback. The file is the one :class:`Settings` reads,
+    parsed by the same parser; no value is shown, since one may hold a password.
     """
     env_file = Settings.model_config.get("env_file")
     if env_file is None:
@@ -561,12 +590,32 @@ def unreadable_env_file_lines() -> list[str]:
         path = Path(name).expanduser()
         if not path.is_file():
             continue
-        with path.open(encoding=Settings.model_config.get("env_file_encoding")) as stream:
-            problems.extend(
-                f"{name}:{binding.original.line}: {_line_start(binding.original.string)}"
-                " cannot be read as NAME=VALUE (an unclosed quote?): fix or remove it"
-                for binding in parse_stream(stream)
-                if binding.error
+        try:
+            with path.open(encoding=Settings.model_config.get("env_file_encoding")) as stream:
+                problems.extend(_env_file_problems(str(name), stream.read()))
+        except UnicodeDecodeError as error:
+            problems.append(f"{name}: not UTF-8 ({error.reason} at byte {error.start})")
+    return problems
+
+
+def _env_file_problems(name: str, text: str) -> list[str]:
+    """:func:`unreadable_env_file_lines` of one file's ``text``."""
+    problems = []
+    for binding in parse_stream(io.StringIO(text)):
+        where = f"{name}:{binding.original.line}"
+        if binding.error:
+            problems.append(
+                f"{where}: {_line_start(binding.original.string)} cannot be read as NAME=VALUE"
+                " (an unclosed quote?): fix or remove it"
+            )
+        elif binding.key is None or not binding.key.upper().startswith(ENV_PREFIX):
+            continue
+        elif binding.value is None:
+            problems.append(f"{where}: {binding.key} has no =VALUE: give it one or remove it")
+        elif "\n" in binding.value:
+            problems.append(
+                f"{where}: {binding.key}'s quoted value runs onto the next lines (a quote"
+                " closed on a later line?): no setting takes a line break"
             )
     return problems
 

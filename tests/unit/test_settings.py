@@ -254,6 +254,73 @@ def test_an_unreadable_env_file_line_stops_the_start_naming_its_line_not_its_val
     assert "elsewhere" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "FULFILMENT_PREFETCH_COUNT\n",
+            ".env:1: FULFILMENT_PREFETCH_COUNT has no =VALUE: give it one or remove it",
+        ),
+        (
+            (
+                'FULFILMENT_DATABASE_URL="postgresql://postgres@db/elsewhere\n'
+                'FULFILMENT_LOG_LEVEL=INFO"\n'
+            ),
+            (
+                ".env:1: FULFILMENT_DATABASE_URL's quoted value runs onto the next lines (a quote"
+                " closed on a later line?): no setting takes a line break"
+            ),
+        ),
+    ],
+    ids=["no value", "quote closed on a later line"],
+)
+def test_an_env_file_line_read_otherwise_than_it_seems_stops_the_start(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    (tmp_path / ".env").write_text(text)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == said
+    assert "elsewhere" not in str(raised.value)
+
+
+def test_an_env_file_that_is_not_utf_8_stops_the_start_naming_it(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_bytes(b"\xff\xfeFULFILMENT_PREFETCH_COUNT=8\n")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == ".env: not UTF-8 (invalid start byte at byte 0)"
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "port"),
+    [
+        ("FULFILMENT_AMQP_URL", "amqp://guest:secret@127.0.0.1:notaport/", "notaport"),
+        ("FULFILMENT_AMQP_URL", "amqp://guest:secret@127.0.0.1:99999/", "99999"),
+        ("FULFILMENT_DATABASE_URL", "postgresql://postgres:secret@db:notaport/x", "notaport"),
+        ("FULFILMENT_DATABASE_URL", "postgresql://postgres:secret@db1:5432,db2:0/x", "0"),
+        ("FULFILMENT_WAREHOUSE_URL", "https://wms.example:44x3/api/v1", "44x3"),
+    ],
+)
+def test_a_url_whose_port_is_no_port_stops_the_start_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, url: str, port: str
+) -> None:
+    monkeypatch.setenv(variable, url)
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == (
+        f"{variable}: names the port {port!r}: a port is a whole number from 1 to 65535"
+    )
+    assert "secret" not in str(raised.value)
+
+
+def test_a_database_url_may_list_several_hosts_with_their_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_DATABASE_URL", "postgresql://u@[::1]:5432,db2,db3:5433/x")
+    url = load_settings().database_url.get_secret_value()
+    assert url == "postgresql+asyncpg://u@[::1]:5432,db2,db3:5433/x"
+
+
 def test_the_env_file_s_settings_are_read_and_other_keys_left_alone(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text(
         "FULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_TEST_AMQP_URL=amqp://elsewhere/\nPGHOST=db\n"
