@@ -151,6 +151,9 @@ def run(command: Coroutine[Any, Any, T], *, interrupted: str = "interrupted (Ctr
     try:
         return _run_classified(command)
     except KeyboardInterrupt:
+        # Interrupted before asyncio.run took the coroutine (in the imports above it): closed
+        # here, it does not warn that it was never awaited.
+        command.close()
         fail(interrupted, ExitCode.INTERRUPTED)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.abc
+import inspect
 import itertools
 import os
 import signal
@@ -260,6 +261,27 @@ def test_ctrl_c_cancels_a_command_and_exits_130_with_the_line_it_was_given(capsy
     assert exited.value.exit_code == 130
     assert cancelled == [True]
     assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C): nothing lost\n"
+
+
+def test_ctrl_c_before_the_command_starts_closes_it_unstarted(monkeypatch, capsys):
+    started = []
+
+    async def never() -> None:
+        started.append(True)
+
+    def interrupted(_command):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(asyncio, "run", interrupted)
+    command = never()
+
+    with pytest.raises(typer.Exit) as exited:
+        run(command)
+
+    assert exited.value.exit_code == 130
+    assert inspect.getcoroutinestate(command) == inspect.CORO_CLOSED
+    assert started == []
+    assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C)\n"
 
 
 def test_the_operator_commands_load_neither_the_online_retail_reader_nor_the_demo():
