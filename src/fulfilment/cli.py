@@ -57,12 +57,24 @@ def _blank_flag_types(command: TyperCommand | TyperGroup, ctx: Context) -> None:
 
 
 class Command(TyperCommand):
-    """A sub-command whose help names no type after a flag."""
+    """A sub-command whose help names no type after a flag, and whose Ctrl-C says so.
+
+    typer turns a ``KeyboardInterrupt`` into exit 130 without a word; a command interrupted
+    outside :func:`run` (loading its modules, reading its settings) says it in one line, as
+    one inside it does with its own.
+    """
 
     def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
         """Write the help, with the type column of the flags blank."""
         _blank_flag_types(self, ctx)
         super().format_help(ctx, formatter)
+
+    def invoke(self, ctx: Context) -> Any:  # noqa: ANN401 - click's own signature
+        """Run the command; a ``KeyboardInterrupt`` out of it exits 130 with one line."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            fail("interrupted (Ctrl-C)", ExitCode.INTERRUPTED)
 
 
 class Group(TyperGroup):

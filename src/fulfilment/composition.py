@@ -190,8 +190,14 @@ def run_service(service: Callable[[Settings], Coroutine[Any, Any, int]]) -> NoRe
         sys.exit(ExitCode.BAD_INPUT)
     configure_logging(level=settings.log_level, log_format=settings.log_format)
     loop_factory = uvloop.new_event_loop if settings.event_loop == "uvloop" else None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        code = runner.run(_ignoring_stop_signals_once_done(service(settings)))
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            code = runner.run(_ignoring_stop_signals_once_done(service(settings)))
+    except KeyboardInterrupt:
+        # SIGINT before the service took the stop signals as its own (the first tenths of a
+        # second): asyncio cancelled it; nothing was started that a drain would finish.
+        sys.stderr.write("fulfilment: interrupted (Ctrl-C) before the service started\n")
+        sys.exit(ExitCode.INTERRUPTED)
     sys.exit(code)
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -282,6 +283,30 @@ def test_ctrl_c_before_the_command_starts_closes_it_unstarted(monkeypatch, capsy
     assert inspect.getcoroutinestate(command) == inspect.CORO_CLOSED
     assert started == []
     assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C)\n"
+
+
+@pytest.mark.parametrize("after_seconds", [0.3, 0.6])
+def test_a_command_interrupted_as_it_starts_exits_130_with_one_line(after_seconds):
+    # While the program loads its modules, reads its settings or waits for a database that
+    # does not answer (a black-holed address): every moment is one line and 130.
+    fulfilment_program = str(Path(sys.executable).with_name("fulfilment"))
+    started = subprocess.Popen(
+        [fulfilment_program, "report"],
+        env={
+            **os.environ,
+            "FULFILMENT_DATABASE_URL": "postgresql://postgres@10.255.255.1:5432/nowhere",
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(after_seconds)
+    started.send_signal(signal.SIGINT)
+    _, stderr = started.communicate(timeout=30)
+
+    assert started.returncode == 130
+    lines = stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("fulfilment: interrupted (Ctrl-C)")
 
 
 def test_the_operator_commands_load_neither_the_online_retail_reader_nor_the_demo():
