@@ -31,7 +31,7 @@ from typing import Annotated, Final, Literal, Self
 
 from dotenv.parser import parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
@@ -559,65 +559,59 @@ def unknown_variables(environ: Mapping[str, str | None]) -> list[str]:
     return problems
 
 
-def unknown_env_file_variables() -> list[str]:
-    """:func:`unknown_variables` of the ``.env`` file the settings read, each line naming it.
+def env_file_problems() -> tuple[list[str], list[str]]:
+    """What is wrong with the ``.env`` file the settings read, from one reading of it.
 
-    The file is found and parsed as :class:`Settings` does (pydantic-settings' own dotenv
-    source), so a key is checked exactly when it could have been read; no file, no lines.
-    """
-    env_file = Settings.model_config.get("env_file")
-    variables = DotEnvSettingsSource(Settings).env_vars
-    return [f"{env_file}: {problem}" for problem in unknown_variables(variables)]
+    Returns:
+        The lines that would not set what they seem to, numbered (first list), and, as
+        :func:`unknown_variables` says them, its ``FULFILMENT_*`` keys that are no setting,
+        each naming the file (second list). Both empty without the file.
 
-
-def unreadable_env_file_lines() -> list[str]:
-    """One line per line of the ``.env`` file that would not set what it seems to, numbered.
-
-    python-dotenv skips a line that is no ``NAME=VALUE`` (an unclosed quote) with a logged
-    warning and reads on, reads a bare ``NAME`` as no value, and lets a quote closed on a later
-    line take the lines between into the value: in each case the variable would take the
-    environment's value, its default or a mangled one, and a command could run against the
-    default database instead of the one the line names. A file that is not UTF-8 is refused
-    too, rather than raised as a traceback. The file is the one :class:`Settings` reads,
-    parsed by the same parser; no value is shown, since one may hold a password.
+    python-dotenv, the parser pydantic-settings reads the file with and the one used here,
+    skips a line that is no ``NAME=VALUE`` (an unclosed quote) with a logged warning and reads
+    on, reads a bare ``NAME`` as no value, and lets a quote closed on a later line take the
+    lines between into the value: in each case the variable would take the environment's
+    value, its default or a mangled one, and a command could run against the default database
+    instead of the one the line names. A file that is not UTF-8 is a problem too, rather than
+    a traceback. The file is found as :class:`Settings` finds it; no value is shown, since one
+    may hold a password.
     """
     env_file = Settings.model_config.get("env_file")
     if env_file is None:
-        return []
+        return [], []
     names = [env_file] if isinstance(env_file, str | Path) else list(env_file)
-    problems: list[str] = []
+    misread: list[str] = []
+    unknown: list[str] = []
     for name in names:
         path = Path(name).expanduser()
         if not path.is_file():
             continue
         try:
-            with path.open(encoding=Settings.model_config.get("env_file_encoding")) as stream:
-                problems.extend(_env_file_problems(str(name), stream.read()))
+            text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
         except UnicodeDecodeError as error:
-            problems.append(f"{name}: not UTF-8 ({error.reason} at byte {error.start})")
-    return problems
-
-
-def _env_file_problems(name: str, text: str) -> list[str]:
-    """:func:`unreadable_env_file_lines` of one file's ``text``."""
-    problems = []
-    for binding in parse_stream(io.StringIO(text)):
-        where = f"{name}:{binding.original.line}"
-        if binding.error:
-            problems.append(
-                f"{where}: {_line_start(binding.original.string)} cannot be read as NAME=VALUE"
-                " (an unclosed quote?): fix or remove it"
-            )
-        elif binding.key is None or not binding.key.upper().startswith(ENV_PREFIX):
+            misread.append(f"{name}: not UTF-8 ({error.reason} at byte {error.start})")
             continue
-        elif binding.value is None:
-            problems.append(f"{where}: {binding.key} has no =VALUE: give it one or remove it")
-        elif "\n" in binding.value:
-            problems.append(
-                f"{where}: {binding.key}'s quoted value runs onto the next lines (a quote"
-                " closed on a later line?): no setting takes a line break"
-            )
-    return problems
+        keys: dict[str, str | None] = {}
+        for binding in parse_stream(io.StringIO(text)):
+            where = f"{name}:{binding.original.line}"
+            if binding.error:
+                misread.append(
+                    f"{where}: {_line_start(binding.original.string)} cannot be read as"
+                    " NAME=VALUE (an unclosed quote?): fix or remove it"
+                )
+            elif binding.key is None or not binding.key.upper().startswith(ENV_PREFIX):
+                continue
+            elif binding.value is None:
+                misread.append(f"{where}: {binding.key} has no =VALUE: give it one or remove it")
+            elif "\n" in binding.value:
+                misread.append(
+                    f"{where}: {binding.key}'s quoted value runs onto the next lines (a quote"
+                    " closed on a later line?): no setting takes a line break"
+                )
+            else:
+                keys[binding.key] = binding.value
+        unknown += [f"{name}: {problem}" for problem in unknown_variables(keys)]
+    return misread, unknown
 
 
 def _line_start(line: str) -> str:
@@ -634,10 +628,10 @@ def load_settings() -> Settings:
             (and the ``.env`` file, for a key of that file), or per line of ``.env`` that
             cannot be read.
     """
-    unreadable = unreadable_env_file_lines()
-    if unreadable:
-        raise SettingsError("\n".join(unreadable))
-    unknown = unknown_variables(os.environ) + unknown_env_file_variables()
+    misread, unknown_in_file = env_file_problems()
+    if misread:
+        raise SettingsError("\n".join(misread))
+    unknown = unknown_variables(os.environ) + unknown_in_file
     if unknown:
         raise SettingsError("\n".join(unknown))
     try:
