@@ -266,6 +266,23 @@ async def versions(services: Services) -> str:
     return f"RabbitMQ {rabbitmq!s}, PostgreSQL {postgres}"
 
 
+async def connections_free(database_url: str) -> int:
+    """Connections PostgreSQL can still open to a role that is not a superuser.
+
+    ``max_connections`` less ``superuser_reserved_connections`` and the sessions open now.
+    """
+    database = await asyncpg.connect(database_url)
+    try:
+        free = await database.fetchval(
+            "SELECT current_setting('max_connections')::int"
+            " - current_setting('superuser_reserved_connections')::int"
+            " - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
+        )
+    finally:
+        await database.close()
+    return int(free)
+
+
 def cpu_model() -> str:
     """The processor's model name from ``/proc/cpuinfo``, or ``?``."""
     with contextlib.suppress(OSError):
@@ -1801,6 +1818,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nraw profile: {out}")
             return 0
         kinds = ["worker"] if args.skip_reference else ["worker", "reference"]
+        # The reference pools as many connections as its concurrency, in each process.
+        wanted = args.workers * args.prefetch
+        if (
+            not args.skip_reference
+            and (free := asyncio.run(connections_free(plan.services.database_url))) < wanted
+        ):
+            print(
+                f"bench: the reference opens {args.workers} x {args.prefetch} = {wanted}"
+                f" PostgreSQL connections, and the server has {free} free (max_connections):"
+                " lower --prefetch or --workers, or add --skip-reference",
+                file=sys.stderr,
+            )
+            return 2
         if args.rounds < 1 and not (args.latency_rate and args.latency_seconds > 0):
             print("--rounds 0 needs --latency-rate and --latency-seconds", file=sys.stderr)
             return 2
