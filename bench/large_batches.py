@@ -1,7 +1,7 @@
 """Time one ``place_orders()`` call for large batches on a large stock table.
 
-The worker's batches hold up to ``FULFILMENT_RESERVATION_BATCH_MAX`` orders (the prefetch, 32
-by default) and an order up to 1,000 lines, so one call may carry 32,000 lines. This script
+The worker's batches hold up to ``FULFILMENT_RESERVATION_BATCH_MAX`` orders (the prefetch, 64
+by default) and an order up to 1,000 lines, so one call may carry 64,000 lines. This script
 creates a database of its own (``FULFILMENT_BENCH_DATABASE_URL``, an admin URL, default
 ``postgresql://postgres@127.0.0.1:5432/postgres``), migrates it, loads 100,000 SKUs, times
 one call per shape (orders x lines per order, every line a different SKU), prints the
@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 import asyncpg
 from run import dedicated_database
 
-SHAPES = ((1, 1_000), (32, 100), (32, 300), (32, 1_000), (100, 1_000))
+SHAPES = ((1, 1_000), (64, 100), (64, 300), (64, 1_000), (100, 1_000))
 """(orders, lines per order) of each timed call."""
 
 STOCKED_SKUS = 100_000

@@ -253,7 +253,7 @@ class Settings(BaseSettings):
     message, see the README's "Performance") or the standard library's ``asyncio`` loop."""
 
     # The worker (``fulfilment worker``).
-    prefetch_count: int = Field(default=32, ge=1, le=1000)
+    prefetch_count: int = Field(default=64, ge=1, le=1000)
     """Unacknowledged deliveries per worker process, hence handlers running at once: FastStream
     starts one task per delivery and has no other concurrency limit on RabbitMQ."""
 
@@ -300,7 +300,7 @@ class Settings(BaseSettings):
     (``adapters.postgres.group_commit``). The process holds at most this many connections plus
     ``ENGINE_POOL_SIZE`` (2) for everything else (``adapters.postgres.engine``)."""
 
-    reservation_batch_max: int = Field(default=32, ge=1, le=MAX_RESERVATION_BATCH)
+    reservation_batch_max: int = Field(default=64, ge=1, le=MAX_RESERVATION_BATCH)
     """Most orders one reservation transaction carries. Unset, it follows ``prefetch_count``
     (every delivery in flight); 1 commits every order in a transaction of its own."""
 

@@ -71,8 +71,8 @@ def test_a_setting_that_follows_another_is_commented_out_and_says_so() -> None:
     text = (ROOT / ".env.example").read_text(encoding="utf-8")
 
     assert render_docs.followers(Settings) == {"reservation_batch_max": "prefetch_count"}
-    assert "\n# FULFILMENT_RESERVATION_BATCH_MAX=32\n" in text
-    assert "| `FULFILMENT_RESERVATION_BATCH_MAX` | `FULFILMENT_PREFETCH_COUNT` (`32`) |" in (
+    assert "\n# FULFILMENT_RESERVATION_BATCH_MAX=64\n" in text
+    assert "| `FULFILMENT_RESERVATION_BATCH_MAX` | `FULFILMENT_PREFETCH_COUNT` (`64`) |" in (
         render_docs.configuration_table()
     )
 

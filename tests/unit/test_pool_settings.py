@@ -23,7 +23,7 @@ def test_by_default_the_pool_size_is_two_and_the_batch_max_the_prefetch_count():
     settings = Settings()
 
     assert settings.database_pool_size == 2
-    assert settings.reservation_batch_max == settings.prefetch_count == 32
+    assert settings.reservation_batch_max == settings.prefetch_count == 64
 
 
 def test_an_unset_batch_max_follows_the_prefetch_count_from_the_environment(monkeypatch):

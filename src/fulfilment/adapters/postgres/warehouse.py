@@ -54,7 +54,7 @@ DEFAULT_POOL_SIZE = 2
 """Default of ``pool_size``: two reservation transactions at once (README, "Performance"), as
 ``FULFILMENT_DATABASE_POOL_SIZE`` by default."""
 
-DEFAULT_BATCH_MAX = 32
+DEFAULT_BATCH_MAX = 64
 """Default of ``batch_max``: every delivery the default prefetch lets in flight, as
 ``FULFILMENT_RESERVATION_BATCH_MAX`` by default."""
 
