@@ -14,7 +14,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from fulfilment.contracts.envelope import MAX_EXACT_INTEGER
+from fulfilment.contracts.envelope import MAX_EXACT_INTEGER, find_ambiguity
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.worker.delivery import MalformedEventError, parse_event
 
@@ -83,6 +83,21 @@ def test_a_body_that_parsers_could_read_differently_is_refused_with_its_reason(
     assert message.startswith("invalid OrderPlaced v1: ")
     assert reason in message
     assert "\n" not in message
+
+
+def test_the_ambiguity_check_alone_refuses_a_byte_order_mark_and_reads_each_body_afresh() -> None:
+    # Its decoders are built once and shared by every call: one body must not leave anything
+    # behind for the next, and a byte-order mark is refused as json.loads refuses it.
+    assert find_ambiguity(b"\xef\xbb\xbf" + order(), OrderPlacedV1) == (
+        "not JSON: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1 (char 0)"
+    )
+    long_integer = order(f', "x": {MAX_EXACT_INTEGER + 1}')
+    assert "beyond +-(2**53 - 1)" in (find_ambiguity(long_integer, OrderPlacedV1) or "")
+    assert find_ambiguity(order(', "a": {"k": 1}'), OrderPlacedV1) is None
+    assert find_ambiguity(order(', "a": {"k": 1, "k": 2}'), OrderPlacedV1) == (
+        "key 'k' appears twice in one object"
+    )
+    assert find_ambiguity(order(), OrderPlacedV1) is None
 
 
 @pytest.mark.parametrize(

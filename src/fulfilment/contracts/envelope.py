@@ -92,19 +92,13 @@ def find_ambiguity(body: bytes, model: type[BaseModel]) -> str | None:
     """
     try:
         text = body.decode("utf-8")
-        document = json.loads(
-            text,
-            object_pairs_hook=_unique_keys,
-            parse_constant=_no_constant,
-            parse_float=_finite_float,
-            # A Python call per integer doubles the cost of a large order; an integer can only
-            # be out of range where 16 digits follow each other, which few bodies have.
-            parse_int=(
-                _exact_integer
-                if body.translate(_DIGITS_AS_ZEROS).find(_SIXTEEN_DIGITS) >= 0
-                else None
-            ),
-        )
+        # A Python call per integer doubles the cost of a large order; an integer can only be
+        # out of range where 16 digits follow each other, which few bodies have.
+        long_digits = body.translate(_DIGITS_AS_ZEROS).find(_SIXTEEN_DIGITS) >= 0
+        decoder = _CHECKING_INTEGERS if long_digits else _CHECKING
+        # json.loads(text) refuses a byte-order mark before decoding; JSONDecoder.decode alone
+        # would not.
+        document = json.loads(text) if text.startswith("\ufeff") else decoder.decode(text)
     except _AmbiguityError as error:
         return str(error)
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
@@ -148,6 +142,18 @@ def _exact_integer(text: str) -> int:
         msg = f"the integer {shown} is beyond +-(2**53 - 1), which not every parser reads exactly"
         raise _AmbiguityError(msg)
     return value
+
+
+# Built once: json.loads with hooks builds a decoder, and its scanner, on every call.
+_CHECKING = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite_float
+)
+_CHECKING_INTEGERS = json.JSONDecoder(
+    object_pairs_hook=_unique_keys,
+    parse_constant=_no_constant,
+    parse_float=_finite_float,
+    parse_int=_exact_integer,
+)
 
 
 @functools.cache
