@@ -100,6 +100,16 @@ def test_spaces_around_a_sku_are_an_error(tmp_path, sku):
     assert "stock.csv:2: sku must not start or end with white space" in str(error_of(path))
 
 
+def test_a_sku_with_a_nul_is_an_error_naming_its_line(tmp_path):
+    # PostgreSQL's text cannot hold U+0000: loaded, the upsert failed with a traceback.
+    path = write(tmp_path, "sku,on_hand\nB,1\nA\x001,5\n")
+
+    assert str(error_of(path)) == (
+        f"{path}:3: sku must not contain NUL (U+0000): PostgreSQL text cannot store it,"
+        " got 'A\\x001'"
+    )
+
+
 def test_an_empty_sku_is_an_error(tmp_path):
     path = write(tmp_path, "sku,on_hand\n,1\n")
 

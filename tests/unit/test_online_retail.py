@@ -330,6 +330,13 @@ def test_lines_of_one_invoice_need_not_be_adjacent(tmp_path):
             "2010-12-01.csv:3: StockCode must have 1 to 64 characters, got ''",
         ),
         (
+            "536365,85\x0023A,HOLDER,6,2010-12-01 08:26:00,2.55,,UK",
+            (
+                "2010-12-01.csv:3: StockCode must not contain NUL (U+0000): PostgreSQL text"
+                " cannot store it, got '85\\x0023A'"
+            ),
+        ),
+        (
             "536365,85123A,HOLDER,1000001,2010-12-01 08:26:00,2.55,,UK",
             "2010-12-01.csv:3: Quantity must be at most 1000000, got 1000001",
         ),

@@ -60,13 +60,16 @@ LATEST_PLACED_AT = datetime.max.replace(tzinfo=UTC)
 _PLACEHOLDER_UUIDS = frozenset({UUID(int=0), UUID(int=(1 << 128) - 1)})
 
 
+SKU_NUL_PROBLEM = "must not contain NUL (U+0000): PostgreSQL text cannot store it"
+"""Why a SKU with U+0000 is refused, wherever one is read (an event, a stock file, a data set):
+PostgreSQL's ``text`` cannot hold that character in any encoding."""
+
+
 def _storable_sku(sku: str) -> str:
-    # PostgreSQL's text cannot hold U+0000 in any encoding; every other character of a Python
-    # string that JSON can carry (lone surrogates are refused by the parser) it stores as is.
+    # Every other character of a Python string that JSON can carry (lone surrogates are
+    # refused by the parser) PostgreSQL stores as is.
     if "\x00" in sku:
-        refusal = PydanticCustomError(
-            "sku_nul", "must not contain NUL (U+0000): PostgreSQL text cannot store it"
-        )
+        refusal = PydanticCustomError("sku_nul", SKU_NUL_PROBLEM)
         raise refusal
     return sku
 

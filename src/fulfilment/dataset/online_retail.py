@@ -71,10 +71,10 @@ Bad input
     :class:`OnlineRetailError` naming the file and line, for every row, cancelled or not: such
     a row means the file is not what it claims to be. A line that will be published must also
     fit the event contract: a SKU of 1 to ``MAX_SKU_LENGTH`` characters without leading or
-    trailing white space (none of the data has any, so stripping would be a guess) and at most
-    ``MAX_QUANTITY`` units. An invoice with more lines than ``MAX_LINES`` is an error rather
-    than split into several orders, which would reserve part of an order (the largest has
-    675 lines).
+    trailing white space (none of the data has any, so stripping would be a guess) or NUL,
+    and at most ``MAX_QUANTITY`` units. An invoice with more lines than ``MAX_LINES`` is an
+    error rather than split into several orders, which would reserve part of an order (the
+    largest has 675 lines).
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ from fulfilment.contracts.order_placed import (
     MAX_LINES,
     MAX_QUANTITY,
     MAX_SKU_LENGTH,
+    SKU_NUL_PROBLEM,
     order_placed_body,
 )
 
@@ -390,6 +391,9 @@ def _order(invoice: _Invoice, lines: list[tuple[str, int, str]], day: str) -> Re
             raise OnlineRetailError(msg)
         if sku != sku.strip():
             msg = f"{place}: StockCode has leading or trailing white space: {sku!r}"
+            raise OnlineRetailError(msg)
+        if "\x00" in sku:
+            msg = f"{place}: StockCode {SKU_NUL_PROBLEM}, got {sku!r}"
             raise OnlineRetailError(msg)
         if quantity > MAX_QUANTITY:
             msg = f"{place}: Quantity must be at most {MAX_QUANTITY}, got {quantity}"

@@ -16,7 +16,7 @@ from pathlib import Path
 from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.postgres.errors import SKUS_SHOWN, StockBelowReservedError
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
-from fulfilment.contracts.order_placed import MAX_SKU_LENGTH
+from fulfilment.contracts.order_placed import MAX_SKU_LENGTH, SKU_NUL_PROBLEM
 from fulfilment.exit_codes import ExitCode
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 
@@ -103,9 +103,10 @@ def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
 
     Raises:
         StockCsvError: the file is not UTF-8, its header is not exactly ``sku,on_hand``, or a
-            row is bad: not two fields, an empty SKU, a SKU with surrounding white space or
-            longer than the event contract allows, an ``on_hand`` that is not a whole number
-            from 0 to :data:`MAX_ON_HAND`, or a SKU already seen (both lines are named).
+            row is bad: not two fields, an empty SKU, a SKU with surrounding white space,
+            longer than the event contract allows or with a NUL, an ``on_hand`` that is not a
+            whole number from 0 to :data:`MAX_ON_HAND`, or a SKU already seen (both lines are
+            named).
         OSError: the file cannot be opened or read.
     """
     levels: dict[str, int] = {}
@@ -148,6 +149,8 @@ def _parse_row(path: Path | str, line: int, row: list[str]) -> tuple[str, int]:
     if len(sku) > MAX_SKU_LENGTH:
         problem = f"sku is longer than {MAX_SKU_LENGTH} characters, got {sku!r}"
         raise StockCsvError(path, line, problem)
+    if "\x00" in sku:
+        raise StockCsvError(path, line, f"sku {SKU_NUL_PROBLEM}, got {sku!r}")
     if not _WHOLE_NUMBER.fullmatch(on_hand):
         problem = f"on_hand must be a whole number >= 0, got {on_hand!r}"
         raise StockCsvError(path, line, problem)
