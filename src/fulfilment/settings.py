@@ -254,7 +254,8 @@ class Settings(BaseSettings):
 
     # The worker (``fulfilment worker``).
     prefetch_count: int = Field(default=64, ge=1, le=1000)
-    """Unacknowledged deliveries per worker process, hence handlers running at once: FastStream
+    """Unacknowledged deliveries per queue the worker consumes (each of its three queues has a
+    channel of its own with this prefetch), hence handlers running at once per queue: FastStream
     starts one task per delivery and has no other concurrency limit on RabbitMQ."""
 
     delivery_limit: int = Field(default=5, ge=1, le=1000)
