@@ -596,9 +596,11 @@ def env_file_problems() -> tuple[list[str], list[str]]:
         for binding in parse_stream(io.StringIO(text)):
             where = f"{name}:{binding.original.line}"
             if binding.error:
+                line = binding.original.string
+                hint = " (an unclosed quote?)" if any(quote in line for quote in "'\"") else ""
                 misread.append(
-                    f"{where}: {_line_start(binding.original.string)} cannot be read as"
-                    " NAME=VALUE (an unclosed quote?): fix or remove it"
+                    f"{where}: {_line_start(line)} cannot be read as NAME=VALUE{hint}:"
+                    " fix or remove it"
                 )
             elif binding.key is None or not binding.key.upper().startswith(ENV_PREFIX):
                 continue

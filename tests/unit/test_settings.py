@@ -231,25 +231,31 @@ def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file(tmp_path
 
 
 @pytest.mark.parametrize(
-    ("line", "named"),
+    ("line", "named", "hint"),
     [
         (
             'FULFILMENT_DATABASE_URL="postgresql://postgres@db:5432/elsewhere',
             "FULFILMENT_DATABASE_URL",
+            " (an unclosed quote?)",
         ),
-        ("export FULFILMENT_PREFETCH_COUNT='8", "FULFILMENT_PREFETCH_COUNT"),
-        ("fulfilment prefetch count 8", "the line"),
+        (
+            "export FULFILMENT_PREFETCH_COUNT='8",
+            "FULFILMENT_PREFETCH_COUNT",
+            " (an unclosed quote?)",
+        ),
+        # No quote on the line: no guess about one.
+        ("fulfilment prefetch count 8", "the line", ""),
     ],
 )
 def test_an_unreadable_env_file_line_stops_the_start_naming_its_line_not_its_value(
-    tmp_path: Path, line: str, named: str
+    tmp_path: Path, line: str, named: str, hint: str
 ) -> None:
     # python-dotenv would skip the line with a warning, and the default database be used.
     (tmp_path / ".env").write_text(f"FULFILMENT_PREFETCH_COUNT=8\n# the target\n{line}\n")
     with pytest.raises(SettingsError) as raised:
         load_settings()
     assert str(raised.value) == (
-        f".env:3: {named} cannot be read as NAME=VALUE (an unclosed quote?): fix or remove it"
+        f".env:3: {named} cannot be read as NAME=VALUE{hint}: fix or remove it"
     )
     assert "elsewhere" not in str(raised.value)
 
