@@ -327,8 +327,9 @@ class Settings(BaseSettings):
 
     relay_batch_window_seconds: float = Field(default=0.02, ge=0, le=1, allow_inf_nan=False)
     """After a batch smaller than ``relay_batch_size``, how long the relay lets outbox rows
-    gather before it reads the next batch: fewer, larger batches under load (less CPU per
-    event) for at most this much more commit-to-published lag. 0 reads at once."""
+    gather before it reads the next batch, counted from the read of that batch (its publish
+    and mark count towards it): fewer, larger batches under load (less CPU per event) for at
+    most this much more commit-to-published lag. 0 reads at once."""
 
     relay_publish_timeout_seconds: Seconds = 10.0
     """How long a batch may wait for the broker's confirms before the relay takes its broker

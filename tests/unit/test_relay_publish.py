@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, cast
 
 import aiormq
@@ -107,3 +109,55 @@ async def test_confirms_that_do_not_come_in_time_end_the_session_after_the_other
 
     assert marked == [[1, 3]]
     assert failures(metrics, "connection") == 1
+
+
+class SlowFirstChannel:
+    """A channel whose first publish is confirmed after ``first_seconds``, the others at once."""
+
+    def __init__(self, first_seconds: float) -> None:
+        self.first_seconds = first_seconds
+        self.publishes = 0
+
+    async def basic_publish(self, _body: bytes, **_: object) -> aiormq.spec.Basic.Ack:
+        self.publishes += 1
+        if self.publishes == 1:
+            await asyncio.sleep(self.first_seconds)
+        return aiormq.spec.Basic.Ack(self.publishes)
+
+
+async def test_the_batch_window_counts_from_the_read_so_a_slow_confirm_is_not_followed_by_it(
+    monkeypatch: pytest.MonkeyPatch, marked: list[list[int]]
+) -> None:
+    window = 0.2
+    relay, _ = a_relay()
+    relay._options = replace(relay._options, batch_window_seconds=window)
+    batches = [[a_row(1, "stock.reserved")], [a_row(2, "stock.reserved")]]
+
+    async def next_batch(_database: object, _limit: int) -> list[OutboxRow]:
+        if batches:
+            return batches.pop(0)
+        relay.stop()
+        return []
+
+    async def no_gauges(_database: object) -> None:
+        return None
+
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(service, "next_batch", next_batch)
+    monkeypatch.setattr(relay, "_read_backlog", no_gauges)
+    monkeypatch.setattr(relay, "_pause", pause)
+    broker = cast("Any", SimpleNamespace(is_closed=False))
+
+    await relay._publish_until_stopped(
+        cast("Any", None), broker, cast("Any", SlowFirstChannel(first_seconds=1.5 * window))
+    )
+
+    # Both small batches were published and marked; the first one's confirm took longer
+    # than the window, so only the second, confirmed at once, waited: what was left of it.
+    assert marked == [[1], [2]]
+    assert len(pauses) == 1
+    assert window / 2 < pauses[0] <= window

@@ -141,8 +141,8 @@ class RelayOptions:
         batch_size: most rows read and published at once.
         poll_seconds: how often the active relay looks at the outbox without a notification,
             and a standby tries the lock and reads the backlog.
-        batch_window_seconds: after a batch smaller than ``batch_size``, how long the relay
-            lets rows gather before it reads the next one (0: at once).
+        batch_window_seconds: after a batch smaller than ``batch_size``, how long from that
+            batch's read the relay lets rows gather before it reads the next one (0: at once).
         connect_timeout_seconds: time allowed to open each connection.
         publish_timeout_seconds: time a batch may wait for its confirms before the broker
             connection is taken for lost.
@@ -316,6 +316,7 @@ class Relay:
                 raise ConnectionError("the broker closed the relay's connection")  # noqa: EM101, TRY003 - a reconnect, logged by the retry
             self._wake.clear()
             await self._read_backlog(database)
+            read_at = time.monotonic()
             batch = await next_batch(database, self._options.batch_size)
             if not batch:
                 await self._wait(self._options.poll_seconds)
@@ -330,7 +331,12 @@ class Relay:
                 # at once, the relay would publish batches of a few rows, and each batch costs
                 # a read, a mark and the confirms' round trip whatever its size. A short window
                 # lets the rows of several commits go in one batch (README, "Performance").
-                await self._pause(self._options.batch_window_seconds)
+                # It counts from this batch's read: rows have gathered while the batch was
+                # published and marked, so a slow confirm is not followed by a whole window more
+                # (docs/performance.md, "End to end at prefetch 64").
+                left = self._options.batch_window_seconds - (time.monotonic() - read_at)
+                if left > 0:
+                    await self._pause(left)
 
     async def _publish(
         self, database: asyncpg.Connection, channel: aiormq.Channel, batch: list[OutboxRow]
