@@ -27,7 +27,7 @@ import re
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Final, Literal, Self
+from typing import Annotated, Final, Literal, NamedTuple, Self
 
 from dotenv.parser import parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -561,13 +561,28 @@ def unknown_variables(environ: Mapping[str, str | None]) -> list[str]:
     return problems
 
 
-def env_file_problems() -> tuple[list[str], list[str]]:
+class EnvFileReading(NamedTuple):
+    """What one reading of the ``.env`` file found (:func:`env_file_problems`).
+
+    Attributes:
+        misread: the lines that would not set what they seem to, numbered.
+        unknown: as :func:`unknown_variables` says them, its ``FULFILMENT_*`` keys that are no
+            setting, each naming the file.
+        lines: ``{NAME: "FILE:LINE"}`` of every ``FULFILMENT_*`` key it sets, names in upper
+            case, the last line of a name that appears twice (the one that takes effect).
+    """
+
+    misread: list[str]
+    unknown: list[str]
+    lines: dict[str, str]
+
+
+def env_file_problems() -> EnvFileReading:
     """What is wrong with the ``.env`` file the settings read, from one reading of it.
 
     Returns:
-        The lines that would not set what they seem to, numbered (first list), and, as
-        :func:`unknown_variables` says them, its ``FULFILMENT_*`` keys that are no setting,
-        each naming the file (second list). Both empty without the file.
+        Its misread lines, its unknown keys and where each key is set; all empty without the
+        file (:class:`EnvFileReading`).
 
     python-dotenv, the parser pydantic-settings reads the file with and the one used here,
     skips a line that is no ``NAME=VALUE`` (an unclosed quote) with a logged warning and reads
@@ -579,11 +594,11 @@ def env_file_problems() -> tuple[list[str], list[str]]:
     may hold a password.
     """
     env_file = Settings.model_config.get("env_file")
+    reading = EnvFileReading([], [], {})
     if env_file is None:
-        return [], []
+        return reading
     names = [env_file] if isinstance(env_file, str | Path) else list(env_file)
-    misread: list[str] = []
-    unknown: list[str] = []
+    misread, unknown = reading.misread, reading.unknown
     for name in names:
         path = Path(name).expanduser()
         if not path.is_file():
@@ -614,8 +629,9 @@ def env_file_problems() -> tuple[list[str], list[str]]:
                 )
             else:
                 keys[binding.key] = binding.value
+                reading.lines[binding.key.upper()] = where
         unknown += [f"{name}: {problem}" for problem in unknown_variables(keys)]
-    return misread, unknown
+    return reading
 
 
 def _line_start(line: str) -> str:
@@ -629,22 +645,29 @@ def load_settings() -> Settings:
 
     Raises:
         SettingsError: one line per invalid or unknown variable, each naming it and saying why
-            (and the ``.env`` file, for a key of that file), or per line of ``.env`` that
-            cannot be read.
+            (and the ``.env`` file, for a key of that file: with its line for a bad value), or
+            per line of ``.env`` that cannot be read.
     """
-    misread, unknown_in_file = env_file_problems()
-    if misread:
-        raise SettingsError("\n".join(misread))
-    unknown = unknown_variables(os.environ) + unknown_in_file
+    reading = env_file_problems()
+    if reading.misread:
+        raise SettingsError("\n".join(reading.misread))
+    unknown = unknown_variables(os.environ) + reading.unknown
     if unknown:
         raise SettingsError("\n".join(unknown))
     try:
         return Settings()
     except ValidationError as error:
+        # The environment wins over .env (pydantic-settings), names in any case.
+        from_environment = {name.upper() for name in os.environ}
         lines = []
         for problem in error.errors():
             field = ".".join(str(part) for part in problem["loc"])
             message = problem["msg"].removeprefix("Value error, ")
-            # A rule across fields (the nesting of deadlines) names its variables itself.
-            lines.append(f"{env_name(field)}: {message}" if field else message)
+            if not field:
+                # A rule across fields (the nesting of deadlines) names its variables itself.
+                lines.append(message)
+                continue
+            name = env_name(field)
+            where = reading.lines.get(name) if name not in from_environment else None
+            lines.append(f"{where}: {name}: {message}" if where else f"{name}: {message}")
         raise SettingsError("\n".join(lines)) from None

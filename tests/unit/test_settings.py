@@ -418,3 +418,28 @@ def test_the_retention_defaults_outlive_the_dead_letter_queue_and_the_outbox() -
     assert settings.dead_letter_ttl_seconds == 14 * 86_400
     assert settings.outbox_retention_seconds < settings.processed_id_retention_seconds
     assert settings.replay_limit == 3
+
+
+def test_a_bad_value_from_the_env_file_names_the_line_that_sets_it(tmp_path: Path) -> None:
+    # The last of two lines of a name is the one read.
+    (tmp_path / ".env").write_text(
+        "# ours\nFULFILMENT_LOG_LEVEL=INFO\n"
+        "FULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_PREFETCH_COUNT=abc\n"
+    )
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value) == (
+        ".env:4: FULFILMENT_PREFETCH_COUNT: Input should be a valid integer,"
+        " unable to parse string as an integer"
+    )
+
+
+def test_a_bad_value_from_the_environment_is_not_blamed_on_the_env_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The environment wins over .env, so its value is the bad one.
+    (tmp_path / ".env").write_text("FULFILMENT_PREFETCH_COUNT=8\n")
+    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "abc")
+    with pytest.raises(SettingsError) as raised:
+        load_settings()
+    assert str(raised.value).startswith("FULFILMENT_PREFETCH_COUNT: Input should be a valid")
