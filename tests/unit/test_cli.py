@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,21 @@ def test_a_bad_env_file_line_is_bad_input_naming_the_file(tmp_path, monkeypatch,
     assert result.stderr == f"fulfilment: invalid settings: {said}\n"
 
 
+@pytest.fixture
+def ctrl_c_not_ignored() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` in this process, and reaches the programs it starts.
+
+    A non-interactive shell starts a background job with SIGINT ignored (POSIX), as a job of a
+    CI runner may be, and a program inherits an ignored signal; a Python handler, unlike an
+    ignore, is reset to the default by ``exec``. Without this, these tests would measure how
+    the suite was started, not the command.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_not_ignored")
 def test_ctrl_c_cancels_a_command_and_exits_130_with_the_line_it_was_given(capsys):
     cancelled = []
 
@@ -285,6 +301,7 @@ def test_ctrl_c_before_the_command_starts_closes_it_unstarted(monkeypatch, capsy
     assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C)\n"
 
 
+@pytest.mark.usefixtures("ctrl_c_not_ignored")
 @pytest.mark.parametrize("after_seconds", [0.3, 0.6])
 def test_a_command_interrupted_as_it_starts_exits_130_with_one_line(after_seconds):
     # While the program loads its modules, reads its settings or waits for a database that
