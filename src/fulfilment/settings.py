@@ -594,11 +594,12 @@ def env_file_problems() -> EnvFileReading:
     may hold a password.
     """
     env_file = Settings.model_config.get("env_file")
-    reading = EnvFileReading([], [], {})
+    misread: list[str] = []
+    unknown: list[str] = []
+    lines: dict[str, str] = {}
     if env_file is None:
-        return reading
+        return EnvFileReading(misread, unknown, lines)
     names = [env_file] if isinstance(env_file, str | Path) else list(env_file)
-    misread, unknown = reading.misread, reading.unknown
     for name in names:
         path = Path(name).expanduser()
         if not path.is_file():
@@ -629,9 +630,9 @@ def env_file_problems() -> EnvFileReading:
                 )
             else:
                 keys[binding.key] = binding.value
-                reading.lines[binding.key.upper()] = where
+                lines[binding.key.upper()] = where
         unknown += [f"{name}: {problem}" for problem in unknown_variables(keys)]
-    return reading
+    return EnvFileReading(misread, unknown, lines)
 
 
 def _line_start(line: str) -> str:
