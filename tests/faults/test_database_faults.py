@@ -35,9 +35,8 @@ from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
-ORDERS = 1_500
-KILLED_SESSIONS_ORDERS = 5_000
-"""Enough for a worker at prefetch 64 to still be busy when the last session dies."""
+ORDERS = 5_000
+"""Enough for a worker at prefetch 64 to still be busy when the restart or the last kill lands."""
 SESSIONS_TO_KILL = 5
 RETRY_BUDGET = float(FAST_SETTINGS["FULFILMENT_RETRY_BUDGET_SECONDS"])
 
@@ -95,7 +94,7 @@ async def test_killed_database_sessions_are_retried_and_dead_letter_nothing(
     amqp_url: str,
 ) -> None:
     await put_stock(db, AMPLE_STOCK)
-    orders = synthetic_orders(KILLED_SESSIONS_ORDERS, seed=32)
+    orders = synthetic_orders(ORDERS, seed=32)
     await declare(amqp_url, LIMIT)
     await publish(broker, orders)
     cluster.start(1, wait_ready=True)
@@ -117,8 +116,8 @@ async def test_killed_database_sessions_are_retried_and_dead_letter_nothing(
         await asyncio.sleep(0.2)
     processed_when_killed = await inbox_count(db)
 
-    await run_until_settled(cluster, db, broker, KILLED_SESSIONS_ORDERS, timeout=120, restart=False)
-    assert processed_when_killed < KILLED_SESSIONS_ORDERS, "the kills landed after the load"
+    await run_until_settled(cluster, db, broker, ORDERS, timeout=120, restart=False)
+    assert processed_when_killed < ORDERS, "the kills landed after the load"
     result = await assert_reconciled(settings, orders)
     record_figures(
         "database sessions killed",
