@@ -151,6 +151,7 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     first = demo(worker_env, "--reset")
     assert first.returncode == 0, first.stderr[-2000:]
     out = first.stdout
+    assert "none of the 170 orders is in this database's inbox yet: a first run" in out
     assert (
         "cancellations mapped to their order: 1 (not mapped: no customer 1, not negative 0,"
         " no earlier order 30, not held 1, several orders 0)" in out
@@ -219,6 +220,10 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     second = demo(worker_env)
 
     assert second.returncode == 0, second.stderr[-2000:]
+    assert (
+        "170 of the 170 orders are in this database's inbox already: played before, they are"
+        " answered as duplicates and change nothing"
+    ) in second.stdout
     assert "loaded 0 planned stock levels; 1368 SKUs kept the level they had" in second.stdout
     assert (
         "this run's outcomes\n"

@@ -68,6 +68,7 @@ from fulfilment.adapters.postgres.admin import (
     outbox_entries_after,
     outbox_last_id,
     outbox_unpublished_after,
+    processed_event_ids,
     reset_tables,
     stock_totals,
     warehouse_session,
@@ -284,6 +285,10 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
             await reset.run(options, warehouse, database, echo)
         elif created or (database.empty and database.comment is None):
             await _mark(warehouse, f"{DEMO_DATABASE_MARK}: made or found empty by", echo)
+        seen = await processed_event_ids(
+            warehouse, options.consumer, [order.event_id for order in read.orders]
+        )
+        echo(played_before(len(seen), len(read.orders)))
         loaded = await _load_missing_stock(warehouse, levels)
         # Taken before the worker starts: every row of the run has a higher id.
         baseline = await outbox_last_id(warehouse)
@@ -872,6 +877,20 @@ _EVENT: dict[type, str] = {
     RetailShipment: ORDER_SHIPPED.event,
 }
 """The ``event`` label of each kind of event the demo sends."""
+
+
+def played_before(seen: int, orders: int) -> str:
+    """Whether the database played the ``orders`` before (``seen``: in its inbox), in a line.
+
+    A new user reads there which of the README's two endings to expect.
+    """
+    if seen == 0:
+        return f"none of the {orders} orders is in this database's inbox yet: a first run"
+    return (
+        f"{seen} of the {orders} orders are in this database's inbox already: played before,"
+        " they are answered as duplicates and change nothing (--reset, or make demo RESET=1,"
+        " plays them afresh)"
+    )
 
 
 def _day_line(day: RetailDay, counts: _DayCounts, totals: StockTotals) -> str:
