@@ -113,13 +113,26 @@ def test_a_sku_with_a_nul_is_an_error_naming_its_line(tmp_path):
 def test_an_empty_sku_is_an_error(tmp_path):
     path = write(tmp_path, "sku,on_hand\n,1\n")
 
-    assert str(error_of(path)) == f"{path}:2: sku is empty"
+    assert str(error_of(path)) == f"{path}:2: sku is empty, got ''"
 
 
 def test_a_sku_longer_than_the_event_contract_allows_is_an_error(tmp_path):
     path = write(tmp_path, "sku,on_hand\n" + "X" * 65 + ",1\n")
 
-    assert "stock.csv:2: sku is longer than 64 characters" in str(error_of(path))
+    # The SKU is quoted up to the longest a SKU may be, not whole.
+    assert str(error_of(path)).endswith(
+        ":2: sku is longer than 64 characters, got '" + "X" * 64 + "'... (65 characters)"
+    )
+
+
+def test_a_sku_no_event_could_name_is_not_loaded(tmp_path):
+    # A quoted field may hold a line feed; the event contract refuses such a SKU, so no order
+    # could ever reserve it.
+    path = write(tmp_path, 'sku,on_hand\n"A\nB",1\n')
+
+    assert (
+        "sku must not start or end with white space, nor contain a line feed, got 'A\\nB'"
+    ) in str(error_of(path))
 
 
 @pytest.mark.parametrize("row", ["A", "A,1,2", "A,1,"])

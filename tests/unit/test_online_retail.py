@@ -323,11 +323,14 @@ def test_lines_of_one_invoice_need_not_be_adjacent(tmp_path):
         ),
         (
             "536365, 85123A,HOLDER,6,2010-12-01 08:26:00,2.55,,UK",
-            "2010-12-01.csv:3: StockCode has leading or trailing white space: ' 85123A'",
+            (
+                "2010-12-01.csv:3: StockCode must not start or end with white space, nor contain"
+                " a line feed, got ' 85123A'"
+            ),
         ),
         (
             "536365,,HOLDER,6,2010-12-01 08:26:00,2.55,,UK",
-            "2010-12-01.csv:3: StockCode must have 1 to 64 characters, got ''",
+            "2010-12-01.csv:3: StockCode is empty, got ''",
         ),
         (
             "536365,85\x0023A,HOLDER,6,2010-12-01 08:26:00,2.55,,UK",

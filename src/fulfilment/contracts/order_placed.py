@@ -28,6 +28,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
 )
 from pydantic_core import PydanticCustomError
 
@@ -111,6 +113,41 @@ Sku = Annotated[
 ]
 """A stock code: case-sensitive, inner spaces allowed, no leading or trailing white space,
 no NUL."""
+
+_SKU = TypeAdapter(Sku)
+
+_SKU_PROBLEMS = {
+    "string_too_short": "is empty",
+    "string_too_long": f"is longer than {MAX_SKU_LENGTH} characters",
+    # The pattern's "." takes any character but a line feed, and "\S" is Unicode's.
+    "string_pattern_mismatch": "must not start or end with white space, nor contain a line feed",
+    "sku_nul": SKU_NUL_PROBLEM,
+}
+
+
+def sku_problem(sku: str) -> str | None:
+    """Why the event contract refuses ``sku`` (:data:`Sku`), in words, or None when it takes it.
+
+    The readers of stock files and data sets check their SKUs with it, so that a file never
+    loads a SKU that no event could name, and never refuses one that an event could: one set of
+    rules, the contract's. The words fit after "sku" or "StockCode": ``is empty``, ``is longer
+    than 64 characters``, ``must not start or end with white space, nor contain a line feed``,
+    :data:`SKU_NUL_PROBLEM`.
+    """
+    try:
+        _SKU.validate_python(sku)
+    except ValidationError as error:
+        first = error.errors()[0]
+        return _SKU_PROBLEMS.get(first["type"], first["msg"])
+    return None
+
+
+def shown_sku(sku: str) -> str:
+    """``sku`` quoted for a message, cut after :data:`MAX_SKU_LENGTH` characters when longer."""
+    if len(sku) <= MAX_SKU_LENGTH:
+        return repr(sku)
+    return f"{sku[:MAX_SKU_LENGTH]!r}... ({len(sku)} characters)"
+
 
 EventTime = Annotated[AwareDatetime, AfterValidator(_storable_instant)]
 """When something happened to an order (``placed_at``, ``cancelled_at``, ``shipped_at``): with

@@ -70,9 +70,10 @@ Bad input
     plain integer or a date not in ``YYYY-MM-DD HH:MM:SS`` makes the whole read fail with
     :class:`OnlineRetailError` naming the file and line, for every row, cancelled or not: such
     a row means the file is not what it claims to be. A line that will be published must also
-    fit the event contract: a SKU of 1 to ``MAX_SKU_LENGTH`` characters without leading or
-    trailing white space (none of the data has any, so stripping would be a guess) or NUL,
-    and at most ``MAX_QUANTITY`` units. An invoice with more lines than ``MAX_LINES`` is an
+    fit the event contract: a SKU the contract's ``Sku`` takes (``sku_problem``: 1 to
+    ``MAX_SKU_LENGTH`` characters, no leading or trailing white space, line feed or NUL; none
+    of the data has any white space there, so stripping would be a guess), and at most
+    ``MAX_QUANTITY`` units. An invoice with more lines than ``MAX_LINES`` is an
     error rather than split into several orders, which would reserve part of an order (the
     largest has 675 lines).
 """
@@ -91,9 +92,9 @@ from zoneinfo import ZoneInfo
 from fulfilment.contracts.order_placed import (
     MAX_LINES,
     MAX_QUANTITY,
-    MAX_SKU_LENGTH,
-    SKU_NUL_PROBLEM,
     order_placed_body,
+    shown_sku,
+    sku_problem,
 )
 
 NAMESPACE = UUID("a6621eaf-b20e-51de-a8ee-d4d62a407d7a")
@@ -386,14 +387,8 @@ def _order(invoice: _Invoice, lines: list[tuple[str, int, str]], day: str) -> Re
         )
         raise OnlineRetailError(msg)
     for sku, quantity, place in lines:
-        if not sku or len(sku) > MAX_SKU_LENGTH:
-            msg = f"{place}: StockCode must have 1 to {MAX_SKU_LENGTH} characters, got {sku!r}"
-            raise OnlineRetailError(msg)
-        if sku != sku.strip():
-            msg = f"{place}: StockCode has leading or trailing white space: {sku!r}"
-            raise OnlineRetailError(msg)
-        if "\x00" in sku:
-            msg = f"{place}: StockCode {SKU_NUL_PROBLEM}, got {sku!r}"
+        if (problem := sku_problem(sku)) is not None:
+            msg = f"{place}: StockCode {problem}, got {shown_sku(sku)}"
             raise OnlineRetailError(msg)
         if quantity > MAX_QUANTITY:
             msg = f"{place}: Quantity must be at most {MAX_QUANTITY}, got {quantity}"

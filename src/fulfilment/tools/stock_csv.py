@@ -2,7 +2,8 @@
 
 The format: UTF-8 (a byte-order mark is tolerated), a header that is exactly ``sku,on_hand``,
 then one row per SKU. SKUs are the shop's stock codes and are kept as written (case and inner
-spaces matter, as in ``15056bl`` and ``BANK CHARGES``); ``on_hand`` is a whole number of units.
+spaces matter, as in ``15056bl`` and ``BANK CHARGES``) and must be ones an event could name
+(``contracts.order_placed.sku_problem``); ``on_hand`` is a whole number of units.
 Blank lines are skipped. Any other departure is an error naming the file and the line, so that
 a bad file is refused before any level is changed.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.postgres.errors import SKUS_SHOWN, StockBelowReservedError
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
-from fulfilment.contracts.order_placed import MAX_SKU_LENGTH, SKU_NUL_PROBLEM
+from fulfilment.contracts.order_placed import shown_sku, sku_problem
 from fulfilment.exit_codes import ExitCode
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 
@@ -141,16 +142,8 @@ def _parse_row(path: Path | str, line: int, row: list[str]) -> tuple[str, int]:
         problem = f"expected 2 fields (sku,on_hand), got {len(row)}"
         raise StockCsvError(path, line, problem)
     sku, on_hand = row
-    if not sku:
-        raise StockCsvError(path, line, "sku is empty")
-    if sku != sku.strip():
-        problem = f"sku must not start or end with white space, got {sku!r}"
-        raise StockCsvError(path, line, problem)
-    if len(sku) > MAX_SKU_LENGTH:
-        problem = f"sku is longer than {MAX_SKU_LENGTH} characters, got {sku!r}"
-        raise StockCsvError(path, line, problem)
-    if "\x00" in sku:
-        raise StockCsvError(path, line, f"sku {SKU_NUL_PROBLEM}, got {sku!r}")
+    if (refused := sku_problem(sku)) is not None:
+        raise StockCsvError(path, line, f"sku {refused}, got {shown_sku(sku)}")
     if not _WHOLE_NUMBER.fullmatch(on_hand):
         problem = f"on_hand must be a whole number >= 0, got {on_hand!r}"
         raise StockCsvError(path, line, problem)
