@@ -151,7 +151,10 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     first = demo(worker_env, "--reset")
     assert first.returncode == 0, first.stderr[-2000:]
     out = first.stdout
-    assert "none of the 170 orders is in this database's inbox yet: a first run" in out
+    assert (
+        "none of these events is in this database's inbox yet (170 orders, 1 cancellation,"
+        " their shipments): a first run"
+    ) in out
     assert (
         "cancellations mapped to their order: 1 (not mapped: no customer 1, not negative 0,"
         " no earlier order 30, not held 1, several orders 0)" in out
@@ -221,8 +224,9 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
 
     assert second.returncode == 0, second.stderr[-2000:]
     assert (
-        "170 of the 170 orders are in this database's inbox already: played before, they are"
-        " answered as duplicates and change nothing"
+        "played before: this database's inbox already holds 170 of these 170 orders, 1 of the 1"
+        " cancellation and the shipments of 132 orders; those are answered as duplicates and"
+        " change nothing"
     ) in second.stdout
     assert "loaded 0 planned stock levels; 1368 SKUs kept the level they had" in second.stdout
     assert (

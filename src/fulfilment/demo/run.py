@@ -89,7 +89,7 @@ from fulfilment.contracts.topology import (
     SUBSCRIBED_QUEUES,
 )
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
-from fulfilment.dataset.online_retail import ReadResult, RetailOrder
+from fulfilment.dataset.online_retail import ReadResult, RetailOrder, shipment_event_id_for
 from fulfilment.dataset.publish import publish_in_order
 from fulfilment.dataset.reconcile import reconcile_kinds
 from fulfilment.dataset.retail_lifecycle import (
@@ -285,10 +285,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
             await reset.run(options, warehouse, database, echo)
         elif created or (database.empty and database.comment is None):
             await _mark(warehouse, f"{DEMO_DATABASE_MARK}: made or found empty by", echo)
-        seen = await processed_event_ids(
-            warehouse, options.consumer, [order.event_id for order in read.orders]
-        )
-        echo(played_before(len(seen), len(read.orders)))
+        echo(await played_before(warehouse, options.consumer, read.orders, match))
         loaded = await _load_missing_stock(warehouse, levels)
         # Taken before the worker starts: every row of the run has a higher id.
         baseline = await outbox_last_id(warehouse)
@@ -879,17 +876,38 @@ _EVENT: dict[type, str] = {
 """The ``event`` label of each kind of event the demo sends."""
 
 
-def played_before(seen: int, orders: int) -> str:
-    """Whether the database played the ``orders`` before (``seen``: in its inbox), in a line.
+async def played_before(
+    warehouse: PostgresWarehouse,
+    consumer: str,
+    orders: Sequence[RetailOrder],
+    match: CancellationMatch,
+) -> str:
+    """Whether the database played these events before, from its inbox, in a line.
 
-    A new user reads there which of the README's two endings to expect.
+    Every event the demo can send counts: the orders, the mapped cancellations and a shipment
+    of each order (sent only for those reserved). A new user reads there which of the README's
+    two endings to expect, or that the run lies between them.
     """
-    if seen == 0:
-        return f"none of the {orders} orders is in this database's inbox yet: a first run"
+    shipments = [shipment_event_id_for(order.invoice_no) for order in orders]
+    kinds = (
+        [order.event_id for order in orders],
+        [cancellation.event_id for cancellation in match.cancellations],
+        shipments,
+    )
+    seen = await processed_event_ids(warehouse, consumer, [i for ids in kinds for i in ids])
+    placed, cancelled, shipped = (sum(i in seen for i in ids) for ids in kinds)
+    count = len(match.cancellations)
+    cancellations = f"{count} cancellation{'' if count == 1 else 's'}"
+    if not seen:
+        return (
+            f"none of these events is in this database's inbox yet ({len(orders)} orders,"
+            f" {cancellations}, their shipments): a first run"
+        )
     return (
-        f"{seen} of the {orders} orders are in this database's inbox already: played before,"
-        " they are answered as duplicates and change nothing (--reset, or make demo RESET=1,"
-        " plays them afresh)"
+        f"played before: this database's inbox already holds {placed} of these {len(orders)}"
+        f" orders, {cancelled} of the {cancellations} and the shipments of {shipped} orders;"
+        " those are answered as duplicates and change nothing, any other is applied (--reset,"
+        " or make demo RESET=1, plays them all afresh)"
     )
 
 
