@@ -111,8 +111,8 @@ Sku = Annotated[
     StringConstraints(min_length=1, max_length=MAX_SKU_LENGTH, pattern=r"^\S(?:.*\S)?$"),
     AfterValidator(_storable_sku),
 ]
-"""A stock code: case-sensitive, inner spaces allowed, no leading or trailing white space,
-no NUL."""
+"""A stock code: case-sensitive, inner spaces allowed, no leading or trailing white space
+(Unicode's), no line feed, no NUL; :func:`sku_problem` says which rule a string breaks."""
 
 _SKU = TypeAdapter(Sku)
 
