@@ -35,6 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
+from fulfilment.utf8 import first_non_utf8
 
 ENV_PREFIX = "FULFILMENT_"
 
@@ -590,8 +591,8 @@ def env_file_problems() -> EnvFileReading:
     lines between into the value: in each case the variable would take the environment's
     value, its default or a mangled one, and a command could run against the default database
     instead of the one the line names. A file that is not UTF-8 is a problem too, rather than
-    a traceback. The file is found as :class:`Settings` finds it; no value is shown, since one
-    may hold a password.
+    a traceback, named at the line of its first bad byte. The file is found as
+    :class:`Settings` finds it; no value is shown, since one may hold a password.
     """
     env_file = Settings.model_config.get("env_file")
     misread: list[str] = []
@@ -604,11 +605,12 @@ def env_file_problems() -> EnvFileReading:
         path = Path(name).expanduser()
         if not path.is_file():
             continue
-        try:
-            text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
-        except UnicodeDecodeError as error:
-            misread.append(f"{name}: not UTF-8 ({error.reason} at byte {error.start})")
+        if (found := first_non_utf8(path.read_bytes())) is not None:
+            misread.append(
+                f"{name}:{found.line}: not UTF-8 ({found.reason} at byte {found.offset})"
+            )
             continue
+        text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
         keys: dict[str, str | None] = {}
         for binding in parse_stream(io.StringIO(text)):
             where = f"{name}:{binding.original.line}"

@@ -286,10 +286,26 @@ def test_an_env_file_line_read_otherwise_than_it_seems_stops_the_start(
     assert "elsewhere" not in message
 
 
-def test_an_env_file_that_is_not_utf_8_stops_the_start_naming_it(tmp_path: Path) -> None:
-    (tmp_path / ".env").write_bytes(b"\xff\xfeFULFILMENT_PREFETCH_COUNT=8\n")
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (
+            b"\xff\xfeFULFILMENT_PREFETCH_COUNT=8\n",
+            ".env:1: not UTF-8 (invalid start byte at byte 0)",
+        ),
+        (
+            b"# the broker\nFULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_CONSUMER_NAME=caf\xe9\n",
+            ".env:3: not UTF-8 (invalid continuation byte at byte 69)",
+        ),
+    ],
+    ids=["first line", "third line"],
+)
+def test_an_env_file_that_is_not_utf_8_stops_the_start_naming_the_line(
+    tmp_path: Path, data: bytes, said: str
+) -> None:
+    (tmp_path / ".env").write_bytes(data)
     message = refusal()
-    assert message == ".env: not UTF-8 (invalid start byte at byte 0)"
+    assert message == said
 
 
 @pytest.mark.parametrize(
