@@ -541,11 +541,18 @@ NOT_SETTINGS_PREFIXES = (f"{ENV_PREFIX}TEST_", f"{ENV_PREFIX}BENCH_")
 """Variables of the test suite and the benchmark, which share the prefix but are not settings."""
 
 
-def unknown_variables(environ: Mapping[str, str | None]) -> list[str]:
+def unknown_variables(
+    environ: Mapping[str, str | None], places: Mapping[str, str] | None = None
+) -> list[str]:
     """One line per ``FULFILMENT_*`` variable that is no setting, with the likely intended one.
 
     A misspelt variable (``FULFILMENT_PREFTCH_COUNT``) would otherwise be ignored in silence
     and the default used, which an operator finds out only in production.
+
+    Args:
+        environ: the variables, names in any case.
+        places: ``{NAME: "FILE:LINE"}`` of variables read from a file: a line about one of
+            them starts with its place, as the file's other problems do.
     """
     known = {env_name(field) for field in Settings.model_fields}
     problems = []
@@ -558,7 +565,8 @@ def unknown_variables(environ: Mapping[str, str | None]) -> list[str]:
             continue
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        problems.append(f"{name}: not a setting of this service{hint}")
+        where = f"{places[name]}: " if places and name in places else ""
+        problems.append(f"{where}{name}: not a setting of this service{hint}")
     return problems
 
 
@@ -568,7 +576,7 @@ class EnvFileReading(NamedTuple):
     Attributes:
         misread: the lines that would not set what they seem to, numbered.
         unknown: as :func:`unknown_variables` says them, its ``FULFILMENT_*`` keys that are no
-            setting, each naming the file.
+            setting, each naming the file and the line that sets it.
         lines: ``{NAME: "FILE:LINE"}`` of every ``FULFILMENT_*`` key it sets, names in upper
             case, the last line of a name that appears twice (the one that takes effect).
     """
@@ -633,7 +641,7 @@ def env_file_problems() -> EnvFileReading:
             else:
                 keys[binding.key] = binding.value
                 lines[binding.key.upper()] = where
-        unknown += [f"{name}: {problem}" for problem in unknown_variables(keys)]
+        unknown += unknown_variables(keys, lines)
     return EnvFileReading(misread, unknown, lines)
 
 

@@ -221,11 +221,16 @@ def test_the_test_suite_s_own_variables_are_not_taken_for_settings(
     assert load_settings().prefetch_count == 64
 
 
-def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file(tmp_path: Path) -> None:
-    (tmp_path / ".env").write_text("FULFILMENT_PREFETCH_COUNT=8\nfulfilment_prefetch_cont=3\n")
+def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".env").write_text(
+        "fulfilment_prefetch_cont=2\nFULFILMENT_PREFETCH_COUNT=8\nfulfilment_prefetch_cont=3\n"
+    )
     message = refusal()
+    # The last line that sets it, the one that would take effect.
     assert message == (
-        ".env: FULFILMENT_PREFETCH_CONT: not a setting of this service "
+        ".env:3: FULFILMENT_PREFETCH_CONT: not a setting of this service "
         "(did you mean FULFILMENT_PREFETCH_COUNT?)"
     )
 
