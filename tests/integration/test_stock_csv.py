@@ -218,6 +218,26 @@ async def test_a_stock_file_loads_into_the_database(warehouse, tmp_path):
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [("A,1\n", "loaded 1 stock level"), ("A,1\nB,2\n", "loaded 2 stock levels")],
+    ids=["one", "two"],
+)
+async def test_stock_load_says_how_many_levels_it_loaded(clean_database, tmp_path, rows, said):
+    path = write(tmp_path, f"sku,on_hand\n{rows}")
+    options = ToolOptions(
+        amqp_url="amqp://unused/",
+        database=database_options(Settings(database_url=SecretStr(clean_database))),
+        consumer="fulfilment",
+    )
+    echoed: list[str] = []
+
+    await load_command(options, path, echo=echoed.append)
+
+    assert echoed == [f"{said} from {path}"]
+
+
+@pytest.mark.postgres
 @pytest.mark.skipif(not SAMPLE.is_file(), reason="the shipped sample is not in this checkout")
 async def test_the_shipped_sample_loads_twice_with_the_same_result(warehouse):
     levels = read_stock_csv(SAMPLE)

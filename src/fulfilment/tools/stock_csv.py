@@ -74,7 +74,7 @@ async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
         raise CommandError(
             _below_reserved(file, levels, lines, error.skus), ExitCode.BAD_INPUT
         ) from error
-    echo(f"loaded {len(levels)} stock levels from {file}")
+    echo(f"loaded {len(levels)} stock level{'' if len(levels) == 1 else 's'} from {file}")
 
 
 def _below_reserved(
