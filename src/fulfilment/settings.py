@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Final, Literal, NamedTuple, Self
 
-from dotenv.parser import parse_stream
+from dotenv.parser import Original, parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -621,7 +621,7 @@ def env_file_problems() -> EnvFileReading:
         text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
         keys: dict[str, str | None] = {}
         for binding in parse_stream(io.StringIO(text)):
-            where = f"{name}:{binding.original.line}"
+            where = f"{name}:{_first_line(binding.original)}"
             if binding.error:
                 line = binding.original.string
                 hint = " (an unclosed quote?)" if any(quote in line for quote in "'\"") else ""
@@ -643,6 +643,16 @@ def env_file_problems() -> EnvFileReading:
                 lines[binding.key.upper()] = where
         unknown += unknown_variables(keys, lines)
     return EnvFileReading(misread, unknown, lines)
+
+
+def _first_line(original: Original) -> int:
+    """The line where a binding's text starts, past the blank lines python-dotenv gives it.
+
+    The parser counts the blank lines before a binding as the binding's own (its ``line`` is the
+    first of them), so a line number taken as it is would name a blank line above the one meant.
+    """
+    text = original.string
+    return original.line + text[: len(text) - len(text.lstrip())].count("\n")
 
 
 def _line_start(line: str) -> str:

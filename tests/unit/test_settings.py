@@ -447,6 +447,23 @@ def test_a_bad_value_from_the_env_file_names_the_line_that_sets_it(tmp_path: Pat
     )
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("FULFILMENT_PREFETCH_COUNT=abc", "FULFILMENT_PREFETCH_COUNT: Input should be"),
+        ("FULFILMENT_PREFTCH_COUNT=8", "FULFILMENT_PREFTCH_COUNT: not a setting"),
+        ('FULFILMENT_DATABASE_URL="postgresql://db/x', "FULFILMENT_DATABASE_URL cannot be"),
+    ],
+    ids=["bad value", "no setting", "unreadable"],
+)
+def test_blank_lines_before_an_env_file_line_do_not_shift_its_number(
+    tmp_path: Path, line: str, said: str
+) -> None:
+    # python-dotenv numbers a binding from the first blank line above it.
+    (tmp_path / ".env").write_text(f"# ours\nFULFILMENT_LOG_LEVEL=INFO\n\n  \n{line}\n")
+    assert refusal().startswith(f".env:5: {said}")
+
+
 def test_a_bad_value_from_the_environment_is_not_blamed_on_the_env_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
