@@ -29,12 +29,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Final, Literal, NamedTuple, Self
 
-from dotenv.parser import parse_stream
+from dotenv.parser import Original, parse_stream
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
+from fulfilment.utf8 import first_non_utf8
 
 ENV_PREFIX = "FULFILMENT_"
 
@@ -540,11 +541,18 @@ NOT_SETTINGS_PREFIXES = (f"{ENV_PREFIX}TEST_", f"{ENV_PREFIX}BENCH_")
 """Variables of the test suite and the benchmark, which share the prefix but are not settings."""
 
 
-def unknown_variables(environ: Mapping[str, str | None]) -> list[str]:
+def unknown_variables(
+    environ: Mapping[str, str | None], places: Mapping[str, str] | None = None
+) -> list[str]:
     """One line per ``FULFILMENT_*`` variable that is no setting, with the likely intended one.
 
     A misspelt variable (``FULFILMENT_PREFTCH_COUNT``) would otherwise be ignored in silence
     and the default used, which an operator finds out only in production.
+
+    Args:
+        environ: the variables, names in any case.
+        places: ``{NAME: "FILE:LINE"}`` of variables read from a file: a line about one of
+            them starts with its place, as the file's other problems do.
     """
     known = {env_name(field) for field in Settings.model_fields}
     problems = []
@@ -557,7 +565,8 @@ def unknown_variables(environ: Mapping[str, str | None]) -> list[str]:
             continue
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        problems.append(f"{name}: not a setting of this service{hint}")
+        where = f"{places[name]}: " if places and name in places else ""
+        problems.append(f"{where}{name}: not a setting of this service{hint}")
     return problems
 
 
@@ -567,7 +576,7 @@ class EnvFileReading(NamedTuple):
     Attributes:
         misread: the lines that would not set what they seem to, numbered.
         unknown: as :func:`unknown_variables` says them, its ``FULFILMENT_*`` keys that are no
-            setting, each naming the file.
+            setting, each naming the file and the line that sets it.
         lines: ``{NAME: "FILE:LINE"}`` of every ``FULFILMENT_*`` key it sets, names in upper
             case, the last line of a name that appears twice (the one that takes effect).
     """
@@ -590,8 +599,8 @@ def env_file_problems() -> EnvFileReading:
     lines between into the value: in each case the variable would take the environment's
     value, its default or a mangled one, and a command could run against the default database
     instead of the one the line names. A file that is not UTF-8 is a problem too, rather than
-    a traceback. The file is found as :class:`Settings` finds it; no value is shown, since one
-    may hold a password.
+    a traceback, named at the line of its first bad byte. The file is found as
+    :class:`Settings` finds it; no value is shown, since one may hold a password.
     """
     env_file = Settings.model_config.get("env_file")
     misread: list[str] = []
@@ -604,14 +613,15 @@ def env_file_problems() -> EnvFileReading:
         path = Path(name).expanduser()
         if not path.is_file():
             continue
-        try:
-            text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
-        except UnicodeDecodeError as error:
-            misread.append(f"{name}: not UTF-8 ({error.reason} at byte {error.start})")
+        if (found := first_non_utf8(path.read_bytes())) is not None:
+            misread.append(
+                f"{name}:{found.line}: not UTF-8 ({found.reason} at byte {found.offset})"
+            )
             continue
+        text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
         keys: dict[str, str | None] = {}
         for binding in parse_stream(io.StringIO(text)):
-            where = f"{name}:{binding.original.line}"
+            where = f"{name}:{_first_line(binding.original)}"
             if binding.error:
                 line = binding.original.string
                 hint = " (an unclosed quote?)" if any(quote in line for quote in "'\"") else ""
@@ -631,8 +641,18 @@ def env_file_problems() -> EnvFileReading:
             else:
                 keys[binding.key] = binding.value
                 lines[binding.key.upper()] = where
-        unknown += [f"{name}: {problem}" for problem in unknown_variables(keys)]
+        unknown += unknown_variables(keys, lines)
     return EnvFileReading(misread, unknown, lines)
+
+
+def _first_line(original: Original) -> int:
+    """The line where a binding's text starts, past the blank lines python-dotenv gives it.
+
+    The parser counts the blank lines before a binding as the binding's own (its ``line`` is the
+    first of them), so a line number taken as it is would name a blank line above the one meant.
+    """
+    text = original.string
+    return original.line + text[: len(text) - len(text.lstrip())].count("\n")
 
 
 def _line_start(line: str) -> str:

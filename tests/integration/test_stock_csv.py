@@ -159,13 +159,20 @@ def test_the_header_must_be_exactly_sku_on_hand(tmp_path, text, shown):
     assert str(error_of(path)) == f"{path}:1: header must be exactly 'sku,on_hand', got {shown}"
 
 
-def test_a_file_that_is_not_utf8_is_an_error_naming_it(tmp_path):
-    path = write(tmp_path, "sku,on_hand\nA,1\nCAFÉ,2\n", encoding="latin-1")
+@pytest.mark.parametrize(
+    ("start", "line"),
+    [
+        (b"sku,on_hand\nA,1\n", 3),
+        # A byte-order mark, and a bad byte beyond the text stream's first chunk of 8 KiB.
+        (b"\xef\xbb\xbfsku,on_hand\n" + b"".join(b"S%d,1\n" % i for i in range(2, 3000)), 3000),
+    ],
+    ids=["line 3", "past the first chunk"],
+)
+def test_a_file_that_is_not_utf8_is_an_error_naming_the_line_of_the_bad_byte(tmp_path, start, line):
+    path = tmp_path / "binary.csv"
+    path.write_bytes(start + "CAFÉ,2\nB,1\n".encode("latin-1"))
 
-    error = error_of(path)
-
-    assert str(error).startswith(f"{path}:")
-    assert "not UTF-8" in str(error)
+    assert str(error_of(path)) == f"{path}:{line}: not UTF-8 (invalid continuation byte)"
 
 
 def test_an_unterminated_quote_is_an_error_naming_the_file(tmp_path):
@@ -208,6 +215,26 @@ async def test_a_stock_file_loads_into_the_database(warehouse, tmp_path):
         "15056BL": StockLevel(3),
         "BANK CHARGES": StockLevel(1),
     }
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("rows", "said"),
+    [("A,1\n", "loaded 1 stock level"), ("A,1\nB,2\n", "loaded 2 stock levels")],
+    ids=["one", "two"],
+)
+async def test_stock_load_says_how_many_levels_it_loaded(clean_database, tmp_path, rows, said):
+    path = write(tmp_path, f"sku,on_hand\n{rows}")
+    options = ToolOptions(
+        amqp_url="amqp://unused/",
+        database=database_options(Settings(database_url=SecretStr(clean_database))),
+        consumer="fulfilment",
+    )
+    echoed: list[str] = []
+
+    await load_command(options, path, echo=echoed.append)
+
+    assert echoed == [f"{said} from {path}"]
 
 
 @pytest.mark.postgres

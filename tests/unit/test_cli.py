@@ -222,7 +222,7 @@ def test_the_options_built_for_the_tools_keep_the_urls_out_of_their_repr():
         (
             "FULFILMENT_DATABASE_URI=postgresql://elsewhere/fulfilment",
             (
-                ".env: FULFILMENT_DATABASE_URI: not a setting of this service (did you mean"
+                ".env:1: FULFILMENT_DATABASE_URI: not a setting of this service (did you mean"
                 " FULFILMENT_DATABASE_URL?)"
             ),
         ),

@@ -383,12 +383,32 @@ def test_an_empty_file_is_an_error(tmp_path):
         read_orders([write(tmp_path, "empty.csv", "")])
 
 
-def test_a_file_that_is_not_utf8_is_an_error_naming_it(tmp_path):
-    path = tmp_path / "2010-12-01.csv"
-    path.write_bytes(HEADER.encode() + b"1,A,CAF\xe9,1,2010-12-01 08:00:00,1,,UK\n")
+GOOD_ROW = b"1,A,CAFE,1,2010-12-01 08:00:00,1,,UK\n"
+NOT_UTF8_ROW = b"2,A,CAF\xe9,1,2010-12-01 08:00:00,1,,UK\n"
 
-    with pytest.raises(OnlineRetailError, match=r"^2010-12-01\.csv:\d+: not UTF-8"):
+
+@pytest.mark.parametrize(
+    ("start", "line"),
+    [
+        (HEADER.encode() + GOOD_ROW, 3),
+        # A byte-order mark, and a bad byte beyond the text stream's first chunk of 8 KiB.
+        (b"\xef\xbb\xbf" + HEADER.encode() + GOOD_ROW * 2999, 3001),
+    ],
+    ids=["line 3", "past the first chunk"],
+)
+def test_a_file_that_is_not_utf8_is_an_error_naming_the_line_and_offset_of_the_bad_byte(
+    tmp_path, start, line
+):
+    path = tmp_path / "2010-12-01.csv"
+    path.write_bytes(start + NOT_UTF8_ROW + GOOD_ROW)
+    offset = len(start) + NOT_UTF8_ROW.index(b"\xe9")
+
+    with pytest.raises(OnlineRetailError) as raised:
         read_orders([path])
+
+    assert str(raised.value) == (
+        f"2010-12-01.csv:{line}: not UTF-8: invalid continuation byte at byte {offset}"
+    )
 
 
 def test_a_byte_order_mark_is_tolerated(tmp_path):

@@ -221,11 +221,16 @@ def test_the_test_suite_s_own_variables_are_not_taken_for_settings(
     assert load_settings().prefetch_count == 64
 
 
-def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file(tmp_path: Path) -> None:
-    (tmp_path / ".env").write_text("FULFILMENT_PREFETCH_COUNT=8\nfulfilment_prefetch_cont=3\n")
+def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file_and_line(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".env").write_text(
+        "fulfilment_prefetch_cont=2\nFULFILMENT_PREFETCH_COUNT=8\nfulfilment_prefetch_cont=3\n"
+    )
     message = refusal()
+    # The last line that sets it, the one that would take effect.
     assert message == (
-        ".env: FULFILMENT_PREFETCH_CONT: not a setting of this service "
+        ".env:3: FULFILMENT_PREFETCH_CONT: not a setting of this service "
         "(did you mean FULFILMENT_PREFETCH_COUNT?)"
     )
 
@@ -286,10 +291,26 @@ def test_an_env_file_line_read_otherwise_than_it_seems_stops_the_start(
     assert "elsewhere" not in message
 
 
-def test_an_env_file_that_is_not_utf_8_stops_the_start_naming_it(tmp_path: Path) -> None:
-    (tmp_path / ".env").write_bytes(b"\xff\xfeFULFILMENT_PREFETCH_COUNT=8\n")
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (
+            b"\xff\xfeFULFILMENT_PREFETCH_COUNT=8\n",
+            ".env:1: not UTF-8 (invalid start byte at byte 0)",
+        ),
+        (
+            b"# the broker\nFULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_CONSUMER_NAME=caf\xe9\n",
+            ".env:3: not UTF-8 (invalid continuation byte at byte 69)",
+        ),
+    ],
+    ids=["first line", "third line"],
+)
+def test_an_env_file_that_is_not_utf_8_stops_the_start_naming_the_line(
+    tmp_path: Path, data: bytes, said: str
+) -> None:
+    (tmp_path / ".env").write_bytes(data)
     message = refusal()
-    assert message == ".env: not UTF-8 (invalid start byte at byte 0)"
+    assert message == said
 
 
 @pytest.mark.parametrize(
@@ -424,6 +445,23 @@ def test_a_bad_value_from_the_env_file_names_the_line_that_sets_it(tmp_path: Pat
         ".env:4: FULFILMENT_PREFETCH_COUNT: Input should be a valid integer,"
         " unable to parse string as an integer"
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("FULFILMENT_PREFETCH_COUNT=abc", "FULFILMENT_PREFETCH_COUNT: Input should be"),
+        ("FULFILMENT_PREFTCH_COUNT=8", "FULFILMENT_PREFTCH_COUNT: not a setting"),
+        ('FULFILMENT_DATABASE_URL="postgresql://db/x', "FULFILMENT_DATABASE_URL cannot be"),
+    ],
+    ids=["bad value", "no setting", "unreadable"],
+)
+def test_blank_lines_before_an_env_file_line_do_not_shift_its_number(
+    tmp_path: Path, line: str, said: str
+) -> None:
+    # python-dotenv numbers a binding from the first blank line above it.
+    (tmp_path / ".env").write_text(f"# ours\nFULFILMENT_LOG_LEVEL=INFO\n\n  \n{line}\n")
+    assert refusal().startswith(f".env:5: {said}")
 
 
 def test_a_bad_value_from_the_environment_is_not_blamed_on_the_env_file(

@@ -20,6 +20,7 @@ from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import shown_sku, sku_problem
 from fulfilment.exit_codes import ExitCode
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
+from fulfilment.utf8 import first_non_utf8
 
 HEADER = ("sku", "on_hand")
 """The one accepted header row."""
@@ -73,7 +74,7 @@ async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
         raise CommandError(
             _below_reserved(file, levels, lines, error.skus), ExitCode.BAD_INPUT
         ) from error
-    echo(f"loaded {len(levels)} stock levels from {file}")
+    echo(f"loaded {len(levels)} stock level{'' if len(levels) == 1 else 's'} from {file}")
 
 
 def _below_reserved(
@@ -103,11 +104,11 @@ def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
     """Read a stock file into ``{sku: on_hand}`` and ``{sku: line}``, both in file order.
 
     Raises:
-        StockCsvError: the file is not UTF-8, its header is not exactly ``sku,on_hand``, or a
-            row is bad: not two fields, an empty SKU, a SKU with surrounding white space,
-            longer than the event contract allows or with a NUL, an ``on_hand`` that is not a
-            whole number from 0 to :data:`MAX_ON_HAND`, or a SKU already seen (both lines are
-            named).
+        StockCsvError: the file is not UTF-8 (the line of its first bad byte is named), its
+            header is not exactly ``sku,on_hand``, or a row is bad: not two fields, an empty
+            SKU, a SKU with surrounding white space, longer than the event contract allows or
+            with a NUL, an ``on_hand`` that is not a whole number from 0 to
+            :data:`MAX_ON_HAND`, or a SKU already seen (both lines are named).
         OSError: the file cannot be opened or read.
     """
     levels: dict[str, int] = {}
@@ -130,8 +131,12 @@ def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
                 first_line[sku] = line
                 levels[sku] = on_hand
         except UnicodeDecodeError as error:
-            # The reader has not counted the line it could not decode yet.
-            raise StockCsvError(path, reader.line_num + 1, f"not UTF-8 ({error.reason})") from None
+            # The stream decodes ahead of the reader, in chunks: neither the reader's line nor
+            # the error's offset is the bad byte's line.
+            found = first_non_utf8(Path(path).read_bytes())
+            if found is None:  # the file changed under the reader: no line can be told
+                raise StockCsvError(path, None, f"not UTF-8 ({error.reason})") from None
+            raise StockCsvError(path, found.line, f"not UTF-8 ({found.reason})") from None
         except csv.Error as error:
             raise StockCsvError(path, reader.line_num, f"malformed CSV ({error})") from None
     return levels, first_line
