@@ -105,9 +105,9 @@ def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
 
     Raises:
         StockCsvError: the file is not UTF-8 (the line of its first bad byte is named), its
-            header is not exactly ``sku,on_hand``, or a row is bad: not two fields, an empty
-            SKU, a SKU with surrounding white space, longer than the event contract allows or
-            with a NUL, an ``on_hand`` that is not a whole number from 0 to
+            header is not exactly ``sku,on_hand``, or a row is bad: not two fields, a SKU the
+            event contract refuses (``sku_problem``: empty, too long, white space around it, a
+            line feed or a NUL), an ``on_hand`` that is not a whole number from 0 to
             :data:`MAX_ON_HAND`, or a SKU already seen (both lines are named).
         OSError: the file cannot be opened or read.
     """
