@@ -615,7 +615,8 @@ def env_file_problems() -> EnvFileReading:
             continue
         if (found := first_non_utf8(path.read_bytes())) is not None:
             misread.append(
-                f"{name}:{found.line}: not UTF-8 ({found.reason} at byte {found.offset})"
+                f"{name}:{found.line}: not UTF-8 ({found.reason} at byte {found.column} of the"
+                " line)"
             )
             continue
         text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))

@@ -17,11 +17,13 @@ class NonUtf8(NamedTuple):
 
     Attributes:
         line: its 1-based line: one more than the line feeds before it.
+        column: its 1-based byte in that line, as an editor that shows bytes counts it.
         offset: its 0-based offset in the file.
         reason: the codec's words, such as ``invalid start byte``.
     """
 
     line: int
+    column: int
     offset: int
     reason: str
 
@@ -35,5 +37,7 @@ def first_non_utf8(data: bytes) -> NonUtf8 | None:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as error:
-        return NonUtf8(data.count(b"\n", 0, error.start) + 1, error.start, error.reason)
+        start = error.start
+        line_start = data.rfind(b"\n", 0, start) + 1
+        return NonUtf8(data.count(b"\n", 0, start) + 1, start - line_start + 1, start, error.reason)
     return None

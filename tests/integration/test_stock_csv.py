@@ -130,9 +130,11 @@ def test_a_sku_no_event_could_name_is_not_loaded(tmp_path):
     # could ever reserve it.
     path = write(tmp_path, 'sku,on_hand\n"A\nB",1\n')
 
-    assert (
-        "sku must not start or end with white space, nor contain a line feed, got 'A\\nB'"
-    ) in str(error_of(path))
+    # The row is named by the line it starts on.
+    assert str(error_of(path)) == (
+        f"{path}:2: sku must not start or end with white space, nor contain a line feed,"
+        " got 'A\\nB'"
+    )
 
 
 @pytest.mark.parametrize("row", ["A", "A,1,2", "A,1,"])
@@ -172,7 +174,10 @@ def test_a_file_that_is_not_utf8_is_an_error_naming_the_line_of_the_bad_byte(tmp
     path = tmp_path / "binary.csv"
     path.write_bytes(start + "CAFÉ,2\nB,1\n".encode("latin-1"))
 
-    assert str(error_of(path)) == f"{path}:{line}: not UTF-8 (invalid continuation byte)"
+    # É is the line's fourth byte in Latin-1.
+    assert str(error_of(path)) == (
+        f"{path}:{line}: not UTF-8 (invalid continuation byte at byte 4 of the line)"
+    )
 
 
 def test_an_unterminated_quote_is_an_error_naming_the_file(tmp_path):

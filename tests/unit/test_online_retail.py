@@ -396,18 +396,18 @@ NOT_UTF8_ROW = b"2,A,CAF\xe9,1,2010-12-01 08:00:00,1,,UK\n"
     ],
     ids=["line 3", "past the first chunk"],
 )
-def test_a_file_that_is_not_utf8_is_an_error_naming_the_line_and_offset_of_the_bad_byte(
+def test_a_file_that_is_not_utf8_is_an_error_naming_the_line_and_byte_of_the_bad_byte(
     tmp_path, start, line
 ):
     path = tmp_path / "2010-12-01.csv"
     path.write_bytes(start + NOT_UTF8_ROW + GOOD_ROW)
-    offset = len(start) + NOT_UTF8_ROW.index(b"\xe9")
+    column = NOT_UTF8_ROW.index(b"\xe9") + 1
 
     with pytest.raises(OnlineRetailError) as raised:
         read_orders([path])
 
     assert str(raised.value) == (
-        f"2010-12-01.csv:{line}: not UTF-8: invalid continuation byte at byte {offset}"
+        f"2010-12-01.csv:{line}: not UTF-8: invalid continuation byte at byte {column} of the line"
     )
 
 

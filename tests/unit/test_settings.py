@@ -296,11 +296,11 @@ def test_an_env_file_line_read_otherwise_than_it_seems_stops_the_start(
     [
         (
             b"\xff\xfeFULFILMENT_PREFETCH_COUNT=8\n",
-            ".env:1: not UTF-8 (invalid start byte at byte 0)",
+            ".env:1: not UTF-8 (invalid start byte at byte 1 of the line)",
         ),
         (
             b"# the broker\nFULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_CONSUMER_NAME=caf\xe9\n",
-            ".env:3: not UTF-8 (invalid continuation byte at byte 69)",
+            ".env:3: not UTF-8 (invalid continuation byte at byte 29 of the line)",
         ),
     ],
     ids=["first line", "third line"],

@@ -460,7 +460,9 @@ def _rows(path: Path) -> Iterator[tuple[str, list[str]]]:
         if found is None:  # the file changed under the reader: no line can be told
             msg = f"{name}: not UTF-8: {error.reason}"
         else:
-            msg = f"{name}:{found.line}: not UTF-8: {found.reason} at byte {found.offset}"
+            msg = (
+                f"{name}:{found.line}: not UTF-8: {found.reason} at byte {found.column} of the line"
+            )
         raise OnlineRetailError(msg) from error
     except OSError as error:
         msg = f"{path}: cannot read: {error.strerror or error}"

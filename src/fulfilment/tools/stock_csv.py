@@ -120,10 +120,12 @@ def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
             if header is None or tuple(header) != HEADER:
                 shown = "an empty file" if header is None else repr(",".join(header))
                 raise StockCsvError(path, 1, f"header must be exactly 'sku,on_hand', got {shown}")
+            ended = reader.line_num
             for row in reader:
+                # A quoted field may span lines: a row is named by the line it starts on.
+                line, ended = ended + 1, reader.line_num
                 if not row:
                     continue
-                line = reader.line_num
                 sku, on_hand = _parse_row(path, line, row)
                 if sku in first_line:
                     problem = f"duplicate SKU {sku!r} (first on line {first_line[sku]})"
@@ -136,7 +138,8 @@ def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
             found = first_non_utf8(Path(path).read_bytes())
             if found is None:  # the file changed under the reader: no line can be told
                 raise StockCsvError(path, None, f"not UTF-8 ({error.reason})") from None
-            raise StockCsvError(path, found.line, f"not UTF-8 ({found.reason})") from None
+            problem = f"not UTF-8 ({found.reason} at byte {found.column} of the line)"
+            raise StockCsvError(path, found.line, problem) from None
         except csv.Error as error:
             raise StockCsvError(path, reader.line_num, f"malformed CSV ({error})") from None
     return levels, first_line
