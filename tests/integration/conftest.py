@@ -9,6 +9,7 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.composition import database_options
 from fulfilment.settings import Settings
 
@@ -24,3 +25,9 @@ async def engine(clean_database: str) -> AsyncIterator[AsyncEngine]:
         yield engine
     finally:
         await engine.dispose()
+
+
+@pytest.fixture
+def warehouse(engine: AsyncEngine) -> PostgresWarehouse:
+    """A ``PostgresWarehouse`` on :func:`engine`: consumer ``fulfilment``, retry budget 2 s."""
+    return PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)

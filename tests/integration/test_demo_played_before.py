@@ -7,27 +7,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from pydantic import SecretStr
 
-from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.demo.run import played_before
-from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "online-retail"
-
-
-@pytest.fixture
-async def warehouse(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
-    try:
-        yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
-    finally:
-        await engine.dispose()
 
 
 async def test_a_database_that_never_saw_the_sample_is_a_first_run(warehouse):

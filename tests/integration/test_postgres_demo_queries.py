@@ -6,7 +6,6 @@ from __future__ import annotations
 from uuid import uuid4
 
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import text
 
 from builders import order
@@ -20,22 +19,9 @@ from fulfilment.adapters.postgres.admin import (
     outbox_unpublished_after,
     stock_totals,
 )
-from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
 from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-async def warehouse(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
-    try:
-        yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
-    finally:
-        await engine.dispose()
 
 
 async def test_an_empty_database_has_no_outcome_no_status_and_no_stock(warehouse):

@@ -19,15 +19,6 @@ from fulfilment.settings import Settings
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-async def warehouse(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
-    try:
-        yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
-    finally:
-        await engine.dispose()
-
-
 async def test_an_empty_database_reports_nothing_and_holds_its_invariants(warehouse):
     report = await outcome_report(warehouse.engine)
 

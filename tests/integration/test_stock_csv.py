@@ -6,8 +6,6 @@ import pytest
 from pydantic import SecretStr
 
 from builders import order
-from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.composition import database_options
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.exit_codes import ExitCode
@@ -197,15 +195,6 @@ def test_the_shipped_sample_stock_file_is_valid():
 
     assert len(levels) > 1000
     assert all(units >= 0 for units in levels.values())
-
-
-@pytest.fixture
-async def warehouse(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
-    try:
-        yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
-    finally:
-        await engine.dispose()
 
 
 @pytest.mark.postgres
