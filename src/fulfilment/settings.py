@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
-from fulfilment.utf8 import first_non_utf8
+from fulfilment.utf8 import not_utf8
 
 ENV_PREFIX = "FULFILMENT_"
 
@@ -613,13 +613,12 @@ def env_file_problems() -> EnvFileReading:
         path = Path(name).expanduser()
         if not path.is_file():
             continue
-        if (found := first_non_utf8(path.read_bytes())) is not None:
-            misread.append(
-                f"{name}:{found.line}: not UTF-8 ({found.reason} at byte {found.column} of the"
-                " line)"
-            )
+        try:
+            text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
+        except UnicodeDecodeError as error:
+            bad_line, problem = not_utf8(path, error)
+            misread.append(f"{name}:{bad_line}: {problem}" if bad_line else f"{name}: {problem}")
             continue
-        text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
         keys: dict[str, str | None] = {}
         for binding in parse_stream(io.StringIO(text)):
             where = f"{name}:{_first_line(binding.original)}"

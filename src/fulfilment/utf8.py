@@ -3,41 +3,33 @@
 Each reader names the line of the first bad byte (``FILE:LINE: not UTF-8 ...``). A file read
 as a text stream cannot tell it from the :class:`UnicodeDecodeError` alone: the stream decodes
 its file in chunks, and the error's offset counts from the start of the chunk (and after a
-byte-order mark), not of the file. :func:`first_non_utf8` looks again at the whole file's
-bytes.
+byte-order mark), not of the file. :func:`not_utf8` looks again at the whole file's bytes, once
+the reading has failed, so that a good file is read once.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from pathlib import Path
 
 
-class NonUtf8(NamedTuple):
-    """The first byte of a file that is not UTF-8.
+def not_utf8(path: Path, error: UnicodeDecodeError) -> tuple[int | None, str]:
+    """``(line, problem)`` of ``path``, whose reading as UTF-8 text raised ``error``.
 
-    Attributes:
-        line: its 1-based line: one more than the line feeds before it.
-        column: its 1-based byte in that line, as an editor that shows bytes counts it.
-        offset: its 0-based offset in the file.
-        reason: the codec's words, such as ``invalid start byte``.
+    ``line`` is the 1-based line of the first byte that is not UTF-8 (one more than the line
+    feeds before it), and ``problem`` reads ``not UTF-8 (invalid start byte at byte 4 of the
+    line)``, the byte counted in its line from 1. A byte-order mark is UTF-8 (U+FEFF) and counts
+    as bytes of the first line. When the file reads as UTF-8 now (it changed since), ``line``
+    is None and ``problem`` gives ``error``'s reason alone.
+
+    Raises:
+        OSError: the file cannot be read again.
     """
-
-    line: int
-    column: int
-    offset: int
-    reason: str
-
-
-def first_non_utf8(data: bytes) -> NonUtf8 | None:
-    """Where ``data`` (a whole file) first stops being UTF-8, or None if it is UTF-8 throughout.
-
-    A byte-order mark is UTF-8 (U+FEFF), so offsets count from the file's first byte with or
-    without one.
-    """
+    data = path.read_bytes()
     try:
         data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        start = error.start
-        line_start = data.rfind(b"\n", 0, start) + 1
-        return NonUtf8(data.count(b"\n", 0, start) + 1, start - line_start + 1, start, error.reason)
-    return None
+    except UnicodeDecodeError as found:
+        start = found.start
+        column = start - data.rfind(b"\n", 0, start)
+        line = data.count(b"\n", 0, start) + 1
+        return line, f"not UTF-8 ({found.reason} at byte {column} of the line)"
+    return None, f"not UTF-8 ({error.reason})"

@@ -407,7 +407,7 @@ def test_a_file_that_is_not_utf8_is_an_error_naming_the_line_and_byte_of_the_bad
         read_orders([path])
 
     assert str(raised.value) == (
-        f"2010-12-01.csv:{line}: not UTF-8: invalid continuation byte at byte {column} of the line"
+        f"2010-12-01.csv:{line}: not UTF-8 (invalid continuation byte at byte {column} of the line)"
     )
 
 

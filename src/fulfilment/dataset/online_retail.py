@@ -96,7 +96,7 @@ from fulfilment.contracts.order_placed import (
     shown_sku,
     sku_problem,
 )
-from fulfilment.utf8 import first_non_utf8
+from fulfilment.utf8 import not_utf8
 
 NAMESPACE = UUID("a6621eaf-b20e-51de-a8ee-d4d62a407d7a")
 """UUIDv5 namespace of every id minted from an invoice number.
@@ -456,13 +456,8 @@ def _rows(path: Path) -> Iterator[tuple[str, list[str]]]:
     except UnicodeDecodeError as error:
         # The stream decodes ahead of the reader, in chunks: neither the reader's line nor the
         # error's offset (counted from the chunk) is the bad byte's.
-        found = first_non_utf8(path.read_bytes())
-        if found is None:  # the file changed under the reader: no line can be told
-            msg = f"{name}: not UTF-8: {error.reason}"
-        else:
-            msg = (
-                f"{name}:{found.line}: not UTF-8: {found.reason} at byte {found.column} of the line"
-            )
+        bad_line, problem = not_utf8(path, error)
+        msg = f"{name}:{bad_line}: {problem}" if bad_line else f"{name}: {problem}"
         raise OnlineRetailError(msg) from error
     except OSError as error:
         msg = f"{path}: cannot read: {error.strerror or error}"

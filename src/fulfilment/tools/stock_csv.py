@@ -20,7 +20,7 @@ from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import shown_sku, sku_problem
 from fulfilment.exit_codes import ExitCode
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
-from fulfilment.utf8 import first_non_utf8
+from fulfilment.utf8 import not_utf8
 
 HEADER = ("sku", "on_hand")
 """The one accepted header row."""
@@ -133,13 +133,10 @@ def read_stock_file(path: Path | str) -> tuple[dict[str, int], dict[str, int]]:
                 first_line[sku] = line
                 levels[sku] = on_hand
         except UnicodeDecodeError as error:
-            # The stream decodes ahead of the reader, in chunks: neither the reader's line nor
-            # the error's offset is the bad byte's line.
-            found = first_non_utf8(Path(path).read_bytes())
-            if found is None:  # the file changed under the reader: no line can be told
-                raise StockCsvError(path, None, f"not UTF-8 ({error.reason})") from None
-            problem = f"not UTF-8 ({found.reason} at byte {found.column} of the line)"
-            raise StockCsvError(path, found.line, problem) from None
+            # The stream decodes ahead of the reader, in chunks: the reader's line is not the
+            # bad byte's.
+            bad_line, problem = not_utf8(Path(path), error)
+            raise StockCsvError(path, bad_line, problem) from None
         except csv.Error as error:
             raise StockCsvError(path, reader.line_num, f"malformed CSV ({error})") from None
     return levels, first_line
