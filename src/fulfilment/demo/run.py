@@ -888,11 +888,10 @@ async def played_before(
     of each order (sent only for those reserved). A new user reads there which of the README's
     two endings to expect, or that the run lies between them.
     """
-    shipments = [shipment_event_id_for(order.invoice_no) for order in orders]
     kinds = (
         [order.event_id for order in orders],
         [cancellation.event_id for cancellation in match.cancellations],
-        shipments,
+        [shipment_event_id_for(order.invoice_no) for order in orders],
     )
     seen = await processed_event_ids(warehouse, consumer, [i for ids in kinds for i in ids])
     placed, cancelled, shipped = (sum(i in seen for i in ids) for ids in kinds)
