@@ -1016,6 +1016,11 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
                 await wait_published(
                     services.database_url, within=120 + len(orders) / 50, relays=beside
                 )
+            # The depth's last read before any process stops: stopping one blocks this loop
+            # (for seconds with the hand-off), and a read after it would put the last
+            # arrivals, and the end of the counted window, that much later.
+            stop_depths.set()
+            await depth_task
             rss.by_orders[len(orders)] = rss.now()
             worker_rss = rss.by_orders[len(orders)]["worker"]
             simulator = _by_name(beside).get("warehouse", [])
