@@ -178,6 +178,18 @@ async def publish_backlog(
     return time.perf_counter() - started
 
 
+@dataclass(frozen=True, slots=True)
+class SteadyPublish:
+    """What :func:`publish_steadily` did: its rate and how long the broker took to confirm."""
+
+    rate: float
+    """Messages per second achieved over the whole schedule."""
+    confirmed_after: list[float]
+    """Per message, seconds from its ``placed_at`` (its moment on the schedule) to the broker's
+    confirm: the broker's own write of an order into its quorum queue, which the order's
+    delivery to the worker cannot precede."""
+
+
 async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by name
     connection: aio_pika.abc.AbstractConnection,
     *,
@@ -186,33 +198,40 @@ async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by nam
     orders: Sequence[Order],
     rate: float,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> float:
+) -> SteadyPublish:
     """Publish ``orders`` at ``rate`` messages per second, each stamped ``placed_at`` = now.
 
     Messages are sent on schedule (the i-th at ``start + i / rate``), not after the previous
     confirm, so a slow consumer or broker shows up as latency rather than as a slower rate.
-    Returns the achieved rate in messages per second.
     """
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    confirmed_after: list[float] = []
     try:
         target = await channel.get_exchange(exchange, ensure=False)
         loop = asyncio.get_running_loop()
+
+        async def publish(body: bytes, traceparent: str | None, placed: float) -> None:
+            await target.publish(
+                _message(body, traceparent), routing_key=routing_key, mandatory=True
+            )
+            confirmed_after.append(loop.time() - placed)
+
         started = loop.time()
         async with asyncio.TaskGroup() as group:
             for index, order in enumerate(orders):
                 delay = started + index / rate - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                placed = loop.time()
                 body = order.body(placed_at=clock())
-                group.create_task(
-                    target.publish(
-                        _message(body, order.traceparent), routing_key=routing_key, mandatory=True
-                    )
-                )
+                group.create_task(publish(body, order.traceparent, placed))
         elapsed = loop.time() - started
     finally:
         await channel.close()
-    return len(orders) / elapsed if elapsed > 0 else float("nan")
+    return SteadyPublish(
+        rate=len(orders) / elapsed if elapsed > 0 else float("nan"),
+        confirmed_after=confirmed_after,
+    )
 
 
 def _message(body: bytes, traceparent: str | None) -> aio_pika.Message:
