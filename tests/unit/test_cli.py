@@ -8,6 +8,7 @@ import inspect
 import itertools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -305,20 +306,24 @@ def test_ctrl_c_before_the_command_starts_closes_it_unstarted(monkeypatch, capsy
 @pytest.mark.parametrize("after_seconds", [0.3, 0.6])
 def test_a_command_interrupted_as_it_starts_exits_130_with_one_line(after_seconds):
     # While the program loads its modules, reads its settings or waits for a database that
-    # does not answer (a black-holed address): every moment is one line and 130.
+    # does not answer: every moment is one line and 130. The database is a socket that
+    # listens and never accepts: the kernel completes the connection, and nothing ever answers
+    # (an unrouted address may be answered by something on another network).
     fulfilment_program = str(Path(sys.executable).with_name("fulfilment"))
-    started = subprocess.Popen(
-        [fulfilment_program, "report"],
-        env={
-            **os.environ,
-            "FULFILMENT_DATABASE_URL": "postgresql://postgres@10.255.255.1:5432/nowhere",
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    time.sleep(after_seconds)
-    started.send_signal(signal.SIGINT)
-    _, stderr = started.communicate(timeout=30)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        started = subprocess.Popen(
+            [fulfilment_program, "report"],
+            env={
+                **os.environ,
+                "FULFILMENT_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/nowhere",
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(after_seconds)
+        started.send_signal(signal.SIGINT)
+        _, stderr = started.communicate(timeout=30)
 
     assert started.returncode == 130
     lines = stderr.decode().splitlines()
