@@ -220,6 +220,22 @@ def ratio_row(label: str, product: Row, reference: Row) -> Ratio:
     )
 
 
+def median_ratio(label: str, ratios: Sequence[Ratio]) -> Ratio:
+    """Each figure's median over ``ratios``, the rounds' own (a figure missing is left out).
+
+    Each round's ratio compares two drains run one after the other; when the machine's speed
+    moves during a run, the median of those can differ from the ratio of the medians, which
+    pairs drains of different rounds.
+    """
+    keys = list(dict.fromkeys(key for each in ratios for key in each.cpu))
+    return Ratio(
+        label=label,
+        counted=median([each.counted for each in ratios]),
+        drained=median([each.drained for each in ratios]),
+        cpu={key: median([each.cpu[key] for each in ratios if key in each.cpu]) for key in keys},
+    )
+
+
 def relative_row(label: str, variant: Row, base: Row) -> Ratio:
     """``variant`` over ``base``, both of the product: each rate over the same rate.
 

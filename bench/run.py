@@ -85,6 +85,7 @@ from figures import (
     comparison_table,
     lag_percentiles_ms,
     median,
+    median_ratio,
     median_row,
     number,
     percentile,
@@ -1391,6 +1392,7 @@ def comparison_rows(drains: Sequence[Drain], plans: Sequence[Plan]) -> list[Row 
         for plan in plans
     }
     runs: dict[str, list[Row]] = {plan.label: [] for plan in plans}
+    round_ratios: dict[str, list[Ratio]] = {plan.label: [] for plan in plans}
     reference_rows: list[Row] = []
     rounds = max([len(reference), *(len(of) for of in mine.values())])
     for index in range(rounds):
@@ -1406,11 +1408,13 @@ def comparison_rows(drains: Sequence[Drain], plans: Sequence[Plan]) -> list[Row 
             against = _row(f"round {index + 1}: {_name('reference', plans[0])}", reference[index])
             reference_rows.append(against)
             rows.append(against)
-            rows.extend(
-                ratio_row(f"round {index + 1}: {_ratio_name(plan)}", made[plan.label], against)
-                for plan in plans
-                if plan.label in made
-            )
+            for plan in plans:
+                if plan.label in made:
+                    compared = ratio_row(
+                        f"round {index + 1}: {_ratio_name(plan)}", made[plan.label], against
+                    )
+                    round_ratios[plan.label].append(compared)
+                    rows.append(compared)
     medians = {
         plan.label: median_row(f"**median: {_name('worker', plan)}**", runs[plan.label])
         for plan in plans
@@ -1424,6 +1428,11 @@ def comparison_rows(drains: Sequence[Drain], plans: Sequence[Plan]) -> list[Row 
             ratio_row(f"**median: {_ratio_name(plan)}**", medians[plan.label], reference_median)
             for plan in plans
             if plan.label in medians
+        ]
+        rows += [
+            median_ratio(f"**median of the rounds: {_ratio_name(plan)}**", round_ratios[plan.label])
+            for plan in plans
+            if round_ratios[plan.label]
         ]
     base = plans[0]
     rows += [

@@ -128,6 +128,27 @@ def test_the_ratio_compares_both_product_rates_with_the_references_drain():
     assert "rest" not in compared.cpu
 
 
+def test_the_median_of_the_rounds_ratios_pairs_each_drain_with_its_own_rounds_reference():
+    # The machine's speed moved between the rounds: the product was 2x its round's reference
+    # in two rounds of three, and the medians' ratio pairs drains of different rounds.
+    products = [product("p", rate, rate, 0.5) for rate in (2000, 3000, 2000)]
+    references = [reference("r", rate, 1.0) for rate in (1000, 1500, 2000)]
+    rounds = [
+        figures.ratio_row(str(index), mine, theirs)
+        for index, (mine, theirs) in enumerate(zip(products, references, strict=True))
+    ]
+
+    middle = figures.median_ratio("median of the rounds", rounds)
+    medians = figures.ratio_row(
+        "medians", figures.median_row("p", products), figures.median_row("r", references)
+    )
+
+    assert (middle.counted, middle.drained) == (2.0, 2.0)
+    assert medians.counted == pytest.approx(2000 / 1500)
+    assert middle.cpu["consumer"] == 0.5
+    assert math.isnan(middle.cpu["relay"])  # the reference has no relay in any round
+
+
 def test_a_variant_is_compared_rate_for_rate_with_the_base_and_its_extra_processes_count():
     base = product("base", 1000, 1200, 0.5)
     variant = figures.Row(
