@@ -45,11 +45,10 @@ MAX_RESERVATION_BATCH = 1000
 UNSET_BATCH_MAX_CEILING = 64
 """``reservation_batch_max`` while unset: the prefetch count, at most this. At the default
 prefetch (128) and pool (2), two transactions of 64 run beside each other, one committing
-while the deliveries of the next arrive: 1.04x to 1.16x the result events confirmed per second
-of prefetch 64 with one transaction of up to 64 at a time, 1.10x that of transactions of up
-to 128 at prefetch 128 (docs/performance.md, "Prefetch 128 and batches of 64"). 64 orders of
-1,000 lines, the most an event may carry, commit in 1.24 s, within the 3 s statement timeout
-(``bench/large_batches.py``)."""
+while the deliveries of the next arrive: 1.16x the result events confirmed per second of one
+transaction of up to 128 at a time, at 0.96x the CPU per order (docs/performance.md, "Prefetch
+128 and batches of 64"). 64 orders of 1,000 lines, the most an event may carry, commit in
+1.24 s, within the 3 s statement timeout (``bench/large_batches.py``)."""
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 """A duration in seconds, finite and positive."""
