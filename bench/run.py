@@ -121,11 +121,6 @@ DEPTH_SAMPLE_SECONDS = 0.1
 LATENCY_DEPTH_SAMPLE_SECONDS = 0.01
 """The same in the latency phase, whose commit -> confirm lags are tens of milliseconds: the
 lag read from the depth is good to about this spacing (a drain's rate is not measured there)."""
-REFERENCE_CONCURRENCY_CEILING = 64
-"""The reference's concurrency while ``--reference-concurrency`` is unset: ``--prefetch``, at
-most this. The reference gains nothing from 32 to 64 (it spends its CPU; docs/performance.md,
-"Why the prefetch"), and past about 90 its pool of as many connections no longer fits in
-PostgreSQL's default ``max_connections`` (100)."""
 RSS_CHECKPOINT_ORDERS = 20_000
 """Every this many orders committed, a drain records its processes' peak RSS (``VmHWM``)."""
 
@@ -472,9 +467,6 @@ class Plan:
     services: Services
     logs: Path
     prefetch: int
-    """The worker's ``FULFILMENT_PREFETCH_COUNT``."""
-    reference_concurrency: int
-    """The reference's prefetch and pool (``--concurrency``)."""
     workers: int
     env: dict[str, str]
     """Extra environment of every service process (``--env``), e.g. tracing's settings."""
@@ -549,7 +541,7 @@ class Plan:
                     "--queue",
                     REFERENCE_QUEUE,
                     "--concurrency",
-                    str(self.reference_concurrency),
+                    str(self.prefetch),
                 ]
                 made.append(Consumer(kind, command, dict(os.environ), log))
         return made
@@ -1469,8 +1461,7 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plans: Sequenc
         )
         lines += [
             (
-                f"orders per drain: {drains[0].orders:,}; the worker's prefetch {plan.prefetch}, "
-                f"the reference's concurrency {plan.reference_concurrency}; "
+                f"orders per drain: {drains[0].orders:,}; prefetch (concurrency) {plan.prefetch}; "
                 f"{plan.workers} worker process(es); {counted}; {rounds} round(s); CPU over the "
                 f"counted window; the reference is compared on its drain{variants}"
             ),
@@ -1652,16 +1643,6 @@ def variant_plan(text: str, base: Plan, sink: Callable[[], OtlpSink]) -> Plan:
     return replace(base, env=env, beside_worker=beside, label=label)
 
 
-def reference_concurrency(args: argparse.Namespace) -> int:
-    """``--reference-concurrency``; unset, ``--prefetch`` up to the ceiling.
-
-    The ceiling is :data:`REFERENCE_CONCURRENCY_CEILING`.
-    """
-    if args.reference_concurrency is not None:
-        return int(args.reference_concurrency)
-    return min(int(args.prefetch), REFERENCE_CONCURRENCY_CEILING)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; every option has a default that ``make bench`` uses."""
     parser = argparse.ArgumentParser(
@@ -1674,14 +1655,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--prefetch",
         type=int,
         default=SETTING_DEFAULTS["prefetch_count"],
-        help="the worker's FULFILMENT_PREFETCH_COUNT",
-    )
-    parser.add_argument(
-        "--reference-concurrency",
-        type=int,
-        default=None,
-        help="the reference's prefetch and pool of connections (default: --prefetch, at most"
-        f" {REFERENCE_CONCURRENCY_CEILING})",
+        help="the worker's FULFILMENT_PREFETCH_COUNT and the reference's concurrency",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes per consumer")
     parser.add_argument(
@@ -1785,15 +1759,7 @@ def plans_of(
     beside: tuple[ServiceProcess, ...] = () if args.no_relay else SERVICE_PROCESSES
     if args.warehouse:
         env, beside = with_warehouse(env, beside)
-    plan = Plan(
-        services,
-        logs,
-        args.prefetch,
-        reference_concurrency(args),
-        args.workers,
-        env,
-        beside_worker=beside,
-    )
+    plan = Plan(services, logs, args.prefetch, args.workers, env, beside_worker=beside)
     plans = [plan, *(variant_plan(text, plan, sink) for text in args.variant)]
     if len({each.label for each in plans}) < len(plans):
         msg = "--variant: each needs a label of its own"
@@ -1876,16 +1842,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         kinds = ["worker"] if args.skip_reference else ["worker", "reference"]
         # The reference pools as many connections as its concurrency, in each process.
-        concurrency = reference_concurrency(args)
-        wanted = args.workers * concurrency
+        wanted = args.workers * args.prefetch
         if (
             not args.skip_reference
             and (free := asyncio.run(connections_free(plan.services.database_url))) < wanted
         ):
             print(
-                f"bench: the reference opens {args.workers} x {concurrency} = {wanted}"
+                f"bench: the reference opens {args.workers} x {args.prefetch} = {wanted}"
                 f" PostgreSQL connections, and the server has {free} free (max_connections):"
-                " lower --reference-concurrency or --workers, or add --skip-reference",
+                " lower --prefetch or --workers, or add --skip-reference",
                 file=sys.stderr,
             )
             return 2

@@ -42,14 +42,6 @@ ENV_PREFIX = "FULFILMENT_"
 MAX_RESERVATION_BATCH = 1000
 """Most orders one reservation transaction may carry (``reservation_batch_max``)."""
 
-UNSET_BATCH_MAX_CEILING = 64
-"""``reservation_batch_max`` while unset: the prefetch count, at most this. At the default
-prefetch (128) and pool (2), two transactions of 64 run beside each other, one committing
-while the deliveries of the next arrive: 1.16x the result events confirmed per second of one
-transaction of up to 128 at a time, at 0.96x the CPU per order (docs/performance.md, "Prefetch
-128 and batches of 64"). 64 orders of 1,000 lines, the most an event may carry, commit in
-1.24 s, within the 3 s statement timeout (``bench/large_batches.py``)."""
-
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 """A duration in seconds, finite and positive."""
 
@@ -262,12 +254,10 @@ class Settings(BaseSettings):
     message, see the README's "Performance") or the standard library's ``asyncio`` loop."""
 
     # The worker (``fulfilment worker``).
-    prefetch_count: int = Field(default=128, ge=1, le=1000)
+    prefetch_count: int = Field(default=64, ge=1, le=1000)
     """Unacknowledged deliveries per queue the worker consumes (each of its three queues has a
     channel of its own with this prefetch), hence handlers running at once per queue: FastStream
-    starts one task per delivery and has no other concurrency limit on RabbitMQ. Twice the
-    reservation batch (``reservation_batch_max``) by default, so that a batch arrives while the
-    one before it commits."""
+    starts one task per delivery and has no other concurrency limit on RabbitMQ."""
 
     delivery_limit: int = Field(default=5, ge=1, le=1000)
     """``x-delivery-limit`` of the main queue. The service dead-letters a message that keeps
@@ -312,13 +302,9 @@ class Settings(BaseSettings):
     (``adapters.postgres.group_commit``). The process holds at most this many connections plus
     ``ENGINE_POOL_SIZE`` (2) for everything else (``adapters.postgres.engine``)."""
 
-    reservation_batch_max: int = Field(
-        default=UNSET_BATCH_MAX_CEILING, ge=1, le=MAX_RESERVATION_BATCH
-    )
+    reservation_batch_max: int = Field(default=64, ge=1, le=MAX_RESERVATION_BATCH)
     """Most orders one reservation transaction carries. Unset, it follows ``prefetch_count``
-    (every delivery in flight) up to 64, so that at the default prefetch two transactions of 64
-    run beside each other (``settings.UNSET_BATCH_MAX_CEILING``); 1 commits every order in a
-    transaction of its own."""
+    (every delivery in flight); 1 commits every order in a transaction of its own."""
 
     http_port: int = Field(default=8080, ge=1, le=65535)
     """Port of that HTTP server."""
@@ -509,7 +495,7 @@ class Settings(BaseSettings):
         except (KeyError, TypeError, ValueError):
             return data  # the default follows the default; a bad prefetch is reported alone
         if 1 <= prefetch <= MAX_RESERVATION_BATCH:
-            return {**data, "reservation_batch_max": min(prefetch, UNSET_BATCH_MAX_CEILING)}
+            return {**data, "reservation_batch_max": prefetch}
         return data
 
     @model_validator(mode="after")

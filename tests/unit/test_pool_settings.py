@@ -19,21 +19,17 @@ def no_environment(monkeypatch):
     monkeypatch.chdir("/")  # no .env file
 
 
-def test_by_default_the_pool_size_is_two_and_the_batch_max_half_the_prefetch_count():
+def test_by_default_the_pool_size_is_two_and_the_batch_max_the_prefetch_count():
     settings = Settings()
 
     assert settings.database_pool_size == 2
-    assert settings.prefetch_count == 128
-    assert settings.reservation_batch_max == 64
+    assert settings.reservation_batch_max == settings.prefetch_count == 64
 
 
-@pytest.mark.parametrize(
-    ("prefetch", "batch_max"), [("1", 1), ("12", 12), ("64", 64), ("65", 64), ("1000", 64)]
-)
-def test_an_unset_batch_max_follows_the_prefetch_count_up_to_64(monkeypatch, prefetch, batch_max):
-    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", prefetch)
+def test_an_unset_batch_max_follows_the_prefetch_count_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "12")
 
-    assert Settings().reservation_batch_max == batch_max
+    assert Settings().reservation_batch_max == 12
 
 
 def test_a_batch_max_that_is_set_wins_over_the_prefetch_count(monkeypatch):

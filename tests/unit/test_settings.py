@@ -218,7 +218,7 @@ def test_the_test_suite_s_own_variables_are_not_taken_for_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("FULFILMENT_TEST_AMQP_URL", "amqp://elsewhere/")
-    assert load_settings().prefetch_count == 128
+    assert load_settings().prefetch_count == 64
 
 
 def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file_and_line(

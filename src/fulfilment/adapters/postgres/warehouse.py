@@ -55,8 +55,8 @@ DEFAULT_POOL_SIZE = 2
 ``FULFILMENT_DATABASE_POOL_SIZE`` by default."""
 
 DEFAULT_BATCH_MAX = 64
-"""Default of ``batch_max``: half the deliveries the default prefetch (128) lets in flight, as
-``FULFILMENT_RESERVATION_BATCH_MAX`` by default (``settings.UNSET_BATCH_MAX_CEILING``)."""
+"""Default of ``batch_max``: every delivery the default prefetch lets in flight, as
+``FULFILMENT_RESERVATION_BATCH_MAX`` by default."""
 
 tracer = trace.get_tracer("fulfilment.postgres")
 
