@@ -33,6 +33,11 @@ RECONNECT_ERRORS = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.OperatorInterventionError,
+    # The protocol out of step with its connection ("cannot switch to state 12; another
+    # operation (2) is in progress"), which a server killed while it answers a ping leaves
+    # behind (a failover): as the relay does, the session is lost. Unlisted, it ended the ping
+    # unseen, and the dispatcher went on sending without a live lock.
+    asyncpg.InternalClientError,
 )
 """What ends the lock's session and makes the dispatcher connect again."""
 
