@@ -23,23 +23,16 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from fulfilment.adapters.postgres.dispatcher_lock import try_dispatcher_lock
+from fulfilment.adapters.postgres.errors import SESSION_LOST_ERRORS
 from fulfilment.application.ports import TransientError
 
 logger = structlog.get_logger("fulfilment.dispatcher")
 
-RECONNECT_ERRORS = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-    # The protocol out of step with its connection ("cannot switch to state 12; another
-    # operation (2) is in progress"), which a server killed while it answers a ping leaves
-    # behind (a failover): as the relay does, the session is lost. Unlisted, it ended the ping
-    # unseen, and the dispatcher went on sending without a live lock.
-    asyncpg.InternalClientError,
-)
-"""What ends the lock's session and makes the dispatcher connect again."""
+RECONNECT_ERRORS = SESSION_LOST_ERRORS
+"""What ends the lock's session and makes the dispatcher connect again, the relay's database
+errors (``adapters.postgres.errors.SESSION_LOST_ERRORS``). Before they were one list, an
+``InternalClientError`` after a failover ended the ping unseen, and the dispatcher went on
+sending without a live lock."""
 
 RECONNECT_INITIAL_SECONDS = 0.5
 """First wait before connecting again (plus up to 1 s of jitter)."""

@@ -36,6 +36,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from fulfilment.adapters.postgres.errors import SESSION_LOST_ERRORS
 from fulfilment.adapters.postgres.outbox import (
     NOTIFY_CHANNEL,
     OutboxRow,
@@ -56,26 +57,15 @@ from fulfilment.observability.tracing import (
 logger = structlog.get_logger("fulfilment.relay")
 tracer = trace.get_tracer("fulfilment.relay")
 
-RECONNECT_ERRORS = (
-    OSError,
-    TimeoutError,
-    ConnectionError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.ReadOnlySQLTransactionError,
-    # The protocol out of step with its connection, which a server that ends the connection
-    # just as a statement starts leaves behind (a failover); TargetServerAttributeNotMatched
-    # (no primary among the URL's hosts) is one too.
-    asyncpg.InternalClientError,
+RECONNECT_ERRORS: tuple[type[Exception], ...] = (
+    *SESSION_LOST_ERRORS,
     aiormq.exceptions.AMQPConnectionError,
     aiormq.exceptions.ChannelInvalidStateError,
     aiormq.exceptions.ChannelClosed,
 )
-"""What ends a relay's session and makes it connect again: a broker or database that is down,
-restarting, or closed the connection (``admin_shutdown``, ``cannot_connect_now``); during a
-database failover also a server that is a standby (``read_only_sql_transaction``), no primary
-among the URL's hosts, or a connection the failover left out of step."""
+"""What ends a relay's session and makes it connect again: the database's session lost
+(``adapters.postgres.errors.SESSION_LOST_ERRORS``), or a broker that is down, restarting or
+closed the connection or channel."""
 
 RECONNECT_INITIAL_SECONDS = 0.5
 """First wait before connecting again (plus up to 1 s of jitter), after a failed attempt or

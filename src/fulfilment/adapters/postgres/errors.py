@@ -13,6 +13,25 @@ from sqlalchemy.engine import make_url
 
 from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 
+SESSION_LOST_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    # The protocol out of step with its connection ("cannot switch to state 12; another
+    # operation (2) is in progress"), which a server that ends the connection just as a
+    # statement starts or answers leaves behind (a failover); TargetServerAttributeNotMatched
+    # (no primary among the URL's hosts) is one too.
+    asyncpg.InternalClientError,
+)
+"""What ends a session held for a lock (the relay's, the dispatcher's) and calls for a new one:
+a server that is down, restarting or closed the connection (``admin_shutdown``,
+``cannot_connect_now``), and during a failover also a server that became a standby
+(``read_only_sql_transaction``), no primary among the URL's hosts, or a connection the failover
+left out of step."""
+
 SKUS_SHOWN = 10
 """SKUs named in the message; ``skus`` holds them all."""
 
