@@ -1080,7 +1080,7 @@ class Latency:
     p99_ms: float
     max_ms: float
     order_confirm_ms: dict[str, float] = field(default_factory=dict)
-    """placed_at -> the broker's confirm of the order itself, p50/p99/max: its write into its
+    """placed_at -> the broker's confirm of the order itself, p50/p95/p99/max: its write into its
     quorum queue, which comes before the worker can see the order, and the same kind of write
     as each result event's."""
     metric_share_within_100ms: float | None = None
@@ -1181,10 +1181,7 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
         p50_ms=round(float(row["p50"]), 1),
         p99_ms=round(float(row["p99"]), 1),
         max_ms=round(float(row["top"]), 1),
-        order_confirm_ms={
-            name: round(percentile(published.confirmed_after, q) * 1000, 1)
-            for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
-        },
+        order_confirm_ms=lag_percentiles_ms(published.placed, published.confirmed),
     )
     if beside and lag["events"]:
         result.events = int(lag["events"])

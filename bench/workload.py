@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 import uuid
@@ -184,10 +185,11 @@ class SteadyPublish:
 
     rate: float
     """Messages per second achieved over the whole schedule."""
-    confirmed_after: list[float]
-    """Per message, seconds from its ``placed_at`` (its moment on the schedule) to the broker's
-    confirm: the broker's own write of an order into its quorum queue, which the order's
-    delivery to the worker cannot precede."""
+    placed: list[float]
+    """Per message, when it was stamped ``placed_at``, in seconds of the event loop's clock."""
+    confirmed: list[float]
+    """Per message, in the same order and clock, when the broker confirmed it: its own write of
+    the order into its quorum queue, which the order's delivery to the worker cannot precede."""
 
 
 async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by name
@@ -205,16 +207,17 @@ async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by nam
     confirm, so a slow consumer or broker shows up as latency rather than as a slower rate.
     """
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-    confirmed_after: list[float] = []
+    placed: list[float] = []
+    confirmed: list[float] = []
     try:
         target = await channel.get_exchange(exchange, ensure=False)
         loop = asyncio.get_running_loop()
 
-        async def publish(body: bytes, traceparent: str | None, placed: float) -> None:
+        async def publish(body: bytes, traceparent: str | None, index: int) -> None:
             await target.publish(
                 _message(body, traceparent), routing_key=routing_key, mandatory=True
             )
-            confirmed_after.append(loop.time() - placed)
+            confirmed[index] = loop.time()
 
         started = loop.time()
         async with asyncio.TaskGroup() as group:
@@ -222,15 +225,17 @@ async def publish_steadily(  # noqa: PLR0913 - the schedule's parts, each by nam
                 delay = started + index / rate - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                placed = loop.time()
+                placed.append(loop.time())
+                confirmed.append(math.nan)
                 body = order.body(placed_at=clock())
-                group.create_task(publish(body, order.traceparent, placed))
+                group.create_task(publish(body, order.traceparent, index))
         elapsed = loop.time() - started
     finally:
         await channel.close()
     return SteadyPublish(
         rate=len(orders) / elapsed if elapsed > 0 else float("nan"),
-        confirmed_after=confirmed_after,
+        placed=placed,
+        confirmed=confirmed,
     )
 
 
