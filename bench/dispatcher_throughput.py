@@ -43,8 +43,8 @@ from fulfilment.adapters.warehouse_system.client import (
     WarehouseClientOptions,
     build_http_client,
 )
-from fulfilment.composition import database_options
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import Settings

@@ -28,7 +28,7 @@ from faststream.rabbit import TestRabbitBroker
 from fakes import InMemoryWarehouse
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY
-from fulfilment.main import build_worker, new_metrics
+from fulfilment.entrypoints.worker import build_worker, new_metrics
 from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import Settings
 from fulfilment.worker.dead_lettering import begin_delivery

@@ -1,5 +1,5 @@
 """``python -m fulfilment`` runs the worker, like ``fulfilment worker``."""
 
-from fulfilment.main import main
+from fulfilment.entrypoints.worker import main
 
 main()

@@ -15,7 +15,6 @@ from fakes import InMemoryWarehouse, RecordedEvent, result_body
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
 from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import CancelKind, OrderStatus, ShipKind
 from fulfilment.domain.model import (
@@ -25,6 +24,7 @@ from fulfilment.domain.model import (
     RejectionReason,
     StockLevel,
 )
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 from warehouse_rows import requests_of
 

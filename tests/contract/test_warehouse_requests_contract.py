@@ -22,7 +22,6 @@ from fakes import InMemoryWarehouse, InMemoryWarehouseRequests, RecordedEvent
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
-from fulfilment.composition import database_options
 from fulfilment.contracts.warehouse_bodies import request_body
 from fulfilment.domain.handoff import (
     Accepted,
@@ -37,6 +36,7 @@ from fulfilment.domain.handoff import (
 )
 from fulfilment.domain.lifecycle import CancelKind
 from fulfilment.domain.model import OrderLine, StockLevel
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 
 LEASE = 30.0

@@ -44,11 +44,11 @@ from stack import ROOT, Stack, check_scaling, field_of, http_get, load_stack
 from typer.core import TyperGroup
 
 from fakes import InMemoryWarehouse
-from fulfilment import cli
 from fulfilment.contracts import dead_letter
 from fulfilment.contracts.dead_letter import FailureClass
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
-from fulfilment.main import build_worker
+from fulfilment.entrypoints import cli
+from fulfilment.entrypoints.worker import build_worker
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.observability.tracing import Tracing

@@ -26,10 +26,10 @@ from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from fulfilment.adapters.postgres.privileges import RUNTIME_PRIVILEGES
-from fulfilment.cli import app
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_SHIPPED
+from fulfilment.entrypoints.cli import app
 from services import admin_execute, service_unavailable, throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]

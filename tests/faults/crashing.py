@@ -23,9 +23,9 @@ from crash_plan import (
 )
 
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import run_service
-from fulfilment.main import run_worker
-from fulfilment.relay_main import run_relay
+from fulfilment.entrypoints.relay import run_relay
+from fulfilment.entrypoints.startup import run_service
+from fulfilment.entrypoints.worker import run_worker
 from fulfilment.settings import Settings
 
 logger = structlog.get_logger("fulfilment.faults")

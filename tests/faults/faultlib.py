@@ -20,7 +20,6 @@ import pytest
 from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
 from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
-from fulfilment.cli import tool_options
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.result_events import StockReleasedV1, parse_result_event
 from fulfilment.contracts.topology import (
@@ -29,6 +28,7 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
+from fulfilment.entrypoints.cli import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools.report import Reconciliation, reconcile
 from fulfilment.worker.topology import Topology, declare_topology

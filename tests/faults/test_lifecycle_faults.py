@@ -52,7 +52,6 @@ from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
-from fulfilment.cli import tool_options
 from fulfilment.contracts.order_cancelled import OrderCancelledV1, order_cancelled_body
 from fulfilment.contracts.order_placed import OrderPlacedV1, order_placed_body
 from fulfilment.contracts.order_shipped import OrderShippedV1, order_shipped_body
@@ -66,6 +65,7 @@ from fulfilment.contracts.topology import (
     SubscribedQueue,
 )
 from fulfilment.domain.lifecycle import OrderStatus
+from fulfilment.entrypoints.cli import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools import dlq
 from fulfilment.tools.report import Reconciliation, reconcile

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
-from fulfilment.cli import app
+from fulfilment.entrypoints.cli import app
 from services import admin_execute
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]

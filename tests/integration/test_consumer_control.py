@@ -21,7 +21,7 @@ from faststream.rabbit.subscriber import RabbitSubscriber
 from structlog.testing import capture_logs
 
 from fulfilment.application.ports import TransientError
-from fulfilment.main import new_metrics
+from fulfilment.entrypoints.worker import new_metrics
 from fulfilment.worker import consumer_control
 from fulfilment.worker.consumer_control import (
     ConsumerPause,

@@ -16,9 +16,9 @@ from pydantic import SecretStr
 from builders import cancellation, order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
 from fulfilment.domain.lifecycle import CancelKind, ShipKind
 from fulfilment.domain.model import OutcomeKind, StockLevel
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres

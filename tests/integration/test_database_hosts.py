@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
-from fulfilment.composition import database_options
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres

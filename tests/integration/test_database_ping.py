@@ -19,8 +19,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine
-from fulfilment.composition import database_options
-from fulfilment.main import ping_database
+from fulfilment.entrypoints.startup import database_options
+from fulfilment.entrypoints.worker import ping_database
 from fulfilment.settings import Settings
 from services import ADMIN_DATABASE_URL, admin_execute
 

@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from builders import order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.metrics import INVARIANTS, Metrics
 from fulfilment.settings import Settings
 from fulfilment.worker.monitors import check_invariants

@@ -17,8 +17,8 @@ from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 from services import throwaway_database
 from warehouse_rows import requests_in_database, requests_in_fake

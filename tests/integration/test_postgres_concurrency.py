@@ -20,7 +20,6 @@ from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
-from fulfilment.composition import database_options
 from fulfilment.domain.handoff import Accepted, Failed, Refused, RequestKind
 from fulfilment.domain.lifecycle import CancelOrder, ShipKind
 from fulfilment.domain.model import (
@@ -29,6 +28,7 @@ from fulfilment.domain.model import (
     RejectionReason,
     ReserveStock,
 )
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres

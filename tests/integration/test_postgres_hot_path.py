@@ -20,8 +20,8 @@ from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine,
 from fulfilment.adapters.postgres.retry import is_transient
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
-from fulfilment.composition import database_options
 from fulfilment.domain.model import OutcomeKind, StockLevel
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 
 POOL_SIZE = 4

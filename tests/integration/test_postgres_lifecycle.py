@@ -51,7 +51,6 @@ from builders import CANCELLED_AT, PLACED_AT, SHIPPED_AT
 from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
 from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import (
     CancelOrder,
@@ -63,6 +62,7 @@ from fulfilment.domain.lifecycle import (
     apply_shipped,
 )
 from fulfilment.domain.model import OrderLine, ReserveStock, StockLevel
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 from warehouse_rows import requests_in_database, requests_in_fake
 

@@ -11,9 +11,9 @@ from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.outcomes import InvariantChecks, outcome_report
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
-from fulfilment.composition import database_options
 from fulfilment.domain.handoff import Accepted, Failed
 from fulfilment.domain.lifecycle import CancelKind
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 
 pytestmark = pytest.mark.postgres

@@ -23,8 +23,8 @@ from fulfilment.adapters.postgres.retry import (
 )
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
-from fulfilment.composition import database_options
 from fulfilment.domain.model import OutcomeKind, StockLevel
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 
 LOCK_NOT_AVAILABLE = "55P03"

@@ -28,7 +28,6 @@ from builders import parse_order_placed
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.composition import database_options
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import (
     MAX_LINES,
@@ -37,6 +36,7 @@ from fulfilment.contracts.order_placed import (
     MAX_UNITS_PER_SKU,
 )
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel, decide
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import Settings
 from fulfilment.worker.delivery import MalformedEventError
 

@@ -21,7 +21,7 @@ from fulfilment.contracts.topology import (
     ORDER_SHIPPED,
     SUBSCRIBED_QUEUES,
 )
-from fulfilment.main import new_metrics
+from fulfilment.entrypoints.worker import new_metrics
 from fulfilment.worker.monitors import _DeadLetterHead, poll_once
 from fulfilment.worker.topology import Topology, declare_topology
 

@@ -19,7 +19,6 @@ from builders import cancellation, order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.rabbitmq import inspection
-from fulfilment.cli import tool_options
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_shipped import order_shipped_body
 from fulfilment.contracts.topology import (
@@ -31,6 +30,7 @@ from fulfilment.contracts.topology import (
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.online_retail import shipment_event_id_for
 from fulfilment.dataset.reconcile import reconcile_command
+from fulfilment.entrypoints.cli import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, reconcile, render_report

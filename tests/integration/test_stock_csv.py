@@ -6,8 +6,8 @@ import pytest
 from pydantic import SecretStr
 
 from builders import order
-from fulfilment.composition import database_options
 from fulfilment.domain.model import OutcomeKind, StockLevel
+from fulfilment.entrypoints.startup import database_options
 from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import Settings
 from fulfilment.tools.command import CommandError, ToolOptions

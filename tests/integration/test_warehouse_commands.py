@@ -25,7 +25,6 @@ from builders import cancellation, order
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
-from fulfilment.cli import app, tool_options
 from fulfilment.domain.handoff import (
     Accepted,
     Failed,
@@ -33,6 +32,7 @@ from fulfilment.domain.handoff import (
     RequestStatus,
     WarehouseRequest,
 )
+from fulfilment.entrypoints.cli import app, tool_options
 from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import Settings
 from fulfilment.tools.command import CommandError, ToolOptions

@@ -23,7 +23,7 @@ from fakes import InMemoryWarehouse
 from fulfilment import asyncapi
 from fulfilment.contracts.result_events import RESULT_EVENTS
 from fulfilment.contracts.topology import EVENTS_EXCHANGE, SUBSCRIBED_QUEUES, SubscribedQueue
-from fulfilment.main import build_worker
+from fulfilment.entrypoints.worker import build_worker
 from fulfilment.settings import Settings
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "asyncapi.json"

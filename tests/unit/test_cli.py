@@ -21,8 +21,8 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fulfilment import __version__
-from fulfilment.cli import DEMO_NOT_INSTALLED, app, run, tool_options
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
+from fulfilment.entrypoints.cli import DEMO_NOT_INSTALLED, app, run, tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools.dlq import dead_letter_queues
 
@@ -334,7 +334,7 @@ def test_a_command_interrupted_as_it_starts_exits_130_with_one_line(after_second
 def test_the_operator_commands_load_neither_the_online_retail_reader_nor_the_demo():
     # import-linter holds the tools' own imports; this holds the command line's lazy ones.
     operator_commands = (
-        "fulfilment.cli",
+        "fulfilment.entrypoints.cli",
         "fulfilment.tools.dlq_commands",
         "fulfilment.tools.report",
         "fulfilment.tools.outbox",

@@ -36,7 +36,7 @@ from structlog.testing import capture_logs
 from deliveries import deliver, in_memory_dead_letters, incoming, settlements
 from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
-from fulfilment.main import new_metrics
+from fulfilment.entrypoints.worker import new_metrics
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.tracing import current_traceparent
 from fulfilment.worker import delivery

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fulfilment.adapters.postgres.admin import DEMO_DATABASE_MARK, DemoDatabase
-from fulfilment.cli import app
 from fulfilment.demo.run import reset_refusal
+from fulfilment.entrypoints.cli import app
 
 
 def database(comment: str | None = None, *holds: str) -> DemoDatabase:

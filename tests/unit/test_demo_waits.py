@@ -19,8 +19,8 @@ import typer
 from aiormq.exceptions import ConnectionClosed
 
 from fulfilment.adapters.rabbitmq.inspection import QueueState
-from fulfilment.cli import run
 from fulfilment.demo import run as demo
+from fulfilment.entrypoints.cli import run
 
 DAY = SimpleNamespace(name="2010-12-01")
 

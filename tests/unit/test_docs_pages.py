@@ -18,7 +18,7 @@ import pytest
 import typer.main
 from typer.core import TyperGroup
 
-from fulfilment import cli
+from fulfilment.entrypoints import cli
 
 ROOT = Path(__file__).parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

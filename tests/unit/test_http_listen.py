@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from fulfilment.composition import StartRefusedError, listen
+from fulfilment.entrypoints.startup import StartRefusedError, listen
 from fulfilment.exit_codes import ExitCode
 
 NOT_ON_THIS_HOST = "192.0.2.1"

@@ -16,7 +16,7 @@ from fakes import InMemoryWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
-from fulfilment.main import build_worker, new_metrics
+from fulfilment.entrypoints.worker import build_worker, new_metrics
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.relay_metrics import RelayMetrics

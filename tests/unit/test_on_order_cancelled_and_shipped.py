@@ -32,7 +32,7 @@ from fulfilment.contracts.topology import (
     SubscribedQueue,
 )
 from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.main import Worker, build_worker
+from fulfilment.entrypoints.worker import Worker, build_worker
 from fulfilment.settings import Settings
 from fulfilment.worker.delivery import EventRefusedError, MalformedEventError, raw_body
 from fulfilment.worker.subscribers import on_order_cancelled, on_order_shipped

@@ -29,7 +29,7 @@ from fulfilment.contracts.topology import (
     SUBSCRIBED_QUEUES,
 )
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
-from fulfilment.main import Worker, build_worker
+from fulfilment.entrypoints.worker import Worker, build_worker
 from fulfilment.settings import Settings
 from fulfilment.worker.delivery import MalformedEventError, raw_body
 from fulfilment.worker.subscribers import on_order_placed

@@ -6,13 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fulfilment.composition import GC_YOUNG_THRESHOLD
+from fulfilment.entrypoints.startup import GC_YOUNG_THRESHOLD
 
 # A process of its own: run_service configures logging and the collector for the whole
 # process, which must not leak into the other tests.
 SERVICE = """
 import gc
-from fulfilment.composition import run_service
+from fulfilment.entrypoints.startup import run_service
 
 async def service(_settings):
     print(*gc.get_threshold())

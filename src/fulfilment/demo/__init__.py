@@ -3,7 +3,7 @@
 ``run`` is the command (migrate, load stock, run the worker and the relay, play the data day
 by day, reconcile, report); ``result_events`` tallies the result events the demo's own queue
 received. It stands on the operator tools and the data set (``fulfilment.dataset``); nothing
-but ``fulfilment.cli`` imports it.
+but ``fulfilment.entrypoints.cli`` imports it.
 
 Not in the production wheel (``pyproject.toml``'s wheel ``exclude``): ``--reset`` truncates
 the service's tables, so the image does not carry it, and ``fulfilment demo`` there exits 2

@@ -133,10 +133,10 @@ consumer of every result event, as the shop's other services are. Declared befor
 is published, emptied by reading it at the end of each run, purged by ``--reset``. Not part
 of the service's topology: the worker and the relay know nothing of it."""
 RESULT_EVENTS_BINDING = "#"
-RELAY_COMMAND = ("-c", "from fulfilment.relay_main import main; main()")
+RELAY_COMMAND = ("-c", "from fulfilment.entrypoints.relay import main; main()")
 """``fulfilment relay`` run by this interpreter: what the console script calls, found without
 looking for the script on the ``PATH`` (the demo may not import the relay's root)."""
-DISPATCHER_COMMAND = ("-c", "from fulfilment.dispatcher_main import main; main()")
+DISPATCHER_COMMAND = ("-c", "from fulfilment.entrypoints.dispatcher import main; main()")
 """``fulfilment dispatcher`` run by this interpreter, as :data:`RELAY_COMMAND`."""
 SIMULATOR_PATH = Path(__file__).resolve().parents[3] / "simulator"
 """The checkout's ``simulator/`` folder, which holds ``warehouse_simulator`` (a test and demo

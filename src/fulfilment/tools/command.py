@@ -1,8 +1,8 @@
 """What every command of the operator tools shares: its options, its output, its failures.
 
 Each sub-command of ``fulfilment`` is one function of a module of this package (``*_command``),
-which the command line (``fulfilment.cli``) calls with the options it built from the settings
-and ``echo`` for standard output. A command that cannot do its job raises
+which the command line (``fulfilment.entrypoints.cli``) calls with the options it built from the
+settings and ``echo`` for standard output. A command that cannot do its job raises
 :class:`CommandError`; the command line prints its reason on one line and exits with its code.
 """
 

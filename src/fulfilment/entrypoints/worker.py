@@ -1,7 +1,7 @@
 """The worker's composition root: it reads the settings and builds the concrete adapters.
 
-The operator tools have their own root, ``fulfilment.cli``; no other module reads settings
-(import-linter checks it).
+The operator tools have their own root, ``fulfilment.entrypoints.cli``; no other module reads
+settings (import-linter checks it).
 
 ``main()`` builds settings, logging, the PostgreSQL pool and warehouse, the broker and its
 subscribers, and serves them with uvicorn until SIGTERM or SIGINT; it closes them in reverse
@@ -31,7 +31,9 @@ from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.rabbitmq.connection import connection_failure as broker_connection_failure
-from fulfilment.composition import (
+from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureClass
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.entrypoints.startup import (
     StartRefusedError,
     database_options,
     listen,
@@ -39,8 +41,6 @@ from fulfilment.composition import (
     run_service,
     service_stops_start,
 )
-from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureClass
-from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 
     from fulfilment.application.ports import Warehouse
 
-logger = structlog.get_logger("fulfilment.main")
+logger = structlog.get_logger("fulfilment.entrypoints.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +215,7 @@ def _start_up(
 
     The arguments each queue was accepted with go to the subscribers' queues ``consumed``.
 
-    It raises :class:`~fulfilment.composition.StartRefusedError` on a topology mismatch or a
+    It raises :class:`~fulfilment.entrypoints.startup.StartRefusedError` on a topology mismatch or a
     broker that refuses or does not answer.
     """
 

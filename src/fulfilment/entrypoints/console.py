@@ -1,4 +1,4 @@
-"""The ``fulfilment`` program's entry point: the command line of :mod:`fulfilment.cli`.
+"""The ``fulfilment`` program's entry point: the command line of :mod:`fulfilment.entrypoints.cli`.
 
 A module of its own, importing nothing heavy, so that a Ctrl-C while the command line's
 modules load (its first few tenths of a second) is answered as one during a command is: one
@@ -15,9 +15,9 @@ INTERRUPTED_AT_START = "fulfilment: interrupted (Ctrl-C) before the command star
 
 
 def main() -> None:
-    """Run ``fulfilment.cli.app``; exit 130 with one line if interrupted while it loads."""
+    """Run ``entrypoints.cli.app``; exit 130 with one line if interrupted while it loads."""
     try:
-        from fulfilment.cli import app  # noqa: PLC0415 - imported inside the interrupt's guard
+        from fulfilment.entrypoints.cli import app  # noqa: PLC0415 - imported inside the interrupt's guard
     except KeyboardInterrupt:
         sys.stderr.write(INTERRUPTED_AT_START)
         sys.exit(ExitCode.INTERRUPTED)

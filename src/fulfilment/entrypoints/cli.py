@@ -2,7 +2,7 @@
 
 Each sub-command parses its arguments, reads the settings, builds the options its tool needs,
 and calls one function of ``fulfilment.tools`` (a ``*_command``); ``worker`` runs the worker's
-own root, ``fulfilment.main``.
+own root, ``fulfilment.entrypoints.worker``.
 
 Every sub-command exits 0 on success and otherwise prints one line, ``fulfilment: <reason>``,
 on standard error and exits non-zero: 1 for a failed run or broken invariants, 2 for bad input
@@ -141,7 +141,7 @@ def settings_or_exit() -> Settings:
 
 def tool_options(settings: Settings) -> ToolOptions:
     """What the tools take from ``settings``: the broker, the database, the inbox's consumer."""
-    from fulfilment.composition import database_options  # noqa: PLC0415 - loads SQLAlchemy
+    from fulfilment.entrypoints.startup import database_options  # noqa: PLC0415 - loads SQLAlchemy
 
     return ToolOptions(
         amqp_url=settings.amqp_url.get_secret_value(),
@@ -236,7 +236,7 @@ def root(
 @app.command(cls=Command)
 def worker() -> None:
     """Run the worker until SIGTERM or SIGINT (the same as ``python -m fulfilment``)."""
-    from fulfilment.main import main  # noqa: PLC0415 - keeps the other commands' start fast
+    from fulfilment.entrypoints.worker import main  # noqa: PLC0415 - keeps the other commands' start fast
 
     main()
 
@@ -247,7 +247,7 @@ def relay() -> None:
 
     One replica at a time publishes (it holds a PostgreSQL advisory lock); the others stand by.
     """
-    from fulfilment.relay_main import main  # noqa: PLC0415 - keeps the other commands' start fast
+    from fulfilment.entrypoints.relay import main  # noqa: PLC0415 - keeps the other commands' start fast
 
     main()
 
@@ -259,7 +259,7 @@ def dispatcher() -> None:
     Needs ``FULFILMENT_WAREHOUSE_URL`` (else exit 2). One replica at a time sends (it holds a
     PostgreSQL advisory lock); the others stand by.
     """
-    from fulfilment.dispatcher_main import main  # noqa: PLC0415 - keeps the other commands' start fast
+    from fulfilment.entrypoints.dispatcher import main  # noqa: PLC0415 - keeps the other commands' start fast
 
     main()
 

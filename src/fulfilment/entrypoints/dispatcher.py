@@ -34,7 +34,10 @@ from fulfilment.adapters.warehouse_system.client import (
     WarehouseClientOptions,
     build_http_client,
 )
-from fulfilment.composition import (
+from fulfilment.dispatcher.health import DispatcherState, dispatcher_health_app
+from fulfilment.dispatcher.leadership import Leadership
+from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, read_backlog
+from fulfilment.entrypoints.startup import (
     STOP_SIGNALS,
     StartRefusedError,
     database_options,
@@ -42,9 +45,6 @@ from fulfilment.composition import (
     require_current_schema,
     run_service,
 )
-from fulfilment.dispatcher.health import DispatcherState, dispatcher_health_app
-from fulfilment.dispatcher.leadership import Leadership
-from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, read_backlog
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.probes import ProbeServer

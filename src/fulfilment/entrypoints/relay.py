@@ -16,7 +16,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
-from fulfilment.composition import (
+from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
+from fulfilment.entrypoints.startup import (
     STOP_SIGNALS,
     StartRefusedError,
     database_options,
@@ -25,7 +26,6 @@ from fulfilment.composition import (
     require_current_schema,
     run_service,
 )
-from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics
