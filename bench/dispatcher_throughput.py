@@ -33,6 +33,7 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 
+from pydantic import SecretStr
 from warehouse_harness import TOKEN, SimulatorProcess
 
 from fulfilment.adapters.postgres.engine import create_engine
@@ -47,7 +48,7 @@ from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.logging import configure_logging
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from services import throwaway_database
 
 _FILL = (
@@ -80,7 +81,9 @@ async def measure(url: str, warehouse: SimulatorProcess, arguments: argparse.Nam
     db = await asyncpg.connect(plain)
     await db.execute(_FILL, arguments.requests)
     await db.execute("ANALYZE warehouse_requests")
-    engine = create_engine(database_options(Settings(database_url=url)))  # type: ignore[arg-type]
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(url)), DeadlineSettings())
+    )
     http = build_http_client(
         WarehouseClientOptions(
             url=warehouse.url,

@@ -105,7 +105,7 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
-from fulfilment.settings import Settings
+from fulfilment.settings import ENV_PREFIX, variables
 from fulfilment.worker.topology import Topology, declare_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,7 +124,10 @@ lag read from the depth is good to about this spacing (a drain's rate is not mea
 RSS_CHECKPOINT_ORDERS = 20_000
 """Every this many orders committed, a drain records its processes' peak RSS (``VmHWM``)."""
 
-SETTING_DEFAULTS = {name: info.default for name, info in Settings.model_fields.items()}
+SETTING_DEFAULTS = {
+    name.removeprefix(ENV_PREFIX).lower(): group.model_fields[field].default
+    for group, field, name in variables()
+}
 
 
 # --- services -------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def database_url() -> str:
     if not url:
         from fulfilment.settings import load_settings  # noqa: PLC0415 - only when unset
 
-        url = load_settings().database_url.get_secret_value()
+        url = load_settings().database.url.get_secret_value()
     # Accept plain postgresql:// like the settings do: the environment is async-only.
     parsed = make_url(url)
     if parsed.drivername in {"postgresql", "postgres"}:

@@ -1,7 +1,7 @@
 """What asyncpg reads of a PostgreSQL URL: a leaf, for the settings and the PostgreSQL adapter.
 
 The settings refuse a near miss of these parameters before any connection
-(``settings._check_tls_parameters``), and the adapter names them in the error of a server that
+(``settings.urls.check_database_tls``), and the adapter names them in the error of a server that
 refused one (``adapters.postgres.errors``); neither imports the other.
 """
 

@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from rabbit_cluster import ClusterError, RabbitCluster, missing_tools
 
 from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from services import service_unavailable
 
 FOLDER = Path(__file__).parent
@@ -108,7 +108,10 @@ async def delete_service_queues(cluster_url: str) -> None:
 @pytest.fixture
 def cluster_settings(clean_database: str, cluster_url: str) -> Settings:
     """The tools' settings for the session's database and the cluster (reconciliation)."""
-    return Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(cluster_url))
+    return Settings(
+        database=DatabaseSettings(url=SecretStr(clean_database)),
+        broker=BrokerSettings(amqp_url=SecretStr(cluster_url)),
+    )
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from fulfilment.domain.model import (
     StockLevel,
 )
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from warehouse_rows import requests_of
 
 
@@ -36,7 +36,9 @@ def memory_warehouse():
 
 @pytest.fixture
 async def postgres_warehouse(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
     try:
         yield PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
     finally:
@@ -55,7 +57,9 @@ def warehouse(request):
 
 @pytest.fixture
 async def postgres_handoff_warehouse(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
     try:
         yield PostgresWarehouse(
             engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True

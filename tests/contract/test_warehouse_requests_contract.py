@@ -37,7 +37,7 @@ from fulfilment.domain.handoff import (
 from fulfilment.domain.lifecycle import CancelKind
 from fulfilment.domain.model import OrderLine, StockLevel
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 
 LEASE = 30.0
 """A lease no test outlives, unless it waits for one to end."""
@@ -103,7 +103,9 @@ def memory_stores():
 
 @pytest.fixture
 async def postgres_stores(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
     try:
         yield Stores(
             PostgresWarehouse(

@@ -31,7 +31,7 @@ from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.topology import SUBSCRIBED_QUEUES
 from fulfilment.entrypoints import cli
 from fulfilment.observability.metrics import Metrics
-from fulfilment.settings import ENV_PREFIX, Settings
+from fulfilment.settings import ENV_PREFIX, HttpSettings, Settings, from_variables, variables
 from fulfilment.worker.health import READINESS_CHECK_SECONDS, health_app
 from fulfilment.worker.topology import Topology
 
@@ -154,12 +154,9 @@ def load_stack(root: Path = ROOT) -> Stack:
 # --- reading the parsed files -------------------------------------------------------------
 
 
-def field_of(variable: str) -> str | None:
-    """The ``Settings`` field an environment variable sets, or None if it sets none."""
-    if not variable.startswith(ENV_PREFIX):
-        return None
-    field = variable.removeprefix(ENV_PREFIX).lower()
-    return field if field in Settings.model_fields else None
+def is_setting(variable: str) -> bool:
+    """Whether an environment variable sets one of the service's settings."""
+    return variable.upper() in {name for _, _, name in variables()}
 
 
 def effective_settings(environment: dict[str, Any]) -> Settings:
@@ -168,13 +165,9 @@ def effective_settings(environment: dict[str, Any]) -> Settings:
     Raises:
         pydantic.ValidationError: the values do not validate (e.g. deadlines do not nest).
     """
-    values = {
-        field: str(value)
-        for name, value in environment.items()
-        if (field := field_of(name)) is not None
-    }
-    # model_validate skips the settings sources: only these values and the defaults count.
-    return Settings.model_validate(values)
+    return from_variables(
+        {name: str(value) for name, value in environment.items() if is_setting(name)}
+    )
 
 
 def dockerfile_stages(stack: Stack) -> list[list[dict[str, Any]]]:
@@ -358,10 +351,10 @@ def check_environment_variables_exist(stack: Stack) -> list[str]:
     ]:
         sources["k8s TriggerAuthentication"] = {trigger["key"]: ""}
     return [
-        f"{where}: {variable} is not a setting (src/fulfilment/settings.py)"
+        f"{where}: {variable} is not a setting (src/fulfilment/settings/)"
         for where, env in sources.items()
         for variable in env
-        if variable.startswith(ENV_PREFIX) and field_of(variable) is None
+        if variable.startswith(ENV_PREFIX) and not is_setting(variable)
     ]
 
 
@@ -387,12 +380,14 @@ def check_settings_validate(stack: Stack) -> list[str]:
 
 
 def _deadlines(where: str, settings: Settings, grace: float) -> list[str]:
-    if settings.handler_deadline_seconds < settings.graceful_timeout_seconds < grace:
+    deadlines = settings.deadlines
+    if deadlines.handler_deadline_seconds < deadlines.graceful_timeout_seconds < grace:
         return []
     return [
         (
-            f"{where}: need handler deadline ({settings.handler_deadline_seconds:g} s) < graceful "
-            f"timeout ({settings.graceful_timeout_seconds:g} s) < the orchestrator's grace period "
+            f"{where}: need handler deadline ({deadlines.handler_deadline_seconds:g} s)"
+            f" < graceful timeout ({deadlines.graceful_timeout_seconds:g} s)"
+            " < the orchestrator's grace period "
             f"({grace:g} s)"
         )
     ]
@@ -408,10 +403,11 @@ def check_kubernetes_grace_period(stack: Stack) -> list[str]:
     except ValidationError as error:
         return [f"k8s Deployment: invalid settings: {error}"]
     problems = _deadlines("k8s Deployment", settings, grace)
-    if settings.orchestrator_grace_period_seconds != grace:
+    if settings.deadlines.orchestrator_grace_period_seconds != grace:
         problems.append(
             f"k8s: FULFILMENT_ORCHESTRATOR_GRACE_PERIOD_SECONDS="
-            f"{settings.orchestrator_grace_period_seconds:g} but terminationGracePeriodSeconds "
+            f"{settings.deadlines.orchestrator_grace_period_seconds:g}"
+            " but terminationGracePeriodSeconds "
             f"is {grace:g}"
         )
     return problems
@@ -427,10 +423,11 @@ def check_compose_grace_period(stack: Stack) -> list[str]:
     except ValidationError as error:
         return [f"docker-compose.yml worker: invalid settings: {error}"]
     problems = _deadlines("docker-compose.yml worker", settings, grace)
-    if settings.orchestrator_grace_period_seconds != grace:
+    if settings.deadlines.orchestrator_grace_period_seconds != grace:
         problems.append(
             f"docker-compose.yml worker: FULFILMENT_ORCHESTRATOR_GRACE_PERIOD_SECONDS="
-            f"{settings.orchestrator_grace_period_seconds:g} but stop_grace_period is {grace:g} s"
+            f"{settings.deadlines.orchestrator_grace_period_seconds:g}"
+            f" but stop_grace_period is {grace:g} s"
         )
     if worker.get("stop_signal", "SIGTERM") != "SIGTERM":
         problems.append("docker-compose.yml worker: stop_signal must be SIGTERM")
@@ -443,7 +440,7 @@ def check_compose_grace_period(stack: Stack) -> list[str]:
 def check_ports(stack: Stack) -> list[str]:
     """Every port that reaches the HTTP server is the one the worker listens on."""
     problems = []
-    default_port = Settings.model_fields["http_port"].default
+    default_port = HttpSettings.model_fields["http_port"].default
     runtime = dockerfile_stages(stack)[-1]
     image_port = int(dockerfile_env(runtime).get("FULFILMENT_HTTP_PORT", default_port))
     if instructions(runtime, "EXPOSE") != [str(image_port)]:
@@ -457,7 +454,7 @@ def check_ports(stack: Stack) -> list[str]:
     ):
         problems.append(f"Dockerfile: HEALTHCHECK does not ask FULFILMENT_HTTP_PORT ({image_port})")
 
-    compose_port = effective_settings(compose_environment(stack, "worker")).http_port
+    compose_port = effective_settings(compose_environment(stack, "worker")).http.http_port
     compose_health = " ".join(stack.compose["services"]["worker"]["healthcheck"]["test"])
     found = re.search(r"http://127\.0\.0\.1:(\d+)/", compose_health)
     if found is None or int(found[1]) != compose_port:
@@ -476,7 +473,7 @@ def check_ports(stack: Stack) -> list[str]:
         problems.append(f"prometheus.yml: scrapes ports {scraped}, not [{compose_port}]")
 
     pod = worker_deployment(stack)["spec"]["template"]["spec"]
-    k8s_port = effective_settings(k8s_environment(stack, pod)).http_port
+    k8s_port = effective_settings(k8s_environment(stack, pod)).http.http_port
     ports = {p.get("name"): p["containerPort"] for p in pod["containers"][0].get("ports", [])}
     if list(ports.values()) != [k8s_port]:
         problems.append(f"k8s Deployment: containerPort {list(ports.values())} is not {k8s_port}")
@@ -553,7 +550,7 @@ def _policy_problems(where: str, policies: list[dict[str, Any]], settings: Setti
     the processed-id retention must outlive.
     """
     problems = []
-    topology = Topology(delivery_limit=settings.delivery_limit)
+    topology = Topology(delivery_limit=settings.broker.delivery_limit)
     expected = {
         queue.name: {
             QUEUE_ARGUMENT_TO_POLICY_KEY[argument]: value
@@ -565,7 +562,7 @@ def _policy_problems(where: str, policies: list[dict[str, Any]], settings: Setti
     }
     for subscribed in SUBSCRIBED_QUEUES:
         expected[subscribed.dead_letter_queue]["message-ttl"] = round(
-            settings.dead_letter_ttl_seconds * 1000
+            settings.retention.dead_letter_ttl_seconds * 1000
         )
     for queue, definition in expected.items():
         matching = [p for p in policies if re.search(p["pattern"], queue)]
@@ -627,10 +624,10 @@ def check_rabbitmq_cluster(stack: Stack) -> list[str]:
     pod = worker_deployment(stack)["spec"]["template"]["spec"]
     env = k8s_environment(stack, pod)
     settings = effective_settings(env)
-    if spec.get("replicas", 1) != settings.quorum_initial_group_size:
+    if spec.get("replicas", 1) != settings.broker.quorum_initial_group_size:
         problems.append(
             f"k8s: RabbitmqCluster replicas {spec.get('replicas', 1)} != "
-            f"FULFILMENT_QUORUM_INITIAL_GROUP_SIZE {settings.quorum_initial_group_size}: "
+            f"FULFILMENT_QUORUM_INITIAL_GROUP_SIZE {settings.broker.quorum_initial_group_size}: "
             "every node must hold a member of each queue"
         )
     name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
@@ -652,10 +649,10 @@ def check_rabbitmq_cluster(stack: Stack) -> list[str]:
         )
     conf = _conf_lines(spec.get("rabbitmq", {}).get("additionalConfig", ""))
     timeout = int(conf.get("consumer_timeout", "1800000")) / 1000
-    if timeout != settings.broker_consumer_timeout_seconds:
+    if timeout != settings.deadlines.broker_consumer_timeout_seconds:
         problems.append(
             f"k8s RabbitmqCluster: consumer_timeout is {timeout:g} s, the worker assumes "
-            f"{settings.broker_consumer_timeout_seconds:g} s"
+            f"{settings.deadlines.broker_consumer_timeout_seconds:g} s"
         )
     if conf.get("cluster_partition_handling") != PARTITION_HANDLING:
         problems.append(
@@ -675,10 +672,10 @@ def check_compose_rabbitmq_cluster(stack: Stack) -> list[str]:
     )
     problems = []
     settings = effective_settings(compose_environment(stack, "worker"))
-    if len(nodes) != settings.quorum_initial_group_size:
+    if len(nodes) != settings.broker.quorum_initial_group_size:
         problems.append(
             f"docker-compose.yml: {len(nodes)} RabbitMQ nodes, the worker declares queues of "
-            f"{settings.quorum_initial_group_size} members"
+            f"{settings.broker.quorum_initial_group_size} members"
         )
     discovered = sorted(
         value.removeprefix("rabbit@")
@@ -734,11 +731,11 @@ def check_broker_consumer_timeout(stack: Stack) -> list[str]:
     """The compose broker's consumer_timeout is the one the worker is told about."""
     settings = effective_settings(compose_environment(stack, "worker"))
     configured = int(stack.rabbitmq_conf.get("consumer_timeout", "1800000")) / 1000
-    if configured != settings.broker_consumer_timeout_seconds:
+    if configured != settings.deadlines.broker_consumer_timeout_seconds:
         return [
             (
                 f"deploy/rabbitmq/rabbitmq.conf: consumer_timeout is {configured:g} s, the worker "
-                f"assumes {settings.broker_consumer_timeout_seconds:g} s"
+                f"assumes {settings.deadlines.broker_consumer_timeout_seconds:g} s"
             )
         ]
     return []
@@ -766,7 +763,7 @@ def check_scaling(stack: Stack) -> list[str]:
             f"k8s: need 1 <= PDB minAvailable ({pdb['minAvailable']}) < minReplicaCount "
             f"({low}) <= maxReplicaCount ({high})"
         )
-    per_replica = settings.database_pool_size + ENGINE_POOL_SIZE
+    per_replica = settings.database.pool_size + ENGINE_POOL_SIZE
     if high * per_replica > POSTGRES_DEFAULT_MAX_CONNECTIONS:
         problems.append(
             f"k8s: {high} replicas x {per_replica} connections exceed "
@@ -784,7 +781,7 @@ def check_scaling(stack: Stack) -> list[str]:
             problems.append(
                 f"k8s {where}: selector {selector} does not match the pods {pod_labels}"
             )
-    problems += _trigger_problems(stack, scaled["triggers"], settings.prefetch_count)
+    problems += _trigger_problems(stack, scaled["triggers"], settings.worker.prefetch_count)
     return problems
 
 
@@ -1221,22 +1218,22 @@ def check_dispatcher(stack: Stack) -> list[str]:
     settings = effective_settings(k8s_environment(stack, pod))
     container = pod["containers"][0]
     ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
-    if list(ports.values()) != [settings.dispatcher_port]:
+    if list(ports.values()) != [settings.http.dispatcher_port]:
         problems.append(
             f"k8s dispatcher: containerPort {list(ports.values())} is not"
-            f" FULFILMENT_DISPATCHER_PORT {settings.dispatcher_port}"
+            f" FULFILMENT_DISPATCHER_PORT {settings.http.dispatcher_port}"
         )
     for probe_name in ("livenessProbe", "readinessProbe"):
         port = container[probe_name]["httpGet"]["port"]
-        if ports.get(port, port) != settings.dispatcher_port:
+        if ports.get(port, port) != settings.http.dispatcher_port:
             problems.append(f"k8s dispatcher: {probe_name} port {port!r} is not the container's")
     monitor = stack.resource("PodMonitor", "fulfilment-dispatcher")["spec"]
     problems.extend(
         f"k8s dispatcher PodMonitor: port {endpoint['port']!r} is not the container's"
         for endpoint in monitor["podMetricsEndpoints"]
-        if ports.get(endpoint["port"]) != settings.dispatcher_port
+        if ports.get(endpoint["port"]) != settings.http.dispatcher_port
     )
-    if container.get("args") != ["dispatcher"] or settings.warehouse_url is None:
+    if container.get("args") != ["dispatcher"] or settings.warehouse.url is None:
         problems.append("k8s dispatcher: must run [dispatcher] with FULFILMENT_WAREHOUSE_URL set")
     service = stack.compose["services"]["dispatcher"]
     compose = effective_settings(compose_environment(stack, "dispatcher"))

@@ -31,7 +31,7 @@ from fulfilment.contracts.topology import (
     ORDERS_EXCHANGE,
     SUBSCRIBED_QUEUES,
 )
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings
 from fulfilment.worker.topology import Topology, declare_topology
 from private_broker import PrivateBroker
 
@@ -120,7 +120,7 @@ async def test_definitions_log_users_in_and_govern_the_queues(
     private_broker.ctl("authenticate_user", WORKER_USER, _worker_password(stack))
     private_broker.ctl("authenticate_user", MONITORING_USER, MONITORING_PASSWORD)
 
-    delivery_limit = Settings.model_fields["delivery_limit"].default
+    delivery_limit = BrokerSettings.model_fields["delivery_limit"].default
     url = private_broker.url(WORKER_USER, _worker_password(stack))
     await declare_topology(url, Topology(delivery_limit=delivery_limit))
 

@@ -509,7 +509,7 @@ def check_kubectl_commands(runbook: Runbook, stack: Stack) -> list[str]:
 def check_http_requests(runbook: Runbook, _stack: Stack) -> list[str]:
     """Every ``curl`` asks the worker's port for a path the worker serves."""
     problems = []
-    port = Settings().http_port
+    port = Settings().http.http_port
     for words in runbook.commands("curl"):
         url = next(word for word in words[1:] if not word.startswith("-"))
         match = re.fullmatch(r"(?:http://)?[\w.-]+:(\d+)(/\S*)", url)

@@ -62,7 +62,7 @@ from fulfilment.contracts.topology import (
     ORDER_SHIPPED,
     SUBSCRIBED_QUEUES,
 )
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(600)]
 
@@ -179,7 +179,12 @@ async def run_scenario(
             outbox = {str(row["event_id"]) for row in await db.fetch("SELECT event_id FROM outbox")}
             received = await take_events(events, outbox)
         outcome = await compare_with_the_in_order_sequence(
-            plan, db, Settings(database_url=SecretStr(url), amqp_url=SecretStr(amqp_url))
+            plan,
+            db,
+            Settings(
+                database=DatabaseSettings(url=SecretStr(url)),
+                broker=BrokerSettings(amqp_url=SecretStr(amqp_url)),
+            ),
         )
         if not lost_allowed:
             assert_nothing_lost_nor_applied_twice(plan, outcome)

@@ -20,7 +20,7 @@ from faultlib import Cluster
 from pydantic import SecretStr
 
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 
 FOLDER = Path(__file__).parent
 
@@ -51,7 +51,10 @@ def cluster(worker_env: dict[str, str], tmp_path: Path, amqp_url: str) -> Iterat
 
 @pytest.fixture
 def settings(clean_database: str, amqp_url: str) -> Settings:
-    return Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(amqp_url))
+    return Settings(
+        database=DatabaseSettings(url=SecretStr(clean_database)),
+        broker=BrokerSettings(amqp_url=SecretStr(amqp_url)),
+    )
 
 
 @pytest.fixture

@@ -35,7 +35,9 @@ async def crashing_worker(plan: FaultPlan, settings: Settings) -> int:
     """``run_worker``, its warehouse wrapped in the plan's crash points."""
 
     def wrap(inner: PostgresWarehouse) -> CrashingWarehouse:
-        return CrashingWarehouse(inner, plan, engine=inner.engine, consumer=settings.consumer_name)
+        return CrashingWarehouse(
+            inner, plan, engine=inner.engine, consumer=settings.worker.consumer_name
+        )
 
     logger.warning("worker.fault_injection_armed", plan=os.environ[CRASH_PLAN_VARIABLE])
     return await run_worker(settings, wrap_warehouse=wrap)

@@ -49,7 +49,7 @@ from fulfilment.adapters.rabbitmq.inspection import browse_dead_letters
 from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
 from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
 from fulfilment.entrypoints.cli import tool_options
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from fulfilment.tools.report import Reconciliation, reconcile
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -229,7 +229,10 @@ async def run_capped(
     settled = scrape(worker.port)
     async with connect(url) as connection:
         classes = (await browse_dead_letters(connection, ORDER_PLACED_DEAD_LETTER_QUEUE)).by_reason
-    settings = Settings(database_url=SecretStr(database_url), amqp_url=SecretStr(url))
+    settings = Settings(
+        database=DatabaseSettings(url=SecretStr(database_url)),
+        broker=BrokerSettings(amqp_url=SecretStr(url)),
+    )
     result = await reconcile(
         tool_options(settings),
         [order.event_id for order in valid] + [uuid.UUID(e.message_id) for e in malformed],

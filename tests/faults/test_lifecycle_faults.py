@@ -350,7 +350,7 @@ async def _where_missing(plan: LifecyclePlan, db: asyncpg.Connection, settings: 
     missing = [event for event in plan.in_order if event.event_id not in processed]
     vhost = (
         urllib.parse.unquote(
-            urllib.parse.urlsplit(settings.amqp_url.get_secret_value()).path.lstrip("/")
+            urllib.parse.urlsplit(settings.broker.amqp_url.get_secret_value()).path.lstrip("/")
         )
         or "/"
     )

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 
 
 @pytest.fixture
@@ -20,7 +20,9 @@ async def engine(clean_database: str) -> AsyncIterator[AsyncEngine]:
 
     A module that needs another engine (a plain one, another database) defines its own.
     """
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
     try:
         yield engine
     finally:

@@ -19,7 +19,7 @@ from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.lifecycle import CancelKind, ShipKind
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 
 pytestmark = pytest.mark.postgres
 
@@ -38,7 +38,9 @@ async def warehouses(clean_database, monkeypatch):
         raise Crashed
 
     monkeypatch.setattr(crash_plan, "crash", crash)
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
     inner = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
     plan = FaultPlan({CrashPoint.IN_TRANSACTION: 1.0})
     crashing = CrashingWarehouse(inner, plan, engine=engine, consumer="fulfilment")

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, Settings
 
 pytestmark = pytest.mark.postgres
 
@@ -32,8 +32,8 @@ def two_hosts(database_url: str) -> str:
 
 
 async def test_the_engine_and_the_pool_connect_to_the_read_write_host_of_several(database_url):
-    settings = Settings(database_url=SecretStr(two_hosts(database_url)))
-    options = database_options(settings)
+    settings = Settings(database=DatabaseSettings(url=SecretStr(two_hosts(database_url))))
+    options = database_options(settings.database, settings.deadlines)
     engine = create_engine(options)
     pool = await create_pool(options)
     try:

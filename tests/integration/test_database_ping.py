@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.entrypoints.worker import ping_database
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from services import ADMIN_DATABASE_URL, admin_execute
 
 pytestmark = pytest.mark.postgres
@@ -44,11 +44,10 @@ async def database(database_url: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def engine(database: str) -> AsyncIterator[AsyncEngine]:
     url = make_url(ADMIN_DATABASE_URL).set(drivername="postgresql+asyncpg", database=database)
-    settings = Settings(
-        database_url=SecretStr(url.render_as_string(hide_password=False)),
-        database_connect_timeout_seconds=1,
+    database = DatabaseSettings(
+        url=SecretStr(url.render_as_string(hide_password=False)), connect_timeout_seconds=1
     )
-    engine = create_engine(database_options(settings))
+    engine = create_engine(database_options(database, DeadlineSettings()))
     try:
         yield engine
     finally:

@@ -14,7 +14,7 @@ from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.metrics import INVARIANTS, Metrics
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from fulfilment.worker.monitors import check_invariants
 
 pytestmark = pytest.mark.postgres
@@ -40,7 +40,9 @@ async def _first_check(engine, metrics):
 
 
 async def test_shipped_units_that_differ_from_the_shipped_lines_set_their_gauge(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
     try:
         warehouse = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
         await warehouse.put_stock({"A": 10})

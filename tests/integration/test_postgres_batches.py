@@ -19,7 +19,7 @@ from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from services import throwaway_database
 from warehouse_rows import requests_in_database, requests_in_fake
 
@@ -51,7 +51,7 @@ def batches(draw):
 
 
 async def reserve_together(database_url: str, stock, commands, consumer: str, *, handoff=False):
-    database = database_options(Settings(database_url=SecretStr(database_url)))
+    database = database_options(DatabaseSettings(url=SecretStr(database_url)), DeadlineSettings())
     engine = create_engine(database)
     pool = await create_pool(database)
     try:
@@ -129,7 +129,7 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
         make_url(clean_database).set(drivername="postgresql").render_as_string(hide_password=False)
     )
     admin = await asyncpg.connect(url)
-    database = database_options(Settings(database_url=SecretStr(clean_database)))
+    database = database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
     engine = create_engine(database)
     pool = await create_pool(database)
     try:

@@ -29,7 +29,7 @@ from fulfilment.domain.model import (
     ReserveStock,
 )
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 
 pytestmark = pytest.mark.postgres
 
@@ -42,7 +42,8 @@ LOCK_TIMEOUT = "55P03"
 async def pool(clean_database):
     pool = await create_pool(
         database_options(
-            Settings(database_url=SecretStr(clean_database), database_pool_size=CONNECTIONS)
+            DatabaseSettings(url=SecretStr(clean_database), pool_size=CONNECTIONS),
+            DeadlineSettings(),
         )
     )
     try:

@@ -22,7 +22,7 @@ from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings, Settings
 
 POOL_SIZE = 4
 
@@ -64,12 +64,15 @@ async def warehouse_with_queries(request, clean_database):
     """A warehouse reserving on the asyncpg pool (the worker's) or on the engine's connections,
     with a ``watch()`` that records every request to PostgreSQL from its open connections."""
     settings = Settings(
-        database_url=SecretStr(clean_database),
-        database_pool_size=POOL_SIZE,
-        retry_budget_seconds=5.0,
+        database=DatabaseSettings(url=SecretStr(clean_database), pool_size=POOL_SIZE),
+        deadlines=DeadlineSettings(retry_budget_seconds=5.0),
     )
-    engine = create_engine(database_options(settings))
-    pool = await create_pool(database_options(settings)) if request.param == "pool" else None
+    engine = create_engine(database_options(settings.database, settings.deadlines))
+    pool = (
+        await create_pool(database_options(settings.database, settings.deadlines))
+        if request.param == "pool"
+        else None
+    )
     requests: list[str] = []
     retries: list[BaseException] = []
 
@@ -89,7 +92,7 @@ async def warehouse_with_queries(request, clean_database):
     warehouse = PostgresWarehouse(
         engine,
         consumer="fulfilment",
-        retry_budget_seconds=settings.retry_budget_seconds,
+        retry_budget_seconds=settings.deadlines.retry_budget_seconds,
         on_retry=retries.append,
         pool=pool,
         pool_size=POOL_SIZE,
@@ -166,12 +169,12 @@ def test_the_pool_s_errors_are_classified_like_the_engine_s(error, transient):
 @pytest.mark.postgres
 async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(clean_database):
     settings = Settings(
-        database_url=SecretStr(clean_database),
-        database_lock_timeout_seconds=2.0,
-        database_statement_timeout_seconds=2.5,
-        retry_budget_seconds=5.0,
+        database=DatabaseSettings(
+            url=SecretStr(clean_database), lock_timeout_seconds=2.0, statement_timeout_seconds=2.5
+        ),
+        deadlines=DeadlineSettings(retry_budget_seconds=5.0),
     )
-    database = database_options(settings)
+    database = database_options(settings.database, settings.deadlines)
     engine = create_engine(database)
     pool = await create_pool(database)
     retries: list[BaseException] = []
@@ -260,12 +263,14 @@ async def test_a_pool_connection_that_stops_answering_costs_a_retry_not_the_work
     proxy = SilencingProxy(target.host or "127.0.0.1", target.port or 5432)
     port = await proxy.start()
     settings = Settings(
-        database_url=SecretStr(target.set(port=port).render_as_string(hide_password=False)),
-        database_lock_timeout_seconds=0.5,
-        database_statement_timeout_seconds=1.0,
-        retry_budget_seconds=4.0,
+        database=DatabaseSettings(
+            url=SecretStr(target.set(port=port).render_as_string(hide_password=False)),
+            lock_timeout_seconds=0.5,
+            statement_timeout_seconds=1.0,
+        ),
+        deadlines=DeadlineSettings(retry_budget_seconds=4.0),
     )
-    database = database_options(settings)
+    database = database_options(settings.database, settings.deadlines)
     engine = create_engine(database)
     pool = await create_pool(database)
     warehouse = PostgresWarehouse(

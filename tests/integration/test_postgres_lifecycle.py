@@ -63,7 +63,7 @@ from fulfilment.domain.lifecycle import (
 )
 from fulfilment.domain.model import OrderLine, ReserveStock, StockLevel
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from warehouse_rows import requests_in_database, requests_in_fake
 
 pytestmark = pytest.mark.postgres
@@ -171,7 +171,7 @@ class Database:
     """A PostgresWarehouse on the test database, emptied first, and what its tables hold."""
 
     def __init__(self, url: str, *, handoff: bool = False) -> None:
-        self._options = database_options(Settings(database_url=SecretStr(url)))
+        self._options = database_options(DatabaseSettings(url=SecretStr(url)), DeadlineSettings())
         self._handoff = handoff
 
     async def __aenter__(self) -> Self:

@@ -14,7 +14,7 @@ from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseReq
 from fulfilment.domain.handoff import Accepted, Failed
 from fulfilment.domain.lifecycle import CancelKind
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 
 pytestmark = pytest.mark.postgres
 
@@ -251,7 +251,9 @@ class HandedOff:
 
 @pytest.fixture
 async def handed_off(clean_database):
-    engine = create_engine(database_options(Settings(database_url=SecretStr(clean_database))))
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
     try:
         yield HandedOff(
             PostgresWarehouse(

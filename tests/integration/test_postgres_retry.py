@@ -7,7 +7,6 @@ import time
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from pydantic import SecretStr
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from structlog.testing import capture_logs
@@ -25,7 +24,7 @@ from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import from_variables
 
 LOCK_NOT_AVAILABLE = "55P03"
 CHECK_VIOLATION = "23514"
@@ -38,7 +37,10 @@ def settings(database_url, **overrides):
         "retry_budget_seconds": 1.5,
         "database_connect_timeout_seconds": 0.5,
     } | overrides
-    return Settings(database_url=SecretStr(database_url), **values)
+    return from_variables(
+        {"FULFILMENT_DATABASE_URL": database_url}
+        | {f"FULFILMENT_{name.upper()}": value for name, value in values.items()}
+    )
 
 
 def asyncpg_url(database_url):
@@ -199,16 +201,13 @@ async def test_a_cancellation_is_not_retried():
 
 
 async def test_a_database_that_does_not_answer_is_a_transient_error_within_the_budget():
-    engine = create_engine(
-        database_options(
-            settings(
-                "postgresql://postgres@127.0.0.1:1/nowhere",
-                database_lock_timeout_seconds=0.1,
-                database_statement_timeout_seconds=0.2,
-                retry_budget_seconds=0.5,
-            )
-        )
+    configured = settings(
+        "postgresql://postgres@127.0.0.1:1/nowhere",
+        database_lock_timeout_seconds=0.1,
+        database_statement_timeout_seconds=0.2,
+        retry_budget_seconds=0.5,
     )
+    engine = create_engine(database_options(configured.database, configured.deadlines))
     warehouse = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=0.5)
     started = time.monotonic()
     try:
@@ -246,7 +245,7 @@ async def make_warehouse(clean_database):
 
     def make(*, retries=None, **overrides):
         configured = settings(clean_database, **overrides)
-        engine = create_engine(database_options(configured))
+        engine = create_engine(database_options(configured.database, configured.deadlines))
         engines.append(engine)
         return PostgresWarehouse(
             engine,

@@ -37,7 +37,7 @@ from fulfilment.contracts.order_placed import (
 )
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel, decide
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from fulfilment.worker.delivery import MalformedEventError
 
 pytestmark = pytest.mark.postgres
@@ -190,7 +190,7 @@ class HotPath:
 def hot_path(database_url: str) -> Iterator[HotPath]:
     """One pool and warehouse for every example, as hypothesis calls the test synchronously."""
     loop = asyncio.new_event_loop()
-    database = database_options(Settings(database_url=SecretStr(database_url)))
+    database = database_options(DatabaseSettings(url=SecretStr(database_url)), DeadlineSettings())
     engine = create_engine(database)
     pool = loop.run_until_complete(create_pool(database))
     warehouse = PostgresWarehouse(

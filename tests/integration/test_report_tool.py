@@ -31,7 +31,7 @@ from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.online_retail import shipment_event_id_for
 from fulfilment.dataset.reconcile import reconcile_command
 from fulfilment.entrypoints.cli import tool_options
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, reconcile, render_report
 from fulfilment.worker.topology import Topology, declare_topology
@@ -47,7 +47,10 @@ async def options(clean_database: str, amqp_url: str) -> AsyncIterator[ToolOptio
     await _purge(amqp_url)
     try:
         yield tool_options(
-            Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(amqp_url))
+            Settings(
+                database=DatabaseSettings(url=SecretStr(clean_database)),
+                broker=BrokerSettings(amqp_url=SecretStr(amqp_url)),
+            )
         )
     finally:
         await _purge(amqp_url)
@@ -179,7 +182,10 @@ async def test_the_report_says_when_the_virtual_host_has_none_of_the_service_s_q
     clean_database: str, private_vhost_url: str
 ) -> None:
     options = tool_options(
-        Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(private_vhost_url))
+        Settings(
+            database=DatabaseSettings(url=SecretStr(clean_database)),
+            broker=BrokerSettings(amqp_url=SecretStr(private_vhost_url)),
+        )
     )
 
     document = await collect_report(options)

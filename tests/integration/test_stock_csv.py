@@ -9,7 +9,7 @@ from builders import order
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.exit_codes import ExitCode
-from fulfilment.settings import Settings
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.stock_csv import MAX_ON_HAND, StockCsvError, load_command, read_stock_csv
 
@@ -221,7 +221,9 @@ async def test_stock_load_says_how_many_levels_it_loaded(clean_database, tmp_pat
     path = write(tmp_path, f"sku,on_hand\n{rows}")
     options = ToolOptions(
         amqp_url="amqp://unused/",
-        database=database_options(Settings(database_url=SecretStr(clean_database))),
+        database=database_options(
+            DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings()
+        ),
         consumer="fulfilment",
     )
     echoed: list[str] = []
@@ -253,7 +255,9 @@ async def test_a_level_below_the_reserved_units_is_refused_naming_its_line(
     path = write(tmp_path, "sku,on_hand\nB,0\nC,1\n\nA,2\n")
     options = ToolOptions(
         amqp_url="amqp://unused/",
-        database=database_options(Settings(database_url=SecretStr(clean_database))),
+        database=database_options(
+            DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings()
+        ),
         consumer="fulfilment",
     )
 

@@ -34,7 +34,7 @@ from fulfilment.domain.handoff import (
 )
 from fulfilment.entrypoints.cli import app, tool_options
 from fulfilment.exit_codes import ExitCode
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, render_report
 from fulfilment.tools.warehouse_requests import list_command, resend_command, show_command
@@ -74,7 +74,7 @@ class Requests:
 
 @pytest.fixture
 def options(clean_database: str) -> ToolOptions:
-    return tool_options(Settings(database_url=SecretStr(clean_database)))
+    return tool_options(Settings(database=DatabaseSettings(url=SecretStr(clean_database))))
 
 
 @pytest.fixture
@@ -350,7 +350,10 @@ def test_the_command_line_exits_1_for_an_unknown_key_and_2_for_one_that_is_no_uu
 async def report_options(clean_database: str, amqp_url: str) -> ToolOptions:
     await declare_topology(amqp_url, Topology(5))
     return tool_options(
-        Settings(database_url=SecretStr(clean_database), amqp_url=SecretStr(amqp_url))
+        Settings(
+            database=DatabaseSettings(url=SecretStr(clean_database)),
+            broker=BrokerSettings(amqp_url=SecretStr(amqp_url)),
+        )
     )
 
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from fulfilment import __version__
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.entrypoints.cli import DEMO_NOT_INSTALLED, app, run, tool_options
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from fulfilment.tools.dlq import dead_letter_queues
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample"
@@ -209,7 +209,10 @@ def test_an_unreachable_broker_exits_3_without_its_password():
 
 def test_the_options_built_for_the_tools_keep_the_urls_out_of_their_repr():
     options = tool_options(
-        Settings(database_url=SecretStr(NOWHERE_DATABASE), amqp_url=SecretStr(NOWHERE_BROKER))
+        Settings(
+            database=DatabaseSettings(url=SecretStr(NOWHERE_DATABASE)),
+            broker=BrokerSettings(amqp_url=SecretStr(NOWHERE_BROKER)),
+        )
     )
 
     assert options.database.url == "postgresql+asyncpg://postgres:secret@127.0.0.1:1/nowhere"

@@ -141,7 +141,10 @@ async def test_the_worker_subscribes_one_consumer_per_queue_of_the_topology(
     # was accepted with (tests/faults/test_broker_faults.py: a queue that kept an older set).
     for queue, subscribed in zip(queues, SUBSCRIBED_QUEUES, strict=True):
         assert queue.declare
-        assert queue.arguments == Topology(Settings().delivery_limit).queue(subscribed).arguments
+        assert (
+            queue.arguments
+            == Topology(Settings().broker.delivery_limit).queue(subscribed).arguments
+        )
 
 
 async def test_a_partial_cancel_releases_its_units_and_a_whole_one_the_rest(

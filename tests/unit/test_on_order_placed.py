@@ -30,7 +30,7 @@ from fulfilment.contracts.topology import (
 )
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
 from fulfilment.entrypoints.worker import Worker, build_worker
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, Settings
 from fulfilment.worker.delivery import MalformedEventError, raw_body
 from fulfilment.worker.subscribers import on_order_placed
 from fulfilment.worker.topology import Topology
@@ -77,7 +77,7 @@ async def _harness(
         database_ping=_no_database,
         dead_letter_publisher=in_memory_dead_letters,
     )
-    topology = Topology(settings.delivery_limit)
+    topology = Topology(settings.broker.delivery_limit)
     dead_letters: list[RabbitMessage] = []
 
     async def capture(_body: bytes) -> None:
@@ -210,7 +210,7 @@ async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved
     warehouse = InMemoryWarehouse()
     await warehouse.put_stock({"85123A": 10})
     body = a_body([("85123A", 1)])
-    async for harness in _harness(warehouse, Settings(delivery_limit=3)):
+    async for harness in _harness(warehouse, Settings(broker=BrokerSettings(delivery_limit=3))):
         [subscriber] = [s for s in harness.worker.subscribers if s.queue.name == ORDER_PLACED_QUEUE]
 
         # Delivery 2 (the first redelivery) goes through; delivery 3 is poison, unprocessed.
@@ -227,7 +227,7 @@ async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved
 async def test_a_first_delivery_is_not_counted_as_a_redelivery() -> None:
     warehouse = InMemoryWarehouse()
     await warehouse.put_stock({"85123A": 10})
-    async for harness in _harness(warehouse, Settings(delivery_limit=1)):
+    async for harness in _harness(warehouse, Settings(broker=BrokerSettings(delivery_limit=1))):
         await harness.publish(a_body([("85123A", 1)]))
 
         assert harness.outcomes() == ["reserved:"]

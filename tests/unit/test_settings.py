@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fulfilment.settings import SettingsError, load_settings
+from fulfilment.settings import SettingsError, load_settings, variables
 
 
 def refusal() -> str:
@@ -25,13 +25,13 @@ def no_fulfilment_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 def test_defaults_nest_and_point_at_the_local_services() -> None:
     settings = load_settings()
-    assert settings.amqp_url.get_secret_value() == "amqp://guest:guest@localhost:5672/"
-    assert settings.database_url.get_secret_value().startswith("postgresql+asyncpg://")
+    assert settings.broker.amqp_url.get_secret_value() == "amqp://guest:guest@localhost:5672/"
+    assert settings.database.url.get_secret_value().startswith("postgresql+asyncpg://")
     assert (
-        settings.retry_budget_seconds
-        < settings.handler_deadline_seconds
-        < settings.graceful_timeout_seconds
-        < settings.orchestrator_grace_period_seconds
+        settings.deadlines.retry_budget_seconds
+        < settings.deadlines.handler_deadline_seconds
+        < settings.deadlines.graceful_timeout_seconds
+        < settings.deadlines.orchestrator_grace_period_seconds
     )
 
 
@@ -63,7 +63,7 @@ def test_a_database_url_with_the_plain_scheme_runs_on_asyncpg(
 ) -> None:
     monkeypatch.setenv("FULFILMENT_DATABASE_URL", "postgresql://u:p@db:5432/shop")
     settings = load_settings()
-    assert settings.database_url.get_secret_value() == "postgresql+asyncpg://u:p@db:5432/shop"
+    assert settings.database.url.get_secret_value() == "postgresql+asyncpg://u:p@db:5432/shop"
 
 
 def test_a_database_url_keeps_its_libpq_tls_parameters(
@@ -74,7 +74,7 @@ def test_a_database_url_keeps_its_libpq_tls_parameters(
     url = f"postgresql://u:p@db:5432/shop?sslmode=verify-full&sslrootcert={ca}"
     monkeypatch.setenv("FULFILMENT_DATABASE_URL", url)
     settings = load_settings()
-    assert settings.database_url.get_secret_value() == "postgresql+asyncpg" + url.removeprefix(
+    assert settings.database.url.get_secret_value() == "postgresql+asyncpg" + url.removeprefix(
         "postgresql"
     )
 
@@ -117,7 +117,7 @@ def test_server_settings_and_connection_parameters_in_a_database_url_are_accepte
     monkeypatch: pytest.MonkeyPatch, query: str
 ) -> None:
     monkeypatch.setenv("FULFILMENT_DATABASE_URL", f"postgresql://u:p@db:5432/shop?{query}")
-    assert load_settings().database_url.get_secret_value().endswith(f"?{query}")
+    assert load_settings().database.url.get_secret_value().endswith(f"?{query}")
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1", "::", "::1"])  # noqa: S104 - a value
@@ -125,7 +125,7 @@ def test_an_ip_address_is_accepted_as_the_http_host(
     monkeypatch: pytest.MonkeyPatch, host: str
 ) -> None:
     monkeypatch.setenv("FULFILMENT_HTTP_HOST", host)
-    assert load_settings().http_host == host
+    assert load_settings().http.http_host == host
 
 
 @pytest.mark.parametrize("host", ["not-an-ip", "localhost", "0.0.0.0:8080", ""])
@@ -154,7 +154,7 @@ def test_a_broker_url_keeps_the_tls_parameters_aiormq_reads(
         "&certfile=/etc/client.crt&keyfile=/etc/client.key&no_verify_ssl=0&heartbeat=30"
     )
     monkeypatch.setenv("FULFILMENT_AMQP_URL", url)
-    assert load_settings().amqp_url.get_secret_value() == url
+    assert load_settings().broker.amqp_url.get_secret_value() == url
 
 
 @pytest.mark.parametrize(
@@ -218,7 +218,7 @@ def test_the_test_suite_s_own_variables_are_not_taken_for_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("FULFILMENT_TEST_AMQP_URL", "amqp://elsewhere/")
-    assert load_settings().prefetch_count == 64
+    assert load_settings().worker.prefetch_count == 64
 
 
 def test_a_misspelt_key_in_the_env_file_stops_the_start_naming_the_file_and_line(
@@ -329,7 +329,7 @@ def test_a_database_url_may_list_several_hosts_with_their_ports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("FULFILMENT_DATABASE_URL", "postgresql://u@[::1]:5432,db2,db3:5433/x")
-    url = load_settings().database_url.get_secret_value()
+    url = load_settings().database.url.get_secret_value()
     assert url == "postgresql+asyncpg://u@[::1]:5432,db2,db3:5433/x"
 
 
@@ -337,7 +337,7 @@ def test_the_env_file_s_settings_are_read_and_other_keys_left_alone(tmp_path: Pa
     (tmp_path / ".env").write_text(
         "FULFILMENT_PREFETCH_COUNT=8\nFULFILMENT_TEST_AMQP_URL=amqp://elsewhere/\nPGHOST=db\n"
     )
-    assert load_settings().prefetch_count == 8
+    assert load_settings().worker.prefetch_count == 8
 
 
 @pytest.mark.parametrize(("value", "problem"), [("2", "must be odd"), ("0", "greater than")])
@@ -350,9 +350,9 @@ def test_an_even_or_empty_quorum_group_is_refused_naming_its_variable(
 
 
 def test_the_quorum_group_defaults_to_a_three_node_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert load_settings().quorum_initial_group_size == 3
+    assert load_settings().broker.quorum_initial_group_size == 3
     monkeypatch.setenv("FULFILMENT_QUORUM_INITIAL_GROUP_SIZE", "5")
-    assert load_settings().quorum_initial_group_size == 5
+    assert load_settings().broker.quorum_initial_group_size == 5
 
 
 @pytest.mark.parametrize(
@@ -394,9 +394,9 @@ def test_a_runtime_role_that_is_not_a_plain_role_name_stops_the_start_naming_the
 def test_the_runtime_role_is_unset_by_default_and_read_when_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert load_settings().database_runtime_role == ""
+    assert load_settings().database.runtime_role == ""
     monkeypatch.setenv("FULFILMENT_DATABASE_RUNTIME_ROLE", "fulfilment_runtime")
-    assert load_settings().database_runtime_role == "fulfilment_runtime"
+    assert load_settings().database.runtime_role == "fulfilment_runtime"
 
 
 @pytest.mark.parametrize(
@@ -419,10 +419,13 @@ def test_a_processed_id_retention_not_longer_than_a_message_can_come_back_is_ref
 
 def test_the_retention_defaults_outlive_the_dead_letter_queue_and_the_outbox() -> None:
     settings = load_settings()
-    assert settings.processed_id_retention_seconds == 30 * 86_400
-    assert settings.dead_letter_ttl_seconds == 14 * 86_400
-    assert settings.outbox_retention_seconds < settings.processed_id_retention_seconds
-    assert settings.replay_limit == 3
+    assert settings.retention.processed_id_retention_seconds == 30 * 86_400
+    assert settings.retention.dead_letter_ttl_seconds == 14 * 86_400
+    assert (
+        settings.retention.outbox_retention_seconds
+        < settings.retention.processed_id_retention_seconds
+    )
+    assert settings.retention.replay_limit == 3
 
 
 def test_a_bad_value_from_the_env_file_names_the_line_that_sets_it(tmp_path: Path) -> None:
@@ -463,3 +466,109 @@ def test_a_bad_value_from_the_environment_is_not_blamed_on_the_env_file(
     monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "abc")
     message = refusal()
     assert message.startswith("FULFILMENT_PREFETCH_COUNT: Input should be a valid")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://postgres@db:5432",
+        "postgresql://postgres@db:5432/",
+        "postgresql://postgres@/?host=db1:5432&host=db2:5432",
+    ],
+)
+def test_a_database_url_without_a_database_name_stops_the_start_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    # asyncpg would connect to the database named as the user: postgres, the server's own.
+    monkeypatch.setenv("FULFILMENT_DATABASE_URL", url)
+    assert refusal().startswith("FULFILMENT_DATABASE_URL: names no database")
+
+
+def test_a_database_named_by_its_dbname_parameter_is_accepted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_DATABASE_URL", "postgresql://u@/?host=db:5432&dbname=shop")
+    assert load_settings().database.url.get_secret_value().endswith("dbname=shop")
+
+
+def test_an_env_file_that_is_a_folder_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / ".env").mkdir()
+    assert refusal() == ".env: is a folder, not a file of NAME=VALUE lines: remove or rename it"
+
+
+def test_a_bad_env_file_value_the_environment_overrides_is_still_refused_at_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The environment's value is the one used, but the file would break the start without it.
+    (tmp_path / ".env").write_text("# ours\nFULFILMENT_PREFETCH_COUNT=abc\n")
+    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "8")
+    assert refusal() == (
+        ".env:2: FULFILMENT_PREFETCH_COUNT: Input should be a valid integer, unable to parse"
+        " string as an integer (the environment's value overrides this line, but fix or remove"
+        " it)"
+    )
+
+
+def test_a_good_env_file_value_the_environment_overrides_is_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".env").write_text("FULFILMENT_PREFETCH_COUNT=16\n")
+    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "8")
+    assert load_settings().worker.prefetch_count == 8
+
+
+@pytest.mark.parametrize(
+    ("variables", "said"),
+    [
+        (
+            {"FULFILMENT_DATABASE_STATEMENT_TIMEOUT_SECONDS": "6"},
+            (
+                "FULFILMENT_DATABASE_STATEMENT_TIMEOUT_SECONDS=6 must be less than"
+                " FULFILMENT_RETRY_BUDGET_SECONDS=5"
+            ),
+        ),
+        (
+            {"FULFILMENT_DATABASE_LOCK_TIMEOUT_SECONDS": "3"},
+            (
+                "FULFILMENT_DATABASE_LOCK_TIMEOUT_SECONDS=3 must be less than"
+                " FULFILMENT_DATABASE_STATEMENT_TIMEOUT_SECONDS=3"
+            ),
+        ),
+        (
+            {"FULFILMENT_WAREHOUSE_TIMEOUT_SECONDS": "90000"},
+            (
+                "FULFILMENT_WAREHOUSE_TIMEOUT_SECONDS=90000 must be less than"
+                " FULFILMENT_WAREHOUSE_KEY_RETENTION_SECONDS=86400"
+            ),
+        ),
+        (
+            {"FULFILMENT_WAREHOUSE_CA_FILE": "/ca.pem"},
+            "FULFILMENT_WAREHOUSE_CA_FILE is set but FULFILMENT_WAREHOUSE_URL is not an https://",
+        ),
+    ],
+    ids=["statement within retry budget", "lock within statement", "request within key", "ca"],
+)
+def test_a_rule_across_settings_of_two_groups_or_one_names_both_variables(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], said: str
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert refusal().startswith(said)
+
+
+def test_problems_of_several_groups_are_said_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FULFILMENT_PREFETCH_COUNT", "many")
+    monkeypatch.setenv("FULFILMENT_RELAY_BATCH_SIZE", "0")
+    lines = refusal().splitlines()
+    assert [line.partition(":")[0] for line in lines] == [
+        "FULFILMENT_PREFETCH_COUNT",
+        "FULFILMENT_RELAY_BATCH_SIZE",
+    ]
+
+
+def test_every_variable_keeps_its_plain_name() -> None:
+    names = [name for _, _, name in variables()]
+    assert len(names) == len(set(names)) == 43
+    assert {"FULFILMENT_AMQP_URL", "FULFILMENT_DATABASE_URL", "FULFILMENT_RELAY_HTTP_PORT"} <= set(
+        names
+    )

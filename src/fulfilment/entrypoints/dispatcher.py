@@ -49,7 +49,7 @@ from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.tracing import start_tracing
-from fulfilment.settings import Settings
+from fulfilment.settings import Settings, WarehouseSettings
 
 logger = structlog.get_logger("fulfilment.dispatcher")
 
@@ -61,26 +61,26 @@ EXPIRE_INTERVAL_SECONDS = 60.0
 """How often the active dispatcher expires requests past their key's retention."""
 
 
-def client_options(settings: Settings) -> WarehouseClientOptions:
-    """The warehouse client's options from ``settings`` (its URL must be set)."""
+def client_options(warehouse: WarehouseSettings) -> WarehouseClientOptions:
+    """The warehouse client's options from ``warehouse`` (its URL must be set)."""
     return WarehouseClientOptions(
-        url=settings.warehouse_url or "",
-        token=settings.warehouse_token.get_secret_value(),
-        timeout_seconds=settings.warehouse_timeout_seconds,
-        ca_file=settings.warehouse_ca_file,
-        max_connections=settings.warehouse_concurrency,
+        url=warehouse.url or "",
+        token=warehouse.token.get_secret_value(),
+        timeout_seconds=warehouse.timeout_seconds,
+        ca_file=warehouse.ca_file,
+        max_connections=warehouse.concurrency,
         user_agent=f"fulfilment/{__version__}",
     )
 
 
-def dispatcher_options(settings: Settings) -> DispatcherOptions:
-    """The loop's caps and intervals from ``settings``."""
+def dispatcher_options(warehouse: WarehouseSettings) -> DispatcherOptions:
+    """The loop's caps and intervals from ``warehouse``."""
     return DispatcherOptions(
-        rate_per_second=settings.warehouse_rate_per_second,
-        concurrency=settings.warehouse_concurrency,
-        timeout_seconds=settings.warehouse_timeout_seconds,
+        rate_per_second=warehouse.rate_per_second,
+        concurrency=warehouse.concurrency,
+        timeout_seconds=warehouse.timeout_seconds,
         poll_seconds=POLL_SECONDS,
-        key_retention_seconds=settings.warehouse_key_retention_seconds,
+        key_retention_seconds=warehouse.key_retention_seconds,
         expire_interval_seconds=EXPIRE_INTERVAL_SECONDS,
     )
 
@@ -99,14 +99,14 @@ async def run_dispatcher(settings: Settings) -> int:
     """
     # httpx logs each request at INFO; the dispatcher's own dispatcher.answer line says more.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if settings.warehouse_url is None:
+    if settings.warehouse.url is None:
         sys.stderr.write(
             "fulfilment: invalid settings: FULFILMENT_WAREHOUSE_URL is not set: without the"
             " warehouse system's URL there is no hand-off and no dispatcher to run\n"
         )
         return ExitCode.BAD_INPUT
     try:
-        http_client = build_http_client(client_options(settings))
+        http_client = build_http_client(client_options(settings.warehouse))
     except (OSError, ssl.SSLError) as error:
         sys.stderr.write(
             "fulfilment: invalid settings: FULFILMENT_WAREHOUSE_CA_FILE: cannot be read as a"
@@ -120,8 +120,8 @@ async def run_dispatcher(settings: Settings) -> int:
 async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
     try:
         listening = listen(
-            settings.http_host,
-            settings.dispatcher_port,
+            settings.http.http_host,
+            settings.http.dispatcher_port,
             program="dispatcher",
             port_variable="FULFILMENT_DISPATCHER_PORT",
         )
@@ -132,12 +132,14 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
     tracing = start_tracing(
         metrics.registry, service_name="fulfilment-dispatcher", version=__version__
     )
-    engine = create_engine(database_options(settings))
-    requests = PostgresWarehouseRequests(engine, retry_budget_seconds=settings.retry_budget_seconds)
-    client = WarehouseClient(http_client, timeout_seconds=settings.warehouse_timeout_seconds)
+    engine = create_engine(database_options(settings.database, settings.deadlines))
+    requests = PostgresWarehouseRequests(
+        engine, retry_budget_seconds=settings.deadlines.retry_budget_seconds
+    )
+    client = WarehouseClient(http_client, timeout_seconds=settings.warehouse.timeout_seconds)
     leadership = Leadership(
-        database_url=asyncpg_dsn(settings.database_url.get_secret_value()),
-        connect_timeout_seconds=settings.database_connect_timeout_seconds,
+        database_url=asyncpg_dsn(settings.database.url.get_secret_value()),
+        connect_timeout_seconds=settings.database.connect_timeout_seconds,
         poll_seconds=POLL_SECONDS,
     )
     stopping = asyncio.Event()
@@ -145,7 +147,7 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
 
     async def active(lost: asyncio.Event) -> None:
         # A new loop per turn on the lock: its gates start open, as another replica's did.
-        dispatcher = Dispatcher(requests, client, dispatcher_options(settings), metrics)
+        dispatcher = Dispatcher(requests, client, dispatcher_options(settings.warehouse), metrics)
         state.dispatcher = dispatcher
         metrics.active.set(1)
         running = asyncio.create_task(dispatcher.run())
@@ -168,8 +170,8 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
             dispatcher_health_app(
                 readiness=state.readiness, ready=state.ready, registry=metrics.registry
             ),
-            host=settings.http_host,
-            port=settings.dispatcher_port,
+            host=settings.http.http_host,
+            port=settings.http.dispatcher_port,
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -181,15 +183,15 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
     logger.info(
         "dispatcher.starting",
         version=__version__,
-        warehouse_url=settings.warehouse_url,
-        rate_per_second=settings.warehouse_rate_per_second,
-        concurrency=settings.warehouse_concurrency,
-        http_port=settings.dispatcher_port,
+        warehouse_url=settings.warehouse.url,
+        rate_per_second=settings.warehouse.rate_per_second,
+        concurrency=settings.warehouse.concurrency,
+        http_port=settings.http.dispatcher_port,
     )
     serving = asyncio.create_task(http.serve(sockets=[listening]))
     try:
         await require_current_schema(
-            engine, settings.database_url.get_secret_value(), program="dispatcher"
+            engine, settings.database.url.get_secret_value(), program="dispatcher"
         )
         await leadership.run(active, standby, stopping)
     except StartRefusedError as refused:

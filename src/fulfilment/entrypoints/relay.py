@@ -38,21 +38,23 @@ from fulfilment.relay.service import (
     RelayHooks,
     RelayOptions,
 )
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, RelaySettings, Settings
 
 logger = structlog.get_logger("fulfilment.relay")
 
 
-def relay_options(settings: Settings) -> RelayOptions:
-    """The relay's options from ``settings`` (its database URL in asyncpg's own form)."""
+def relay_options(
+    relay: RelaySettings, broker: BrokerSettings, database: DatabaseSettings
+) -> RelayOptions:
+    """The relay's options from its settings groups (the database URL in asyncpg's own form)."""
     return RelayOptions(
-        amqp_url=settings.amqp_url.get_secret_value(),
-        database_url=asyncpg_dsn(settings.database_url.get_secret_value()),
-        batch_size=settings.relay_batch_size,
-        poll_seconds=settings.relay_poll_seconds,
-        batch_window_seconds=settings.relay_batch_window_seconds,
-        connect_timeout_seconds=settings.database_connect_timeout_seconds,
-        publish_timeout_seconds=settings.relay_publish_timeout_seconds,
+        amqp_url=broker.amqp_url.get_secret_value(),
+        database_url=asyncpg_dsn(database.url.get_secret_value()),
+        batch_size=relay.batch_size,
+        poll_seconds=relay.poll_seconds,
+        batch_window_seconds=relay.batch_window_seconds,
+        connect_timeout_seconds=database.connect_timeout_seconds,
+        publish_timeout_seconds=relay.publish_timeout_seconds,
         app_id=f"fulfilment-{__version__}",
     )
 
@@ -76,8 +78,8 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
     """
     try:
         listening = listen(
-            settings.http_host,
-            settings.relay_http_port,
+            settings.http.http_host,
+            settings.http.relay_http_port,
             program="relay",
             port_variable="FULFILMENT_RELAY_HTTP_PORT",
         )
@@ -86,14 +88,14 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
         return refused.exit_code
     metrics = RelayMetrics(RESULT_ROUTING_KEYS, version=__version__)
     tracing = start_tracing(metrics.registry, service_name="fulfilment-relay", version=__version__)
-    relay = Relay(relay_options(settings), metrics, hooks)
+    relay = Relay(relay_options(settings.relay, settings.broker, settings.database), metrics, hooks)
     http = ProbeServer(
         uvicorn.Config(
             relay_health_app(
                 readiness=relay.readiness, ready=relay.ready, registry=metrics.registry
             ),
-            host=settings.http_host,
-            port=settings.relay_http_port,
+            host=settings.http.http_host,
+            port=settings.http.relay_http_port,
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -111,9 +113,9 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
     logger.info(
         "relay.starting",
         version=__version__,
-        batch_size=settings.relay_batch_size,
-        poll_seconds=settings.relay_poll_seconds,
-        http_port=settings.relay_http_port,
+        batch_size=settings.relay.batch_size,
+        poll_seconds=settings.relay.poll_seconds,
+        http_port=settings.http.relay_http_port,
     )
     serving = asyncio.create_task(http.serve(sockets=[listening]))
     try:
@@ -142,15 +144,15 @@ async def wait_for_start(settings: Settings, stopping: asyncio.Event) -> None:
         StartRefusedError: the schema is not current (exit 1), or a service refused the
             relay's user, virtual host or database (exit 4).
     """
-    database_url = settings.database_url.get_secret_value()
-    engine = create_engine(database_options(settings))
+    database_url = settings.database.url.get_secret_value()
+    engine = create_engine(database_options(settings.database, settings.deadlines))
 
     async def check() -> None:
         await require_current_schema(engine, database_url, program="relay")
         await require_broker(
-            settings.amqp_url.get_secret_value(),
+            settings.broker.amqp_url.get_secret_value(),
             program="relay",
-            timeout_seconds=settings.database_connect_timeout_seconds,
+            timeout_seconds=settings.database.connect_timeout_seconds,
         )
 
     async def pause(seconds: float) -> None:

@@ -36,7 +36,13 @@ from fulfilment.adapters.rabbitmq.connection import (
 )
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.logging import configure_logging
-from fulfilment.settings import Settings, SettingsError, load_settings
+from fulfilment.settings import (
+    DatabaseSettings,
+    DeadlineSettings,
+    Settings,
+    SettingsError,
+    load_settings,
+)
 
 
 class StartRefusedError(Exception):
@@ -164,15 +170,15 @@ def listen(host: str, port: int, *, program: str, port_variable: str) -> socket.
         raise StartRefusedError(msg, event=f"{program}.http_listen_failed") from error
 
 
-def database_options(settings: Settings) -> DatabaseOptions:
-    """The PostgreSQL options of ``settings``: its URL, time bounds and reservation pool size."""
+def database_options(database: DatabaseSettings, deadlines: DeadlineSettings) -> DatabaseOptions:
+    """The PostgreSQL options: ``database``'s URL, bounds and pool, ``deadlines``' retry budget."""
     return DatabaseOptions(
-        url=settings.database_url.get_secret_value(),
-        connect_timeout_seconds=settings.database_connect_timeout_seconds,
-        statement_timeout_seconds=settings.database_statement_timeout_seconds,
-        lock_timeout_seconds=settings.database_lock_timeout_seconds,
-        retry_budget_seconds=settings.retry_budget_seconds,
-        pool_size=settings.database_pool_size,
+        url=database.url.get_secret_value(),
+        connect_timeout_seconds=database.connect_timeout_seconds,
+        statement_timeout_seconds=database.statement_timeout_seconds,
+        lock_timeout_seconds=database.lock_timeout_seconds,
+        retry_budget_seconds=deadlines.retry_budget_seconds,
+        pool_size=database.pool_size,
     )
 
 
@@ -202,10 +208,10 @@ def run_service(service: Callable[[Settings], Coroutine[Any, Any, int]]) -> NoRe
     except SettingsError as error:
         sys.stderr.write(f"fulfilment: invalid settings: {error}\n")
         sys.exit(ExitCode.BAD_INPUT)
-    configure_logging(level=settings.log_level, log_format=settings.log_format)
+    configure_logging(level=settings.process.log_level, log_format=settings.process.log_format)
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
-    loop_factory = uvloop.new_event_loop if settings.event_loop == "uvloop" else None
+    loop_factory = uvloop.new_event_loop if settings.process.event_loop == "uvloop" else None
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             code = runner.run(_ignoring_stop_signals_once_done(service(settings)))

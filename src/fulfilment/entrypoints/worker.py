@@ -45,7 +45,7 @@ from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
 from fulfilment.observability.tracing import start_tracing
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DeadlineSettings, Settings
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
     ConsumerWatchdog,
@@ -128,19 +128,19 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     """
     metrics = metrics or new_metrics()
     topology = Topology(
-        delivery_limit=settings.delivery_limit,
-        quorum_initial_group_size=settings.quorum_initial_group_size,
+        delivery_limit=settings.broker.delivery_limit,
+        quorum_initial_group_size=settings.broker.quorum_initial_group_size,
     )
-    amqp_url = settings.amqp_url.get_secret_value()
-    broker = _broker(settings)
+    amqp_url = settings.broker.amqp_url.get_secret_value()
+    broker = _broker(settings.broker, settings.deadlines)
     consumer_pause = ConsumerPause(database_ping)
     policy = DeliveryPolicy(
         broker,
         metrics=metrics,
-        limits=delivery_limits(settings),
+        limits=delivery_limits(settings.deadlines, settings.broker),
         count_redelivery=warehouse.count_redelivery,
         pause=consumer_pause.trip,
-        prefetch_count=settings.prefetch_count,
+        prefetch_count=settings.worker.prefetch_count,
         publish_dead_letter=(
             dead_letter_publisher(broker)
             if dead_letter_publisher is not None
@@ -173,7 +173,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         subscribers,
         consumer_pause,
         stop_worker,
-        give_up_seconds=settings.consumer_lost_exit_seconds,
+        give_up_seconds=settings.worker.consumer_lost_exit_seconds,
     )
     start_monitors, stop_monitors = background(
         [*monitors, BackgroundTask("consumer", watchdog.run)], metrics
@@ -243,7 +243,7 @@ async def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def _broker(settings: Settings) -> RabbitBroker:
+def _broker(broker: BrokerSettings, deadlines: DeadlineSettings) -> RabbitBroker:
     """The worker's broker: not connected yet, and without FastStream's Prometheus middleware.
 
     The delivery policy counts every delivery on the service's own metrics (``Metrics``);
@@ -251,11 +251,11 @@ def _broker(settings: Settings) -> RabbitBroker:
     CPU per delivery.
     """
     return RabbitBroker(
-        settings.amqp_url.get_secret_value(),
+        broker.amqp_url.get_secret_value(),
         # on_return_raises: an unroutable dead letter must raise, not vanish (mandatory=True
         # alone only hands back the Basic.Return frame).
         default_channel=Channel(on_return_raises=True),
-        graceful_timeout=settings.graceful_timeout_seconds,
+        graceful_timeout=deadlines.graceful_timeout_seconds,
         app_id=f"fulfilment-{__version__}",
         logger=logging.getLogger("faststream"),
         # FastStream's per-message "Received"/"Processed" lines go to DEBUG: the service
@@ -267,20 +267,20 @@ def _broker(settings: Settings) -> RabbitBroker:
     )
 
 
-def delivery_limits(settings: Settings) -> DeliveryLimits:
-    """The bounds of one delivery, from the settings (times in seconds)."""
+def delivery_limits(deadlines: DeadlineSettings, broker: BrokerSettings) -> DeliveryLimits:
+    """The bounds of one delivery, from the deadlines and the broker's limit (seconds)."""
     return DeliveryLimits(
-        handler_deadline_seconds=settings.handler_deadline_seconds,
+        handler_deadline_seconds=deadlines.handler_deadline_seconds,
         # What is left of the graceful timeout once the deadline has passed.
-        dead_letter_publish_seconds=settings.graceful_timeout_seconds
-        - settings.handler_deadline_seconds,
-        delivery_limit=settings.delivery_limit,
+        dead_letter_publish_seconds=deadlines.graceful_timeout_seconds
+        - deadlines.handler_deadline_seconds,
+        delivery_limit=broker.delivery_limit,
         # A delivery is received, handled (up to the deadline), and its dead letter tried
         # (up to the publish timeout) before it is held: held this long, it is still settled
         # before the broker's consumer timeout closes its channel.
         dead_letter_hold_seconds=max(
             0.0,
-            settings.broker_consumer_timeout_seconds - 2 * settings.graceful_timeout_seconds,
+            deadlines.broker_consumer_timeout_seconds - 2 * deadlines.graceful_timeout_seconds,
         ),
     )
 
@@ -304,8 +304,8 @@ async def run_worker(
     """
     try:
         listening = listen(
-            settings.http_host,
-            settings.http_port,
+            settings.http.http_host,
+            settings.http.http_port,
             program="worker",
             port_variable="FULFILMENT_HTTP_PORT",
         )
@@ -314,7 +314,7 @@ async def run_worker(
         return refused.exit_code
     metrics = new_metrics()
     tracing = start_tracing(metrics.registry, service_name="fulfilment-worker", version=__version__)
-    database = database_options(settings)
+    database = database_options(settings.database, settings.deadlines)
     engine = create_engine(database)
     pool = await create_pool(database)  # the reservations' (hot path); the engine for the rest
 
@@ -324,14 +324,14 @@ async def run_worker(
 
     postgres = PostgresWarehouse(
         engine,
-        consumer=settings.consumer_name,
-        retry_budget_seconds=settings.retry_budget_seconds,
+        consumer=settings.worker.consumer_name,
+        retry_budget_seconds=settings.deadlines.retry_budget_seconds,
         on_retry=on_retry,
         pool=pool,
-        pool_size=settings.database_pool_size,
-        batch_max=settings.reservation_batch_max,
+        pool_size=settings.database.pool_size,
+        batch_max=settings.worker.reservation_batch_max,
         # The worker records the requests; only the dispatcher ever calls the warehouse system.
-        handoff=settings.warehouse_url is not None,
+        handoff=settings.warehouse.url is not None,
     )
     warehouse: Warehouse = postgres if wrap_warehouse is None else wrap_warehouse(postgres)
 
@@ -340,7 +340,7 @@ async def run_worker(
 
     async def schema_is_current() -> None:
         await require_current_schema(
-            engine, settings.database_url.get_secret_value(), program="worker"
+            engine, settings.database.url.get_secret_value(), program="worker"
         )
 
     async def close_pool() -> None:
@@ -355,12 +355,12 @@ async def run_worker(
         metrics=metrics,
         monitors=[
             queue_monitor(
-                settings.amqp_url.get_secret_value(),
+                settings.broker.amqp_url.get_secret_value(),
                 metrics,
-                interval_seconds=settings.queue_poll_interval_seconds,
+                interval_seconds=settings.worker.queue_poll_interval_seconds,
             ),
             invariant_monitor(
-                engine, metrics, interval_seconds=settings.invariant_check_interval_seconds
+                engine, metrics, interval_seconds=settings.worker.invariant_check_interval_seconds
             ),
         ],
         after_shutdown=[close_pool],
@@ -369,8 +369,8 @@ async def run_worker(
     http = ProbeServer(
         uvicorn.Config(
             worker.http,
-            host=settings.http_host,
-            port=settings.http_port,
+            host=settings.http.http_host,
+            port=settings.http.http_port,
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -379,14 +379,14 @@ async def run_worker(
     logger.info(
         "worker.starting",
         version=__version__,
-        prefetch_count=settings.prefetch_count,
-        database_pool_size=settings.database_pool_size,
-        reservation_batch_max=settings.reservation_batch_max,
-        delivery_limit=settings.delivery_limit,
-        quorum_initial_group_size=settings.quorum_initial_group_size,
-        handler_deadline_seconds=settings.handler_deadline_seconds,
-        graceful_timeout_seconds=settings.graceful_timeout_seconds,
-        http_port=settings.http_port,
+        prefetch_count=settings.worker.prefetch_count,
+        database_pool_size=settings.database.pool_size,
+        reservation_batch_max=settings.worker.reservation_batch_max,
+        delivery_limit=settings.broker.delivery_limit,
+        quorum_initial_group_size=settings.broker.quorum_initial_group_size,
+        handler_deadline_seconds=settings.deadlines.handler_deadline_seconds,
+        graceful_timeout_seconds=settings.deadlines.graceful_timeout_seconds,
+        http_port=settings.http.http_port,
     )
     serving = asyncio.create_task(http.serve(sockets=[listening]))
     try:
