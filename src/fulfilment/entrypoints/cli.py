@@ -144,9 +144,9 @@ def tool_options(settings: Settings) -> ToolOptions:
     from fulfilment.entrypoints.startup import database_options  # noqa: PLC0415 - loads SQLAlchemy
 
     return ToolOptions(
-        amqp_url=settings.amqp_url.get_secret_value(),
-        database=database_options(settings),
-        consumer=settings.consumer_name,
+        amqp_url=settings.broker.amqp_url.get_secret_value(),
+        database=database_options(settings.database, settings.deadlines),
+        consumer=settings.worker.consumer_name,
     )
 
 
@@ -279,8 +279,8 @@ def outbox_prune() -> None:
     run(
         prune_command(
             tool_options(settings),
-            retention_seconds=settings.outbox_retention_seconds,
-            batch_size=settings.outbox_prune_batch_size,
+            retention_seconds=settings.retention.outbox_retention_seconds,
+            batch_size=settings.retention.outbox_prune_batch_size,
             echo=typer.echo,
         )
     )
@@ -302,9 +302,9 @@ def prune() -> None:
     run(
         prune_all_command(
             tool_options(settings),
-            outbox_retention_seconds=settings.outbox_retention_seconds,
-            processed_id_retention_seconds=settings.processed_id_retention_seconds,
-            batch_size=settings.outbox_prune_batch_size,
+            outbox_retention_seconds=settings.retention.outbox_retention_seconds,
+            processed_id_retention_seconds=settings.retention.processed_id_retention_seconds,
+            batch_size=settings.retention.outbox_prune_batch_size,
             echo=typer.echo,
         )
     )
@@ -325,8 +325,8 @@ def migrate() -> None:
     settings = settings_or_exit()
     run(
         migrate_command(
-            settings.database_url.get_secret_value(),
-            runtime_role=settings.database_runtime_role,
+            settings.database.url.get_secret_value(),
+            runtime_role=settings.database.runtime_role,
             echo=typer.echo,
         )
     )
@@ -384,7 +384,7 @@ def publish(
     settings = settings_or_exit()
     run(
         publish_command(
-            settings.amqp_url.get_secret_value(),
+            settings.broker.amqp_url.get_secret_value(),
             files,
             cancellations=cancellations,
             echo=typer.echo,
@@ -413,7 +413,7 @@ def report(
             tool_options(settings),
             as_json=as_json,
             echo=typer.echo,
-            handoff=settings.warehouse_url is not None,
+            handoff=settings.warehouse.url is not None,
         )
     )
 
@@ -519,7 +519,7 @@ def demo(
             data,
             reset=reset,
             confirm_reset=confirm_reset,
-            stop_grace_seconds=settings.orchestrator_grace_period_seconds,
+            stop_grace_seconds=settings.deadlines.orchestrator_grace_period_seconds,
             echo=typer.echo,
         )
     )
@@ -575,11 +575,11 @@ def dlq_list(
     settings = settings_or_exit()
     run(
         list_command(
-            settings.amqp_url.get_secret_value(),
+            settings.broker.amqp_url.get_secret_value(),
             as_json=as_json,
             echo=typer.echo,
             queues=chosen,
-            ttl_seconds=settings.dead_letter_ttl_seconds,
+            ttl_seconds=settings.retention.dead_letter_ttl_seconds,
         )
     )
 
@@ -601,13 +601,13 @@ def dlq_show(  # noqa: PLR0913 - one parameter per option
     selection = _selection(ids, group, everything=everything)
     run(
         show_command(
-            settings.amqp_url.get_secret_value(),
+            settings.broker.amqp_url.get_secret_value(),
             selection,
             limit=limit,
             as_json=as_json,
             echo=typer.echo,
             queues=_queues(queues),
-            ttl_seconds=settings.dead_letter_ttl_seconds,
+            ttl_seconds=settings.retention.dead_letter_ttl_seconds,
         )
     )
 
@@ -658,12 +658,12 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
             comment=comment,
             echo=typer.echo,
             rules=ReplayRules(
-                replay_limit=settings.replay_limit,
+                replay_limit=settings.retention.replay_limit,
                 force=force,
-                max_age_seconds=settings.processed_id_retention_seconds,
+                max_age_seconds=settings.retention.processed_id_retention_seconds,
             ),
             queues=chosen,
-            ttl_seconds=settings.dead_letter_ttl_seconds,
+            ttl_seconds=settings.retention.dead_letter_ttl_seconds,
         )
     )
 
@@ -697,7 +697,7 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
             comment=comment,
             echo=typer.echo,
             queues=chosen,
-            ttl_seconds=settings.dead_letter_ttl_seconds,
+            ttl_seconds=settings.retention.dead_letter_ttl_seconds,
         )
     )
 
