@@ -323,7 +323,7 @@ class Relay:
                 # lets the rows of several commits go in one batch (docs/performance.md).
                 # It counts from this batch's read: rows have gathered while the batch was
                 # published and marked, so a slow confirm is not followed by a whole window more
-                # (docs/performance.md, "End to end at prefetch 64").
+                # (docs/records/2026-12-04-end-to-end-at-prefetch-64.md).
                 left = self._options.batch_window_seconds - (time.monotonic() - read_at)
                 if left > 0:
                     await self._pause(left)
