@@ -14,7 +14,7 @@ so that a transient error is retried by one layer within the handler's deadline,
 handler finishes before the broker drains it away, and Kubernetes never SIGKILLs a draining pod.
 With group commit a delivery may also wait for the transaction running before its batch; in a
 long database slowdown its deadline can then pass while its batch commits, and the delivery is
-requeued and answered ``duplicate:event`` on redelivery (README, "Outcomes and failures").
+requeued and answered ``duplicate:event`` on redelivery (docs/events.md, "Outcomes and failures").
 
 The URLs' checks are in :mod:`fulfilment.settings.urls`, what is said of a misspelt variable or
 a misread ``.env`` line in :mod:`fulfilment.settings.dotenv`.
@@ -86,7 +86,7 @@ PerSecond = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 RUNTIME_ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """Role names ``FULFILMENT_DATABASE_RUNTIME_ROLE`` accepts: PostgreSQL's unquoted identifiers in
 lower case, at most 63 bytes (``NAMEDATALEN - 1``), so that a name reads the same quoted (as
-the grants quote it) or not (as in the README's SQL)."""
+the grants quote it) or not (as in docs/security.md's SQL)."""
 
 
 class SettingsError(Exception):
@@ -232,7 +232,7 @@ class BrokerSettings(_Group):
     nodes the cluster has then (a single node: 1). 3 matches a three-node cluster, which keeps
     its queues through the loss of one node. Odd: a group of 2n members survives no more lost
     members than one of 2n - 1. Read by RabbitMQ only at creation; a queue that exists keeps
-    its members (README, "Topology and delivery limit")."""
+    its members (docs/events.md, "Topology and delivery limit")."""
 
     @field_validator("amqp_url")
     @classmethod
@@ -496,7 +496,7 @@ class ProcessSettings(_Group):
 
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """The event loop of the worker and the relay: ``uvloop`` (libuv; it spends less CPU per
-    message, see the README's "Performance") or the standard library's ``asyncio`` loop."""
+    message, see docs/performance.md) or the standard library's ``asyncio`` loop."""
 
 
 class RetentionSettings(_Group):
@@ -534,7 +534,8 @@ class RetentionSettings(_Group):
 
     @model_validator(mode="after")
     def _processed_ids_outlive_messages(self) -> Self:
-        # Processed ids outlive every way a message can come back (docs/configuration.md).
+        # Processed ids outlive every way a message can come back (docs/runbook.md,
+        # "Retention of processed ids").
         _raise_if(
             self._must_be_less(
                 ("dead_letter_ttl_seconds", "processed_id_retention_seconds"),

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from dotenv.parser import Original, parse_stream
 
-from fulfilment.utf8 import not_utf8
+from fulfilment.utf8 import at_line, not_utf8
 
 ENV_PREFIX = "FULFILMENT_"
 """The prefix of every setting's environment variable."""
@@ -106,7 +106,9 @@ def read_env_file(
     values: dict[str, str] = {}
     path = Path(name).expanduser()
     if path.is_dir():
-        misread.append(f"{name}: is a folder, not a file of NAME=VALUE lines: remove or rename it")
+        misread.append(
+            at_line(name, None, "is a folder, not a file of NAME=VALUE lines: remove or rename it")
+        )
         return EnvFileReading(misread, [], lines, values)
     if not path.is_file():
         return EnvFileReading(misread, [], lines, values)
@@ -114,7 +116,7 @@ def read_env_file(
         text = path.read_text(encoding=encoding)
     except UnicodeDecodeError as error:
         bad_line, problem = not_utf8(path, error)
-        misread.append(f"{name}:{bad_line}: {problem}" if bad_line else f"{name}: {problem}")
+        misread.append(at_line(name, bad_line, problem))
         return EnvFileReading(misread, [], lines, values)
     keys: dict[str, str | None] = {}
     for binding in parse_stream(io.StringIO(text)):
