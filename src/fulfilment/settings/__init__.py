@@ -64,6 +64,7 @@ __all__ = [
     "RetentionSettings",
     "Settings",
     "SettingsError",
+    "SettingsGroup",
     "WarehouseSettings",
     "WorkerSettings",
     "env_name",
@@ -73,6 +74,7 @@ __all__ = [
 ]
 
 ENV_FILE_ENCODING = "utf-8"
+"""The encoding ``.env`` is read in; a file that is not valid in it is refused at its line."""
 
 MAX_RESERVATION_BATCH = 1000
 """Most orders one reservation transaction may carry (``reservation_batch_max``)."""
@@ -107,8 +109,12 @@ def _config(prefix: str) -> SettingsConfigDict:
     )
 
 
-class _Group(BaseSettings):
-    """One concern's settings; a field ``name`` is read from ``<env_prefix><NAME>``."""
+class SettingsGroup(BaseSettings):
+    """One concern's settings; a field ``name`` is read from ``<env_prefix><NAME>``.
+
+    Built alone (``DatabaseSettings()``), a group reads the environment and ``.env``; built
+    with ``model_validate``, only the values given and its defaults.
+    """
 
     def _must_be_less(self, *pairs: tuple[str, str]) -> list[str]:
         """A line per ``(inner, outer)`` pair of fields whose values do not nest."""
@@ -138,13 +144,13 @@ def _raise_if(problems: list[str]) -> None:
         raise ValueError("; ".join(problems))
 
 
-class DatabaseSettings(_Group):
+class DatabaseSettings(SettingsGroup):
     """PostgreSQL: where it is, how long a connection and a statement may take, the pool.
 
     Read by every program (``FULFILMENT_DATABASE_*``).
     """
 
-    model_config = _config("FULFILMENT_DATABASE_")
+    model_config = _config(f"{ENV_PREFIX}DATABASE_")
 
     url: SecretStr = SecretStr("postgresql+asyncpg://postgres@localhost:5432/fulfilment")
     """PostgreSQL URL; ``postgresql://`` is accepted and run with the asyncpg driver. TLS is
@@ -205,13 +211,13 @@ class DatabaseSettings(_Group):
         return self
 
 
-class BrokerSettings(_Group):
+class BrokerSettings(SettingsGroup):
     """RabbitMQ: where it is, and the arguments of the queues the worker declares.
 
     Read by the worker, the relay and the operator tools.
     """
 
-    model_config = _config("FULFILMENT_")
+    model_config = _config(ENV_PREFIX)
 
     amqp_url: SecretStr = SecretStr("amqp://guest:guest@localhost:5672/")
     """RabbitMQ URL (``amqp://`` or ``amqps://``), credentials and virtual host included. Every
@@ -252,7 +258,7 @@ class BrokerSettings(_Group):
         return value
 
 
-class DeadlineSettings(_Group):
+class DeadlineSettings(SettingsGroup):
     """The time bounds of one delivery and of a shutdown, which must nest.
 
     ``retry budget < handler deadline < graceful timeout < orchestrator grace period`` and
@@ -262,7 +268,7 @@ class DeadlineSettings(_Group):
     relay's, the dispatcher's and the tools' database calls.
     """
 
-    model_config = _config("FULFILMENT_")
+    model_config = _config(ENV_PREFIX)
 
     retry_budget_seconds: Seconds = 5.0
     """Total time the database retry policy may spend on one reservation, sleeps included."""
@@ -297,10 +303,10 @@ class DeadlineSettings(_Group):
         return self
 
 
-class WorkerSettings(_Group):
+class WorkerSettings(SettingsGroup):
     """The worker (``fulfilment worker``): its inbox, its concurrency and batches, its monitors."""
 
-    model_config = _config("FULFILMENT_")
+    model_config = _config(ENV_PREFIX)
 
     consumer_name: str = Field(default="fulfilment", min_length=1, max_length=100)
     """Inbox namespace: the ``consumer`` column of ``inbox_messages``. Never change it on a live
@@ -358,10 +364,10 @@ class WorkerSettings(_Group):
         return self
 
 
-class RelaySettings(_Group):
+class RelaySettings(SettingsGroup):
     """The relay (``fulfilment relay``): how it reads the outbox and publishes it."""
 
-    model_config = _config("FULFILMENT_RELAY_")
+    model_config = _config(f"{ENV_PREFIX}RELAY_")
 
     batch_size: int = Field(default=100, ge=1, le=10000)
     """Most outbox rows the relay reads and publishes at once (one per order in a batch)."""
@@ -382,7 +388,7 @@ class RelaySettings(_Group):
     connection for lost and connects again (the unconfirmed rows are published again)."""
 
 
-class WarehouseSettings(_Group):
+class WarehouseSettings(SettingsGroup):
     """The warehouse system and the hand-off the dispatcher sends it: API, limits, keys' lifetime.
 
     Read by the dispatcher (docs/design.md, "Warehouse hand-off"); the worker reads only
@@ -390,7 +396,7 @@ class WarehouseSettings(_Group):
     operator tools the URL and its secret.
     """
 
-    model_config = _config("FULFILMENT_WAREHOUSE_")
+    model_config = _config(f"{ENV_PREFIX}WAREHOUSE_")
 
     url: str | None = None
     """Base of the warehouse system's API, e.g. ``https://wms.example/api/v1`` (``http://`` or
@@ -451,10 +457,10 @@ class WarehouseSettings(_Group):
         return self
 
 
-class HttpSettings(_Group):
+class HttpSettings(SettingsGroup):
     """Where each program serves ``/health/live``, ``/health/ready`` and ``/metrics``."""
 
-    model_config = _config("FULFILMENT_")
+    model_config = _config(ENV_PREFIX)
 
     http_host: str = "0.0.0.0"  # noqa: S104 - probes and scrapes reach the pod on its own IP
     """IP address (v4 or v6) the HTTP server for ``/health/live``, ``/health/ready`` and
@@ -483,10 +489,10 @@ class HttpSettings(_Group):
         return value
 
 
-class ProcessSettings(_Group):
+class ProcessSettings(SettingsGroup):
     """How every program runs: its logs and its event loop."""
 
-    model_config = _config("FULFILMENT_")
+    model_config = _config(ENV_PREFIX)
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Threshold of the service's logs."""
@@ -499,14 +505,14 @@ class ProcessSettings(_Group):
     message, see docs/performance.md) or the standard library's ``asyncio`` loop."""
 
 
-class RetentionSettings(_Group):
+class RetentionSettings(SettingsGroup):
     """How long the outbox, the inbox and the dead letters keep what they hold, and the replays.
 
     Read by ``fulfilment prune``, ``outbox prune`` and ``dlq``; processed ids must outlive
     every way a message can come back.
     """
 
-    model_config = _config("FULFILMENT_")
+    model_config = _config(ENV_PREFIX)
 
     outbox_retention_seconds: Seconds = 7 * 24 * 3600.0
     """How long a published outbox row is kept (7 days) before ``fulfilment outbox prune``
@@ -585,7 +591,7 @@ class Settings(BaseModel):
         return self
 
 
-GROUPS: dict[str, type[_Group]] = {
+GROUPS: dict[str, type[SettingsGroup]] = {
     name: field.annotation  # type: ignore[misc]
     for name, field in Settings.model_fields.items()
 }
@@ -597,7 +603,7 @@ def env_name(group: type[BaseSettings], field: str) -> str:
     return f"{group.model_config.get('env_prefix', '')}{field}".upper()
 
 
-def variables() -> Iterator[tuple[type[_Group], str, str]]:
+def variables() -> Iterator[tuple[type[SettingsGroup], str, str]]:
     """``(group, field, variable)`` of every setting, in the order of the reference."""
     for group in GROUPS.values():
         for field in group.model_fields:
@@ -616,7 +622,11 @@ def from_variables(values: Mapping[str, object]) -> Settings:
         pydantic.ValidationError: a value or a rule across values is refused (its ``loc`` is
             the field of the group, not the variable).
     """
-    fields = {name: (attribute, field) for attribute, (_, field, name) in _by_group()}
+    fields = {
+        env_name(group, field): (attribute, field)
+        for attribute, group in GROUPS.items()
+        for field in group.model_fields
+    }
     given: dict[str, dict[str, object]] = {attribute: {} for attribute in GROUPS}
     for name, value in values.items():
         attribute, field = fields[name.upper()]
@@ -625,13 +635,6 @@ def from_variables(values: Mapping[str, object]) -> Settings:
     return Settings.model_validate(
         {attribute: GROUPS[attribute].model_validate(given[attribute]) for attribute in GROUPS}
     )
-
-
-def _by_group() -> Iterator[tuple[str, tuple[type[_Group], str, str]]]:
-    """``(attribute, (group, field, variable))`` of every setting."""
-    for attribute, group in GROUPS.items():
-        for field in group.model_fields:
-            yield attribute, (group, field, env_name(group, field))
 
 
 def load_settings() -> Settings:
@@ -656,7 +659,7 @@ def load_settings() -> Settings:
     # Names in any case, as pydantic-settings reads them.
     from_environment = {name.upper() for name in os.environ}
     lines: list[str] = []
-    groups: dict[str, _Group] = {}
+    groups: dict[str, SettingsGroup] = {}
     for attribute, group in GROUPS.items():
         lines += _overridden_in_env_file(group, reading, from_environment)
         try:
@@ -673,7 +676,7 @@ def load_settings() -> Settings:
 
 def _said(
     error: ValidationError,
-    group: type[_Group],
+    group: type[SettingsGroup],
     reading: EnvFileReading,
     from_environment: set[str],
 ) -> list[str]:
@@ -693,7 +696,7 @@ def _said(
 
 
 def _overridden_in_env_file(
-    group: type[_Group], reading: EnvFileReading, from_environment: set[str]
+    group: type[SettingsGroup], reading: EnvFileReading, from_environment: set[str]
 ) -> list[str]:
     """A line per ``.env`` value of ``group`` that is invalid, where the environment overrides it.
 
