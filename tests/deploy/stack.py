@@ -1239,13 +1239,15 @@ def check_dispatcher(stack: Stack) -> list[str]:
     compose = effective_settings(compose_environment(stack, "dispatcher"))
     health = " ".join(service["healthcheck"]["test"])
     found = re.search(r"http://127\.0\.0\.1:(\d+)/health/ready", health)
-    if found is None or int(found[1]) != compose.dispatcher_port:
+    if found is None or int(found[1]) != compose.http.dispatcher_port:
         problems.append(
-            f"docker-compose.yml dispatcher: healthcheck port is not {compose.dispatcher_port}"
+            f"docker-compose.yml dispatcher: healthcheck port is not {compose.http.dispatcher_port}"
         )
-    if [str(p) for p in service.get("expose", [])] != [str(compose.dispatcher_port)]:
-        problems.append(f"docker-compose.yml dispatcher: expose is not [{compose.dispatcher_port}]")
-    if service.get("command") != ["dispatcher"] or compose.warehouse_url is None:
+    if [str(p) for p in service.get("expose", [])] != [str(compose.http.dispatcher_port)]:
+        problems.append(
+            f"docker-compose.yml dispatcher: expose is not [{compose.http.dispatcher_port}]"
+        )
+    if service.get("command") != ["dispatcher"] or compose.warehouse.url is None:
         problems.append(
             "docker-compose.yml dispatcher: must run [dispatcher] with FULFILMENT_WAREHOUSE_URL set"
         )
@@ -1255,9 +1257,10 @@ def check_dispatcher(stack: Stack) -> list[str]:
         if job["job_name"] == "fulfilment-dispatcher"
         for sd in job["dns_sd_configs"]
     ]
-    if scraped != [compose.dispatcher_port]:
+    if scraped != [compose.http.dispatcher_port]:
         problems.append(
-            f"prometheus.yml: scrapes the dispatcher on {scraped}, not [{compose.dispatcher_port}]"
+            f"prometheus.yml: scrapes the dispatcher on {scraped},"
+            f" not [{compose.http.dispatcher_port}]"
         )
     return problems
 

@@ -40,7 +40,7 @@ from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import make_url
-from stack import ROOT, Stack, check_scaling, field_of, http_get, load_stack
+from stack import ROOT, Stack, check_scaling, http_get, is_setting, load_stack
 from typer.core import TyperGroup
 
 from fakes import InMemoryWarehouse
@@ -564,7 +564,7 @@ def check_settings(runbook: Runbook, _stack: Stack) -> list[str]:
         f"{name}: not a setting"
         for code in runbook.code
         for name in SETTING.findall(code)
-        if field_of(name) is None
+        if not is_setting(name)
     ]
 
 

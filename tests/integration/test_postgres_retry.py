@@ -250,7 +250,7 @@ async def make_warehouse(clean_database):
         return PostgresWarehouse(
             engine,
             consumer="fulfilment",
-            retry_budget_seconds=configured.retry_budget_seconds,
+            retry_budget_seconds=configured.deadlines.retry_budget_seconds,
             on_retry=None if retries is None else retries.append,
         )
 
