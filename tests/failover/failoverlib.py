@@ -114,14 +114,23 @@ class Load:
         """Whether waves are still being published (not stopped, the plan not run out)."""
         return self._task is not None and not self._task.done() and not self._stopping
 
+    async def cancel(self) -> None:
+        """End the publishing at once (a test that failed half-way)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
     async def done(self, timeout: float = 300) -> None:
         assert self._task is not None
         await asyncio.wait_for(self._task, timeout)
 
     def as_published(self) -> LifecyclePlan:
-        """The plan cut down to the events published (after :meth:`done`): a wave holds its
-        orders' cancels and shipments (``lag`` 0), so every order keeps all of its events or
-        none; an early cancel of an order never published stays, as the tombstone it left."""
+        """The plan cut down to the events published (after :meth:`done`). Every arrival order
+        of an order's events leaves the same state (no order is both cancelled and shipped), so
+        the in-order sequence of the published ones is what the service must have applied: an
+        order whose cancels were never published stays reserved, an early cancel of an order
+        never published stays the tombstone it left."""
         sent = self._published_ids
         return LifecyclePlan(
             in_order=[event for event in self.plan.in_order if event.event_id in sent],

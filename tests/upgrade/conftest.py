@@ -24,6 +24,7 @@ from upgradelib import (
     previous_release,
     recorded_releases,
 )
+from warehouse_harness import SimulatorProcess
 
 from services import admin_execute, service_unavailable, throwaway_database
 
@@ -69,3 +70,14 @@ def upgrade_database() -> Iterator[str]:
         service_unavailable("PostgreSQL", error)
     with throwaway_database("fulfilment_upgrade") as url:
         yield url
+
+
+@pytest.fixture
+def simulator(tmp_path: Path) -> Iterator[SimulatorProcess]:
+    """The project's simulated warehouse system on a port of its own, killed at the end."""
+    warehouse = SimulatorProcess(tmp_path / "simulator.log")
+    warehouse.start()
+    try:
+        yield warehouse
+    finally:
+        warehouse.stop()

@@ -101,6 +101,9 @@ AFTER_SECONDS = 6.0
 """The load kept on after the last process of the previous release stopped."""
 WAREHOUSE_RATE_PER_SECOND = "200"
 """This tree's dispatcher's cap: high enough that the requests drain with the events."""
+PICK_DELAY_SECONDS = 0.3
+"""The simulated warehouse picks an order this long after it took it: a cancellation sent
+later is refused (``stock.cancel_refused``, a result event the previous release never wrote)."""
 LONGEST_PAUSE_SECONDS = 20.0
 """A gap in commits longer than this is a stall, not a rollout's step."""
 
@@ -155,6 +158,10 @@ class Fleet:
         """Whether the previous release has a dispatcher (and the hand-off)."""
         self.processes: dict[str, WorkerProcess] = {}
         self.exits: dict[str, int] = {}
+        self.stopped_at: dict[str, float] = {}
+        """When each was sent SIGTERM (epoch seconds)."""
+        self.handing_off: set[str] = set()
+        """The workers started with the hand-off on."""
 
     async def start(self, name: str, process: WorkerProcess, *, wait_ready: bool = True) -> None:
         """Start ``process`` (in a thread: the load goes on meanwhile), then check that every
@@ -166,6 +173,7 @@ class Fleet:
     async def stop(self, name: str) -> None:
         """SIGTERM ``name`` and wait for its exit; every other one must still run."""
         self.assert_running()
+        self.stopped_at[name] = time.time()
         code, _ = await asyncio.to_thread(self.processes[name].terminate)
         self.exits[name] = code
 
@@ -202,12 +210,12 @@ class Fleet:
                         outcomes[str(line.get("outcome")).partition(":")[0]] += 1
         return outcomes
 
-    def placed_reserved(self, prefix: str) -> int:
-        """Orders reserved by the workers whose names start with ``prefix``."""
+    def reserved_without_handoff(self) -> int:
+        """Orders reserved by workers without the hand-off, which record no warehouse request."""
         return sum(
             1
             for name, process in self.processes.items()
-            if name.startswith(prefix) and "worker" in name
+            if "worker" in name and name not in self.handing_off
             for line in process.log_lines()
             if line.get("event") == f"{ORDER_PLACED.event}.handled"
             and line.get("outcome") == "reserved"
@@ -242,11 +250,36 @@ async def settle(
         await asyncio.sleep(0.3)
 
 
+async def without_refused_cancels(db: asyncpg.Connection, plan: LifecyclePlan) -> LifecyclePlan:
+    """``plan`` without the cancels the warehouse refused in its in-order sequence: such a
+    cancel changed nothing (the order stays reserved and ships); every event is still
+    published and in the inbox."""
+    refused = {
+        row["causation_id"]
+        for row in await db.fetch(
+            "SELECT causation_id FROM warehouse_requests"
+            " WHERE kind = 'cancellation' AND status = 'refused'"
+        )
+    }
+    return LifecyclePlan(
+        [event for event in plan.in_order if event.event_id not in refused],
+        plan.early,
+        plan.waves,
+    )
+
+
 async def start_previous(
-    fleet: Fleet, previous: InstalledRelease, env: dict[str, str], tmp_path: Path
+    fleet: Fleet,
+    previous: InstalledRelease,
+    env: dict[str, str],
+    db: asyncpg.Connection,
+    tmp_path: Path,
 ) -> None:
-    """The previous release's workers, relay and (if it has one) dispatcher, each ready."""
+    """The previous release as it ran before the upgrade: its ``migrate`` of the new database,
+    the stock, its workers, relay and (if it has one) dispatcher, each ready."""
     old = previous.release.version
+    await migrate(previous.fulfilment, env)
+    await put_stock(db, STOCK)
     for index in range(WORKERS):
         await fleet.start(
             f"{old} worker {index}",
@@ -262,23 +295,16 @@ async def start_previous(
         )
 
 
-async def roll_out(fleet: Fleet, old: str, new: str, env: dict[str, str], tmp_path: Path) -> None:
-    """The rolling update of the three Deployments: each new pod started (and ready) before an
-    old one is stopped by SIGTERM, one at a time, both releases serving in between."""
-    await fleet.start(
-        f"{new} dispatcher",
-        DispatcherProcess(dict(env), tmp_path / "new-dispatcher.log"),
-        # Beside the previous release's dispatcher it stands by until that one stops.
-        wait_ready=not fleet.old_dispatcher,
-    )
+async def roll_out(
+    fleet: Fleet, old: str, new: str, env: dict[str, str], tmp_path: Path, *, handoff: bool
+) -> None:
+    """The rolling update of the Deployments: each new pod started (and ready) before an old
+    one is stopped by SIGTERM, one at a time, both releases serving in between. With
+    ``handoff``, ``env`` holds the hand-off's variables and the dispatcher starts first."""
+    if handoff:
+        await start_dispatcher(fleet, new, env, tmp_path)
     for index in range(WORKERS):
-        await fleet.start(
-            f"{new} worker {index}",
-            WorkerProcess(dict(env), tmp_path / f"new-worker-{index}.log"),
-        )
-        await asyncio.sleep(DWELL_SECONDS)
-        await fleet.stop(f"{old} worker {index}")
-        await asyncio.sleep(DWELL_SECONDS)
+        await replace_worker(fleet, f"{old} worker {index}", f"{new} worker {index}", env, tmp_path)
     await fleet.start(f"{new} relay", RelayProcess(dict(env), tmp_path / "new-relay.log"))
     await asyncio.sleep(DWELL_SECONDS)
     await fleet.stop(f"{old} relay")
@@ -286,13 +312,47 @@ async def roll_out(fleet: Fleet, old: str, new: str, env: dict[str, str], tmp_pa
         await fleet.stop(f"{old} dispatcher")
 
 
+async def turn_handoff_on(fleet: Fleet, new: str, env: dict[str, str], tmp_path: Path) -> None:
+    """The hand-off turned on once the previous release is gone: the dispatcher, then a rolling
+    update of the workers with the ``FULFILMENT_WAREHOUSE_*`` variables in ``env``."""
+    await start_dispatcher(fleet, new, env, tmp_path)
+    for index in range(WORKERS):
+        name = f"{new} worker {index}"
+        await replace_worker(fleet, name, f"{name} with the hand-off", env, tmp_path)
+
+
+async def start_dispatcher(fleet: Fleet, new: str, env: dict[str, str], tmp_path: Path) -> None:
+    await fleet.start(
+        f"{new} dispatcher",
+        DispatcherProcess(dict(env), tmp_path / "new-dispatcher.log"),
+        # Beside the previous release's dispatcher it stands by until that one stops.
+        wait_ready=not fleet.old_dispatcher,
+    )
+
+
+async def replace_worker(
+    fleet: Fleet, old_name: str, new_name: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Start ``new_name``, a worker of this tree on ``env``, then stop ``old_name``."""
+    log = tmp_path / f"{new_name.replace(' ', '-')}.log"
+    await fleet.start(new_name, WorkerProcess(dict(env), log))
+    if "FULFILMENT_WAREHOUSE_URL" in env:
+        fleet.handing_off.add(new_name)
+    await asyncio.sleep(DWELL_SECONDS)
+    await fleet.stop(old_name)
+    await asyncio.sleep(DWELL_SECONDS)
+
+
 async def test_the_previous_release_runs_beside_this_one_through_a_rolling_update_under_load(
-    previous: InstalledRelease, upgrade_database: str, amqp_url: str, tmp_path: Path
+    previous: InstalledRelease,
+    upgrade_database: str,
+    amqp_url: str,
+    simulator: SimulatorProcess,
+    tmp_path: Path,
 ) -> None:
     old, new = previous.release.version, head_version()
     env = release_env(upgrade_database, amqp_url)
-    simulator = SimulatorProcess(tmp_path / "simulator.log")
-    simulator.start()
+    simulator.faults(pick_delay_seconds=PICK_DELAY_SECONDS)
     warehouse = warehouse_variables(simulator)
     fleet = Fleet(old_dispatcher=previous.has_command("dispatcher"))
     # The previous release gets the hand-off's variables only if it knows them: 0.1.0 refuses
@@ -301,14 +361,13 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
     primary = Primary(upgrade_database)
     db = await connect_db(upgrade_database)
     run = Run()
+    load: Load | None = None
     try:
-        await migrate(previous.fulfilment, old_env)
-        await put_stock(db, STOCK)
-        await start_previous(fleet, previous, old_env, tmp_path)
+        await start_previous(fleet, previous, old_env, db, tmp_path)
         async with await aio_pika.connect(amqp_url) as broker:
             events = await bind_events_queue(broker)
             plan = lifecycle_plan(
-                PLAN_ORDERS, cancelled=0.2, shipped=0.2, early=0.05, lag=0, seed=38
+                PLAN_ORDERS, cancelled=0.2, shipped=0.2, early=0.05, lag=1, seed=38
             )
             load = Load(plan, broker, primary, interval=WAVE_SECONDS)
             load.start()
@@ -319,10 +378,13 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
             fleet.assert_running()
             await asyncio.sleep(DWELL_SECONDS)
             started = time.monotonic()
-            await roll_out(fleet, old, new, env | warehouse, tmp_path)
+            # The hand-off (and its stock.cancel_refused) goes on in the rollout only when the
+            # previous release has it: 0.1.0's relay stops on a result event it does not know.
+            await roll_out(fleet, old, new, old_env, tmp_path, handoff=fleet.old_dispatcher)
             run.rollout_seconds = time.monotonic() - started
+            if not fleet.old_dispatcher:
+                await turn_handoff_on(fleet, new, env | warehouse, tmp_path)
             await asyncio.sleep(AFTER_SECONDS)
-            fleet.assert_running()
             assert load.publishing, "the load ran out before the rollout ended: a longer plan"
             load.stop()
             await load.done()
@@ -334,18 +396,19 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
         for name in fleet.running():
             await fleet.stop(name)
         outcome = await compare_with_the_in_order_sequence(
-            plan,
+            await without_refused_cancels(db, plan),
             db,
             Settings(database_url=SecretStr(upgrade_database), amqp_url=SecretStr(amqp_url)),
         )
         run.handoff = await handoff_figures(
-            db, simulator, reserved_before=0 if fleet.old_dispatcher else fleet.placed_reserved(old)
+            db, simulator, reserved_before=fleet.reserved_without_handoff()
         )
         TABLES.append(await figures_table(previous, new, plan, outcome, fleet, db, run))
         await assert_upgraded(plan, outcome, outbox, fleet, db, run, old=old, new=new)
     finally:
+        if load is not None:
+            await load.cancel()
         fleet.kill_all()
-        simulator.stop()
         await primary.close()
         with contextlib.suppress(Exception):
             await db.close()
@@ -390,7 +453,7 @@ async def assert_upgraded(
     # Every warehouse request answered, once.
     assert run.handoff == dict.fromkeys(run.handoff, 0), run.handoff
     assert set(await request_statuses(db, "fulfilment_order")) <= {"accepted", "withdrawn"}
-    assert set(await request_statuses(db, "cancellation")) <= {"accepted", "withdrawn"}
+    assert set(await request_statuses(db, "cancellation")) <= {"accepted", "withdrawn", "refused"}
     # Both releases served, each process said its version, every exit was 0.
     assert fleet.handled(old).total() > 0
     assert fleet.handled(new).total() > 0
@@ -431,6 +494,14 @@ async def figures_table(
     )
     twice = sum(received.values()) - len(received)
     lost, duplicate = handoff["requests_lost"], handoff["duplicate_orders"]
+    refused_before = await db.fetchval(
+        "SELECT count(*) FROM outbox WHERE routing_key = 'stock.cancel_refused'"
+        " AND created_at < to_timestamp($1)",
+        fleet.stopped_at[f"{old} relay"],
+    )
+    refused = await db.fetchval(
+        "SELECT count(*) FROM outbox WHERE routing_key = 'stock.cancel_refused'"
+    )
     return table(
         f"Rolling upgrade {old} ({previous.release.short}) -> {new} ({head_commit()}), "
         f"{os.cpu_count()} cores",
@@ -456,6 +527,14 @@ async def figures_table(
             (
                 "warehouse requests (closed; lost, duplicate, cancelled twice)",
                 f"{requests.total()}; {lost}, {duplicate}, {handoff['cancels_applied_twice']}",
+            ),
+            (
+                f"stock.cancel_refused (written while {old}'s relay ran)",
+                f"{refused} ({refused_before})",
+            ),
+            (
+                "hand-off turned on",
+                "in the rollout" if fleet.old_dispatcher else f"after the rollout ({old} has none)",
             ),
             (f"{new} migrate under load", f"{run.migrate_seconds:.1f} s"),
             ("rollout (first new start to last old exit)", f"{run.rollout_seconds:.1f} s"),
