@@ -13,6 +13,8 @@ from packaging.version import Version
 from upgradelib import ROOT, head_version, previous_release, recorded_releases
 
 import fulfilment
+from fulfilment.adapters.postgres.dispatcher_lock import DISPATCHER_LOCK_KEY
+from fulfilment.adapters.postgres.outbox import RELAY_LOCK_KEY
 
 
 def test_the_releases_are_recorded_oldest_first_each_with_its_whole_commit() -> None:
@@ -61,3 +63,31 @@ def test_each_release_commit_carries_its_version_where_the_history_is_here() -> 
             pytest.skip(f"commit {release.short} is not in this clone (a shallow one)")
         pyproject = tomllib.loads(shown.stdout.decode())
         assert pyproject["project"]["version"] == release.version
+
+
+LOCK_KEYS = {
+    "RELAY_LOCK_KEY": ("src/fulfilment/adapters/postgres/outbox.py", RELAY_LOCK_KEY),
+    "DISPATCHER_LOCK_KEY": (
+        "src/fulfilment/adapters/postgres/dispatcher_lock.py",
+        DISPATCHER_LOCK_KEY,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCK_KEYS))
+def test_an_advisory_lock_key_is_the_previous_releases(name: str) -> None:
+    # A relay or dispatcher of this tree must stand by while the previous release's holds the
+    # lock during a rolling update (docs/development.md, "Changing the schema, the topology or
+    # a wire model"). Where the previous release has no such lock, there is nothing to match.
+    path, key = LOCK_KEYS[name]
+    previous = previous_release(head_version(), recorded_releases())
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "grep", "-h", f"^{name} = ", previous.commit, "--", "src"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if files.returncode == 128:  # git's code for a commit it does not have
+        pytest.skip(f"commit {previous.short} is not in this clone (a shallow one)")
+    found = re.findall(rf"^{name} = (\S+)", files.stdout, re.MULTILINE)
+    assert all(int(value, 0) == key for value in found), (path, found, hex(key))
