@@ -111,6 +111,48 @@ def test_help_paragraphs_are_filled_to_the_width_not_broken_where_the_docstring_
     assert short == []
 
 
+def every_command() -> list[list[str]]:
+    """The path of every command and group of ``fulfilment``, from the typer app itself."""
+
+    def walk(command, path):
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+@pytest.mark.parametrize("command", every_command(), ids=" ".join)
+def test_usage_lines_name_arguments_in_capitals_without_python_types(command):
+    page = fulfilment(*command, "--help").stdout
+    usage = next(line for line in page.splitlines() if "Usage:" in line)
+
+    assert "{" not in usage
+    assert not any(word.islower() for word in usage.split()[2 + len(command) :])
+    assert "<list[" not in page
+
+
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        (["publish"], "Missing argument 'FILE...'; usage: fulfilment publish [OPTIONS] FILE..."),
+        (["stock", "load"], "Missing argument 'FILE'; usage: fulfilment stock load [OPTIONS] FILE"),
+        (["nonsense"], "No such command 'nonsense'; usage: fulfilment [OPTIONS] COMMAND [ARGS]..."),
+        (["--nonsense"], "No such option: --nonsense; usage: fulfilment [OPTIONS] COMMAND"),
+        (["dlq", "show", "--limit", "x"], "Invalid value for '--limit'"),
+        (["dlq", "nonsense"], "No such command 'nonsense'; usage: fulfilment dlq [OPTIONS]"),
+    ],
+    ids=lambda part: " ".join(part) if isinstance(part, list) else "",
+)
+def test_a_usage_error_is_one_line_and_exits_2(command, usage):
+    result = fulfilment(*command)
+
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"fulfilment: {usage}")
+
+
 @pytest.mark.parametrize("group", [[], ["stock"], ["dlq"]], ids=lambda g: " ".join(g) or "-")
 def test_a_group_called_alone_prints_its_help_and_exits_2(group):
     result = fulfilment(*group)

@@ -28,7 +28,7 @@ app = typer.Typer(
 
 IdsOption = Annotated[
     list[str] | None,
-    typer.Option("--id", help="An event_id or message_id; repeat for several."),
+    typer.Option("--id", metavar="ID", help="An event_id or message_id; repeat for several."),
 ]
 
 
@@ -45,6 +45,7 @@ QueueOption = Annotated[
     list[str] | None,
     typer.Option(
         "--queue",
+        metavar="QUEUE",
         help="A dead-letter queue, or the queue it belongs to (fulfilment.order-shipped); "
         "repeat for several. Default: every dead-letter queue.",
     ),
