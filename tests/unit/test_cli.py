@@ -153,6 +153,14 @@ def test_a_usage_error_is_one_line_and_exits_2(command, usage):
     assert result.stderr.startswith(f"fulfilment: {usage}")
 
 
+def test_each_prune_command_says_what_the_other_one_does():
+    prune = " ".join(fulfilment("prune", "--help", COLUMNS="200").stdout.split())
+    outbox_prune = " ".join(fulfilment("outbox", "prune", "--help", COLUMNS="200").stdout.split())
+
+    assert "fulfilment outbox prune does its outbox part alone" in prune
+    assert "The outbox part of fulfilment prune, leaving the inbox as it is" in outbox_prune
+
+
 @pytest.mark.parametrize("group", [[], ["stock"], ["dlq"]], ids=lambda g: " ".join(g) or "-")
 def test_a_group_called_alone_prints_its_help_and_exits_2(group):
     result = fulfilment(*group)

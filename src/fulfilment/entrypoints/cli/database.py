@@ -23,8 +23,9 @@ def prune() -> None:
     Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, and inbox
     rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
     nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
-    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not
-    delete (docs/security.md, "Least privilege").
+    The CronJob ``fulfilment-prune`` runs it hourly; ``fulfilment outbox prune`` does its
+    outbox part alone. Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime
+    role may not delete (docs/security.md, "Least privilege").
     """
     from fulfilment.tools.outbox import prune_all_command  # noqa: PLC0415 - see the module's text
 
