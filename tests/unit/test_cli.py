@@ -207,6 +207,29 @@ def test_a_dead_letter_command_without_a_selection_is_bad_input():
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("", "not a dead letter's id: ''"),
+        ("one two", "not a dead letter's id: 'one two'"),
+        ("x" * 256, "at most 255 bytes"),
+        (
+            "permanent/MalformedEventError",
+            "is a group, not an id: choose it with --group permanent/MalformedEventError",
+        ),
+    ],
+    ids=["empty", "two words", "too long", "a group"],
+)
+@pytest.mark.parametrize("command", ["show", "replay", "purge"])
+def test_a_dead_letter_id_that_no_dead_letter_can_have_is_bad_input(command, value, said):
+    result = fulfilment("dlq", command, "--id", value, FULFILMENT_AMQP_URL=NOWHERE_BROKER)
+
+    assert result.exit_code == 2
+    assert result.stderr.startswith("fulfilment: Invalid value for '--id': ")
+    assert said in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
 def test_a_dead_letter_queue_the_topology_does_not_have_is_bad_input():
     result = fulfilment("dlq", "list", "--queue", "fulfilment.nope")
 
