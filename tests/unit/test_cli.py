@@ -357,6 +357,41 @@ def test_ctrl_c_cancels_a_command_and_exits_130_with_the_line_it_was_given(capsy
     assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C): nothing lost\n"
 
 
+@pytest.mark.usefixtures("ctrl_c_not_ignored")
+@pytest.mark.parametrize(
+    ("command", "replaced", "leaves"),
+    [
+        (
+            ["migrate"],
+            "fulfilment.tools.migrate.migrate_command",
+            "the upgrade and its grants are one transaction, committed whole or not at all",
+        ),
+        (
+            ["demo"],
+            "fulfilment.demo.run.demo_command",
+            (
+                "the processes it started (worker, relay, warehouse simulator, dispatcher) are"
+                " stopped; what they applied stays in the database"
+            ),
+        ),
+    ],
+    ids=["migrate", "demo"],
+)
+def test_ctrl_c_of_migrate_or_demo_says_what_it_leaves(monkeypatch, command, replaced, leaves):
+    async def interrupted(*_args: object, **_options: object) -> int:
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.sleep(30)
+        return 0
+
+    monkeypatch.setattr(replaced, interrupted)
+
+    result = fulfilment(*command)
+
+    assert result.exit_code == 130
+    assert result.stderr.startswith(f"fulfilment: interrupted (Ctrl-C): {leaves}")
+    assert len(result.stderr.splitlines()) == 1
+
+
 def test_ctrl_c_before_the_command_starts_closes_it_unstarted(monkeypatch, capsys):
     started = []
 

@@ -16,6 +16,15 @@ app = typer.Typer()
 """Merged into ``fulfilment`` itself (added without a name): ``fulfilment prune``, ..."""
 
 
+MIGRATE_INTERRUPTED = (
+    "interrupted (Ctrl-C): the upgrade and its grants are one transaction, committed whole or"
+    " not at all, and a database it created stays; run fulfilment migrate again to finish (it"
+    " goes on from the database's revision)"
+)
+"""What ``fulfilment migrate`` leaves when Ctrl-C stops it (``migrations/env.py``: one
+transaction for the whole upgrade)."""
+
+
 @app.command("prune", cls=Command)
 def prune() -> None:
     """Delete what is past its retention: published outbox rows and processed ids (inbox).
@@ -59,5 +68,6 @@ def migrate() -> None:
             settings.database_url.get_secret_value(),
             runtime_role=settings.database_runtime_role,
             echo=typer.echo,
-        )
+        ),
+        interrupted=MIGRATE_INTERRUPTED,
     )
