@@ -262,6 +262,25 @@ def test_an_unreachable_database_exits_3_without_its_password():
     assert result.stderr.count("\n") == 1
 
 
+# report's engine is given FULFILMENT_DATABASE_CONNECT_TIMEOUT_SECONDS; migrate's first
+# connection (does the database exist?) its own 5 s (adapters.postgres.admin.CONNECT_SECONDS).
+@pytest.mark.parametrize(("command", "seconds"), [("report", "0.5"), ("migrate", "5")])
+def test_a_database_that_never_answers_exits_3_saying_how_long_it_was_given(command, seconds):
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never answers
+        port = silent.getsockname()[1]
+        result = fulfilment(
+            command,
+            FULFILMENT_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/nowhere",
+            FULFILMENT_DATABASE_CONNECT_TIMEOUT_SECONDS="0.5",
+        )
+
+    assert result.exit_code == 3
+    assert result.stderr == (
+        f"fulfilment: PostgreSQL at postgresql+asyncpg://postgres@127.0.0.1:{port}/nowhere is"
+        f" not reachable: opening a connection got no answer within {seconds} s\n"
+    )
+
+
 def test_a_missing_stock_file_is_named_with_what_went_wrong_and_exits_2():
     missing = "data/sample/no-such-stock.csv"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 import urllib.parse
@@ -70,8 +71,13 @@ _REFUSED_CLASSES = ("28", "42501")
 entry) and ``insufficient_privilege`` (no CONNECT privilege on the database, say)."""
 
 
-def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableError:
+def connection_failure(
+    url: str, error: BaseException, *, timeout_seconds: float | None = None
+) -> DatabaseUnavailableError:
     """What a failed connection to ``url`` means, in one line without the password.
+
+    ``timeout_seconds`` is how long opening the connection was given: a server that did not
+    answer in that time is said to be so, with the seconds (:func:`timed_out`).
 
     ``error`` is asyncpg's, an ``OSError`` or ``TimeoutError``, or SQLAlchemy's wrapper of
     one; the line names the driver's own error (innermost cause). A :class:`DatabaseRefusedError`
@@ -91,6 +97,10 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     where = parsed.render_as_string(hide_password=True)
     cause, sqlstate = _driver_error(error)
     said = f"{type(cause).__name__}: {cause}"
+    if timed_out(error):
+        return DatabaseUnavailableError(
+            f"PostgreSQL at {where} is not reachable: {no_answer(timeout_seconds)}"
+        )
     refusal = _setting_refusal(url, cause, sqlstate)
     if refusal is not None:
         return DatabaseRefusedError(f"PostgreSQL at {where}{refusal}: {said}")
@@ -109,6 +119,27 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
             f"PostgreSQL at {where} refused user {parsed.username or ''!r}: {said}"
         )
     return DatabaseUnavailableError(f"PostgreSQL at {where} is not reachable: {said}")
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is a time-out.
+
+    asyncpg's ``timeout`` raises a ``TimeoutError`` from the ``CancelledError`` of the attempt
+    (``asyncio.timeout``); neither says anything (``str()`` is empty), so a line naming them
+    alone would read ``CancelledError:``.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, TimeoutError | asyncio.CancelledError):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def no_answer(timeout_seconds: float | None) -> str:
+    """``opening a connection got no answer within 5 s``: what a connection's time-out means."""
+    within = "in the time allowed" if timeout_seconds is None else f"within {timeout_seconds:g} s"
+    return f"opening a connection got no answer {within}"
 
 
 TLS_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
