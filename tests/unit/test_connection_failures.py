@@ -350,6 +350,25 @@ async def test_sslmode_require_against_a_server_without_tls_is_a_refusal() -> No
     )
 
 
+@pytest.mark.parametrize("query", ["", "?sslmode=prefer"], ids=["no sslmode", "prefer"])
+async def test_a_port_that_is_not_postgresql_s_is_said_to_be_so_not_blamed_on_tls(
+    monkeypatch: pytest.MonkeyPatch, query: str
+) -> None:
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    async with _server_answering(b"AMQP\x00\x00\x09\x01") as port:  # RabbitMQ's answer
+        url = f"postgresql+asyncpg://orders:s3cret@127.0.0.1:{port}/fulfilment{query}"
+        error = await _raised_by_connect(asyncpg_dsn(url))
+
+    failure = database.connection_failure(url, error)
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        f"PostgreSQL at postgresql+asyncpg://orders:***@127.0.0.1:{port}/fulfilment{query}:"
+        " what answers there is not PostgreSQL (it answered the TLS request a connection opens"
+        " with, sslmode=prefer, with neither yes nor no): is the port PostgreSQL's?"
+    )
+
+
 @pytest.mark.parametrize("wrap", [lambda error: error, _wrapped], ids=["asyncpg", "sqlalchemy"])
 @pytest.mark.parametrize(
     ("query", "setting", "error"),

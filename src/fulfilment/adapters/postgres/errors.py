@@ -85,7 +85,8 @@ def connection_failure(
     ``InvalidAuthorizationSpecificationError``; or 42501; also a ``pg_hba.conf`` that takes
     only TLS connections, ``hostssl``, refusing ``sslmode=disable``), has no such database
     (3D000), or presented a certificate that did not verify against the URL's ``sslrootcert``
-    (``ssl.SSLCertVerificationError``, a wrong CA or host name); when a TLS file the URL names
+    (``ssl.SSLCertVerificationError``, a wrong CA or host name); when what answers is not
+    PostgreSQL (its answer to the TLS request is neither yes nor no); when a TLS file the URL names
     cannot be read (``FileNotFoundError`` and the like, before any connection is tried) or
     asyncpg finds the URL's parameters unusable (``ClientConfigurationError``); when the
     server does not offer the TLS that ``sslmode=require`` (or stricter) asks for; or when it
@@ -97,10 +98,9 @@ def connection_failure(
     where = parsed.render_as_string(hide_password=True)
     cause, sqlstate = _driver_error(error)
     said = f"{type(cause).__name__}: {cause}"
-    if timed_out(error):
-        return DatabaseUnavailableError(
-            f"PostgreSQL at {where} is not reachable: {no_answer(timeout_seconds)}"
-        )
+    unanswered = _unanswered(url, where, error, timeout_seconds)
+    if unanswered is not None:
+        return unanswered
     refusal = _setting_refusal(url, cause, sqlstate)
     if refusal is not None:
         return DatabaseRefusedError(f"PostgreSQL at {where}{refusal}: {said}")
@@ -119,6 +119,35 @@ def connection_failure(
             f"PostgreSQL at {where} refused user {parsed.username or ''!r}: {said}"
         )
     return DatabaseUnavailableError(f"PostgreSQL at {where} is not reachable: {said}")
+
+
+def _unanswered(
+    url: str, where: str, error: BaseException, timeout_seconds: float | None
+) -> DatabaseUnavailableError | None:
+    """The failure when no PostgreSQL answered at ``url`` (``where``, without its password).
+
+    Unreachable when nothing answered within ``timeout_seconds``; refused when what answered
+    is not PostgreSQL: its answer to the TLS request asyncpg opens with (sslmode ``prefer``,
+    its default) is neither yes nor no, which asyncpg words as a rejected TLS upgrade. Else
+    None.
+    """
+    if timed_out(error):
+        return DatabaseUnavailableError(
+            f"PostgreSQL at {where} is not reachable: {no_answer(timeout_seconds)}"
+        )
+    cause, _ = _driver_error(error)
+    sslmode = _sslmode(url)
+    if (
+        isinstance(cause, ConnectionError)
+        and _NO_TLS in str(cause)
+        and sslmode not in _TLS_REQUIRED
+    ):
+        return DatabaseRefusedError(
+            f"PostgreSQL at {where}: what answers there is not PostgreSQL (it answered the TLS"
+            f" request a connection opens with, sslmode={sslmode}, with neither yes nor no):"
+            " is the port PostgreSQL's?"
+        )
+    return None
 
 
 def timed_out(error: BaseException) -> bool:
@@ -148,7 +177,14 @@ TLS_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
 _UNREADABLE_FILE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 _NO_TLS = "rejected SSL upgrade"
-"""asyncpg's ``ConnectionError`` text when the server answers TLS's request with "no"."""
+"""asyncpg's ``ConnectionError`` text when the server answers its TLS request otherwise than
+with "yes": with "no" under an sslmode that requires TLS, or with anything but "yes" or "no"
+(a server that is not PostgreSQL) under any sslmode that asks (asyncpg 0.31,
+``connect_utils.TLSUpgradeProto``)."""
+
+_TLS_REQUIRED = frozenset({"require", "verify-ca", "verify-full"})
+"""The sslmodes under which a server that answers "no" to the TLS request is refused; under
+``prefer`` (asyncpg's default, without sslmode) and ``allow`` the connection goes on in plain."""
 
 _SETTING_REFUSED = ("42704", "22023", "55P02")
 """What a server says of a bad setting in the start-up packet: ``undefined_object``
@@ -174,6 +210,13 @@ def _setting_refusal(url: str, cause: BaseException, sqlstate: str | None) -> st
             " that is not a connection parameter reaches the server as a setting)"
         )
     return None
+
+
+def _sslmode(url: str) -> str:
+    """The sslmode asyncpg connects ``url`` with: the URL's, else ``PGSSLMODE``, else prefer."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    given = query.get("sslmode") or query.get("ssl") or [os.environ.get("PGSSLMODE", "prefer")]
+    return given[-1]
 
 
 def _unreadable_tls_files(url: str) -> str:
