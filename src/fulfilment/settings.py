@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
-from fulfilment.utf8 import not_utf8
+from fulfilment.utf8 import at_line, not_utf8
 
 ENV_PREFIX = "FULFILMENT_"
 
@@ -617,7 +617,7 @@ def env_file_problems() -> EnvFileReading:
             text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
         except UnicodeDecodeError as error:
             bad_line, problem = not_utf8(path, error)
-            misread.append(f"{name}:{bad_line}: {problem}" if bad_line else f"{name}: {problem}")
+            misread.append(at_line(name, bad_line, problem))
             continue
         keys: dict[str, str | None] = {}
         for binding in parse_stream(io.StringIO(text)):
