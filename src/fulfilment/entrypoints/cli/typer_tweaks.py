@@ -7,6 +7,8 @@ failure of a command does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -29,6 +31,14 @@ def _blank_flag_types(command: TyperCommand | TyperGroup, ctx: Context) -> None:
     for param in command.get_params(ctx):
         if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
             param.metavar = ""
+
+
+_STANDALONE: ContextVar[bool] = ContextVar("standalone", default=False)
+"""Whether the running ``main`` prints its errors and exits (click's ``standalone_mode``).
+
+Only then is a usage error turned into one line and exit 2; a caller of
+``main(standalone_mode=False)`` gets click's ``UsageError``, as click promises.
+"""
 
 
 def _fail_in_one_line(error: UsageError) -> NoReturn:
@@ -109,8 +119,32 @@ class Group(TyperGroup):
 
     Its own usage errors and its commands' (an unknown command or option, a missing or
     invalid value) print one line and exit 2. A group called without a command still prints
-    its whole help (and exits 2).
+    its whole help (and exits 2). A caller of ``main(standalone_mode=False)`` gets the
+    ``UsageError`` itself.
     """
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,  # noqa: FBT001, FBT002 - click's own signature
+        windows_expand_args: bool = True,  # noqa: FBT001, FBT002 - click's own signature
+        **extra: Any,  # noqa: ANN401 - click's own signature
+    ) -> Any:  # noqa: ANN401 - click's own signature
+        """Run the command line; in ``standalone_mode``, a usage error is one line and exit 2."""
+        token = _STANDALONE.set(standalone_mode)
+        try:
+            return super().main(
+                args,
+                prog_name,
+                complete_var,
+                standalone_mode,
+                windows_expand_args,
+                **extra,
+            )
+        finally:
+            _STANDALONE.reset(token)
 
     def make_context(
         self,
@@ -122,18 +156,18 @@ class Group(TyperGroup):
         """Parse the group's own options; a usage error in them exits 2 with one line."""
         try:
             return super().make_context(info_name, args, parent, **extra)
-        except NoArgsIsHelpError:
-            raise
         except UsageError as error:
+            if isinstance(error, NoArgsIsHelpError) or not _STANDALONE.get():
+                raise
             _fail_in_one_line(error)
 
     def invoke(self, ctx: Context) -> Any:  # noqa: ANN401 - click's own signature
         """Run the chosen command; a usage error of its exits 2 with one line."""
         try:
             return super().invoke(ctx)
-        except NoArgsIsHelpError:
-            raise
         except UsageError as error:
+            if isinstance(error, NoArgsIsHelpError) or not _STANDALONE.get():
+                raise
             _fail_in_one_line(error)
 
     def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
