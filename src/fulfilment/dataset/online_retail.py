@@ -14,8 +14,8 @@ December 2010 (42,481 lines, 2,025 invoice numbers); the figures quoted are thei
 Identity
     ``event_id`` and ``order_id`` are UUIDv5 of the invoice number under :data:`NAMESPACE`, with
     different names (:func:`event_id_for`, :func:`order_id_for`), so that publishing a file
-    twice re-sends the same events and the service's inbox absorbs them (README,
-    "Command line"). The ``OrderCancelled`` of a cancellation invoice and the ``OrderShipped``
+    twice re-sends the same events and the service's inbox absorbs them (docs/cli.md). The
+    ``OrderCancelled`` of a cancellation invoice and the ``OrderShipped``
     of an order take theirs from their own invoice number the same way
     (:func:`cancellation_event_id_for`, :func:`shipment_event_id_for`).
 

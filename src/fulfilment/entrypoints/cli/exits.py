@@ -73,7 +73,7 @@ def _run_classified(command: Coroutine[Any, Any, T]) -> T:
     except (BrokerUnavailableError, DatabaseUnavailableError) as error:
         fail(str(error), ExitCode.UNAVAILABLE)
     except ChannelAccessRefused as error:
-        # A name outside the user's permissions (README, "Broker users and permissions").
+        # A name outside the user's permissions (docs/security.md, "Broker users and permissions").
         fail(
             f"RabbitMQ refused an operation: {error.args[0] if error.args else error}",
             ExitCode.REFUSED,
