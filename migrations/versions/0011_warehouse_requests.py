@@ -145,7 +145,8 @@ def upgrade() -> None:
             name="warehouse_requests_body_frozen_at_first_attempt",
         ),
         sa.CheckConstraint(
-            "NOT released_order OR (kind = 'cancellation' AND status IN ('accepted', 'withdrawn'))",
+            "NOT released_order"
+            " OR (kind = 'cancellation' AND status IN ('accepted', 'withdrawn'))",
             name="warehouse_requests_released_order_by_a_cancellation",
         ),
     )
@@ -170,7 +171,9 @@ def upgrade() -> None:
         sa.Column("action", sa.Text, nullable=False),
         sa.Column("status_before", sa.Text, nullable=False),
         sa.Column("operator", sa.Text, nullable=False),
-        sa.Column("database_user", sa.Text, nullable=False, server_default=sa.text("session_user")),
+        sa.Column(
+            "database_user", sa.Text, nullable=False, server_default=sa.text("session_user")
+        ),
         sa.Column(
             "performed_at",
             sa.DateTime(timezone=True),
