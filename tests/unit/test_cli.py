@@ -24,7 +24,7 @@ from fulfilment import __version__
 from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.entrypoints.cli import DEMO_NOT_INSTALLED, app, run, tool_options
 from fulfilment.settings import Settings
-from fulfilment.tools.dlq import dead_letter_queues
+from fulfilment.tools.dead_letters import dead_letter_queues
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample"
 NOWHERE_DATABASE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

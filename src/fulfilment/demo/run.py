@@ -118,7 +118,8 @@ from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import REQUEUED
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
-from fulfilment.tools.dlq import Selection, purge
+from fulfilment.tools.dead_letters import Selection
+from fulfilment.tools.dlq import purge
 from fulfilment.tools.dlq_commands import operator_identity
 from fulfilment.tools.report import collect_report, render_report
 
