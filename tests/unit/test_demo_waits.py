@@ -21,7 +21,7 @@ from aiormq.exceptions import ConnectionClosed
 from fulfilment.adapters.rabbitmq.inspection import QueueState
 from fulfilment.demo import player as demo
 from fulfilment.demo.errors import DemoError
-from fulfilment.entrypoints.cli import run
+from fulfilment.entrypoints.cli.exits import run
 
 DAY = SimpleNamespace(name="2010-12-01")
 
