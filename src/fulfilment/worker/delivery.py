@@ -70,7 +70,7 @@ from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ValidationError
 
 from fulfilment.application.ports import TransientError
-from fulfilment.backoff import Backoff
+from fulfilment.backoff import doubling_wait
 from fulfilment.contracts.envelope import (
     JSON_CONTENT_TYPES,
     MAX_BODY_BYTES,
@@ -682,7 +682,7 @@ class _Subscription:
         started = loop.time()
         # Not tenacity's AsyncRetrying: the give-up is decided on the next wait, and logged with
         # it, before that wait is slept (fulfilment.backoff).
-        backoff = Backoff(DEAD_LETTER_RETRY_FIRST_SECONDS, DEAD_LETTER_RETRY_MAX_SECONDS)
+        refusals = 0
         held = False
         try:
             while True:
@@ -698,7 +698,12 @@ class _Subscription:
                         held = True
                         metrics.dead_letters_held.inc()
                     held_seconds = loop.time() - started
-                    wait = backoff.next()
+                    wait = doubling_wait(
+                        refusals,
+                        first=DEAD_LETTER_RETRY_FIRST_SECONDS,
+                        cap=DEAD_LETTER_RETRY_MAX_SECONDS,
+                    )
+                    refusals += 1
                     give_up = held_seconds + wait > limits.dead_letter_hold_seconds
                     log.warning(
                         self._dead_letter_refused,
