@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import math
 import time
@@ -49,6 +48,7 @@ from fulfilment.domain.handoff import (
     WarehouseRequest,
 )
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
+from fulfilment.pump.leader import sleep_unless
 
 logger = structlog.get_logger("fulfilment.dispatcher")
 
@@ -541,18 +541,12 @@ class Dispatcher:
 
     async def _wait(self, seconds: float) -> None:
         """Wait ``seconds``, or less when a request finished or the loop is stopped."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._wake.wait()
+        await sleep_unless(self._wake, seconds)
         self._wake.clear()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` (nothing when not positive), or less when stopped."""
-        if seconds <= 0:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
+        await sleep_unless(self._stopping, seconds)
 
 
 def _log_answer(request: WarehouseRequest, answer: Answer, retry_in: float | None) -> None:

@@ -51,6 +51,15 @@ RECONNECT_MAX_SECONDS = 10.0
 """Longest wait between two attempts to connect; a pump tries until it is stopped."""
 
 
+async def sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` (nothing when not positive), or less when ``event`` is or gets set."""
+    if seconds <= 0:
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+
+
 class Role(enum.StrEnum):
     """What a pump is doing: connecting, standing by for the lock, or holding it and working."""
 
@@ -278,18 +287,12 @@ class Pump(abc.ABC):
 
     async def wait(self, seconds: float) -> None:
         """Wait ``seconds``, or less when woken (:meth:`wake`), stopped or the session lost."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._wake.wait()
+        await sleep_unless(self._wake, seconds)
         self._wake.clear()
 
     async def pause(self, seconds: float) -> None:
         """Sleep ``seconds`` (nothing when not positive), or less when stopped: a back-off."""
-        if seconds <= 0:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
+        await sleep_unless(self._stopping, seconds)
 
     def _event(self, what: str) -> str:
         """The log event ``<name>.<what>`` (``relay.active``, ``dispatcher.reconnecting``)."""
