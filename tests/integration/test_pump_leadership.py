@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from fulfilment.adapters.postgres.advisory_lock import DISPATCHER_LOCK_KEY
 from fulfilment.adapters.postgres.engine import asyncpg_dsn
-from fulfilment.pump.leader import LockOptions, Pump, Role
+from fulfilment.pump.leader import LockOptions, Pump, PumpEvents, Role
 
 pytestmark = pytest.mark.postgres
 
@@ -19,6 +19,7 @@ class Replica(Pump):
     """A pump that counts its standby duties and notes when it becomes active."""
 
     name = "replica"
+    events = PumpEvents(*(f"replica.{event}" for event in PumpEvents.__slots__))
 
     def __init__(self, lock: LockOptions, number: int, active_at: list[int]) -> None:
         super().__init__(lock, Gauge("replica_active", "", registry=CollectorRegistry()))

@@ -8,13 +8,14 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from fulfilment.pump.leader import LockOptions, Pump
+from fulfilment.pump.leader import LockOptions, Pump, PumpEvents
 
 
 class _Idle(Pump):
     """A pump with nothing of its own to do: the machine alone."""
 
     name = "idle"
+    events = PumpEvents(*(f"idle.{event}" for event in PumpEvents.__slots__))
 
     def readiness(self) -> dict[str, bool | str]:
         return {"role": str(self.role)}

@@ -23,7 +23,7 @@ from fulfilment.adapters.warehouse_system.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt, read_backlog
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
-from fulfilment.pump.leader import LockOptions, Pump, Role
+from fulfilment.pump.leader import LockOptions, Pump, PumpEvents, Role
 
 logger = structlog.get_logger("fulfilment.dispatcher")
 
@@ -40,6 +40,14 @@ class DispatcherPump(Pump):
     """
 
     name: ClassVar[str] = "dispatcher"
+    events: ClassVar[PumpEvents] = PumpEvents(
+        starting="dispatcher.starting",
+        standing_by="dispatcher.standing_by",
+        active="dispatcher.active",
+        connection_lost="dispatcher.connection_lost",
+        reconnecting="dispatcher.reconnecting",
+        stopped="dispatcher.stopped",
+    )
 
     def __init__(
         self,

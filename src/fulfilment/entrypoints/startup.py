@@ -290,8 +290,7 @@ async def run_pump(  # noqa: PLR0913 - what each program supplies, by name
     loop = asyncio.get_running_loop()
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, pump.stop)
-    starting_event = f"{name}.starting"
-    logger.info(starting_event, version=__version__, **starting, http_port=port)
+    logger.info(pump.events.starting, version=__version__, **starting, http_port=port)
     serving = asyncio.create_task(http.serve(sockets=[listening]))
     try:
         await start()

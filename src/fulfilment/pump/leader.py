@@ -18,9 +18,10 @@ exponential wait and jitter between tries (:data:`RECONNECT_INITIAL_SECONDS` dou
 :data:`RECONNECT_MAX_SECONDS`), until it is stopped. After a session that was connected,
 the back-off starts again from the first wait, so that a later outage is not met at the cap.
 
-Log events, ``<name>`` being ``relay`` or ``dispatcher``: ``<name>.standing_by`` once
-connected, ``<name>.active`` on taking the lock, ``<name>.connection_lost`` when a connected
-session is lost, ``<name>.reconnecting`` before each wait between tries, ``<name>.stopped``.
+Log events (:class:`PumpEvents`), ``<name>`` being ``relay`` or ``dispatcher``:
+``<name>.standing_by`` once connected, ``<name>.active`` on taking the lock,
+``<name>.connection_lost`` when a connected session is lost, ``<name>.reconnecting`` before
+each wait between tries, ``<name>.stopped``.
 The shape follows FastStream's consume loop, written once for every subscriber
 (``faststream/rabbit/subscriber/usecase.py``) and specialised by what each one supplies.
 """
@@ -80,6 +81,28 @@ class SessionLostError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class PumpEvents:
+    """A pump's log events.
+
+    Each is written whole where the pump is declared, so that a search for one (the
+    runbook's check makes it) finds it in the source.
+    """
+
+    starting: str
+    """Before the start-up checks (``<name>.starting``; ``startup.run_pump``)."""
+    standing_by: str
+    """Connected; trying the lock (``<name>.standing_by``)."""
+    active: str
+    """The lock taken (``<name>.active``)."""
+    connection_lost: str
+    """A connected session lost a service (``<name>.connection_lost``)."""
+    reconnecting: str
+    """Before each wait between two attempts to connect (``<name>.reconnecting``)."""
+    stopped: str
+    """:meth:`Pump.run` returns after a stop (``<name>.stopped``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class LockOptions:
     """The pump's session and lock, built by its root from the settings.
 
@@ -109,8 +132,11 @@ class Pump(abc.ABC):
     """
 
     name: ClassVar[str]
-    """``relay`` or ``dispatcher``: the log events' prefix, the logger's and the session's
+    """``relay`` or ``dispatcher``: in the logger's name and the session's
     ``application_name`` (``fulfilment-<name>``)."""
+
+    events: ClassVar[PumpEvents]
+    """Its log events."""
 
     reconnect_errors: ClassVar[tuple[type[Exception], ...]] = SESSION_LOST_ERRORS
     """What ends a session and makes the pump connect again: at least the database's session
@@ -172,7 +198,7 @@ class Pump(abc.ABC):
                 await retrying(self._session)
             except SessionLostError as lost:
                 self._logger.warning(
-                    self._event("connection_lost"),
+                    self.events.connection_lost,
                     error=str(lost),
                     wait_seconds=RECONNECT_INITIAL_SECONDS,
                 )
@@ -180,7 +206,7 @@ class Pump(abc.ABC):
             except self.reconnect_errors:
                 if not self._stopping.is_set():
                     raise
-        self._logger.info(self._event("stopped"))
+        self._logger.info(self.events.stopped)
 
     async def _session(self) -> None:
         """One session, from connecting to its loss or a stop.
@@ -207,7 +233,7 @@ class Pump(abc.ABC):
         try:
             async with self.connected(session):
                 self.role = Role.STANDBY
-                self._logger.info(self._event("standing_by"))
+                self._logger.info(self.events.standing_by)
                 try:
                     if await self._take_lock(session):
                         await self._active_turn(session, lost)
@@ -233,7 +259,7 @@ class Pump(abc.ABC):
         """Work while the lock is held; raise when the session was lost rather than stopped."""
         self.role = Role.ACTIVE
         self._active.set(1)
-        self._logger.info(self._event("active"))
+        self._logger.info(self.events.active)
         pinging = asyncio.create_task(self._ping(session, lost)) if self.pings else None
         try:
             await self.work(session, lost)
@@ -294,14 +320,10 @@ class Pump(abc.ABC):
         """Sleep ``seconds`` (nothing when not positive), or less when stopped: a back-off."""
         await sleep_unless(self._stopping, seconds)
 
-    def _event(self, what: str) -> str:
-        """The log event ``<name>.<what>`` (``relay.active``, ``dispatcher.reconnecting``)."""
-        return f"{self.name}.{what}"
-
     def _log_reconnect(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
         self._logger.warning(
-            self._event("reconnecting"),
+            self.events.reconnecting,
             attempt=state.attempt_number,
             error=f"{type(error).__name__}: {error}",
             wait_seconds=round(state.upcoming_sleep, 2),

@@ -52,7 +52,7 @@ from fulfilment.observability.tracing import (
     records_children_of_traceparent,
     traceparent_of,
 )
-from fulfilment.pump.leader import LockOptions, Pump, Role
+from fulfilment.pump.leader import LockOptions, Pump, PumpEvents, Role
 
 logger = structlog.get_logger("fulfilment.relay")
 tracer = trace.get_tracer("fulfilment.relay")
@@ -145,6 +145,14 @@ class Relay(Pump):
     """
 
     name: ClassVar[str] = "relay"
+    events: ClassVar[PumpEvents] = PumpEvents(
+        starting="relay.starting",
+        standing_by="relay.standing_by",
+        active="relay.active",
+        connection_lost="relay.connection_lost",
+        reconnecting="relay.reconnecting",
+        stopped="relay.stopped",
+    )
     reconnect_errors: ClassVar[tuple[type[Exception], ...]] = RECONNECT_ERRORS
     pings: ClassVar[bool] = False
 
