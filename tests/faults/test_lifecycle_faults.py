@@ -65,7 +65,7 @@ from fulfilment.contracts.topology import (
     SubscribedQueue,
 )
 from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.entrypoints.cli import tool_options
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools import dlq
 from fulfilment.tools.report import Reconciliation, reconcile

@@ -30,7 +30,7 @@ from fulfilment.contracts.topology import (
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.online_retail import shipment_event_id_for
 from fulfilment.dataset.reconcile import reconcile_command
-from fulfilment.entrypoints.cli import tool_options
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, reconcile, render_report

@@ -3,7 +3,7 @@
 A handler (one per event, ``worker.subscribers``) is a plain function of the raw body: it
 parses the body (:func:`parse_event`), calls its use case and returns what it made of the
 event (:class:`Handled`). Everything else is the policy's, the same for every subscription
-made with :func:`subscribe`, and every delivery ends in exactly one of these (README,
+made with :func:`subscribe`, and every delivery ends in exactly one of these (docs/events.md,
 "Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;

@@ -7,7 +7,7 @@ free slot takes the oldest waiting call and every call of the same kind waiting 
 to ``batch_max``, into one transaction of that kind (``place_orders()``,
 ``cancel_orders()`` or ``ship_orders()``). Under light load a call finds no transaction
 running and commits alone, so nothing waits for a batch to fill; under load the batches grow
-by themselves (README, "Performance").
+by themselves (docs/performance.md).
 
 While one transaction runs, another starts only once a whole batch (``batch_max`` calls)
 waits: the calls behind a running transaction gather into the next one, as large as the
