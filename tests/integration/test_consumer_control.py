@@ -30,12 +30,13 @@ from fulfilment.worker.consumer_control import (
     consumer_attached,
 )
 from fulfilment.worker.dead_lettering import DeadLetterChannel
-from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, Handled, Handler, subscribe
+from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, subscribe
 from fulfilment.worker.faststream_internals import (
     broker_consumer_tags,
     consumed_queue,
     consumer_tag,
 )
+from fulfilment.worker.handling import Handled, Handler
 
 pytestmark = pytest.mark.rabbitmq
 

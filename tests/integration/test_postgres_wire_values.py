@@ -38,7 +38,7 @@ from fulfilment.contracts.order_placed import (
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel, decide
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
-from fulfilment.worker.delivery import MalformedEventError
+from fulfilment.worker.handling import MalformedEventError
 
 pytestmark = pytest.mark.postgres
 

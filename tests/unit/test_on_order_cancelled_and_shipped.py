@@ -34,7 +34,8 @@ from fulfilment.contracts.topology import (
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.entrypoints.worker import Worker, build_worker
 from fulfilment.settings import Settings
-from fulfilment.worker.delivery import EventRefusedError, MalformedEventError, raw_body
+from fulfilment.worker.delivery import raw_body
+from fulfilment.worker.handling import EventRefusedError, MalformedEventError
 from fulfilment.worker.subscribers import on_order_cancelled, on_order_shipped
 from fulfilment.worker.topology import Topology
 

@@ -31,7 +31,8 @@ from fulfilment.contracts.topology import (
 from fulfilment.domain.model import ReservationOutcome, ReserveStock
 from fulfilment.entrypoints.worker import Worker, build_worker
 from fulfilment.settings import BrokerSettings, Settings
-from fulfilment.worker.delivery import MalformedEventError, raw_body
+from fulfilment.worker.delivery import raw_body
+from fulfilment.worker.handling import MalformedEventError
 from fulfilment.worker.subscribers import on_order_placed
 from fulfilment.worker.topology import Topology
 

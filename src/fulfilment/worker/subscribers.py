@@ -1,11 +1,12 @@
 """The handler of each event: raw body -> wire model -> domain command -> use case -> outcome.
 
 Each is a plain function of the raw body and the ports it needs (the delivery's trace
-context is the current span's, which the warehouse adapter writes beside the result events);
-``main.build_worker`` subscribes it to its queue under the delivery policy
-(``worker.delivery``), which does the rest: deadline, redelivery count, dead letters, requeue
-and pause, the span, the log line and metric. :data:`OUTCOMES` lists the ``(outcome,
-reason)`` labels each handler can return, so that their series exist at 0 from the start.
+context is the current span's, which the warehouse adapter writes beside the result events),
+built from ``worker.handling``; ``main.build_worker`` subscribes it to its queue under the
+delivery policy (``worker.delivery``, which handlers never import), which does the rest:
+deadline, redelivery count, dead letters, requeue and pause, the span, the log line and metric.
+:data:`OUTCOMES` lists the ``(outcome, reason)`` labels each handler can return, so that their
+series exist at 0 from the start.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_S
 from fulfilment.domain.lifecycle import CancelKind, ShipKind
 from fulfilment.domain.model import DuplicateOf, OutcomeKind, RejectionReason, ReservationOutcome
 from fulfilment.observability.metrics import DEAD_LETTERED
-from fulfilment.worker.delivery import EventRefusedError, Handled, parse_event
+from fulfilment.worker.handling import EventRefusedError, Handled, parse_event
 
 ORDER_NOT_RESERVED = "order_not_reserved"
 """The reason of a shipment dead-lettered because its order is not reserved (no row yet,
