@@ -21,8 +21,8 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fulfilment import __version__
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.entrypoints.cli import DEMO_NOT_INSTALLED, app, run, tool_options
+from fulfilment.routes.table import DEAD_LETTER_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools.dlq import dead_letter_queues
 

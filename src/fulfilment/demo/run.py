@@ -81,12 +81,10 @@ from fulfilment.adapters.rabbitmq.inspection import queue_state
 from fulfilment.adapters.rabbitmq.publishing import UnroutableError
 from fulfilment.contracts.result_events import STOCK_RESERVED_ROUTING_KEY
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUES,
     EVENTS_EXCHANGE,
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_SHIPPED,
-    SUBSCRIBED_QUEUES,
 )
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.online_retail import ReadResult, RetailOrder, shipment_event_id_for
@@ -117,6 +115,7 @@ from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import REQUEUED
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dlq import Selection, purge
 from fulfilment.tools.dlq_commands import operator_identity

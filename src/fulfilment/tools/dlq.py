@@ -1,7 +1,7 @@
 """``fulfilment dlq``: look into the dead-letter queues, replay or purge their messages.
 
 Every operation works on the DLQs it is given (``queues``), all of them by default
-(``contracts.topology.DEAD_LETTER_QUEUES``), one after the other, and walks each in bounded
+(``routes.table.DEAD_LETTER_QUEUES``), one after the other, and walks each in bounded
 pages (``adapters.rabbitmq.walk.QueueWalk``): at most ``page_size`` messages are held at once,
 unacknowledged in the broker and in this process, so memory stays flat however deep a DLQ is
 (README, "Dead letters and replay", has the figures for 100,000). A message the command does
@@ -63,11 +63,8 @@ from fulfilment.contracts.dead_letter import (
     replay_count,
     replay_headers,
 )
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUES,
-    ORDERS_EXCHANGE,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import ORDERS_EXCHANGE
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

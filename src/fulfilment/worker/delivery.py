@@ -1,10 +1,10 @@
 """The delivery policy: what every subscriber does with a delivery, whatever its event.
 
-A handler (one per event, ``worker.subscribers``) is a plain function of the raw body: it
-parses the body (:func:`parse_event`), calls its use case and returns what it made of the
-event (:class:`Handled`). Everything else is the policy's, the same for every subscription
-made with :func:`subscribe`, and every delivery ends in exactly one of these (README,
-"Outcomes and failures"):
+A handler (one per input event, in its route: ``routes.table``) is a plain function of the
+raw body: it parses the body (``parse_event``), calls its use case and returns what it made
+of the event (``Handled``; both in ``routes.handling``). Everything else is the policy's,
+the same for every subscription made with :func:`subscribe`, and every delivery ends in
+exactly one of these (README, "Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
@@ -53,9 +53,9 @@ import asyncio
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 import aiormq.exceptions
@@ -67,14 +67,12 @@ from faststream.rabbit import Channel, RabbitBroker
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util.types import AttributeValue
-from pydantic import BaseModel, ValidationError
 
 from fulfilment.application.ports import TransientError
 from fulfilment.backoff import Backoff
 from fulfilment.contracts.envelope import (
     JSON_CONTENT_TYPES,
     MAX_BODY_BYTES,
-    find_ambiguity,
     read_envelope,
 )
 from fulfilment.observability.metrics import (
@@ -84,6 +82,7 @@ from fulfilment.observability.metrics import (
     REQUEUED_TRANSIENT,
 )
 from fulfilment.observability.tracing import context_of, current_span
+from fulfilment.routes.handling import EventRefusedError, Handled, MalformedEventError
 from fulfilment.worker.acknowledgements import ChannelAcks
 from fulfilment.worker.dead_lettering import (
     DeadLetterPublisher,
@@ -104,8 +103,6 @@ if TYPE_CHECKING:
 
 logger = structlog.get_logger("fulfilment.worker")
 tracer = trace.get_tracer("fulfilment.worker")
-
-EventT = TypeVar("EventT", bound=BaseModel)
 
 DEAD_LETTER_RETRY_FIRST_SECONDS = 1.0
 """Wait before trying a refused dead letter again; doubled after each refusal."""
@@ -130,50 +127,6 @@ ACK_LOST: tuple[type[BaseException], ...] = (
     ConnectionError,
 )
 """Why an acknowledgement could not be written: its channel or connection is gone."""
-
-
-class MalformedEventError(Exception):
-    """The body can never become the subscription's event; ``str(error)`` says why, in one line."""
-
-
-class EventRefusedError(Exception):
-    """A well-formed event that the handler refuses as things stand: dead-lettered ``permanent``.
-
-    Unlike a malformed body, the event may apply later, once what it needs exists, and then an
-    operator replays it (the shipment of an order that is not reserved yet is the example).
-    Raised after the use case ran and changed nothing.
-
-    Args:
-        reason: a fixed label from the handler's closed list (``order_not_reserved``): the
-            ``reason`` of ``fulfilment_events_total{outcome="dead_lettered"}`` and the start of
-            the dead letter's ``x-fulfilment-reason``.
-        detail: the rest of that header, one line for operators (which order, in which state).
-    """
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class Handled:
-    """What a handler made of one event: the policy logs it and counts it, once.
-
-    ``outcome`` is the log line's label (``reserved``, ``rejected:unknown_sku``,
-    ``duplicate:event``); ``labels`` are the ``(outcome, reason)`` of
-    ``fulfilment_events_total`` (its ``event`` label is the subscription's name), from the
-    handler's fixed list (``worker.subscribers``), bound at 0 by ``observability.metrics``;
-    ``latency_since`` is the moment the event happened, from which the end-to-end latency is
-    observed, or None to observe none (a duplicate); ``log_fields`` are more fields of the log
-    line, such as the SKUs an order was rejected for.
-    """
-
-    event_id: UUID
-    order_id: UUID
-    outcome: str
-    labels: tuple[str, str]
-    latency_since: datetime | None = None
-    log_fields: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,41 +201,6 @@ def check_body(body: bytes, content_type: str | None) -> None:
     if len(body) > MAX_BODY_BYTES:
         msg = f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}"
         raise MalformedEventError(msg)
-
-
-def parse_event(model: type[EventT], body: bytes) -> EventT:
-    """Validate ``body`` (UTF-8 JSON) as ``model``, under the model's own (strict) config.
-
-    A body the model accepts is refused all the same when another JSON parser could read it
-    differently (``contracts.envelope.find_ambiguity``: a key twice, ``NaN``, an integer
-    beyond 2**53, ``true`` or ``1.0`` where an integer is expected): what the service
-    reserves must be what every consumer of the same message reads.
-
-    Raises:
-        MalformedEventError: not UTF-8 JSON, not the model's shape, or ambiguous; the message
-            names the model by its title and lists the first few problems, in one line.
-    """
-    try:
-        event = model.model_validate_json(body)
-    except ValidationError as error:
-        raise MalformedEventError(_describe(error)) from error
-    ambiguity = find_ambiguity(body, model)
-    if ambiguity is not None:
-        title = model.model_config.get("title") or model.__name__
-        msg = f"invalid {title}: {ambiguity}"
-        raise MalformedEventError(msg)
-    return event
-
-
-def _describe(error: ValidationError, limit: int = 5) -> str:
-    problems = [
-        f"{'.'.join(str(part) for part in problem['loc']) or 'body'}: {problem['msg']}"
-        for problem in error.errors(include_url=False, include_input=False)[:limit]
-    ]
-    more = error.error_count() - limit
-    if more > 0:
-        problems.append(f"and {more} more")
-    return f"invalid {error.title}: " + "; ".join(problems)
 
 
 TRACEPARENT_HEADER = "traceparent"
