@@ -81,7 +81,7 @@ RABBITMQ4_FIGURES ?= rabbitmq4-figures.jsonl
 # Production runs RabbitMQ 4.x and the machine's broker is Debian bookworm's 3.10: this runs the
 # broker-facing suites against a RabbitMQ 4.0 node of their own (Debian trixie's package in a
 # chroot that scripts/rabbitmq4-node builds once under .cache/rabbitmq4; root and
-# deb.debian.org needed). tests/e2e/test_broker_tls.py is left out because it starts a private
+# access to Debian's archive needed). tests/e2e/test_broker_tls.py is left out because it starts a private
 # node from the machine's own installation, that is 3.10 again (tests/deploy's
 # test_broker_definitions.py and tests/cluster do too, and are not collected here). The node keeps
 # running afterwards: scripts/rabbitmq4-node stop. Not part of .ci/run: the first build

@@ -34,7 +34,7 @@ def broker_cpu_seconds() -> float:
     for process in psutil.process_iter(["name"]):
         if process.info["name"] == BROKER_PROCESS:
             times = process.cpu_times()
-            return times.user + times.system
+            return float(times.user + times.system)
     msg = f"no {BROKER_PROCESS} process on this machine"
     raise SystemExit(msg)
 

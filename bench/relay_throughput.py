@@ -100,7 +100,7 @@ async def measure(url: str, rows: int, batch_size: int) -> None:
     print(f"rows={rows} batch_size={batch_size}")
     print(f"published in {elapsed:.2f} s: {rows / elapsed:,.0f} rows/s")
     print(f"CPU {cpu:.2f} s: {cpu / rows * 1000:.3f} s per 1,000 events (relay and this poll)")
-    lag = metrics.publish_lag.collect()[0].samples
+    lag = next(iter(metrics.publish_lag.collect())).samples
     buckets = [(s.labels["le"], s.value) for s in lag if s.name.endswith("_bucket")]
     for quantile in (0.5, 0.99):
         bound = next(le for le, count in buckets if count >= quantile * rows)

@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import http.server
 import json
 import math
@@ -255,7 +256,11 @@ async def versions(services: Services) -> str:
     """``RabbitMQ x.y.z, PostgreSQL a.b``: the servers' own answers."""
     broker = await aio_pika.connect(services.amqp_url)
     try:
-        properties = broker.transport.connection.server_properties
+        transport = broker.transport
+        if transport is None:
+            msg = "RabbitMQ closed the connection before it said its version"
+            raise RuntimeError(msg)
+        properties = transport.connection.server_properties
         rabbitmq = properties.get("version", "?")
     finally:
         await broker.close()
@@ -905,6 +910,11 @@ def _pids(processes: Sequence[Consumer]) -> list[int]:
     return [process.process.pid for process in processes if process.process is not None]
 
 
+def _kind_pids(processes: Sequence[Consumer], kind: str) -> list[int]:
+    """The pids of the processes of ``kind`` among ``processes``, as they are when asked."""
+    return _pids(_by_name(processes)[kind])
+
+
 async def commit_window(database_url: str, total: int) -> tuple[float, float, int]:
     """(start, end, orders): the commit times of the 1st percentile and of the last order."""
     skip = max(1, int(total * WARM_UP_SHARE))
@@ -996,7 +1006,7 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
     rss = RssCheckpoints(consumers, beside, len(orders))
     groups: dict[str, Callable[[], Sequence[int]]] = {"consumer": lambda: _pids(consumers)}
     for process in beside:
-        groups[process.kind] = lambda name=process.kind: _pids(_by_name(beside)[name])
+        groups[process.kind] = functools.partial(_kind_pids, beside, process.kind)
     depths: list[tuple[float, int]] = []
     stop_depths = asyncio.Event()
     with CpuSampler(groups, database) as sampler:
@@ -1204,14 +1214,14 @@ async def latency(plan: Plan, kind: str, orders: Sequence[Order], rate: float) -
 
 def _histogram(expositions: Sequence[str], name: str) -> list[tuple[float, float]]:
     """Cumulative ``(le, count)`` buckets of histogram ``name``, summed over processes."""
-    totals: Counter[float] = Counter()
+    totals: dict[float, float] = {}
     prefix = f"{name}_bucket{{"
     for text in expositions:
         for line in text.splitlines():
             if line.startswith(prefix):
                 labels, value = line[len(prefix) :].rsplit("} ", 1)
                 le = dict(part.split("=", 1) for part in labels.split(","))["le"].strip('"')
-                totals[float(le)] += float(value)
+                totals[float(le)] = totals.get(float(le), 0.0) + float(value)
     return sorted(totals.items())
 
 
@@ -1820,7 +1830,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dedicated_services(args.admin_database_url, args.amqp_url) as services,
         contextlib.ExitStack() as closing,
     ):
-        closing.callback(lambda: [each.close() for each in sinks])
+        for each in sinks:
+            closing.callback(each.close)
         logs = args.results / f"logs-{stamp}" if args.keep_logs else Path(temporary)
         logs.mkdir(exist_ok=True)
         try:

@@ -17,7 +17,7 @@ The foreign key from ``reservation_lines.order_id`` to ``reservations`` goes. It
 query and a row lock (a WAL record) per line inserted, and each connection plans that query
 once: on a new database, while ``reservations`` is small, the plan is a sequential scan that
 stays until autovacuum analyzes the table, and it took four fifths of PostgreSQL's CPU in the
-benchmark's drains (README, "Performance"). The functions are the only writers of both tables
+benchmark's drains (docs/performance.md). The functions are the only writers of both tables
 and write an order's reservation and its lines in one transaction, and the stock invariants
 (``fulfilment report``, ``fulfilment_stock_invariant_violations``) check that every reserved
 unit has its lines.

@@ -1,7 +1,7 @@
 """``ExitCode``: the exit statuses of the worker, the relay and every ``fulfilment`` command.
 
 A leaf module (it imports nothing of the service), so that each program's root and each
-command names the same six values (README, "Running it").
+command names the same six values (docs/cli.md, "Exit codes").
 """
 
 from __future__ import annotations

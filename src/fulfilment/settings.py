@@ -1,7 +1,7 @@
 """Typed settings, read once from ``FULFILMENT_*`` environment variables.
 
 Every number that bounds time is a named setting in seconds, and :class:`Settings` refuses to
-exist when they do not nest (README, "Configuration")::
+exist when they do not nest (docs/configuration.md)::
 
     lock timeout < statement timeout < retry budget < handler deadline < graceful timeout
         < orchestrator grace period
@@ -11,7 +11,7 @@ so that a transient error is retried by one layer within the handler's deadline,
 handler finishes before the broker drains it away, and Kubernetes never SIGKILLs a draining pod.
 With group commit a delivery may also wait for the transaction running before its batch; in a
 long database slowdown its deadline can then pass while its batch commits, and the delivery is
-requeued and answered ``duplicate:event`` on redelivery (README, "Outcomes and failures").
+requeued and answered ``duplicate:event`` on redelivery (docs/events.md, "Outcomes and failures").
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fulfilment.asyncpg_url import ASYNCPG_URL_PARAMETERS
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
-from fulfilment.utf8 import not_utf8
+from fulfilment.utf8 import at_line, not_utf8
 
 ENV_PREFIX = "FULFILMENT_"
 
@@ -51,7 +51,7 @@ PerSecond = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 RUNTIME_ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 """Role names ``FULFILMENT_DATABASE_RUNTIME_ROLE`` accepts: PostgreSQL's unquoted identifiers in
 lower case, at most 63 bytes (``NAMEDATALEN - 1``), so that a name reads the same quoted (as
-the grants quote it) or not (as in the README's SQL)."""
+the grants quote it) or not (as in docs/security.md's SQL)."""
 
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 """libpq's ``sslmode`` values (PostgreSQL manual, "SSL Support"), with libpq's meanings."""
@@ -251,7 +251,7 @@ class Settings(BaseSettings):
 
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """The event loop of the worker and the relay: ``uvloop`` (libuv; it spends less CPU per
-    message, see the README's "Performance") or the standard library's ``asyncio`` loop."""
+    message, see docs/performance.md) or the standard library's ``asyncio`` loop."""
 
     # The worker (``fulfilment worker``).
     prefetch_count: int = Field(default=64, ge=1, le=1000)
@@ -271,7 +271,7 @@ class Settings(BaseSettings):
     nodes the cluster has then (a single node: 1). 3 matches a three-node cluster, which keeps
     its queues through the loss of one node. Odd: a group of 2n members survives no more lost
     members than one of 2n - 1. Read by RabbitMQ only at creation; a queue that exists keeps
-    its members (README, "Topology and delivery limit")."""
+    its members (docs/events.md, "Topology and delivery limit")."""
 
     handler_deadline_seconds: Seconds = 10.0
     """Longest time one delivery may take from receipt to the reservation's commit."""
@@ -514,7 +514,8 @@ class Settings(BaseSettings):
                 ("handler_deadline_seconds", "broker_consumer_timeout_seconds"),
                 ("database_statement_timeout_seconds", "retry_budget_seconds"),
                 ("database_lock_timeout_seconds", "database_statement_timeout_seconds"),
-                # Processed ids outlive every way a message can come back (README, "Retention").
+                # Processed ids outlive every way a message can come back (docs/runbook.md,
+                # "Retention of processed ids").
                 ("dead_letter_ttl_seconds", "processed_id_retention_seconds"),
                 ("outbox_retention_seconds", "processed_id_retention_seconds"),
                 # A request must be able to time out many times within its key's retention.
@@ -617,7 +618,7 @@ def env_file_problems() -> EnvFileReading:
             text = path.read_text(encoding=Settings.model_config.get("env_file_encoding"))
         except UnicodeDecodeError as error:
             bad_line, problem = not_utf8(path, error)
-            misread.append(f"{name}:{bad_line}: {problem}" if bad_line else f"{name}: {problem}")
+            misread.append(at_line(name, bad_line, problem))
             continue
         keys: dict[str, str | None] = {}
         for binding in parse_stream(io.StringIO(text)):

@@ -4,12 +4,21 @@ Each reader names the line of the first bad byte (``FILE:LINE: not UTF-8 ...``).
 as a text stream cannot tell it from the :class:`UnicodeDecodeError` alone: the stream decodes
 its file in chunks, and the error's offset counts from the start of the chunk (and after a
 byte-order mark), not of the file. :func:`not_utf8` looks again at the whole file's bytes, once
-the reading has failed, so that a good file is read once.
+the reading has failed, so that a good file is read once. :func:`at_line` is the one way all
+three readers name a place in a file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def at_line(name: str | Path, line: int | None, problem: str) -> str:
+    """``NAME:LINE: problem``, or ``NAME: problem`` when ``line`` is None (the whole file).
+
+    The compiler-style place that editors and terminals turn into a link; ``line`` is 1-based.
+    """
+    return f"{name}:{line}: {problem}" if line is not None else f"{name}: {problem}"
 
 
 def not_utf8(path: Path, error: UnicodeDecodeError) -> tuple[int | None, str]:

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.rabbitmq
 WORKER_USER = "fulfilment"
 MONITORING_USER = "fulfilment-monitoring"
 MONITORING_PASSWORD = "fulfilment-monitoring"  # noqa: S105 - the local stack's, public (README)
-"""The local stack's monitoring password (README, "Broker users and permissions")."""
+"""The local stack's monitoring password (docs/security.md, "Broker users and permissions")."""
 
 ACCESS_REFUSED = 403
 

@@ -33,7 +33,7 @@ from harness import free_port
 from sqlalchemy.engine import make_url
 from stack import ROOT, Stack, dockerfile_env, dockerfile_stages, instructions, load_stack
 
-from fulfilment.entrypoints.cli import DEMO_NOT_INSTALLED
+from fulfilment.entrypoints.cli.demo import DEMO_NOT_INSTALLED
 from fulfilment.exit_codes import ExitCode
 from services import ADMIN_DATABASE_URL, service_unavailable
 

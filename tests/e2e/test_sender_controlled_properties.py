@@ -5,7 +5,7 @@ expiration, ids, an encoding, a type, and headers that look like the broker's ow
 (``x-delivery-count``, ``x-death``) or the service's (``x-fulfilment-*``). A valid order is
 reserved once whatever they say, nothing but its reservation comes of it (no reply, no
 message published anywhere), and a dead letter's headers say what happened, not what the
-sender wrote. README, "Outcomes and failures", lists every property with its verdict.
+sender wrote. docs/events.md, "What the sender controls", lists every property with its verdict.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each scenario publishes real events, injects its fault, lets the workers finish,
 the product's own reconciliation (``fulfilment.tools.report.reconcile``): every
 published event processed or dead-lettered exactly once, and the stock invariants hold. Each
 scenario also appends one row to the figures file (``FULFILMENT_TEST_FAULT_FIGURES``, if set),
-which the README's "Guarantees" table is written from.
+which the table of docs/guarantees.md is written from.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
-from fulfilment.entrypoints.cli import tool_options
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools.report import Reconciliation, reconcile
 from fulfilment.worker.topology import Topology, declare_topology

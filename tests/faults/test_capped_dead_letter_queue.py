@@ -48,7 +48,7 @@ from fulfilment.adapters.rabbitmq.connection import connect
 from fulfilment.adapters.rabbitmq.inspection import browse_dead_letters
 from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
 from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
-from fulfilment.entrypoints.cli import tool_options
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools.report import Reconciliation, reconcile
 

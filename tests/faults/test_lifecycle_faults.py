@@ -63,7 +63,7 @@ from fulfilment.contracts.topology import (
     SubscribedQueue,
 )
 from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.entrypoints.cli import tool_options
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools import dlq

@@ -19,10 +19,16 @@ pytestmark = pytest.mark.rabbitmq
 SCRIPT = Path(__file__).parents[2] / "scripts" / "bind-result-events"
 
 
-def run_script(amqp_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_script(
+    amqp_url: str | None, *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {name: value for name, value in os.environ.items() if name != "FULFILMENT_AMQP_URL"}
+    if amqp_url is not None:
+        env["FULFILMENT_AMQP_URL"] = amqp_url
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],
-        env={**os.environ, "FULFILMENT_AMQP_URL": amqp_url},
+        env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=60,
@@ -60,3 +66,30 @@ def test_an_unreachable_broker_exits_3_with_one_line() -> None:
     assert result.returncode == 3
     assert result.stderr.startswith("bind-result-events: ")
     assert result.stderr.count("\n") == 1
+
+
+def test_the_broker_url_in_the_env_file_is_the_one_it_binds_on(tmp_path: Path) -> None:
+    # A URL only the .env file names: a closed port, so the run shows which URL it used.
+    (tmp_path / ".env").write_text("FULFILMENT_AMQP_URL=amqp://guest:guest@127.0.0.1:1/\n")
+
+    result = run_script(None, "try.result-events", cwd=tmp_path)
+
+    assert result.returncode == 3
+    assert "127.0.0.1:1" in result.stderr
+
+
+def test_a_virtual_host_the_broker_refuses_exits_4_as_the_service_does(amqp_url: str) -> None:
+    missing = amqp_url.rsplit("/", 1)[0] + f"/no-such-vhost-{uuid.uuid4().hex[:8]}"
+
+    result = run_script(missing, "try.result-events")
+
+    assert result.returncode == 4, result.stderr
+    assert "virtual host" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_an_invalid_setting_exits_2_naming_the_variable(tmp_path: Path) -> None:
+    result = run_script("http://not-amqp/", "try.result-events", cwd=tmp_path)
+
+    assert result.returncode == 2
+    assert "FULFILMENT_AMQP_URL" in result.stderr

@@ -297,9 +297,56 @@ async def test_place_orders_refuses_malformed_batches_and_writes_nothing(
         assert await connection.scalar(sa.text("SELECT count(*) FROM inbox_messages")) == 0
 
 
+CATALOG_QUERIES = {
+    "columns": """
+        SELECT table_name, column_name, data_type, is_nullable, column_default
+        FROM information_schema.columns WHERE table_schema = 'public'
+        ORDER BY table_name, column_name""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+        FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+        ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'
+        ORDER BY 1, 2""",
+    "functions": """
+        SELECT p.oid::regprocedure::text, md5(pg_get_functiondef(p.oid))
+        FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace ORDER BY 1""",
+    "grants": """
+        SELECT grantee, table_name, privilege_type FROM information_schema.role_table_grants
+        WHERE table_schema = 'public' ORDER BY 1, 2, 3""",
+    # The row's xmin is the transaction that last wrote it: a migration that rewrote the
+    # version (even to the same value) would change it.
+    "version": "SELECT version_num, xmin::text FROM alembic_version",
+}
+
+
+def _catalog(database_url: str) -> dict[str, list[tuple[object, ...]]]:
+    """What the schema is made of, query by query (``CATALOG_QUERIES``), as sorted rows."""
+    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def read() -> dict[str, list[tuple[object, ...]]]:
+        connection = await asyncpg.connect(dsn)
+        try:
+            return {
+                name: [tuple(row) for row in await connection.fetch(query)]
+                for name, query in CATALOG_QUERIES.items()
+            }
+        finally:
+            await connection.close()
+
+    return asyncio.run(read())
+
+
 def test_migrating_an_up_to_date_database_changes_nothing(database_url):
     schema.migrate(database_url)
+    before = _catalog(database_url)
+
     schema.migrate(database_url)
+
+    after = _catalog(database_url)
+    assert all(before.values())  # every query sees the schema it compares
+    assert after == before
 
 
 async def test_migrate_refuses_to_block_a_running_event_loop(database_url):

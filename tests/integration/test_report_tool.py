@@ -25,7 +25,7 @@ from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_SHIPPED
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.online_retail import shipment_event_id_for
 from fulfilment.dataset.reconcile import reconcile_command
-from fulfilment.entrypoints.cli import tool_options
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools.command import CommandError, ToolOptions

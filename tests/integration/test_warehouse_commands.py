@@ -32,7 +32,8 @@ from fulfilment.domain.handoff import (
     RequestStatus,
     WarehouseRequest,
 )
-from fulfilment.entrypoints.cli import app, tool_options
+from fulfilment.entrypoints.cli import app
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import Settings
 from fulfilment.tools.command import CommandError, ToolOptions

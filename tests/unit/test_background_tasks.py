@@ -230,9 +230,19 @@ async def test_stop_gives_up_on_a_task_that_will_not_end_and_says_so(
 
 
 async def test_stop_before_start_does_nothing() -> None:
-    _, stop = background([BackgroundTask("queues", Script().run)], Metrics())
+    script = Script(RuntimeError("would be counted if it ran"))
+    metrics = Metrics()
+    start, stop = background([BackgroundTask("queues", script.run, script.forget)], metrics)
 
+    with capture_logs() as logs:
+        await asyncio.wait_for(stop(), 5)
+
+    assert (script.runs, script.forgotten, logs, errors(metrics, "queues")) == (0, 0, [], 0)
+    # Nothing is left behind that a later start would have to clean up: it starts as usual.
+    await start()
+    await until(lambda: script.runs == 2)
     await asyncio.wait_for(stop(), 5)
+    assert errors(metrics, "queues") == 1
 
 
 async def test_a_poll_that_hangs_fails_after_its_time_limit(

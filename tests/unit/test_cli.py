@@ -21,7 +21,10 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fulfilment import __version__
-from fulfilment.entrypoints.cli import DEMO_NOT_INSTALLED, app, run, tool_options
+from fulfilment.entrypoints.cli import app
+from fulfilment.entrypoints.cli.demo import DEMO_NOT_INSTALLED
+from fulfilment.entrypoints.cli.exits import run
+from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.routes.table import DEAD_LETTER_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools.dlq import dead_letter_queues

@@ -20,7 +20,7 @@ from aiormq.exceptions import ConnectionClosed
 
 from fulfilment.adapters.rabbitmq.inspection import QueueState
 from fulfilment.demo import run as demo
-from fulfilment.entrypoints.cli import run
+from fulfilment.entrypoints.cli.exits import run
 
 DAY = SimpleNamespace(name="2010-12-01")
 

@@ -73,12 +73,12 @@ def test_a_link_to_a_missing_heading_is_found() -> None:
 
 
 def readme_commands() -> list[list[str]]:
-    """The README's shell commands (```bash blocks), as words, without comments and ``&``."""
+    """The README's shell commands (```bash blocks), as words, without comments, ``>`` and ``&``."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     commands = []
     for block in re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
         for line in block.splitlines():
-            words = shlex.split(line, comments=True)
+            words = [w for w in shlex.split(line, comments=True) if not re.match(r"\d*>", w)]
             if words and words[-1] == "&":
                 words.pop()
             if words:

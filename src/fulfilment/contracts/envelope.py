@@ -1,4 +1,4 @@
-"""What every input event of the contract shares, whatever its type (README, "Example messages").
+"""What every input event of the contract shares (docs/events.md, "Example messages").
 
 Every event (``OrderPlaced``, and the events of the reservation lifecycle after it) is a JSON
 object in UTF-8 carrying its own ``event_id``, the idempotency key, and the ``order_id`` it is

@@ -23,7 +23,7 @@ from fulfilment.domain.model import OrderLine
 
 
 class OrderCancelledV1(BaseModel):
-    """The ``OrderCancelled`` event, version 1 (README, "The reservation lifecycle")."""
+    """The ``OrderCancelled`` event, version 1 (docs/design.md, "The reservation lifecycle")."""
 
     # The title names the event in a refusal's reason ("invalid OrderCancelled v1: ...").
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="OrderCancelled v1")

@@ -1,7 +1,7 @@
 """``OrderPlaced`` version 1, as published by checkout to exchange ``orders`` (``order.placed``).
 
 Validation is strict JSON (no string-to-number coercion) over the raw body; unknown fields are
-ignored because producers add fields before consumers know them (README, "How it
+ignored because producers add fields before consumers know them (docs/design.md, "How it
 works"). Bounds: the largest order of the Online Retail data has 675 lines and its largest
 quantity is 80,995 units (2,880 in its December 2010 files), well inside :data:`MAX_LINES`
 and :data:`MAX_QUANTITY`.
@@ -175,7 +175,7 @@ OrderLines = Annotated[list[OrderLineV1], Field(min_length=1, max_length=MAX_LIN
 
 
 class OrderPlacedV1(BaseModel):
-    """The ``OrderPlaced`` event, version 1 (an example: README, "Example messages")."""
+    """The ``OrderPlaced`` event, version 1 (an example: docs/events.md, "Example messages")."""
 
     # The title names the event in a refusal's reason ("invalid OrderPlaced v1: ...").
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="OrderPlaced v1")

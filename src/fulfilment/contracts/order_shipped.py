@@ -17,7 +17,7 @@ from fulfilment.domain.lifecycle import ShipOrder
 
 
 class OrderShippedV1(BaseModel):
-    """The ``OrderShipped`` event, version 1 (README, "The reservation lifecycle")."""
+    """The ``OrderShipped`` event, version 1 (docs/design.md, "The reservation lifecycle")."""
 
     # The title names the event in a refusal's reason ("invalid OrderShipped v1: ...").
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="OrderShipped v1")

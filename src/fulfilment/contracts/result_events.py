@@ -1,7 +1,7 @@
 """The result events the service publishes to ``fulfilment.events``, version 1.
 
 What the service decided about an order, one event per change of a reservation's status and
-per partial cancel that releases stock (README, "Result events: the outbox"), and one per
+per partial cancel that releases stock (docs/design.md, "The outbox"), and one per
 cancel the warehouse system refused (``stock.cancel_refused``). The bodies are built in SQL by
 the functions that make the change (``place_orders()``, ``cancel_orders()``,
 ``ship_orders()``; a refused cancel's and an accepted one's by the dispatcher's store,
@@ -183,7 +183,7 @@ RESULT_EVENTS: Mapping[str, type[ResultEvent]] = {
         StockCancelRefusedV1,
     )
 }
-"""Every result event's model by its routing key, in the order the README lists them."""
+"""Every result event's model by its routing key, in the order docs/events.md lists them."""
 
 RESULT_ROUTING_KEYS: tuple[str, ...] = tuple(RESULT_EVENTS)
 """The routing keys of the result events on ``fulfilment.events``, also each message's AMQP

@@ -1,4 +1,4 @@
-"""Names of the RabbitMQ topology (README, "Topology and delivery limit"), for worker and tools.
+"""RabbitMQ topology names for worker and tools (docs/events.md, "Topology and delivery limit").
 
 The worker declares these objects at start (``fulfilment.worker.topology``); the operator tools
 only name them. Renaming one is a change of the external contract.
@@ -16,7 +16,7 @@ ORDERS_EXCHANGE = "orders"
 
 EVENTS_EXCHANGE = "fulfilment.events"
 """Topic exchange (durable) the relay publishes the result events to; owned and declared by
-the service, bound to by the shop's other services (README, "Result events and the relay").
+the service, bound to by the shop's other services (docs/design.md, "Result events and the relay").
 The routing keys and models are in ``contracts.result_events`` (``RESULT_EVENTS``)."""
 
 DEAD_LETTER_EXCHANGE = "fulfilment.dlx"

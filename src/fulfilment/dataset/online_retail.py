@@ -14,8 +14,8 @@ December 2010 (42,481 lines, 2,025 invoice numbers); the figures quoted are thei
 Identity
     ``event_id`` and ``order_id`` are UUIDv5 of the invoice number under :data:`NAMESPACE`, with
     different names (:func:`event_id_for`, :func:`order_id_for`), so that publishing a file
-    twice re-sends the same events and the service's inbox absorbs them (README,
-    "Command line"). The ``OrderCancelled`` of a cancellation invoice and the ``OrderShipped``
+    twice re-sends the same events and the service's inbox absorbs them (docs/cli.md). The
+    ``OrderCancelled`` of a cancellation invoice and the ``OrderShipped``
     of an order take theirs from their own invoice number the same way
     (:func:`cancellation_event_id_for`, :func:`shipment_event_id_for`).
 
@@ -96,7 +96,7 @@ from fulfilment.contracts.order_placed import (
     shown_sku,
     sku_problem,
 )
-from fulfilment.utf8 import not_utf8
+from fulfilment.utf8 import at_line, not_utf8
 
 NAMESPACE = UUID("a6621eaf-b20e-51de-a8ee-d4d62a407d7a")
 """UUIDv5 namespace of every id minted from an invoice number.
@@ -457,8 +457,7 @@ def _rows(path: Path) -> Iterator[tuple[str, list[str]]]:
         # The stream decodes ahead of the reader, in chunks: neither the reader's line nor the
         # error's offset (counted from the chunk) is the bad byte's.
         bad_line, problem = not_utf8(path, error)
-        msg = f"{name}:{bad_line}: {problem}" if bad_line else f"{name}: {problem}"
-        raise OnlineRetailError(msg) from error
+        raise OnlineRetailError(at_line(name, bad_line, problem)) from error
     except OSError as error:
         msg = f"{path}: cannot read: {error.strerror or error}"
         raise OnlineRetailError(msg) from error

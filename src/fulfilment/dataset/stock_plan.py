@@ -61,7 +61,7 @@ SHORT_SHARE = 0.03
 are rejected with ``insufficient_stock``; two in five of the real orders contain one."""
 
 STOCK_HEADER = ("sku", "on_hand")
-"""The header of a stock file, as ``fulfilment stock load`` reads it (README, "Command line")."""
+"""The header of a stock file, as ``fulfilment stock load`` reads it (docs/cli.md)."""
 
 _DRAW_BYTES = 8
 

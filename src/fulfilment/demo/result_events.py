@@ -3,7 +3,7 @@
 The demo binds a queue of its own to ``fulfilment.events`` before it publishes anything, and
 once the relay has published every outbox row the run wrote, it reads that queue. A
 :class:`ResultEventTally` takes the run's outbox rows, then each received message, and says
-whether the consumer got what the README ("Result events and the relay") promises it:
+whether the consumer got what docs/design.md ("Result events and the relay") promises it:
 
 - every result event written in the run arrives, at least once (at least once: the same
   ``event_id`` may arrive again, counted apart as a duplicate);

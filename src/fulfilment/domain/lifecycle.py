@@ -1,6 +1,6 @@
 """The lifecycle of a reservation: what each event does to an order, by the order's state.
 
-The rule is the state table of the README's "The reservation lifecycle"; this module
+The rule is the state table of docs/design.md, "The reservation lifecycle"; this module
 is its specification, as plain functions of an order's state, one per event
 (:func:`apply_placed`, :func:`apply_cancelled`, :func:`apply_shipped`):
 

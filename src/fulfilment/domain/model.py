@@ -6,7 +6,7 @@ Where the rule runs: ``domain/`` is its specification. The tests' in-memory ware
 orders in one round trip (details below, and in ``domain.lifecycle`` for cancels and
 shipments).
 
-The rule (README, "How it works"): an order is reserved all-or-nothing across its lines,
+The rule (docs/design.md, "How it works"): an order is reserved all-or-nothing across its lines,
 and the same SKU on several lines is one demand. An order whose SKUs are not all stocked is
 rejected with ``unknown_sku``; otherwise one whose demand exceeds what is available
 (``on_hand - reserved``) for any SKU is rejected with ``insufficient_stock``. A rejection is a
@@ -124,7 +124,7 @@ class DuplicateOf(StrEnum):
 
     ``event``: this ``event_id`` was processed before (a redelivery or a re-publish).
     ``order``: another event already placed this ``order_id``; the order is reserved once and
-    the new event is recorded in the inbox without touching stock (README, "Duplicates").
+    the new event is recorded in the inbox without touching stock (docs/design.md, "Duplicates").
     """
 
     EVENT = "event"

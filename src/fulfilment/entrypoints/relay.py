@@ -1,8 +1,8 @@
 """The relay's composition root (``fulfilment relay``): settings, logging, the relay, its HTTP.
 
 A process of its own beside the worker's root (``main``), so that publishing never takes
-event-loop time from the deliveries (README, "Result events and the relay"). Nothing is built
-at import time.
+event-loop time from the deliveries (docs/design.md, "Result events and the relay"). Nothing
+is built at import time.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def run_service(service: Callable[[Settings], Coroutine[Any, Any, int]]) -> NoRe
     :attr:`ExitCode.BAD_INPUT`), configures logging, sets the collector's
     :data:`GC_YOUNG_THRESHOLD`, and runs ``service(settings)`` on the event loop that
     ``FULFILMENT_EVENT_LOOP`` names: uvloop by default, which spends less CPU per message than
-    the standard library's loop (README, "Performance").
+    the standard library's loop (docs/performance.md).
     """
     try:
         settings = load_settings()

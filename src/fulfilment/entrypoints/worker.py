@@ -236,7 +236,7 @@ async def _freeze_startup_objects() -> None:
     # The modules, models and app built at start-up are most of the heap and live until
     # exit; frozen, the collector's full passes skip them. Unfrozen, each full pass
     # walked them all, stopping the event loop for 50-160 ms every few seconds under load,
-    # the tail of the end-to-end latency (README, "Performance").
+    # the tail of the end-to-end latency (docs/performance.md).
     gc.collect()
     gc.freeze()
 

@@ -7,7 +7,7 @@ connection). A lock rather than partitioning the rows among replicas: per-order 
 every row of an order to go through one publisher, and one publisher is also what keeps the
 ``id`` order of rows of different orders; a partition by order would need a rebalancing
 protocol where the lock needs none, and one relay publishes far faster than the service
-writes (README, "Result events and the relay").
+writes (docs/design.md, "Result events and the relay").
 
 The active relay reads, marks and listens on that same session, so a relay that lost its lock
 can no longer read or mark rows. It wakes on ``NOTIFY fulfilment_outbox`` and polls every
@@ -320,10 +320,10 @@ class Relay:
                 # The worker commits every few milliseconds, each commit a notification: read
                 # at once, the relay would publish batches of a few rows, and each batch costs
                 # a read, a mark and the confirms' round trip whatever its size. A short window
-                # lets the rows of several commits go in one batch (README, "Performance").
+                # lets the rows of several commits go in one batch (docs/performance.md).
                 # It counts from this batch's read: rows have gathered while the batch was
                 # published and marked, so a slow confirm is not followed by a whole window more
-                # (docs/performance.md, "End to end at prefetch 64").
+                # (docs/records/2026-12-04-end-to-end-at-prefetch-64.md).
                 left = self._options.batch_window_seconds - (time.monotonic() - read_at)
                 if left > 0:
                     await self._pause(left)

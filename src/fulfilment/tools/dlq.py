@@ -4,7 +4,7 @@ Every operation works on the DLQs it is given (``queues``), all of them by defau
 (``routes.table.DEAD_LETTER_QUEUES``), one after the other, and walks each in bounded
 pages (``adapters.rabbitmq.walk.QueueWalk``): at most ``page_size`` messages are held at once,
 unacknowledged in the broker and in this process, so memory stays flat however deep a DLQ is
-(README, "Dead letters and replay", has the figures for 100,000). A message the command does
+(docs/runbook.md, "Dead letters and replay": figures for 100,000). A message the command does
 not take out is put back at the tail of its DLQ (a confirmed copy, then the original's ack),
 so after a whole walk the DLQ holds what it held, in the same order, with any dead letters
 that workers added meanwhile behind. The copy expires when the original would have: it carries

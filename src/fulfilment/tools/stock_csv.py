@@ -20,7 +20,7 @@ from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import shown_sku, sku_problem
 from fulfilment.exit_codes import ExitCode
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
-from fulfilment.utf8 import not_utf8
+from fulfilment.utf8 import at_line, not_utf8
 
 HEADER = ("sku", "on_hand")
 """The one accepted header row."""
@@ -44,8 +44,7 @@ class StockCsvError(ValueError):
         self.path = Path(path)
         self.line = line
         self.problem = problem
-        where = f"{path}:{line}" if line is not None else f"{path}"
-        super().__init__(f"{where}: {problem}")
+        super().__init__(at_line(path, line, problem))
 
 
 async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:

@@ -244,7 +244,7 @@ def delivery_count(headers: Mapping[str, object] | None, *, redelivered: bool) -
     ``x-delivery-count`` header is only believed with it. A quorum queue writes the header on
     redeliveries, but passes a first delivery's headers on as the sender wrote them (RabbitMQ
     3.10, verified: a published ``x-delivery-count: 4`` reached the consumer). RabbitMQ 4.3
-    stopped counting plain returns and ``basic.nack`` requeues towards the header (see README,
+    stopped counting plain returns and ``basic.nack`` requeues towards the header (docs/design.md,
     "Broker versions"), hence at least 1 on any redelivery.
     """
     if not redelivered:

@@ -4,7 +4,7 @@ A handler (one per input event, in its route: ``routes.table``) is a plain funct
 raw body: it parses the body (``parse_event``), calls its use case and returns what it made
 of the event (``Handled``; both in ``routes.handling``). Everything else is the policy's,
 the same for every subscription made with :func:`subscribe`, and every delivery ends in
-exactly one of these (README, "Outcomes and failures"):
+exactly one of these (docs/events.md, "Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its

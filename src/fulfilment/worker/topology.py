@@ -1,4 +1,4 @@
-"""The RabbitMQ topology (README, "Topology and delivery limit"), and its safe declaration.
+"""The RabbitMQ topology (docs/events.md, "Topology and delivery limit"), and its safe declaration.
 
 | name                             | kind                    | notes                               |
 |----------------------------------|-------------------------|-------------------------------------|
@@ -20,7 +20,7 @@ creates it). Declaring an existing queue with other arguments fails with
 turns it into one line that names the queue, the argument, and both values. The one exception
 is the initial group size, which RabbitMQ reads only when it creates the queue: a queue created
 without it, or with another, runs as it is, so it is declared again with its own value and the
-difference is logged (README, "Topology and delivery limit").
+difference is logged (docs/events.md, "Topology and delivery limit").
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ message over the limit there would be dropped. A million inspections is out of r
 DEAD_LETTER_QUEUE_LATER_ARGUMENTS = frozenset({"x-overflow"})
 """DLQ arguments added after DLQs were first declared in the field. A DLQ declared without
 them is accepted, with a warning: RabbitMQ cannot add an argument to a queue in place, and
-re-creating the DLQ means moving every dead letter out of it first (README, "Topology and
+re-creating the DLQ means moving every dead letter out of it first (docs/events.md, "Topology and
 delivery limit"); the shipped broker policy sets the same overflow on such a queue."""
 
 
@@ -122,7 +122,7 @@ class Topology:
         ``max-length``, which cannot set the overflow) makes the broker refuse a new dead
         letter, which the worker then holds (``worker.delivery``), instead of dropping the
         oldest one unseen (``drop-head``, the default). A policy that sets ``overflow`` itself
-        wins over the argument on quorum queues (RabbitMQ 3.10, verified): README, "Dead
+        wins over the argument on quorum queues (RabbitMQ 3.10, verified): docs/runbook.md, "Dead
         letters and replay".
         """
         return self.quorum_queue(
@@ -193,7 +193,7 @@ def explain_precondition_failure(error: BaseException) -> str:
     return (
         f"{found.kind} '{found.name}' exists with {found.argument}={found.actual}, "
         f"the service expects {found.expected}: make the settings match the broker, or "
-        "drain and delete the queue (README, 'Topology and delivery limit')"
+        "drain and delete the queue (docs/events.md, 'Topology and delivery limit')"
     )
 
 
@@ -305,7 +305,7 @@ async def _declare_queue(
                     expected=arguments.pop(found.argument),
                     reason=(
                         "the queue was declared without it by an earlier version; the broker "
-                        "policy of deploy/ and k8s/ sets the same (README, 'Topology and "
+                        "policy of deploy/ and k8s/ sets the same (docs/events.md, 'Topology and "
                         "delivery limit')"
                     ),
                 )
@@ -328,7 +328,7 @@ def _keep_initial_group_size(queue: str, found: _Inequivalent, arguments: dict[s
             f"queue '{queue}' was created with {INITIAL_GROUP_SIZE}={found.actual}, "
             f"not {found.expected}; RabbitMQ reads it only at creation, so the queue keeps "
             "its members: see them with `rabbitmq-queues quorum_status`, add one with "
-            "`rabbitmq-queues grow` (README, 'Topology and delivery limit')"
+            "`rabbitmq-queues grow` (docs/events.md, 'Topology and delivery limit')"
         ),
     )
     if found.actual == "none":

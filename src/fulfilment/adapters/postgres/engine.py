@@ -3,7 +3,7 @@
 The engine serves everything but the hot path (stock loads, reports, health, monitors,
 redelivery counts). The reservations run on a plain asyncpg pool (:func:`create_pool`): one
 ``place_orders()`` call per batch of orders, without SQLAlchemy's execution machinery, which
-cost the worker more CPU per delivery than asyncpg itself (README, "Performance").
+cost the worker more CPU per delivery than asyncpg itself (docs/performance.md).
 """
 
 from __future__ import annotations

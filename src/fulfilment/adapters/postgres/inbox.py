@@ -6,7 +6,7 @@ a dead letter (at most the DLQ's message TTL, then a replay, which refuses one o
 retention), or a producer re-sending it (its outbox retention). ``processed_id_retention``
 outlives all of them (``settings``). Past it, a row is deleted only where a second application
 of its event would change nothing even if it came, judged by its outcome and its order's
-status now (README, "The reservation lifecycle"):
+status now (docs/design.md, "The reservation lifecycle"):
 
 - an ``OrderPlaced`` (``reserved``, ``rejected``, ``duplicate_order``): its order has a
   reservation row, so the event again is ``duplicate:order``, whatever the order's status;

@@ -61,7 +61,7 @@ async def next_batch(connection: asyncpg.Connection, limit: int) -> list[OutboxR
 
     A row whose order already has an earlier row in the batch is left for a later batch: the
     rows of a batch are published at once, so a later row of an order must never travel
-    beside an earlier one that the broker might return or refuse (README, "Result events and
+    beside an earlier one that the broker might return or refuse (docs/design.md, "Result events and
     the relay": in order per order). The rows left out stay first in line for the next batch.
     """
     # The columns in OutboxRow's order, which is built from them by position.

@@ -26,7 +26,7 @@ MISMATCH_EXAMPLES = 10
 
 @dataclass(frozen=True, slots=True)
 class InvariantChecks:
-    """What must always hold (README, "Guarantees"), with counts of what does not.
+    """What must always hold (docs/guarantees.md), with counts of what does not.
 
     Attributes:
         stock_out_of_bounds: SKUs with ``reserved < 0`` or ``reserved > on_hand`` (the CHECK

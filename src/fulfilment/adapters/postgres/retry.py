@@ -1,6 +1,6 @@
 """The one retry policy of the PostgreSQL adapter: which errors are transient, and for how long.
 
-A transient error is retried by exactly one layer (README, "Outcomes and failures"): this one. The
+A transient error is retried by one layer (docs/events.md, "Outcomes and failures"): this one. The
 errors it retries are named in :func:`is_transient`; anything else, such as a CHECK violation
 (a bug) or a cancellation, propagates on the first attempt, unchanged.
 """

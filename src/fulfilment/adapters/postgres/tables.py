@@ -199,7 +199,7 @@ OUTBOX_ROUTING_KEYS = (
     "stock.shipped",
     "stock.cancel_refused",
 )
-"""Every ``outbox.routing_key``: the result events (README, "Result events: the outbox")."""
+"""Every ``outbox.routing_key``: the result events (docs/design.md, "The outbox")."""
 
 outbox = sa.Table(
     "outbox",

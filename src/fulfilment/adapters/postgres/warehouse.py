@@ -39,7 +39,7 @@ MAX_ON_HAND = INTEGER_MAX
 """Largest ``on_hand`` the column holds."""
 
 DEFAULT_POOL_SIZE = 2
-"""Default of ``pool_size``: two reservation transactions at once (README, "Performance"), as
+"""Default of ``pool_size``: two reservation transactions at once (docs/performance.md), as
 ``FULFILMENT_DATABASE_POOL_SIZE`` by default."""
 
 DEFAULT_BATCH_MAX = 64

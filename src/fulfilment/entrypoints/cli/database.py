@@ -1,0 +1,62 @@
+"""The database's upkeep: ``fulfilment prune`` and ``fulfilment migrate``.
+
+Both need the database **owner**'s ``FULFILMENT_DATABASE_URL`` (docs/security.md, "Least
+privilege").
+"""
+
+from __future__ import annotations
+
+import typer
+
+from fulfilment.entrypoints.cli.exits import run
+from fulfilment.entrypoints.cli.options import settings_or_exit, tool_options
+from fulfilment.entrypoints.cli.typer_tweaks import Command
+
+app = typer.Typer()
+"""Merged into ``fulfilment`` itself (added without a name): ``fulfilment prune``, ..."""
+
+
+@app.command("prune", cls=Command)
+def prune() -> None:
+    """Delete what is past its retention: published outbox rows and processed ids (inbox).
+
+    Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, and inbox
+    rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
+    nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
+    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not
+    delete (docs/security.md, "Least privilege").
+    """
+    from fulfilment.tools.outbox import prune_all_command  # noqa: PLC0415 - see the module's text
+
+    settings = settings_or_exit()
+    run(
+        prune_all_command(
+            tool_options(settings),
+            outbox_retention_seconds=settings.outbox_retention_seconds,
+            processed_id_retention_seconds=settings.processed_id_retention_seconds,
+            batch_size=settings.outbox_prune_batch_size,
+            echo=typer.echo,
+        )
+    )
+
+
+@app.command(cls=Command)
+def migrate() -> None:
+    """Create the database if it is missing, then ``alembic upgrade head``, then grant.
+
+    Run it with the **owner** role's ``FULFILMENT_DATABASE_URL`` (the role that owns the
+    tables; it needs ``CREATEDB`` only while the database is missing). With
+    ``FULFILMENT_DATABASE_RUNTIME_ROLE``, the same transaction gives that role, the worker's
+    and the relay's, only the privileges they use (docs/security.md, "Least privilege"); without it,
+    one line says that nothing was granted.
+    """
+    from fulfilment.tools.migrate import migrate_command  # noqa: PLC0415 - see the module's text
+
+    settings = settings_or_exit()
+    run(
+        migrate_command(
+            settings.database_url.get_secret_value(),
+            runtime_role=settings.database_runtime_role,
+            echo=typer.echo,
+        )
+    )
