@@ -163,8 +163,12 @@ def test_a_dead_letter_queue_the_topology_does_not_have_is_bad_input():
     assert result.exit_code == 2
     assert result.stderr == (
         "fulfilment: no dead-letter queue fulfilment.nope; the dead-letter queues are "
-        "fulfilment.order-placed.dlq, fulfilment.order-cancelled.dlq, "
-        "fulfilment.order-shipped.dlq\n"
+        f"{', '.join(DEAD_LETTER_QUEUES)}\n"
+    )
+    assert DEAD_LETTER_QUEUES[:3] == (
+        "fulfilment.order-placed.dlq",
+        "fulfilment.order-cancelled.dlq",
+        "fulfilment.order-shipped.dlq",
     )
 
 
