@@ -111,6 +111,56 @@ def test_help_paragraphs_are_filled_to_the_width_not_broken_where_the_docstring_
     assert short == []
 
 
+def every_command() -> list[list[str]]:
+    """The path of every command and group of ``fulfilment``, from the typer app itself."""
+
+    def walk(command, path):
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+@pytest.mark.parametrize("command", every_command(), ids=" ".join)
+def test_usage_lines_name_arguments_in_capitals_without_python_types(command):
+    page = fulfilment(*command, "--help").stdout
+    usage = next(line for line in page.splitlines() if "Usage:" in line)
+
+    assert "{" not in usage
+    assert not any(word.islower() for word in usage.split()[2 + len(command) :])
+    assert "<list[" not in page
+
+
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        (["publish"], "Missing argument 'FILE...'; usage: fulfilment publish [OPTIONS] FILE..."),
+        (["stock", "load"], "Missing argument 'FILE'; usage: fulfilment stock load [OPTIONS] FILE"),
+        (["nonsense"], "No such command 'nonsense'; usage: fulfilment [OPTIONS] COMMAND [ARGS]..."),
+        (["--nonsense"], "No such option: --nonsense; usage: fulfilment [OPTIONS] COMMAND"),
+        (["dlq", "show", "--limit", "x"], "Invalid value for '--limit'"),
+        (["dlq", "nonsense"], "No such command 'nonsense'; usage: fulfilment dlq [OPTIONS]"),
+    ],
+    ids=lambda part: " ".join(part) if isinstance(part, list) else "",
+)
+def test_a_usage_error_is_one_line_and_exits_2(command, usage):
+    result = fulfilment(*command)
+
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"fulfilment: {usage}")
+
+
+def test_each_prune_command_says_what_the_other_one_does():
+    prune = " ".join(fulfilment("prune", "--help", COLUMNS="200").stdout.split())
+    outbox_prune = " ".join(fulfilment("outbox", "prune", "--help", COLUMNS="200").stdout.split())
+
+    assert "fulfilment outbox prune does its outbox part alone" in prune
+    assert "The outbox part of fulfilment prune, leaving the inbox as it is" in outbox_prune
+
+
 @pytest.mark.parametrize("group", [[], ["stock"], ["dlq"]], ids=lambda g: " ".join(g) or "-")
 def test_a_group_called_alone_prints_its_help_and_exits_2(group):
     result = fulfilment(*group)
@@ -157,6 +207,29 @@ def test_a_dead_letter_command_without_a_selection_is_bad_input():
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("", "not a dead letter's id: ''"),
+        ("one two", "not a dead letter's id: 'one two'"),
+        ("x" * 256, "at most 255 bytes"),
+        (
+            "permanent/MalformedEventError",
+            "is a group, not an id: choose it with --group permanent/MalformedEventError",
+        ),
+    ],
+    ids=["empty", "two words", "too long", "a group"],
+)
+@pytest.mark.parametrize("command", ["show", "replay", "purge"])
+def test_a_dead_letter_id_that_no_dead_letter_can_have_is_bad_input(command, value, said):
+    result = fulfilment("dlq", command, "--id", value, FULFILMENT_AMQP_URL=NOWHERE_BROKER)
+
+    assert result.exit_code == 2
+    assert result.stderr.startswith("fulfilment: Invalid value for '--id': ")
+    assert said in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
 def test_a_dead_letter_queue_the_topology_does_not_have_is_bad_input():
     result = fulfilment("dlq", "list", "--queue", "fulfilment.nope")
 
@@ -191,6 +264,25 @@ def test_an_unreachable_database_exits_3_without_its_password():
         " is not reachable: "
     )
     assert result.stderr.count("\n") == 1
+
+
+# report's engine is given FULFILMENT_DATABASE_CONNECT_TIMEOUT_SECONDS; migrate's first
+# connection (does the database exist?) its own 5 s (adapters.postgres.admin.CONNECT_SECONDS).
+@pytest.mark.parametrize(("command", "seconds"), [("report", "0.5"), ("migrate", "5")])
+def test_a_database_that_never_answers_exits_3_saying_how_long_it_was_given(command, seconds):
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never answers
+        port = silent.getsockname()[1]
+        result = fulfilment(
+            command,
+            FULFILMENT_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/nowhere",
+            FULFILMENT_DATABASE_CONNECT_TIMEOUT_SECONDS="0.5",
+        )
+
+    assert result.exit_code == 3
+    assert result.stderr == (
+        f"fulfilment: PostgreSQL at postgresql+asyncpg://postgres@127.0.0.1:{port}/nowhere is"
+        f" not reachable: opening a connection got no answer within {seconds} s\n"
+    )
 
 
 def test_a_missing_stock_file_is_named_with_what_went_wrong_and_exits_2():
@@ -286,6 +378,41 @@ def test_ctrl_c_cancels_a_command_and_exits_130_with_the_line_it_was_given(capsy
     assert exited.value.exit_code == 130
     assert cancelled == [True]
     assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C): nothing lost\n"
+
+
+@pytest.mark.usefixtures("ctrl_c_not_ignored")
+@pytest.mark.parametrize(
+    ("command", "replaced", "leaves"),
+    [
+        (
+            ["migrate"],
+            "fulfilment.tools.migrate.migrate_command",
+            "the upgrade and its grants are one transaction, committed whole or not at all",
+        ),
+        (
+            ["demo"],
+            "fulfilment.demo.run.demo_command",
+            (
+                "the processes it started (worker, relay, warehouse simulator, dispatcher) are"
+                " stopped; what they applied stays in the database"
+            ),
+        ),
+    ],
+    ids=["migrate", "demo"],
+)
+def test_ctrl_c_of_migrate_or_demo_says_what_it_leaves(monkeypatch, command, replaced, leaves):
+    async def interrupted(*_args: object, **_options: object) -> int:
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.sleep(30)
+        return 0
+
+    monkeypatch.setattr(replaced, interrupted)
+
+    result = fulfilment(*command)
+
+    assert result.exit_code == 130
+    assert result.stderr.startswith(f"fulfilment: interrupted (Ctrl-C): {leaves}")
+    assert len(result.stderr.splitlines()) == 1
 
 
 def test_ctrl_c_before_the_command_starts_closes_it_unstarted(monkeypatch, capsys):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -153,9 +154,24 @@ def test_a_broker_that_does_not_let_us_in_for_another_reason_is_unreachable(
 
 
 def test_a_broker_url_without_credentials_gains_no_password_mask() -> None:
-    failure = broker.connection_failure("amqp://rabbit/", TimeoutError())
+    failure = broker.connection_failure("amqp://rabbit/", ConnectionRefusedError(111, "refused"))
 
-    assert str(failure) == "RabbitMQ at amqp://rabbit/ is not reachable: TimeoutError: "
+    assert str(failure) == (
+        "RabbitMQ at amqp://rabbit/ is not reachable: ConnectionRefusedError: [Errno 111] refused"
+    )
+
+
+async def test_a_broker_that_never_answers_is_unreachable_after_the_seconds_it_was_given() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never answers
+        port = silent.getsockname()[1]
+        with pytest.raises(broker.BrokerUnavailableError) as raised:
+            async with broker.connect(f"amqp://guest@127.0.0.1:{port}/", timeout_seconds=0.5):
+                pass
+
+    assert str(raised.value) == (
+        f"RabbitMQ at amqp://guest@127.0.0.1:{port}/ is not reachable: opening a connection got"
+        " no answer within 0.5 s"
+    )
 
 
 class _AdaptedError(Exception):
@@ -226,7 +242,6 @@ def test_a_missing_database_is_told_apart_from_an_unreachable_server(wrap) -> No
     "error",
     [
         ConnectionRefusedError(111, "Connect call failed"),
-        TimeoutError(),
         asyncpg.CannotConnectNowError("the database system is starting up"),
         asyncpg.TooManyConnectionsError("sorry, too many clients already"),
     ],
@@ -238,6 +253,24 @@ def test_a_database_that_does_not_let_us_in_for_another_reason_is_unreachable(er
     assert str(failure).startswith(
         "PostgreSQL at postgresql+asyncpg://orders:***@db:5432/fulfilment is not reachable: "
         f"{type(error).__name__}"
+    )
+
+
+async def test_a_database_that_never_answers_is_unreachable_after_the_seconds_it_was_given() -> (
+    None
+):
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never answers
+        port = silent.getsockname()[1]
+        url = f"postgresql+asyncpg://orders:s3cret@127.0.0.1:{port}/fulfilment"
+        with pytest.raises(TimeoutError) as raised:
+            await asyncpg.connect(asyncpg_dsn(url), timeout=0.5)
+
+    failure = database.connection_failure(url, raised.value, timeout_seconds=0.5)
+
+    assert type(failure) is database.DatabaseUnavailableError
+    assert str(failure) == (
+        f"PostgreSQL at postgresql+asyncpg://orders:***@127.0.0.1:{port}/fulfilment is not"
+        " reachable: opening a connection got no answer within 0.5 s"
     )
 
 
@@ -314,6 +347,25 @@ async def test_sslmode_require_against_a_server_without_tls_is_a_refusal() -> No
         "?sslmode=require does not offer TLS, which the URL's sslmode asks for (use"
         " sslmode=disable or prefer for a server without TLS): ConnectionError: PostgreSQL"
         f' server at "127.0.0.1:{port}" rejected SSL upgrade'
+    )
+
+
+@pytest.mark.parametrize("query", ["", "?sslmode=prefer"], ids=["no sslmode", "prefer"])
+async def test_a_port_that_is_not_postgresql_s_is_said_to_be_so_not_blamed_on_tls(
+    monkeypatch: pytest.MonkeyPatch, query: str
+) -> None:
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    async with _server_answering(b"AMQP\x00\x00\x09\x01") as port:  # RabbitMQ's answer
+        url = f"postgresql+asyncpg://orders:s3cret@127.0.0.1:{port}/fulfilment{query}"
+        error = await _raised_by_connect(asyncpg_dsn(url))
+
+    failure = database.connection_failure(url, error)
+
+    assert isinstance(failure, database.DatabaseRefusedError)
+    assert str(failure) == (
+        f"PostgreSQL at postgresql+asyncpg://orders:***@127.0.0.1:{port}/fulfilment{query}:"
+        " what answers there is not PostgreSQL (it answered the TLS request a connection opens"
+        " with, sslmode=prefer, with neither yes nor no): is the port PostgreSQL's?"
     )
 
 

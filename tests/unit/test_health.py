@@ -67,6 +67,16 @@ async def test_liveness_answers_whatever_the_dependencies_say() -> None:
     assert json.loads(body) == {"status": "ok"}
 
 
+@pytest.mark.parametrize("path", ["/health/live", "/health/ready", "/nowhere"])
+async def test_each_json_answer_is_one_line_ending_in_a_newline(path: str) -> None:
+    app, _ = an_app()
+
+    _, body = await call(app, path)
+
+    assert body.endswith(b"}\n")
+    assert body.count(b"\n") == 1
+
+
 async def test_readiness_is_200_when_broker_consumer_and_database_answer() -> None:
     app, _ = an_app()
 

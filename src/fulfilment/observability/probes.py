@@ -29,7 +29,7 @@ def probe_app(*, readiness: Readiness, registry: CollectorRegistry) -> ASGIApp:
     ``/health/live`` always answers 200 ``{"status": "ok"}``: it says only that the process
     serves HTTP. ``/health/ready`` answers 200 when ``readiness()`` says ready, else 503, with
     its body as JSON. ``/metrics`` is ``registry`` in Prometheus' text format. Other paths
-    answer 404.
+    answer 404. Each JSON answer is one line ending in a newline.
     """
     metrics = make_asgi_app(registry)
 
@@ -51,7 +51,9 @@ def probe_app(*, readiness: Readiness, registry: CollectorRegistry) -> ASGIApp:
 
 
 async def _json(send: Send, status: int, document: dict[str, Any]) -> None:
-    body = json.dumps(document).encode()
+    # One line, newline-terminated: `curl /health/ready` in a terminal leaves the prompt on
+    # a line of its own.
+    body = json.dumps(document).encode() + b"\n"
     await send(
         {
             "type": "http.response.start",

@@ -29,7 +29,9 @@ async def _connect(options: ToolOptions) -> AsyncIterator[asyncpg.Connection]:
             asyncpg_dsn(options.database.url), timeout=options.database.connect_timeout_seconds
         )
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
-        raise connection_failure(options.database.url, error) from error
+        raise connection_failure(
+            options.database.url, error, timeout_seconds=options.database.connect_timeout_seconds
+        ) from error
     try:
         yield connection
     finally:

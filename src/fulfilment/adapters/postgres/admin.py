@@ -49,7 +49,7 @@ async def ensure_database(database_url: str) -> bool:
     except asyncpg.InvalidCatalogNameError:
         pass
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
-        raise connection_failure(database_url, error) from error
+        raise connection_failure(database_url, error, timeout_seconds=CONNECT_SECONDS) from error
     else:
         await connection.close()
         return False
@@ -57,7 +57,7 @@ async def ensure_database(database_url: str) -> bool:
     try:
         connection = await asyncpg.connect(maintenance, timeout=CONNECT_SECONDS)
     except (OSError, TimeoutError, asyncpg.PostgresError) as error:
-        raise connection_failure(database_url, error) from error
+        raise connection_failure(database_url, error, timeout_seconds=CONNECT_SECONDS) from error
     name = url.database or ""
     try:
         await connection.execute(f"CREATE DATABASE {_quote_identifier(name)}")
@@ -97,7 +97,9 @@ async def warehouse_session(
             async with engine.connect() as connection:
                 await connection.execute(text("SELECT 1"))
         except (OSError, OperationalError, DBAPIError) as error:
-            raise connection_failure(options.url, error) from error
+            raise connection_failure(
+                options.url, error, timeout_seconds=options.connect_timeout_seconds
+            ) from error
         yield PostgresWarehouse(
             engine, consumer=consumer, retry_budget_seconds=options.retry_budget_seconds
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 import urllib.parse
@@ -70,8 +71,13 @@ _REFUSED_CLASSES = ("28", "42501")
 entry) and ``insufficient_privilege`` (no CONNECT privilege on the database, say)."""
 
 
-def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableError:
+def connection_failure(
+    url: str, error: BaseException, *, timeout_seconds: float | None = None
+) -> DatabaseUnavailableError:
     """What a failed connection to ``url`` means, in one line without the password.
+
+    ``timeout_seconds`` is how long opening the connection was given: a server that did not
+    answer in that time is said to be so, with the seconds (:func:`timed_out`).
 
     ``error`` is asyncpg's, an ``OSError`` or ``TimeoutError``, or SQLAlchemy's wrapper of
     one; the line names the driver's own error (innermost cause). A :class:`DatabaseRefusedError`
@@ -79,7 +85,8 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     ``InvalidAuthorizationSpecificationError``; or 42501; also a ``pg_hba.conf`` that takes
     only TLS connections, ``hostssl``, refusing ``sslmode=disable``), has no such database
     (3D000), or presented a certificate that did not verify against the URL's ``sslrootcert``
-    (``ssl.SSLCertVerificationError``, a wrong CA or host name); when a TLS file the URL names
+    (``ssl.SSLCertVerificationError``, a wrong CA or host name); when what answers is not
+    PostgreSQL (its answer to the TLS request is neither yes nor no); when a TLS file the URL names
     cannot be read (``FileNotFoundError`` and the like, before any connection is tried) or
     asyncpg finds the URL's parameters unusable (``ClientConfigurationError``); when the
     server does not offer the TLS that ``sslmode=require`` (or stricter) asks for; or when it
@@ -91,6 +98,9 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     where = parsed.render_as_string(hide_password=True)
     cause, sqlstate = _driver_error(error)
     said = f"{type(cause).__name__}: {cause}"
+    unanswered = _unanswered(url, where, error, timeout_seconds)
+    if unanswered is not None:
+        return unanswered
     refusal = _setting_refusal(url, cause, sqlstate)
     if refusal is not None:
         return DatabaseRefusedError(f"PostgreSQL at {where}{refusal}: {said}")
@@ -111,13 +121,70 @@ def connection_failure(url: str, error: BaseException) -> DatabaseUnavailableErr
     return DatabaseUnavailableError(f"PostgreSQL at {where} is not reachable: {said}")
 
 
+def _unanswered(
+    url: str, where: str, error: BaseException, timeout_seconds: float | None
+) -> DatabaseUnavailableError | None:
+    """The failure when no PostgreSQL answered at ``url`` (``where``, without its password).
+
+    Unreachable when nothing answered within ``timeout_seconds``; refused when what answered
+    is not PostgreSQL: its answer to the TLS request asyncpg opens with (sslmode ``prefer``,
+    its default) is neither yes nor no, which asyncpg words as a rejected TLS upgrade. Else
+    None.
+    """
+    if timed_out(error):
+        return DatabaseUnavailableError(
+            f"PostgreSQL at {where} is not reachable: {no_answer(timeout_seconds)}"
+        )
+    cause, _ = _driver_error(error)
+    sslmode = _sslmode(url)
+    if (
+        isinstance(cause, ConnectionError)
+        and _NO_TLS in str(cause)
+        and sslmode not in _TLS_REQUIRED
+    ):
+        return DatabaseRefusedError(
+            f"PostgreSQL at {where}: what answers there is not PostgreSQL (it answered the TLS"
+            f" request a connection opens with, sslmode={sslmode}, with neither yes nor no):"
+            " is the port PostgreSQL's?"
+        )
+    return None
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from, is a time-out.
+
+    asyncpg's ``timeout`` raises a ``TimeoutError`` from the ``CancelledError`` of the attempt
+    (``asyncio.timeout``); neither says anything (``str()`` is empty), so a line naming them
+    alone would read ``CancelledError:``.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, TimeoutError | asyncio.CancelledError):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def no_answer(timeout_seconds: float | None) -> str:
+    """``opening a connection got no answer within 5 s``: what a connection's time-out means."""
+    within = "in the time allowed" if timeout_seconds is None else f"within {timeout_seconds:g} s"
+    return f"opening a connection got no answer {within}"
+
+
 TLS_FILE_PARAMETERS = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
 """The URL's query parameters that name a file asyncpg reads to build the TLS context."""
 
 _UNREADABLE_FILE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 _NO_TLS = "rejected SSL upgrade"
-"""asyncpg's ``ConnectionError`` text when the server answers TLS's request with "no"."""
+"""asyncpg's ``ConnectionError`` text when the server answers its TLS request otherwise than
+with "yes": with "no" under an sslmode that requires TLS, or with anything but "yes" or "no"
+(a server that is not PostgreSQL) under any sslmode that asks (asyncpg 0.31,
+``connect_utils.TLSUpgradeProto``)."""
+
+_TLS_REQUIRED = frozenset({"require", "verify-ca", "verify-full"})
+"""The sslmodes under which a server that answers "no" to the TLS request is refused; under
+``prefer`` (asyncpg's default, without sslmode) and ``allow`` the connection goes on in plain."""
 
 _SETTING_REFUSED = ("42704", "22023", "55P02")
 """What a server says of a bad setting in the start-up packet: ``undefined_object``
@@ -143,6 +210,13 @@ def _setting_refusal(url: str, cause: BaseException, sqlstate: str | None) -> st
             " that is not a connection parameter reaches the server as a setting)"
         )
     return None
+
+
+def _sslmode(url: str) -> str:
+    """The sslmode asyncpg connects ``url`` with: the URL's, else ``PGSSLMODE``, else prefer."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    given = query.get("sslmode") or query.get("ssl") or [os.environ.get("PGSSLMODE", "prefer")]
+    return given[-1]
 
 
 def _unreadable_tls_files(url: str) -> str:

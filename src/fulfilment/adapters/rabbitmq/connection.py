@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Iterator
@@ -33,8 +34,14 @@ _VHOST_REFUSED_FRAMES = ("Connection.OpenOk", "Connection.Close")
 _NOT_ALLOWED = 530
 
 
-def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailableError:
+def connection_failure(
+    amqp_url: str, error: BaseException, *, timeout_seconds: float | None = None
+) -> BrokerUnavailableError:
     """What a failed connection to ``amqp_url`` means, in one line without the password.
+
+    ``timeout_seconds`` is how long opening the connection was given: a broker that did not
+    answer in that time (``TimeoutError``, which says nothing) is said to be so, with the
+    seconds.
 
     A :class:`BrokerRefusedError` when the broker answered and refused the login (a wrong user
     or password, aiormq's ``ProbableAuthenticationError`` for ACCESS_REFUSED, or no common
@@ -79,6 +86,13 @@ def connection_failure(amqp_url: str, error: BaseException) -> BrokerUnavailable
         return BrokerRefusedError(
             f"RabbitMQ at {where} refused virtual host {vhost!r}: it does not exist, or user"
             f" {user!r} may not use it"
+        )
+    if isinstance(error, TimeoutError | asyncio.CancelledError):
+        within = (
+            "in the time allowed" if timeout_seconds is None else f"within {timeout_seconds:g} s"
+        )
+        return BrokerUnavailableError(
+            f"RabbitMQ at {where} is not reachable: opening a connection got no answer {within}"
         )
     return BrokerUnavailableError(
         f"RabbitMQ at {where} is not reachable: {type(error).__name__}: {error}"
@@ -211,7 +225,7 @@ async def connect(
     try:
         connection = await aio_pika.connect(amqp_url, timeout=timeout_seconds)
     except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as error:
-        raise connection_failure(amqp_url, error) from error
+        raise connection_failure(amqp_url, error, timeout_seconds=timeout_seconds) from error
     try:
         yield connection
     finally:

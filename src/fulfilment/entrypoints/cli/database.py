@@ -16,6 +16,15 @@ app = typer.Typer()
 """Merged into ``fulfilment`` itself (added without a name): ``fulfilment prune``, ..."""
 
 
+MIGRATE_INTERRUPTED = (
+    "interrupted (Ctrl-C): the upgrade and its grants are one transaction, committed whole or"
+    " not at all, and a database it created stays; run fulfilment migrate again to finish (it"
+    " goes on from the database's revision)"
+)
+"""What ``fulfilment migrate`` leaves when Ctrl-C stops it (``migrations/env.py``: one
+transaction for the whole upgrade)."""
+
+
 @app.command("prune", cls=Command)
 def prune() -> None:
     """Delete what is past its retention: published outbox rows and processed ids (inbox).
@@ -23,8 +32,9 @@ def prune() -> None:
     Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, and inbox
     rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
     nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
-    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not
-    delete (docs/security.md, "Least privilege").
+    The CronJob ``fulfilment-prune`` runs it hourly; ``fulfilment outbox prune`` does its
+    outbox part alone. Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime
+    role may not delete (docs/security.md, "Least privilege").
     """
     from fulfilment.tools.outbox import prune_all_command  # noqa: PLC0415 - see the module's text
 
@@ -58,5 +68,6 @@ def migrate() -> None:
             settings.database_url.get_secret_value(),
             runtime_role=settings.database_runtime_role,
             echo=typer.echo,
-        )
+        ),
+        interrupted=MIGRATE_INTERRUPTED,
     )

@@ -27,6 +27,16 @@ DEMO_NOT_INSTALLED = (
 """Why ``fulfilment demo`` exits 2 where the package ``fulfilment.demo`` is not installed."""
 
 
+DEMO_INTERRUPTED = (
+    "interrupted (Ctrl-C): the processes it started (worker, relay, warehouse simulator,"
+    " dispatcher) are stopped; what they applied stays in the database, and events published"
+    " but not consumed stay queued; run the demo again to go on (the events already applied"
+    " are answered as duplicates), or make demo RESET=1 to start afresh"
+)
+"""What ``fulfilment demo`` leaves when Ctrl-C stops it: its child processes stop on the
+signal (they share its process group) and on its own SIGTERM."""
+
+
 @app.command(cls=Command)
 def demo(
     data: Annotated[Path, typer.Argument(help="Folder (or file) of Online Retail CSVs.")] = Path(
@@ -87,7 +97,8 @@ def demo(
             confirm_reset=confirm_reset,
             stop_grace_seconds=settings.orchestrator_grace_period_seconds,
             echo=typer.echo,
-        )
+        ),
+        interrupted=DEMO_INTERRUPTED,
     )
     if code != 0:
         raise typer.Exit(code)

@@ -26,9 +26,52 @@ app = typer.Typer(
 )
 
 
+ID_MAX_BYTES = 255
+"""The longest ``--id``: an AMQP ``message_id`` is a short string (AMQP 0-9-1, 4.2.5.3); an
+``event_id`` is a UUID's 36 characters."""
+
+
+def _dead_letter_ids(ids: list[str] | None) -> list[str] | None:
+    """``ids`` if each can be a dead letter's id, else a usage error (exit 2) naming the first.
+
+    An id is what ``dlq list`` and ``dlq show`` print: a body's ``event_id`` or an AMQP
+    ``message_id``, one word of at most :data:`ID_MAX_BYTES` bytes; the commands match it
+    exactly. A group (``permanent/MalformedEventError``) given as an id is refused with the
+    option that takes it.
+
+    Raises:
+        typer.BadParameter: an id that is empty, holds a space or a control character, is
+            longer than :data:`ID_MAX_BYTES`, or is a group.
+    """
+    from fulfilment.contracts.dead_letter import FailureClass  # noqa: PLC0415 - see the package's text
+
+    for value in ids or ():
+        failure_class, slash, _ = value.partition("/")
+        if slash and failure_class in set(FailureClass):
+            msg = f"{value!r} is a group, not an id: choose it with --group {value}"
+            raise typer.BadParameter(msg)
+        if (
+            not value
+            or len(value.encode()) > ID_MAX_BYTES
+            or not all(character.isprintable() and not character.isspace() for character in value)
+        ):
+            msg = (
+                f"not a dead letter's id: {value!r} (an event_id or message_id as `dlq list` or"
+                f" `dlq show` prints it: one word of at most {ID_MAX_BYTES} bytes)"
+            )
+            raise typer.BadParameter(msg)
+    return ids
+
+
 IdsOption = Annotated[
     list[str] | None,
-    typer.Option("--id", help="An event_id or message_id; repeat for several."),
+    typer.Option(
+        "--id",
+        metavar="ID",
+        callback=_dead_letter_ids,
+        help="An event_id or message_id, as `dlq list` or `dlq show` prints it; repeat for"
+        " several.",
+    ),
 ]
 
 
@@ -45,6 +88,7 @@ QueueOption = Annotated[
     list[str] | None,
     typer.Option(
         "--queue",
+        metavar="QUEUE",
         help="A dead-letter queue, or the queue it belongs to (fulfilment.order-shipped); "
         "repeat for several. Default: every dead-letter queue.",
     ),

@@ -23,7 +23,9 @@ app = typer.Typer()
 
 @app.command(cls=Command)
 def publish(
-    files: Annotated[list[Path], typer.Argument(help="Online Retail CSV files or folders.")],
+    files: Annotated[
+        list[Path], typer.Argument(metavar="FILE", help="Online Retail CSV files or folders.")
+    ],
     cancellations: Annotated[  # noqa: FBT002 - a typer flag
         bool,
         typer.Option(
@@ -80,7 +82,9 @@ def report(
 
 @app.command(cls=Command)
 def reconcile(
-    files: Annotated[list[Path], typer.Argument(help="Online Retail CSVs that were published.")],
+    files: Annotated[
+        list[Path], typer.Argument(metavar="FILE", help="Online Retail CSVs that were published.")
+    ],
     cancellations: Annotated[  # noqa: FBT002 - a typer flag
         bool,
         typer.Option(

@@ -11,15 +11,18 @@ from fulfilment.entrypoints.cli.typer_tweaks import Command, Group
 app = typer.Typer(
     cls=Group,
     no_args_is_help=True,
-    help="The outbox of result events: ``fulfilment outbox prune``.",
+    help="The outbox of result events: ``fulfilment outbox prune`` deletes its published rows"
+    " alone (``fulfilment prune`` deletes them and the inbox's old rows).",
 )
 
 
 @app.command("prune", cls=Command)
 def outbox_prune() -> None:
-    """Delete published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS``.
+    """Delete published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS``, alone.
 
-    The outbox half of ``fulfilment prune``, which the CronJob runs. In transactions of
+    The outbox part of ``fulfilment prune``, leaving the inbox as it is: for an outbox that
+    grew during an incident, and for the scripts of releases before ``fulfilment prune``,
+    whose CronJob (``fulfilment-outbox-prune``) ran this command. In transactions of
     ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows; unpublished rows stay. Needs the database
     **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may not delete outbox rows
     (docs/security.md, "Least privilege").
