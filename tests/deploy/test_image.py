@@ -167,6 +167,24 @@ def test_the_image_migrates_a_new_database_from_its_working_directory(
     assert not package.startswith(str(ROOT))
 
 
+def test_the_image_carries_the_sql_statements_its_adapters_load_at_import(image: Image) -> None:
+    # The dispatcher's store reads its statements from package files (adapters/postgres/sql)
+    # when it is imported: a wheel without them would fail the dispatcher at start.
+    result = subprocess.run(
+        [
+            str(image.bin / "python"),
+            "-c",
+            "import fulfilment.adapters.postgres.warehouse_requests as m; print(m.__file__)",
+        ],
+        cwd=image.workdir,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not result.stdout.startswith(str(ROOT))
+
+
 def test_the_image_leaves_the_demo_out_and_fulfilment_demo_says_so_in_one_line(
     image: Image,
 ) -> None:

@@ -50,16 +50,17 @@ CRASHING = Path(__file__).parents[1] / "faults" / "crashing.py"
 environment holds a crash plan: the production roots with the plan's crash points."""
 
 
-def program(name: str, env: dict[str, str]) -> list[str]:
-    """The command that starts ``name`` (``worker`` or ``relay``) with ``env``.
+def program(name: str, env: dict[str, str], python: str = sys.executable) -> list[str]:
+    """The command that starts ``name`` (``worker``, ``relay`` or ``dispatcher``) with ``env``.
 
-    The installed program, or the fault suite's crashing one when ``env`` holds a plan.
+    The program installed beside ``python`` (this suite's, or another release's environment:
+    ``tests/upgrade``), or the fault suite's crashing one when ``env`` holds a plan.
     """
     if env.get(CRASH_PLAN_VARIABLE):
-        return [sys.executable, str(CRASHING), name]
+        return [python, str(CRASHING), name]
     if name == "worker":
-        return [sys.executable, "-m", "fulfilment"]
-    return [str(Path(sys.executable).with_name("fulfilment")), name]
+        return [python, "-m", "fulfilment"]
+    return [str(Path(python).with_name("fulfilment")), name]
 
 
 def free_port() -> int:
@@ -73,20 +74,22 @@ class WorkerProcess:
     """One ``python -m fulfilment`` child with its own HTTP port and log file.
 
     With a crash plan in ``env`` (:data:`CRASH_PLAN_VARIABLE`) the child is the fault suite's
-    crashing worker (:func:`program`).
+    crashing worker (:func:`program`). ``python`` is the interpreter of the environment the
+    program is installed in: this suite's, or a previous release's (``tests/upgrade``).
     """
 
     env: dict[str, str]
     log_path: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    python: str = sys.executable
 
     def start(self, *, wait_ready: bool = True) -> None:
         """Start the process; wait until it reports ready unless it may crash at once."""
         self.env["FULFILMENT_HTTP_PORT"] = str(self.port)
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
-                program("worker", self.env), env=self.env, stdout=log, stderr=log
+                program("worker", self.env, self.python), env=self.env, stdout=log, stderr=log
             )
         if not wait_ready:
             return

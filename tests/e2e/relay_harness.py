@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,6 +113,31 @@ async def take(
     return taken
 
 
+async def take_events(
+    queue: aio_pika.abc.AbstractQueue, expected: set[str], timeout: float = 120
+) -> Counter[str]:
+    """Every message of ``queue`` by ``message_id``, consumed until each of ``expected`` came
+    and a second passed without another (so duplicates in flight are counted too)."""
+    received: Counter[str] = Counter()
+    last = time.monotonic()
+
+    async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        nonlocal last
+        received[str(message.message_id)] += 1
+        last = time.monotonic()
+
+    tag = await queue.consume(take, no_ack=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if expected <= set(received) and time.monotonic() - last > 1:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await queue.cancel(tag)
+    return received
+
+
 async def unpublished(db: asyncpg.Connection) -> int:
     return int(await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL"))
 
@@ -126,7 +152,7 @@ class RelayProcess(WorkerProcess):
         self.env["FULFILMENT_RELAY_HTTP_PORT"] = str(self.port)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                program("relay", self.env), env=self.env, stdout=log, stderr=log
+                program("relay", self.env, self.python), env=self.env, stdout=log, stderr=log
             )
         if not wait_ready:
             return

@@ -20,7 +20,8 @@ from sqlalchemy.engine import make_url
 
 from fulfilment.contracts.result_events import RESULT_EVENTS
 from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, EVENTS_EXCHANGE, ORDER_PLACED
-from fulfilment.demo.run import RESULT_EVENTS_QUEUE
+from fulfilment.demo.children import LOG_DIR
+from fulfilment.demo.result_events import RESULT_EVENTS_QUEUE
 from services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -170,6 +171,9 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
         " shipments 23 (shipped 23)" in out
     )
     assert "published 170 OrderPlaced, 1 OrderCancelled and 132 OrderShipped events" in out
+    # The children's logs in one folder, named in one line, replaced by the next run.
+    assert f"logs of the relay, the warehouse system and the worker: {LOG_DIR}" in out
+    assert f"log {LOG_DIR / 'relay.log'})" in out
     assert (
         "this run's outcomes\n"
         "  order_placed: rejected:insufficient_stock 31, rejected:unknown_sku 7, reserved 132\n"
@@ -229,6 +233,15 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
         " change nothing"
     ) in second.stdout
     assert "loaded 0 planned stock levels; 1368 SKUs kept the level they had" in second.stdout
+    # Its days count each event as the duplicate the worker answered, not as the first run did.
+    assert (
+        "2010-12-02: orders 143 (duplicate 143), cancellations 0, shipments 109 (duplicate 109);"
+        " units reserved 0, released 0, shipped 0; stock now on hand 12214, reserved 0"
+    ) in second.stdout
+    assert (
+        "2010-12-23: orders 27 (duplicate 27), cancellations 1 (duplicate 1),"
+        " shipments 23 (duplicate 23); units reserved 0"
+    ) in second.stdout
     assert (
         "this run's outcomes\n"
         "  order_placed: duplicate:event 170\n"

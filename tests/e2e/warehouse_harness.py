@@ -114,7 +114,7 @@ class DispatcherProcess(WorkerProcess):
         self.env["FULFILMENT_DISPATCHER_PORT"] = str(self.port)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                program("dispatcher", self.env), env=self.env, stdout=log, stderr=log
+                program("dispatcher", self.env, self.python), env=self.env, stdout=log, stderr=log
             )
         if not wait_ready:
             return

@@ -90,7 +90,8 @@ HOLD_SECONDS = 60.0
 @dataclass
 class Load:
     """Publishes a plan's waves, one every ``interval`` seconds, shipments held back until
-    their order is in the inbox; :meth:`done` waits until every event is published."""
+    their order is in the inbox; :meth:`done` waits until every event is published, or, after
+    :meth:`stop`, every event of the waves published so far (:meth:`as_published`)."""
 
     plan: LifecyclePlan
     broker: aio_pika.abc.AbstractConnection
@@ -99,17 +100,54 @@ class Load:
     published: int = 0
     _held: list[Event] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
+    _published_ids: set[uuid.UUID] = field(default_factory=set)
+    _stopping: bool = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
+
+    def stop(self) -> None:
+        """Publish no further wave; the shipments held back still go out."""
+        self._stopping = True
+
+    @property
+    def publishing(self) -> bool:
+        """Whether waves are still being published (not stopped, the plan not run out)."""
+        return self._task is not None and not self._task.done() and not self._stopping
+
+    async def cancel(self) -> None:
+        """End the publishing at once (a test that failed half-way)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
     async def done(self, timeout: float = 300) -> None:
         assert self._task is not None
         await asyncio.wait_for(self._task, timeout)
 
+    def as_published(self) -> LifecyclePlan:
+        """The plan cut down to the events published (after :meth:`done`). Every arrival order
+        of an order's events leaves the same state (no order is both cancelled and shipped), so
+        the in-order sequence of the published ones is what the service must have applied: an
+        order whose cancels were never published stays reserved, an early cancel of an order
+        never published stays the tombstone it left."""
+        sent = self._published_ids
+        return LifecyclePlan(
+            in_order=[event for event in self.plan.in_order if event.event_id in sent],
+            early=[event for event in self.plan.early if event.event_id in sent],
+            waves=[
+                kept
+                for wave in self.plan.waves
+                if (kept := [event for event in wave if event.event_id in sent])
+            ],
+        )
+
     async def _run(self) -> None:
         await self._publish(self.plan.early)
         for wave in self.plan.waves:
+            if self._stopping:
+                break
             await self._publish([event for event in wave if event.queue is not ORDER_SHIPPED])
             self._held += [event for event in wave if event.queue is ORDER_SHIPPED]
             await self._release_shipments()
@@ -125,6 +163,7 @@ class Load:
     async def _publish(self, events: list[Event]) -> None:
         await publish_plan_events(self.broker, events)
         self.published += len(events)
+        self._published_ids.update(event.event_id for event in events)
 
     async def _release_shipments(self) -> None:
         if not self._held:

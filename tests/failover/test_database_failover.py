@@ -36,7 +36,7 @@ from faultlib import Cluster, assert_outbox_tells_the_lifecycle, declare, record
 from harness import put_stock
 from postgres_pair import ASYNCHRONOUS, PostgresPair
 from pydantic import SecretStr
-from relay_harness import RelayProcess, bind_events_queue, spawn_relay
+from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take_events
 from test_lifecycle_faults import (
     HOT_SKUS,
     STOCK,
@@ -303,31 +303,6 @@ async def depth(broker: aio_pika.abc.AbstractConnection, name: str) -> int:
         return int(queue.declaration_result.message_count or 0)
     finally:
         await channel.close()
-
-
-async def take_events(
-    queue: aio_pika.abc.AbstractQueue, expected: set[str], timeout: float = 120
-) -> Counter[str]:
-    """Every message of ``queue`` by ``message_id``, consumed until each of ``expected`` came
-    and a second passed without another (so duplicates in flight are counted too)."""
-    received: Counter[str] = Counter()
-    last = time.monotonic()
-
-    async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        nonlocal last
-        received[str(message.message_id)] += 1
-        last = time.monotonic()
-
-    tag = await queue.consume(take, no_ack=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if expected <= set(received) and time.monotonic() - last > 1:
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        await queue.cancel(tag)
-    return received
 
 
 def record(name: str, injected: str, result: Result, plan: LifecyclePlan, **extra: object) -> None:

@@ -66,7 +66,7 @@ from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
-from fulfilment.tools import dlq
+from fulfilment.tools import dead_letters, dlq
 from fulfilment.tools.report import Reconciliation, reconcile
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(600)]
@@ -396,7 +396,7 @@ async def _replay_shipments(
         return set()
     result = await dlq.replay(
         broker,
-        dlq.Selection(everything=True),
+        dead_letters.Selection(everything=True),
         audit=audit,
         execute=True,
         rate_per_second=1000,

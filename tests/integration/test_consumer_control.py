@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 
 from fulfilment.application.ports import TransientError
 from fulfilment.entrypoints.worker import new_metrics
-from fulfilment.routes.handling import Handled
+from fulfilment.routes.handling import Handled, Handler
 from fulfilment.worker import consumer_control
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
@@ -31,7 +31,7 @@ from fulfilment.worker.consumer_control import (
     consumer_attached,
 )
 from fulfilment.worker.dead_lettering import DeadLetterChannel
-from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, Handler, subscribe
+from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, subscribe
 from fulfilment.worker.faststream_internals import (
     broker_consumer_tags,
     consumed_queue,

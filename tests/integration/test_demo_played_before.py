@@ -1,5 +1,5 @@
 """The demo's line that tells a first run from a second, or from one in between, read from the
-inbox of a real database (``demo.run.played_before``)."""
+inbox of a real database (``demo.player.played_before``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
-from fulfilment.demo.run import played_before
+from fulfilment.demo.player import played_before
 
 pytestmark = pytest.mark.postgres
 

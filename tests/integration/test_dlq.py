@@ -40,7 +40,7 @@ from fulfilment.contracts.topology import (
     SubscribedQueue,
 )
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
-from fulfilment.tools import dlq
+from fulfilment.tools import dead_letters, dlq, dlq_commands
 from fulfilment.worker.topology import Topology, declare_topology
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
@@ -232,7 +232,7 @@ async def test_list_groups_by_class_and_exception_recognises_poison_and_removes_
     poison_group = groups[1]
     assert "delivery_limit" in poison_group.example_reason
     assert poison_group.event_ids == [poisoned_id]
-    rendered = dlq.render_groups(groups)
+    rendered = dlq_commands.render_groups(groups)
     assert "4 dead letter(s), oldest 3h" in rendered
     # The browsed messages return when the browsing channel closes, a moment later.
     assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 4)
@@ -244,7 +244,7 @@ async def test_a_dry_run_replay_changes_nothing(connection, audit) -> None:
 
     result = await dlq.replay(
         connection,
-        dlq.Selection(everything=True),
+        dead_letters.Selection(everything=True),
         audit=None,
         execute=False,
         rate_per_second=100,
@@ -270,7 +270,7 @@ async def test_replaying_a_group_republishes_with_ids_kept_and_retry_headers_str
 
     result = await dlq.replay(
         connection,
-        dlq.Selection(group="permanent/MalformedEventError"),
+        dead_letters.Selection(group="permanent/MalformedEventError"),
         audit=audit,
         execute=True,
         rate_per_second=100,
@@ -337,7 +337,7 @@ async def test_a_replay_carries_no_priority_or_reply_address_of_the_first_sender
 
     result = await dlq.replay(
         connection,
-        dlq.Selection(ids=frozenset({event_id})),
+        dead_letters.Selection(ids=frozenset({event_id})),
         audit=audit,
         execute=True,
         rate_per_second=100,
@@ -365,10 +365,10 @@ async def test_a_replay_that_cannot_be_routed_leaves_the_message_in_the_dlq(
     main = await channel.get_queue(ORDER_PLACED_QUEUE)
     await main.unbind(ORDERS_EXCHANGE, ORDER_PLACED_ROUTING_KEY)
     try:
-        with pytest.raises(dlq.ReplayStoppedError, match="no queue bound"):
+        with pytest.raises(dead_letters.ReplayStoppedError, match="no queue bound"):
             await dlq.replay(
                 connection,
-                dlq.Selection(ids=frozenset({event_id})),
+                dead_letters.Selection(ids=frozenset({event_id})),
                 audit=audit,
                 execute=True,
                 rate_per_second=100,
@@ -393,7 +393,7 @@ async def test_a_purge_writes_the_body_to_the_audit_table_before_removing_the_me
 
     result = await dlq.purge(
         connection,
-        dlq.Selection(ids=frozenset({event_id})),
+        dead_letters.Selection(ids=frozenset({event_id})),
         audit=audit,
         execute=True,
         operator=Operator("ops", "test-host"),
@@ -413,7 +413,7 @@ async def test_show_finds_a_message_by_event_id_and_leaves_it(connection) -> Non
     body, event_id = an_event()
     await put_service_dead_letter(connection, body, message_id="m-1")
 
-    letters = await dlq.find(connection, dlq.Selection(ids=frozenset({event_id})))
+    letters = await dlq.find(connection, dead_letters.Selection(ids=frozenset({event_id})))
 
     assert [letter.message.message_id for letter in letters] == ["m-1"]
     document = letters[0].to_document()
@@ -424,9 +424,9 @@ async def test_show_finds_a_message_by_event_id_and_leaves_it(connection) -> Non
 
 async def test_the_cli_refuses_an_ambiguous_selection() -> None:
     with pytest.raises(ValueError, match="exactly one"):
-        dlq.Selection.build(["x"], "permanent/-", everything=False)
+        dead_letters.Selection.build(["x"], "permanent/-", everything=False)
     with contextlib.suppress(ValueError):
-        dlq.Selection.build([], None, everything=False)
+        dead_letters.Selection.build([], None, everything=False)
         pytest.fail("no selection must be refused")
 
 
@@ -469,7 +469,7 @@ async def test_list_groups_the_dead_letters_of_every_dlq_each_under_its_queue(co
     assert await eventually_depth(connection, ORDER_SHIPPED.dead_letter_queue, 2)
     only_shipped = await dlq.list_groups(connection, [ORDER_SHIPPED.dead_letter_queue])
     assert [group.queue for group in only_shipped] == [ORDER_SHIPPED.dead_letter_queue]
-    rendered = dlq.render_groups(groups)
+    rendered = dlq_commands.render_groups(groups)
     assert "3 dead letter(s)" in rendered
     assert ORDER_SHIPPED.dead_letter_queue in rendered
 
@@ -489,7 +489,7 @@ async def test_a_replay_sends_each_dead_letter_back_where_it_came_from(connectio
 
     result = await dlq.replay(
         connection,
-        dlq.Selection(everything=True),
+        dead_letters.Selection(everything=True),
         audit=audit,
         execute=True,
         rate_per_second=100,
@@ -521,12 +521,12 @@ async def test_replay_and_purge_touch_only_the_queues_they_are_given(connection,
 
     result = await dlq.purge(
         connection,
-        dlq.Selection(everything=True),
+        dead_letters.Selection(everything=True),
         audit=audit,
         execute=True,
         operator=Operator("ops", "test-host"),
         comment=None,
-        queues=dlq.dead_letter_queues([ORDER_SHIPPED.name]),
+        queues=dead_letters.dead_letter_queues([ORDER_SHIPPED.name]),
     )
 
     assert (result.matched, result.done) == (1, 1)
@@ -534,7 +534,7 @@ async def test_replay_and_purge_touch_only_the_queues_they_are_given(connection,
     assert await eventually_depth(connection, ORDER_SHIPPED.dead_letter_queue, 0)
     assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1)
     shown = await dlq.find(
-        connection, dlq.Selection(everything=True), [ORDER_SHIPPED.dead_letter_queue]
+        connection, dead_letters.Selection(everything=True), [ORDER_SHIPPED.dead_letter_queue]
     )
     assert shown == []
 
@@ -622,7 +622,7 @@ async def test_list_walks_a_deep_dlq_holding_one_page_and_leaves_it_as_it_was(
 async def test_show_and_purge_page_past_the_prefetch_limit_in_flat_pages(connection, audit) -> None:
     ids = await fill_dead_letters(connection, 1200)
     assert await eventually_depth(connection, ORDER_PLACED_DEAD_LETTER_QUEUE, 1200)
-    last = dlq.Selection(ids=frozenset({ids[-1]}))
+    last = dead_letters.Selection(ids=frozenset({ids[-1]}))
 
     shown = await dlq.find(connection, last, [ORDER_PLACED_DEAD_LETTER_QUEUE], page_size=50)
     assert [letter.message.message_id for letter in shown] == [ids[-1]]
@@ -648,10 +648,10 @@ async def test_a_replay_refuses_a_dead_letter_replayed_the_limit_unless_forced(
     await put_service_dead_letter(
         connection, body, message_id=event_id, extra_headers={h.REPLAY_COUNT: 3}
     )
-    refusals: list[dlq.Refusal] = []
-    chosen = dlq.Selection(ids=frozenset({event_id}))
+    refusals: list[dead_letters.Refusal] = []
+    chosen = dead_letters.Selection(ids=frozenset({event_id}))
 
-    async def run(*, force: bool) -> dlq.RunResult:
+    async def run(*, force: bool) -> dead_letters.RunResult:
         return await dlq.replay(
             connection,
             chosen,
@@ -660,7 +660,7 @@ async def test_a_replay_refuses_a_dead_letter_replayed_the_limit_unless_forced(
             rate_per_second=100,
             operator=Operator("ops", "test-host"),
             comment=None,
-            rules=dlq.ReplayRules(replay_limit=3, force=force),
+            rules=dead_letters.ReplayRules(replay_limit=3, force=force),
             on_refused=refusals.append,
         )
 
@@ -696,17 +696,17 @@ async def test_a_replay_counts_the_audit_when_the_header_was_lost(connection, au
                 ),
                 {"event_id": event_id},
             )
-    refusals: list[dlq.Refusal] = []
+    refusals: list[dead_letters.Refusal] = []
 
     result = await dlq.replay(
         connection,
-        dlq.Selection(ids=frozenset({event_id})),
+        dead_letters.Selection(ids=frozenset({event_id})),
         audit=audit,
         execute=True,
         rate_per_second=100,
         operator=Operator("ops", "test-host"),
         comment=None,
-        rules=dlq.ReplayRules(replay_limit=2),
+        rules=dead_letters.ReplayRules(replay_limit=2),
         on_refused=refusals.append,
     )
 
@@ -724,17 +724,17 @@ async def test_a_replay_refuses_a_dead_letter_older_than_the_processed_id_retent
         message_id=event_id,
         dead_lettered_at=datetime.now(UTC) - timedelta(days=31),
     )
-    refusals: list[dlq.Refusal] = []
+    refusals: list[dead_letters.Refusal] = []
 
     result = await dlq.replay(
         connection,
-        dlq.Selection(everything=True),
+        dead_letters.Selection(everything=True),
         audit=audit,
         execute=True,
         rate_per_second=100,
         operator=Operator("ops", "test-host"),
         comment=None,
-        rules=dlq.ReplayRules(force=True, max_age_seconds=30 * 86_400),
+        rules=dead_letters.ReplayRules(force=True, max_age_seconds=30 * 86_400),
         on_refused=refusals.append,
     )
 
@@ -779,7 +779,7 @@ async def test_a_walk_leaves_each_dead_letter_only_what_the_ttl_left_it(connecti
     await put_service_dead_letter(
         connection, old_body, message_id=old, dead_lettered_at=now - timedelta(days=20)
     )
-    everything = dlq.Selection(everything=True)
+    everything = dead_letters.Selection(everything=True)
 
     groups = await dlq.list_groups(
         connection, [ORDER_PLACED_DEAD_LETTER_QUEUE]
@@ -840,14 +840,19 @@ async def test_a_second_walk_of_the_same_dlq_is_refused_until_the_first_ends_or_
 @pytest.mark.parametrize(
     ("command", "chosen"),
     [
-        ("replay --yes", dlq.Selection(ids=frozenset({"no-such-event"}))),
-        ("replay", dlq.Selection(ids=frozenset({"no-such-event"}))),
-        ("purge --yes", dlq.Selection(group="poison/NoSuchError")),
-        ("show", dlq.Selection(ids=frozenset({"no-such-event"}))),
+        ("replay --yes", dead_letters.Selection(ids=frozenset({"no-such-event"}))),
+        ("replay", dead_letters.Selection(ids=frozenset({"no-such-event"}))),
+        ("purge --yes", dead_letters.Selection(group="poison/NoSuchError")),
+        ("show", dead_letters.Selection(ids=frozenset({"no-such-event"}))),
     ],
 )
 async def test_an_id_or_group_that_matches_no_dead_letter_fails_in_one_line(
-    connection, audit, amqp_url: str, clean_database: str, command: str, chosen: dlq.Selection
+    connection,
+    audit,
+    amqp_url: str,
+    clean_database: str,
+    command: str,
+    chosen: dead_letters.Selection,
 ) -> None:
     from fulfilment.adapters.postgres.engine import DatabaseOptions  # noqa: PLC0415 - this test
     from fulfilment.tools.command import CommandError, ToolOptions  # noqa: PLC0415 - this test
@@ -902,7 +907,11 @@ async def test_all_on_empty_dead_letter_queues_is_no_failure(amqp_url: str) -> N
 
     lines: list[str] = []
     await show_command(
-        amqp_url, dlq.Selection(everything=True), limit=10, as_json=False, echo=lines.append
+        amqp_url,
+        dead_letters.Selection(everything=True),
+        limit=10,
+        as_json=False,
+        echo=lines.append,
     )
 
     assert lines == ["no dead letter matches"]

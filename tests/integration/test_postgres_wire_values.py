@@ -2,7 +2,7 @@
 
 Generated bodies cross the boundary of every value the model reads (strings, numbers, times,
 sizes, ids). Each one the worker's validation (``parse_order_placed``) accepts goes through the
-hot path, ``PostgresWarehouse.apply`` on the asyncpg pool into ``place_orders()``, and must
+hot path, ``PostgresWarehouse.reserve`` on the asyncpg pool into ``place_orders()``, and must
 end reserved or rejected as the rule (``decide``) says, with its placed_at, lines and stock
 stored as sent: never a database error, which the worker would dead-letter as ``unexpected``.
 Each one it refuses must be refused with a one-line reason (dead-lettered ``permanent``).

@@ -27,7 +27,7 @@ from fulfilment.entrypoints.cli.exits import run
 from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.routes.table import DEAD_LETTER_QUEUES
 from fulfilment.settings import Settings
-from fulfilment.tools.dlq import dead_letter_queues
+from fulfilment.tools.dead_letters import dead_letter_queues
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample"
 NOWHERE_DATABASE = "postgresql://postgres:secret@127.0.0.1:1/nowhere"

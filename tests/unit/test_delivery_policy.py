@@ -38,9 +38,9 @@ from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.entrypoints.worker import new_metrics
 from fulfilment.observability.metrics import Metrics
-from fulfilment.observability.tracing import current_traceparent
+from fulfilment.observability.tracing import current_traceparent, trace_context
 from fulfilment.routes.handling import EventRefusedError, Handled, parse_event
-from fulfilment.worker import delivery
+from fulfilment.worker import dead_lettering
 from fulfilment.worker.consumer_control import ConsumerPause
 from fulfilment.worker.dead_lettering import DeadLetterPublisher
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, raw_body, subscribe
@@ -444,7 +444,7 @@ async def test_a_dead_letter_publish_failing_but_by_a_refusal_rejects_the_delive
 
 @pytest.fixture
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delivery, "DEAD_LETTER_RETRY_FIRST_SECONDS", 0.01)
+    monkeypatch.setattr(dead_lettering, "DEAD_LETTER_RETRY_FIRST_SECONDS", 0.01)
 
 
 @pytest.mark.usefixtures("quick_retries")
@@ -667,7 +667,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 def test_the_trace_context_is_the_traceparent_header_when_it_is_valid_w3c(
     headers, expected
 ) -> None:
-    assert delivery.trace_context(headers) == expected
+    assert trace_context(headers) == expected
 
 
 async def test_the_handler_gets_the_delivery_s_trace_context(monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""When ``fulfilment demo --reset`` may empty a database (``demo.run.reset_refusal``)."""
+"""When ``fulfilment demo --reset`` may empty a database (``demo.reset.reset_refusal``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fulfilment.adapters.postgres.admin import DEMO_DATABASE_MARK, DemoDatabase
-from fulfilment.demo.run import reset_refusal
+from fulfilment.demo.reset import reset_refusal
 from fulfilment.entrypoints.cli import app
 
 

@@ -19,7 +19,8 @@ import typer
 from aiormq.exceptions import ConnectionClosed
 
 from fulfilment.adapters.rabbitmq.inspection import QueueState
-from fulfilment.demo import run as demo
+from fulfilment.demo import player as demo
+from fulfilment.demo.errors import DemoError
 from fulfilment.entrypoints.cli.exits import run
 
 DAY = SimpleNamespace(name="2010-12-01")
@@ -45,8 +46,8 @@ class DroppedConnection:
         raise RuntimeError(msg)
 
 
-def player(connection: object, echo: list[str] | None = None) -> demo._Player:
-    return demo._Player(
+def player(connection: object, echo: list[str] | None = None) -> demo.Player:
+    return demo.Player(
         connection=connection,  # type: ignore[arg-type]
         amqp_url="amqp://guest:s3cret@rabbit:5672/shop",
         warehouse=None,  # type: ignore[arg-type]
@@ -112,7 +113,7 @@ async def test_another_consumer_on_the_queue_stops_the_demo_at_the_first_look(
     playing = player(object(), lines)
     playing._worker = SilentWorker([0])  # type: ignore[assignment]
 
-    with pytest.raises(demo.DemoError) as stopped:
+    with pytest.raises(DemoError) as stopped:
         async with asyncio.timeout(5):  # the stall would take SETTLE_STALL_SECONDS
             await playing._settle(DAY, "order_placed", answered=3)
 

@@ -31,6 +31,14 @@ from fulfilment.contracts.result_events import (
     parse_result_event,
 )
 
+RESULT_EVENTS_QUEUE = "fulfilment.demo.result-events"
+"""The demo's own queue (durable, classic), bound to ``fulfilment.events`` with ``#``: a
+consumer of every result event, as the shop's other services are. Declared before anything
+is published, emptied by reading it at the end of each run, purged by ``--reset``. Not part
+of the service's topology: the worker and the relay know nothing of it."""
+RESULT_EVENTS_BINDING = "#"
+"""The binding key of :data:`RESULT_EVENTS_QUEUE`: every routing key."""
+
 
 class ResultEventTally:
     """Counts the received result events against the outbox rows of one run.

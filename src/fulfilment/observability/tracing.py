@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -278,6 +279,39 @@ def _max_queue_size() -> int:
 def tracing_enabled() -> bool:
     """True once :func:`start_tracing` set the SDK's provider: spans are worth building."""
     return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+TRACEPARENT_HEADER = "traceparent"
+"""The AMQP header of an input delivery that carries its W3C trace context."""
+
+# W3C Trace Context, "traceparent Header": version-trace_id-parent_id-flags in lower-case hex.
+# Version ff is invalid; a later version may append fields after a dash, which a reader of
+# version 00 ignores (but keeps: the header is passed on as it came).
+_TRACEPARENT = re.compile(
+    r"(?!ff)(?P<version>[0-9a-f]{2})-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+    r"(?P<rest>-.*)?",
+    re.ASCII,
+)
+
+
+def trace_context(headers: Mapping[str, object] | None) -> str | None:
+    """The delivery's ``traceparent`` header, when it is a valid W3C trace context.
+
+    Returns None without one, and for one that is not a string or breaks the W3C Trace
+    Context format (``00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>``, ids not all
+    zero, version not ``ff``, nothing appended to version ``00``): the specification asks a
+    receiver to ignore a malformed ``traceparent``, so the event is handled without one
+    rather than refused.
+    """
+    value = (headers or {}).get(TRACEPARENT_HEADER)
+    if isinstance(value, bytes):
+        value = value.decode("ascii", errors="replace")
+    if not isinstance(value, str):
+        return None
+    match = _TRACEPARENT.fullmatch(value)
+    if match is None or (match["version"] == "00" and match["rest"] is not None):
+        return None
+    return value
 
 
 def context_of(traceparent: str | None, tracestate: str | None = None) -> Context:

@@ -1,16 +1,16 @@
-"""What a route's handler uses: its event parsed, what it made of the event, its refusals.
+"""What a route's handler uses: how it parses a body, what it returns, and what it raises.
 
 A handler (one per input event, in its route: ``fulfilment.routes.table``) is a plain function
 of the raw body: it parses the body (:func:`parse_event`), applies the event's command and
-returns what it made of the event (:class:`Handled`), or raises
-:class:`MalformedEventError` or :class:`EventRefusedError`. These are the transport's to
-act on: the worker's delivery policy (``fulfilment.worker.delivery``) acknowledges, counts and
-dead-letters by them, whatever the event.
+returns what it made of the event (:class:`Handled`), or raises :class:`MalformedEventError`
+or :class:`EventRefusedError`. These are the transport's to act on: the worker's delivery
+policy (``fulfilment.worker.delivery``), which runs every handler the same way, imports them
+too; a handler never imports the policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TypeVar
@@ -18,7 +18,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ValidationError
 
-from fulfilment.contracts.envelope import find_ambiguity
+from fulfilment.contracts.envelope import JSON_CONTENT_TYPES, MAX_BODY_BYTES, find_ambiguity
 
 EventT = TypeVar("EventT", bound=BaseModel)
 
@@ -65,6 +65,35 @@ class Handled:
     labels: tuple[str, str]
     latency_since: datetime | None = None
     log_fields: Mapping[str, object] = field(default_factory=dict)
+
+
+Handler = Callable[[bytes], Awaitable[Handled]]
+"""An event's handler: the raw body in, what it made of the event out. It runs in the
+delivery's span, whose context the warehouse adapter writes beside the result events the
+event causes (``outbox.traceparent``) and beside the warehouse requests it records
+(``warehouse_requests.traceparent``).
+
+It raises :class:`MalformedEventError` for a body that can never be its event,
+:class:`EventRefusedError` for an event it refuses as things stand, and
+:class:`~fulfilment.application.ports.TransientError` when the store failed past its retry
+budget; anything else it raises is dead-lettered as ``unexpected``.
+"""
+
+
+def check_body(body: bytes, content_type: str | None) -> None:
+    """Refuse a body that no event of the contract can be, before it is parsed.
+
+    Raises:
+        MalformedEventError: the content type is not JSON, or the body is larger than
+            :data:`MAX_BODY_BYTES`.
+    """
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type not in JSON_CONTENT_TYPES:
+        msg = f"content type {content_type!r} is not JSON"
+        raise MalformedEventError(msg)
+    if len(body) > MAX_BODY_BYTES:
+        msg = f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}"
+        raise MalformedEventError(msg)
 
 
 def parse_event(model: type[EventT], body: bytes) -> EventT:

@@ -1,8 +1,9 @@
 """``fulfilment dlq``: the sub-commands list, show, replay and purge (see ``tools.dlq``).
 
 Each connects to the services it needs, runs one operation of ``tools.dlq`` on the chosen
-dead-letter queues (``queues``: every one by default) and echoes its result; replay and purge
-echo each dead letter as they go, and a summary.
+dead-letter queues (``queues``: every one by default) and echoes its result, rendered here
+(:func:`render_groups`, :func:`render_letter`); replay and purge echo each dead letter as they
+go, and a summary.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from fulfilment.adapters.postgres.admin import warehouse_session
@@ -20,20 +22,17 @@ from fulfilment.adapters.rabbitmq.connection import connect
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
 from fulfilment.routes.table import DEAD_LETTER_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
-from fulfilment.tools.dlq import (
+from fulfilment.tools.dead_letters import (
     DeadLetter,
+    Group,
     Refusal,
     ReplayRules,
     ReplayStoppedError,
     RunResult,
     Selection,
-    find,
-    list_groups,
-    purge,
-    render_groups,
-    render_letter,
-    replay,
+    age,
 )
+from fulfilment.tools.dlq import find, list_groups, purge, replay
 from fulfilment.tools.virtual_host import missing_queues, missing_queues_note
 
 if TYPE_CHECKING:
@@ -49,6 +48,13 @@ RunOnDeadLetters: TypeAlias = (
 )
 """A replay or purge, given the broker connection, the audit engine (None for a dry run) and
 ``on_each``."""
+
+
+REASON_WIDTH = 70
+"""Characters of a reason shown in the ``list`` table."""
+
+QUEUE_WIDTH = max(len(name) for name in DEAD_LETTER_QUEUES)
+"""Characters of the ``list`` table's DLQ column: the longest DLQ name."""
 
 
 async def list_command(
@@ -276,3 +282,48 @@ def _summary(result: RunResult, *, verb: str) -> str:
             f"{refused}; nothing changed (add --yes to do it)"
         )
     return f"{verb} {result.done} of {result.matched} dead letter(s){refused}, run {result.run_id}"
+
+
+def render_groups(groups: list[Group], *, now: datetime | None = None) -> str:
+    """The ``dlq list`` table: a line per group of a DLQ (count, oldest age, a reason)."""
+    if not groups:
+        return "the dead-letter queues are empty"
+    moment = now or datetime.now(UTC)
+    total = sum(group.count for group in groups)
+    oldest = min((group.oldest for group in groups if group.oldest), default=None)
+    lines = [
+        f"{total} dead letter(s), oldest {age(oldest, moment)}",
+        f"{'QUEUE':<{QUEUE_WIDTH}} {'GROUP':<44} {'COUNT':>5}  {'OLDEST':>8}  REASON",
+    ]
+    for group in groups:
+        reason = " ".join(group.example_reason.split())
+        if len(reason) > REASON_WIDTH:
+            reason = reason[: REASON_WIDTH - 1] + "…"
+        lines.append(
+            f"{group.queue:<{QUEUE_WIDTH}} {group.key:<44} {group.count:>5}  "
+            f"{age(group.oldest, moment):>8}  {reason}"
+        )
+    return "\n".join(lines)
+
+
+def render_letter(letter: DeadLetter) -> str:
+    """The ``dlq show`` view of one dead letter: its description, headers and body."""
+    document = letter.to_document()
+    lines = [
+        f"{key}: {document[key]}"
+        for key in (
+            "queue",
+            "group",
+            "reason",
+            "event_id",
+            "message_id",
+            "dead_lettered_at",
+            "delivery_count",
+            "original_queue",
+        )
+    ]
+    lines.append("headers:")
+    lines += [f"  {key}: {value}" for key, value in sorted(document["headers"].items())]
+    lines.append("body:")
+    lines.append(f"  {document['body']}")
+    return "\n".join(lines)

@@ -4,7 +4,7 @@ When the service gives up on a delivery it publishes the message, body and ids u
 the dead-letter exchange with headers saying why, waits for the broker's publisher confirm,
 and only then lets the original be acknowledged: a crash between the two leaves a copy in each
 queue (at least once), never none. While the broker refuses the dead letter (a full DLQ), the
-delivery policy holds the original unacknowledged and tries again (``worker.delivery``), on a
+delivery policy holds the original unacknowledged and tries again (``publish_holding``), on a
 new channel each time (:class:`DeadLetterChannel`).
 """
 
@@ -22,9 +22,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aio_pika
+import aiormq.exceptions
 
 from fulfilment import __version__
 from fulfilment.adapters.rabbitmq.publishing import resent
+from fulfilment.backoff import Backoff
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.dead_letter import (
     BROKER_HEADER_PREFIXES,
@@ -38,6 +40,8 @@ from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE
 if TYPE_CHECKING:
     from faststream.rabbit.message import RabbitMessage
 
+    from fulfilment.observability.metrics import Metrics
+
 __all__ = [
     "HEADER_PREFIX",
     "DeadLetterChannel",
@@ -48,8 +52,22 @@ __all__ = [
     "dead_letter_headers",
     "dead_letter_message",
     "delivery_count",
+    "publish_holding",
     "record_retry",
 ]
+
+DEAD_LETTER_RETRY_FIRST_SECONDS = 1.0
+"""Wait before trying a refused dead letter again; doubled after each refusal."""
+DEAD_LETTER_RETRY_MAX_SECONDS = 30.0
+"""Longest wait between two tries of a dead letter the broker keeps refusing."""
+
+DEAD_LETTER_REFUSALS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,  # a nack (DeliveryError), a return (PublishError), a channel
+    aiormq.exceptions.ChannelInvalidStateError,  # its channel closed under it
+    TimeoutError,  # no confirm in time
+    ConnectionError,
+)
+"""How a broker refuses a dead letter: each is tried again while the delivery is held."""
 
 MAX_HEADER_TEXT = 1_000
 """Characters kept of an exception message or reason: headers travel with every copy."""
@@ -235,6 +253,58 @@ class DeadLetterChannel:
         if not channel.is_closed:
             with contextlib.suppress(Exception):  # it failed already; the next try opens anew
                 await channel.close()
+
+
+async def publish_holding(
+    publish: Callable[[], Awaitable[None]],
+    *,
+    hold_seconds: float,
+    metrics: Metrics,
+    refused: Callable[[BaseException, float, float | None], None],
+) -> float | None:
+    """Publish a dead letter by ``publish``, confirmed; try again while the broker refuses it.
+
+    The caller holds its delivery unacknowledged meanwhile, so the message stays in its queue.
+    Returns the seconds it was held (0.0 when the first try was confirmed), or None when the
+    broker still refused the dead letter after ``hold_seconds`` (the caller sends the delivery
+    back to its queue). Each refusal (:data:`DEAD_LETTER_REFUSALS`) counts in
+    ``fulfilment_dead_letter_publish_failures_total`` and calls ``refused`` with the error,
+    the seconds held so far and the wait before the next try (None: no more tries); while
+    held, the delivery counts in ``fulfilment_dead_letters_held``.
+
+    Raises:
+        Exception: anything but a refusal from ``publish``, counted as a failure too.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    # Not tenacity's AsyncRetrying: the give-up is decided on the next wait, and logged with
+    # it, before that wait is slept (fulfilment.backoff).
+    backoff = Backoff(DEAD_LETTER_RETRY_FIRST_SECONDS, DEAD_LETTER_RETRY_MAX_SECONDS)
+    held = False
+    try:
+        while True:
+            try:
+                await publish()
+            except DEAD_LETTER_REFUSALS as error:
+                metrics.dead_letter_publish_failures.inc()
+                if not held:
+                    held = True
+                    metrics.dead_letters_held.inc()
+                held_seconds = loop.time() - started
+                wait = backoff.next()
+                give_up = held_seconds + wait > hold_seconds
+                refused(error, held_seconds, None if give_up else wait)
+                if give_up:
+                    return None
+                await asyncio.sleep(wait)
+            except Exception:
+                metrics.dead_letter_publish_failures.inc()
+                raise
+            else:
+                return loop.time() - started
+    finally:
+        if held:
+            metrics.dead_letters_held.dec()
 
 
 def delivery_count(headers: Mapping[str, object] | None, *, redelivered: bool) -> int:

@@ -1,17 +1,17 @@
 """The delivery policy: what every subscriber does with a delivery, whatever its event.
 
 A handler (one per input event, in its route: ``routes.table``) is a plain function of the
-raw body: it parses the body (``parse_event``), calls its use case and returns what it made
-of the event (``Handled``; both in ``routes.handling``). Everything else is the policy's,
-the same for every subscription made with :func:`subscribe`, and every delivery ends in
-exactly one of these (docs/events.md, "Outcomes and failures"):
+raw body, built from ``routes.handling``: it parses the body, calls its use case and returns
+what it made of the event (``Handled``). Everything else is the policy's, the same for every
+subscription made with :func:`subscribe`, and every delivery ends in exactly one of these
+(docs/events.md, "Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
   reason, confirmed, then acknowledged: ``permanent`` for a body that can never be the event
-  (not JSON by its content type, over :data:`MAX_BODY_BYTES`, or refused by the handler with
-  :class:`MalformedEventError`) and for an event the handler refuses as it stands
-  (:class:`EventRefusedError`, e.g. the shipment of an order that is not reserved), ``poison``
+  (not JSON by its content type, over ``MAX_BODY_BYTES``, or refused by the handler with
+  ``MalformedEventError``) and for an event the handler refuses as it stands
+  (``EventRefusedError``, e.g. the shipment of an order that is not reserved), ``poison``
   for a message redelivered up to the delivery limit (it crashes or stalls workers),
   ``unexpected`` for any other error (a bug);
 * a transient failure past the retry budget (:class:`TransientError`) or the handler deadline:
@@ -38,19 +38,19 @@ is still sent only after the delivery's transaction committed (or its dead lette
 confirmed), and the handler's task ends only once it is written.
 
 Each delivery is one ``CONSUMER`` span (``process <queue>``), child of the delivery's
-``traceparent`` (:func:`trace_context`; a new trace without a valid one), current while the
-handler runs, with the event, its ids and the outcome (``observability.tracing``; with tracing
-off only the incoming context is made current). Each delivery writes one log line
-(``<name>.handled``, ``<name>.dead_lettered`` or ``<name>.requeued``, ``name`` being the
-subscription's), and one ``<name>.dead_letter_refused`` per refused attempt while it is
-held, and counts one outcome in ``fulfilment_events_total``, under the subscription's name as
+``traceparent`` (``observability.tracing.trace_context``; a new trace without a valid one),
+current while the handler runs, with the event, its ids and the outcome
+(``observability.tracing``; with tracing off only the incoming context is made current). Each
+delivery writes one log line (``<name>.handled``, ``<name>.dead_lettered`` or
+``<name>.requeued``, ``name`` being the subscription's), and one
+``<name>.dead_letter_refused`` per refused attempt while it is held, and counts one outcome in
+``fulfilment_events_total``, under the subscription's name as
 its ``event`` label.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -69,20 +69,21 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from fulfilment.application.ports import TransientError
-from fulfilment.backoff import Backoff
-from fulfilment.contracts.envelope import (
-    JSON_CONTENT_TYPES,
-    MAX_BODY_BYTES,
-    read_envelope,
-)
+from fulfilment.contracts.envelope import read_envelope
 from fulfilment.observability.metrics import (
     DEAD_LETTERED,
     REQUEUED,
     REQUEUED_DEAD_LETTER_REFUSED,
     REQUEUED_TRANSIENT,
 )
-from fulfilment.observability.tracing import context_of, current_span
-from fulfilment.routes.handling import EventRefusedError, Handled, MalformedEventError
+from fulfilment.observability.tracing import context_of, current_span, trace_context
+from fulfilment.routes.handling import (
+    EventRefusedError,
+    Handled,
+    Handler,
+    MalformedEventError,
+    check_body,
+)
 from fulfilment.worker.acknowledgements import ChannelAcks
 from fulfilment.worker.dead_lettering import (
     DeadLetterPublisher,
@@ -91,6 +92,7 @@ from fulfilment.worker.dead_lettering import (
     begin_delivery,
     dead_letter_message,
     delivery_count,
+    publish_holding,
 )
 
 if TYPE_CHECKING:
@@ -104,22 +106,9 @@ if TYPE_CHECKING:
 logger = structlog.get_logger("fulfilment.worker")
 tracer = trace.get_tracer("fulfilment.worker")
 
-DEAD_LETTER_RETRY_FIRST_SECONDS = 1.0
-"""Wait before trying a refused dead letter again; doubled after each refusal."""
-DEAD_LETTER_RETRY_MAX_SECONDS = 30.0
-"""Longest wait between two tries of a dead letter the broker keeps refusing."""
-
 BROKER_REJECTED = str(FailureClass.BROKER_REJECTED)
 """The ``reason`` of a delivery the policy could not classify (an error in the policy itself),
 rejected without requeue for the broker to dead-letter: the class its dead letter gets."""
-
-DEAD_LETTER_REFUSALS: tuple[type[BaseException], ...] = (
-    aiormq.exceptions.AMQPError,  # a nack (DeliveryError), a return (PublishError), a channel
-    aiormq.exceptions.ChannelInvalidStateError,  # its channel closed under it
-    TimeoutError,  # no confirm in time
-    ConnectionError,
-)
-"""How a broker refuses a dead letter: each is tried again while the delivery is held."""
 
 ACK_LOST: tuple[type[BaseException], ...] = (
     aiormq.exceptions.AMQPError,  # the connection closed under the write
@@ -138,19 +127,6 @@ class Requeue:
     """
 
     reason: str
-
-
-Handler = Callable[[bytes], Awaitable[Handled]]
-"""An event's handler: the raw body in, what it made of the event out. It runs in the
-delivery's span, whose context the warehouse adapter writes beside the result events the
-event causes (``outbox.traceparent``) and beside the warehouse requests it records
-(``warehouse_requests.traceparent``).
-
-It raises :class:`MalformedEventError` for a body that can never be its event,
-:class:`EventRefusedError` for an event it refuses as things stand, and
-:class:`TransientError` when the store failed past its retry budget; anything else it raises
-is dead-lettered as ``unexpected``.
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,55 +161,6 @@ class DeliveryPolicy:
     pause: Callable[[str], None]
     prefetch_count: int
     publish_dead_letter: DeadLetterPublisher
-
-
-def check_body(body: bytes, content_type: str | None) -> None:
-    """Refuse a body that no event of the contract can be, before it is parsed.
-
-    Raises:
-        MalformedEventError: the content type is not JSON, or the body is larger than
-            :data:`MAX_BODY_BYTES`.
-    """
-    media_type = (content_type or "").split(";", 1)[0].strip().lower()
-    if media_type not in JSON_CONTENT_TYPES:
-        msg = f"content type {content_type!r} is not JSON"
-        raise MalformedEventError(msg)
-    if len(body) > MAX_BODY_BYTES:
-        msg = f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}"
-        raise MalformedEventError(msg)
-
-
-TRACEPARENT_HEADER = "traceparent"
-"""The AMQP header of an input delivery that carries its W3C trace context."""
-
-# W3C Trace Context, "traceparent Header": version-trace_id-parent_id-flags in lower-case hex.
-# Version ff is invalid; a later version may append fields after a dash, which a reader of
-# version 00 ignores (but keeps: the header is passed on as it came).
-_TRACEPARENT = re.compile(
-    r"(?!ff)(?P<version>[0-9a-f]{2})-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
-    r"(?P<rest>-.*)?",
-    re.ASCII,
-)
-
-
-def trace_context(headers: Mapping[str, object] | None) -> str | None:
-    """The delivery's ``traceparent`` header, when it is a valid W3C trace context.
-
-    Returns None without one, and for one that is not a string or breaks the W3C Trace
-    Context format (``00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>``, ids not all
-    zero, version not ``ff``, nothing appended to version ``00``): the specification asks a
-    receiver to ignore a malformed ``traceparent``, so the event is handled without one
-    rather than refused.
-    """
-    value = (headers or {}).get(TRACEPARENT_HEADER)
-    if isinstance(value, bytes):
-        value = value.decode("ascii", errors="replace")
-    if not isinstance(value, str):
-        return None
-    match = _TRACEPARENT.fullmatch(value)
-    if match is None or (match["version"] == "00" and match["rest"] is not None):
-        return None
-    return value
 
 
 async def raw_body(message: AbstractIncomingMessage) -> bytes:
@@ -581,61 +508,38 @@ class _Subscription:
     ) -> float | None:
         """Publish the delivery's dead letter, confirmed; hold the delivery while it is refused.
 
-        Returns the seconds the delivery was held (0.0 when the first try was confirmed), or
-        None when the broker still refused the dead letter after ``dead_letter_hold_seconds``
-        (the caller sends the delivery back to the queue). While held, the delivery stays
-        unacknowledged, so the message stays in its queue, and counts in
-        ``fulfilment_dead_letters_held``; each refusal counts in
-        ``fulfilment_dead_letter_publish_failures_total`` and logs a line.
+        Returns the seconds the delivery was held, or None when it is to go back to its queue
+        (``worker.dead_lettering.publish_holding``). Each refusal logs a line.
 
         Raises:
-            Exception: anything but a refusal (:data:`DEAD_LETTER_REFUSALS`) while building or
-                publishing the dead letter, counted as a failure too; ``REJECT_ON_ERROR``
-                rejects the delivery and the broker dead-letters it.
+            Exception: anything but a refusal while building or publishing the dead letter;
+                ``REJECT_ON_ERROR`` rejects the delivery and the broker dead-letters it.
         """
         policy = self._policy
         limits = policy.limits
-        metrics = policy.metrics
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        # Not tenacity's AsyncRetrying: the give-up is decided on the next wait, and logged with
-        # it, before that wait is slept (fulfilment.backoff).
-        backoff = Backoff(DEAD_LETTER_RETRY_FIRST_SECONDS, DEAD_LETTER_RETRY_MAX_SECONDS)
-        held = False
-        try:
-            while True:
-                try:
-                    await policy.publish_dead_letter(
-                        dead_letter_message(message, failure, queue=self._queue),
-                        routing_key=self._dead_letter_routing_key,
-                        timeout_seconds=limits.dead_letter_publish_seconds,
-                    )
-                except DEAD_LETTER_REFUSALS as error:
-                    metrics.dead_letter_publish_failures.inc()
-                    if not held:
-                        held = True
-                        metrics.dead_letters_held.inc()
-                    held_seconds = loop.time() - started
-                    wait = backoff.next()
-                    give_up = held_seconds + wait > limits.dead_letter_hold_seconds
-                    log.warning(
-                        self._dead_letter_refused,
-                        reason=" ".join(f"{type(error).__name__}: {error}".split()),
-                        failure_class=str(failure.failure_class),
-                        held_seconds=round(held_seconds, 1),
-                        retry_in_seconds=None if give_up else wait,
-                    )
-                    if give_up:
-                        return None
-                    await asyncio.sleep(wait)
-                except Exception:
-                    metrics.dead_letter_publish_failures.inc()
-                    raise
-                else:
-                    return loop.time() - started
-        finally:
-            if held:
-                metrics.dead_letters_held.dec()
+
+        async def publish() -> None:
+            await policy.publish_dead_letter(
+                dead_letter_message(message, failure, queue=self._queue),
+                routing_key=self._dead_letter_routing_key,
+                timeout_seconds=limits.dead_letter_publish_seconds,
+            )
+
+        def refused(error: BaseException, held_seconds: float, retry_in: float | None) -> None:
+            log.warning(
+                self._dead_letter_refused,
+                reason=" ".join(f"{type(error).__name__}: {error}".split()),
+                failure_class=str(failure.failure_class),
+                held_seconds=round(held_seconds, 1),
+                retry_in_seconds=retry_in,
+            )
+
+        return await publish_holding(
+            publish,
+            hold_seconds=limits.dead_letter_hold_seconds,
+            metrics=policy.metrics,
+            refused=refused,
+        )
 
 
 def _ids(body: bytes) -> dict[str, str]:

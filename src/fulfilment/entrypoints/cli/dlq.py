@@ -17,7 +17,7 @@ from fulfilment.entrypoints.cli.typer_tweaks import Command, Group
 from fulfilment.exit_codes import ExitCode
 
 if TYPE_CHECKING:
-    from fulfilment.tools.dlq import Selection
+    from fulfilment.tools.dead_letters import Selection
 
 app = typer.Typer(
     cls=Group,
@@ -183,7 +183,7 @@ def dlq_replay(  # noqa: PLR0913 - one parameter per option
     older than FULFILMENT_PROCESSED_ID_RETENTION_SECONDS always (it could be applied twice);
     refused ones stay in the DLQ. A dry run unless --yes.
     """
-    from fulfilment.tools.dlq import ReplayRules  # noqa: PLC0415 - see the module's text
+    from fulfilment.tools.dead_letters import ReplayRules  # noqa: PLC0415 - see the module's text
     from fulfilment.tools.dlq_commands import replay_command  # noqa: PLC0415 - see the module's text
 
     selection = _selection(ids, group, everything=everything)
@@ -245,7 +245,7 @@ def dlq_purge(  # noqa: PLR0913 - one parameter per option
 
 def _selection(ids: list[str] | None, group: str | None, *, everything: bool) -> Selection:
     """The dead letters chosen by the options, or exit 2 unless exactly one way was given."""
-    from fulfilment.tools.dlq import Selection  # noqa: PLC0415 - see the module's text
+    from fulfilment.tools.dead_letters import Selection  # noqa: PLC0415 - see the module's text
 
     try:
         return Selection.build(ids or [], group, everything=everything)
@@ -255,7 +255,7 @@ def _selection(ids: list[str] | None, group: str | None, *, everything: bool) ->
 
 def _queues(names: list[str] | None) -> tuple[str, ...]:
     """The dead-letter queues the ``--queue`` options choose (all without one), or exit 2."""
-    from fulfilment.tools.dlq import dead_letter_queues  # noqa: PLC0415 - see the module's text
+    from fulfilment.tools.dead_letters import dead_letter_queues  # noqa: PLC0415 - see the module's text
 
     try:
         return dead_letter_queues(names or [])

@@ -1,0 +1,1 @@
+DELETE FROM reservation_lines WHERE order_id = :order_id

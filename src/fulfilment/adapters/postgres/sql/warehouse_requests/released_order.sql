@@ -1,0 +1,1 @@
+UPDATE warehouse_requests SET released_order = true WHERE id = :id

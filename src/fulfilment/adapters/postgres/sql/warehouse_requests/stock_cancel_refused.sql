@@ -1,0 +1,9 @@
+INSERT INTO outbox (event_id, order_id, routing_key, body, traceparent)
+SELECT e.event_id, :order_id, 'stock.cancel_refused',
+       jsonb_build_object('version', 1, 'event_id', e.event_id,
+                          'causation_id', CAST(:causation_id AS uuid),
+                          'order_id', CAST(:order_id AS uuid),
+                          'occurred_at', now(), 'lines', CAST(:lines AS jsonb),
+                          'warehouse_id', CAST(:warehouse_id AS text)),
+       :traceparent
+FROM (SELECT gen_random_uuid() AS event_id) AS e

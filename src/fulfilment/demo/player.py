@@ -1,0 +1,422 @@
+"""The demo's player: the days played through the worker, each run settled before the next.
+
+:func:`play_days` starts the worker and plays the data day by day
+(``fulfilment.dataset.retail_lifecycle``): each day's orders and mapped cancellations in time
+order, one run of one kind at a time, each run settled before the next is sent, then the
+``OrderShipped`` of every order of the day still reserved, settled too; then it stops the
+worker with SIGTERM (it finishes in-flight work and exits 0).
+
+Settled means that the worker has answered every delivery of the run: its
+``fulfilment_events_total`` for that event (``/metrics``) grew by as many since the run was
+published, whatever the answer (applied, a duplicate, dead-lettered; a requeued delivery is
+not an answer, it comes again). The inbox cannot say it, as a second run's events are in it
+before they are delivered. The player reads which orders are still reserved only then, and
+the day's outcomes from the inbox: an event not in it was dead-lettered, and one that was in
+it before it was sent (a second run's) was answered as a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fulfilment.adapters.postgres.admin import (
+    StockTotals,
+    inbox_outcomes,
+    order_statuses,
+    outbox_entries_after,
+    outbox_last_id,
+    processed_event_ids,
+    stock_totals,
+    warehouse_session,
+)
+from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
+from fulfilment.adapters.rabbitmq.inspection import queue_state
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.dataset.online_retail import RetailOrder, shipment_event_id_for
+from fulfilment.dataset.publish import publish_in_order
+from fulfilment.dataset.retail_lifecycle import (
+    CancellationMatch,
+    RetailCancellation,
+    RetailDay,
+    RetailEvent,
+    RetailShipment,
+)
+from fulfilment.demo.children import Child, start_child, stop, wait_ready
+from fulfilment.demo.errors import DemoError
+from fulfilment.observability.metrics import REQUEUED
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+
+    from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+    from fulfilment.demo.warehouse_system import Handoff
+    from fulfilment.tools.command import Echo, ToolOptions
+
+SETTLE_POLL_SECONDS = 0.05
+"""Interval between two looks at the worker's metrics while a run settles: a run of a few
+events takes the worker a few milliseconds, and the demo waits for about 220 runs on the 20
+days."""
+SETTLE_STALL_SECONDS = 120.0
+"""The demo fails if the worker answers nothing more of a run for this long."""
+PROGRESS_SECONDS = 5.0
+"""A run that takes longer than this to settle says so, then again at this interval."""
+
+
+async def play_days(
+    options: ToolOptions,
+    days: Sequence[RetailDay],
+    handoff: Handoff,
+    *,
+    stop_grace_seconds: float,
+    echo: Echo,
+) -> tuple[Player, int]:
+    """Start the worker, play ``days`` through it, stop it; the player and its exit code.
+
+    The worker records a warehouse request per reservation (``FULFILMENT_WAREHOUSE_URL`` is
+    the demo's simulator), which ``handoff``'s dispatcher sends.
+
+    Raises:
+        DemoError: the worker did not get ready, exited, or stalled (it is stopped all the same);
+            the hand-off stalled or does not match the reservations.
+    """
+    worker = await start_child(
+        "worker", ("-m", "fulfilment"), "FULFILMENT_HTTP_PORT", env=handoff.env
+    )
+    echo(f"worker started ({worker.describe()})")
+    try:
+        await wait_ready(worker)
+        async with (
+            connect(options.amqp_url) as connection,
+            warehouse_session(options.database, consumer=options.consumer) as warehouse,
+        ):
+            player = Player(
+                connection=connection,
+                amqp_url=options.amqp_url,
+                warehouse=warehouse,
+                consumer=options.consumer,
+                worker=Worker(worker),
+                handoff=handoff,
+                echo=echo,
+            )
+            for day in days:
+                await player.play(day)
+        echo(player.published())
+        echo("this run's outcomes\n" + await asyncio.to_thread(_run_outcomes, worker.port))
+    finally:
+        code = await stop(worker.process, stop_grace_seconds)
+    echo(f"worker stopped with exit code {code}")
+    return player, code
+
+
+@dataclass
+class DayCounts:
+    """What the service answered to one day's events, and how the stock moved."""
+
+    outcomes: dict[str, Counter[str]] = field(
+        default_factory=lambda: {"orders": Counter(), "cancellations": Counter()}
+    )
+    shipments: Counter[str] = field(default_factory=Counter)
+    reserved: int = 0
+    """Units the day's orders reserved (``reserved`` went up by this in their runs)."""
+    released: int = 0
+    """Units the day's cancellations released."""
+    shipped: int = 0
+    """Units the day's shipments took out of ``on_hand``."""
+
+
+class Player:
+    """Plays the days one after the other through the worker, and remembers what it sent."""
+
+    def __init__(  # noqa: PLR0913 - what a player uses, by name
+        self,
+        *,
+        connection: AbstractConnection,
+        amqp_url: str,
+        warehouse: PostgresWarehouse,
+        consumer: str,
+        worker: Worker,
+        handoff: Handoff,
+        echo: Echo,
+    ) -> None:
+        self._connection = connection
+        self._handoff = handoff
+        self._amqp_url = amqp_url
+        self._warehouse = warehouse
+        self._consumer = consumer
+        self._worker = worker
+        self._echo = echo
+        self.sent: Counter[str] = Counter()
+        self.shipments: list[RetailShipment] = []
+
+    def published(self) -> str:
+        """One line: the events published, by kind."""
+        return (
+            f"published {self.sent[ORDER_PLACED.event]} OrderPlaced,"
+            f" {self.sent[ORDER_CANCELLED.event]} OrderCancelled and"
+            f" {self.sent[ORDER_SHIPPED.event]} OrderShipped events"
+        )
+
+    async def play(self, day: RetailDay) -> None:
+        """Send the day's runs and its shipments, each settled; echo the day's two lines.
+
+        Before the shipments, the warehouse answers every request of the day (a cancel it
+        accepts must meet its order reserved); after them, what it received is checked.
+
+        Raises:
+            DemoError: the hand-off stalled, or does not match the day's reservations.
+        """
+        counts = DayCounts()
+        start = await outbox_last_id(self._warehouse)
+        for run in day.runs():
+            if not isinstance(run[0], RetailOrder):
+                # The orders placed so far reach the warehouse first: a cancellation then
+                # meets its order there, and is accepted or, after the pick, refused.
+                await self._handoff.settle(day, self._warehouse)
+            before = await stock_totals(self._warehouse)
+            outcomes = await self._send(day, run)
+            after = await stock_totals(self._warehouse)
+            if isinstance(run[0], RetailOrder):
+                counts.outcomes["orders"].update(outcomes)
+                counts.reserved += after.reserved - before.reserved
+            else:
+                # A cancel of an order sent to the warehouse releases when the warehouse
+                # accepts it: the run is over when its requests are answered.
+                await self._handoff.settle(day, self._warehouse)
+                after = await stock_totals(self._warehouse)
+                counts.outcomes["cancellations"].update(outcomes)
+                counts.released += before.reserved - after.reserved
+        await self._handoff.settle(day, self._warehouse)
+        statuses = await order_statuses(self._warehouse, [order.order_id for order in day.orders])
+        shipments = day.shipments(statuses)
+        before = await stock_totals(self._warehouse)
+        counts.shipments.update(await self._send(day, shipments))
+        after = await stock_totals(self._warehouse)
+        counts.shipped = before.on_hand - after.on_hand
+        self.shipments += shipments
+        self._echo(_day_line(day, counts, after))
+        statuses = await order_statuses(self._warehouse, [order.order_id for order in day.orders])
+        entries = await outbox_entries_after(self._warehouse, start)
+        self._echo(await self._handoff.check(day, self._warehouse, statuses, entries))
+
+    async def _send(self, day: RetailDay, events: Sequence[RetailEvent]) -> list[str]:
+        """Publish ``events`` (of one kind), wait until settled; their outcomes, in no order.
+
+        An event the inbox held before it was sent (played before) counts as ``duplicate``,
+        as the worker answered it: the inbox keeps the outcome of its first processing. Any
+        other counts with its inbox outcome, or as ``dead_lettered`` when it is not in the
+        inbox once settled.
+        """
+        if not events:
+            return []
+        event = _EVENT[type(events[0])]
+        ids = [sent.event_id for sent in events]
+        before = await processed_event_ids(self._warehouse, self._consumer, ids)
+        answered = (await self._worker.answered())[event]
+        with connection_lost(self._connection, self._amqp_url):
+            await publish_in_order(self._connection, events)
+        self.sent[event] += len(events)
+        await self._settle(day, event, answered + len(events))
+        new = [event_id for event_id in ids if event_id not in before]
+        outcomes = await inbox_outcomes(self._warehouse, self._consumer, new)
+        return [
+            *outcomes.values(),
+            *["duplicate"] * (len(ids) - len(new)),
+            *["dead_lettered"] * (len(new) - len(outcomes)),
+        ]
+
+    async def _other_consumers(self, event: str) -> str:
+        """``; N consumers on <queue> ...`` when more than the demo's worker consume ``event``.
+
+        Another worker on the same queues takes some of the demo's events, which the demo's
+        worker then never answers: :meth:`_settle` stops the demo with this, where the wait
+        would look like a slow worker and end only after :data:`SETTLE_STALL_SECONDS`.
+
+        Raises:
+            BrokerUnavailableError: the broker dropped the demo's connection (exit 3).
+        """
+        name = next(queue.name for queue in SUBSCRIBED_QUEUES if queue.event == event)
+        with connection_lost(self._connection, self._amqp_url):
+            state = await queue_state(self._connection, name)
+        if state is None or state.consumers <= 1:
+            return ""
+        return (
+            f"; {state.consumers} consumers on {name}: another worker takes the demo's events"
+            " (stop it, or give the demo a virtual host of its own in FULFILMENT_AMQP_URL)"
+        )
+
+    async def _settle(self, day: RetailDay, event: str, answered: int) -> None:
+        """Wait until the worker has answered ``answered`` deliveries of ``event`` in all.
+
+        Every :data:`PROGRESS_SECONDS` of waiting it looks at the event's queue and says how
+        many are left.
+
+        Raises:
+            DemoError: the worker answered nothing more for :data:`SETTLE_STALL_SECONDS`, or
+                the queue has a consumer besides the demo's worker (at the first look that
+                sees it, with the progress line that says so), or the worker exited.
+            BrokerUnavailableError: the broker dropped the demo's connection (exit 3).
+        """
+        last, changed = -1, time.monotonic()
+        said = changed
+        while (now_answered := (await self._worker.answered())[event]) < answered:
+            now = time.monotonic()
+            if now_answered != last:
+                last, changed = now_answered, now
+            if now - changed > SETTLE_STALL_SECONDS:
+                msg = (
+                    f"{day.name}: the worker answered nothing more of the {event} events for"
+                    f" {SETTLE_STALL_SECONDS:g} s ({answered - now_answered} waiting;"
+                    f" log: {self._worker.log}){await self._other_consumers(event)}"
+                )
+                raise DemoError(msg)
+            if now - said > PROGRESS_SECONDS:
+                others = await self._other_consumers(event)
+                line = f"{day.name}: waiting for {answered - now_answered} {event} events{others}"
+                if others:
+                    # The other consumer keeps the events it took: waiting on cannot end well.
+                    raise DemoError(line)
+                self._echo(line)
+                said = now
+            await asyncio.sleep(SETTLE_POLL_SECONDS)
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """The demo's worker process, seen through its ``/metrics``."""
+
+    child: Child
+
+    @property
+    def log(self) -> Path:
+        """The worker's log file."""
+        return self.child.log
+
+    async def answered(self) -> Counter[str]:
+        """Deliveries the worker has settled, per event (the ``event`` label).
+
+        Every final answer counts (applied, duplicate, dead-lettered); a ``requeued`` delivery
+        is not one: it comes again.
+
+        Raises:
+            DemoError: the worker has exited.
+        """
+        process = self.child.process
+        if process.returncode is not None:
+            msg = f"the worker exited with code {process.returncode} (log: {self.log})"
+            raise DemoError(msg)
+        answered: Counter[str] = Counter()
+        for (event, outcome, _), count in (
+            await asyncio.to_thread(_events_total, self.child.port)
+        ).items():
+            if outcome != REQUEUED:
+                answered[event] += count
+        return answered
+
+
+_EVENT: dict[type, str] = {
+    RetailOrder: ORDER_PLACED.event,
+    RetailCancellation: ORDER_CANCELLED.event,
+    RetailShipment: ORDER_SHIPPED.event,
+}
+"""The ``event`` label of each kind of event the demo sends."""
+
+
+async def played_before(
+    warehouse: PostgresWarehouse,
+    consumer: str,
+    orders: Sequence[RetailOrder],
+    match: CancellationMatch,
+) -> str:
+    """Whether the database played these events before, from its inbox, in a line.
+
+    Every event the demo can send counts: the orders, the mapped cancellations and a shipment
+    of each order (sent only for those reserved). A new user reads there which of the README's
+    two endings to expect, or that the run lies between them.
+    """
+    kinds = (
+        [order.event_id for order in orders],
+        [cancellation.event_id for cancellation in match.cancellations],
+        [shipment_event_id_for(order.invoice_no) for order in orders],
+    )
+    seen = await processed_event_ids(warehouse, consumer, [i for ids in kinds for i in ids])
+    placed, cancelled, shipped = (sum(i in seen for i in ids) for ids in kinds)
+    count = len(match.cancellations)
+    cancellations = f"{count} cancellation{'' if count == 1 else 's'}"
+    if not seen:
+        return (
+            f"none of these events is in this database's inbox yet ({len(orders)} orders,"
+            f" {cancellations}, their shipments): a first run"
+        )
+    return (
+        f"played before: this database's inbox already holds {placed} of these {len(orders)}"
+        f" orders, {cancelled} of the {cancellations} and the shipments of {shipped} orders;"
+        " those are answered as duplicates and change nothing, any other is applied (--reset,"
+        " or make demo RESET=1, plays them all afresh)"
+    )
+
+
+def _day_line(day: RetailDay, counts: DayCounts, totals: StockTotals) -> str:
+    """E.g. ``2010-12-01: orders 143 (rejected 23, reserved 120), cancellations 2 (...), ...``."""
+    parts = [
+        _counted("orders", len(day.orders), counts.outcomes["orders"]),
+        _counted("cancellations", len(day.cancellations), counts.outcomes["cancellations"]),
+        _counted("shipments", counts.shipments.total(), counts.shipments),
+    ]
+    return (
+        f"{day.name}: {', '.join(parts)}; units reserved {counts.reserved},"
+        f" released {counts.released}, shipped {counts.shipped};"
+        f" stock now on hand {totals.on_hand}, reserved {totals.reserved}"
+    )
+
+
+def _counted(what: str, total: int, outcomes: Counter[str]) -> str:
+    if not total:
+        return f"{what} 0"
+    return f"{what} {total} (" + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) + ")"
+
+
+def _events_total(port: int) -> Counter[tuple[str, str, str]]:
+    """``fulfilment_events_total`` of the demo's worker by ``(event, outcome, reason)``.
+
+    Read from its ``/metrics``; series at 0 are left out.
+    """
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name != "fulfilment_events":
+            continue
+        for sample in family.samples:
+            if sample.name == "fulfilment_events_total" and sample.value:
+                labels = sample.labels
+                counts[labels["event"], labels["outcome"], labels["reason"]] += int(sample.value)
+    return counts
+
+
+def _run_outcomes(port: int) -> str:
+    """The worker's outcomes, one line per event that had a delivery, in the topology's order.
+
+    E.g. ``  order_placed: rejected:unknown_sku 7, reserved 132``; ``  none`` without any.
+    """
+    by_event: dict[str, Counter[str]] = {}
+    for (event, outcome, reason), count in _events_total(port).items():
+        by_event.setdefault(event, Counter())[f"{outcome}:{reason}" if reason else outcome] += count
+    order = [queue.event for queue in SUBSCRIBED_QUEUES]
+    lines = [
+        f"  {event}: " + ", ".join(f"{label} {count}" for label, count in sorted(by.items()))
+        for event, by in sorted(
+            by_event.items(), key=lambda item: order.index(item[0]) if item[0] in order else 9
+        )
+    ]
+    return "\n".join(lines) or "  none"

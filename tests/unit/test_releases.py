@@ -1,0 +1,93 @@
+"""The releases recorded in ``releases.toml`` agree with the CHANGELOG, git and this tree's
+version, so that ``make test-upgrade`` finds the previous release and the version says which
+code runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+
+import pytest
+from packaging.version import Version
+from upgradelib import ROOT, head_version, previous_release, recorded_releases
+
+import fulfilment
+from fulfilment.adapters.postgres.dispatcher_lock import DISPATCHER_LOCK_KEY
+from fulfilment.adapters.postgres.outbox import RELAY_LOCK_KEY
+
+
+def test_the_releases_are_recorded_oldest_first_each_with_its_whole_commit() -> None:
+    releases = recorded_releases()
+
+    assert releases, "releases.toml records no release"
+    versions = [Version(release.version) for release in releases]
+    assert versions == sorted(versions)
+    assert len(set(versions)) == len(versions)
+    assert all(re.fullmatch(r"[0-9a-f]{40}", release.commit) for release in releases)
+    assert len({release.commit for release in releases}) == len(releases)
+
+
+def test_this_tree_is_a_version_after_the_last_release() -> None:
+    # Between releases the version is the next one's development release (0.2.0.dev0), so
+    # that `--version`, the start-up lines and fulfilment_build_info tell it from the release.
+    last = recorded_releases()[-1]
+
+    assert Version(head_version()) > Version(last.version)
+    assert previous_release(head_version(), recorded_releases()) == last
+
+
+def test_the_installed_version_is_this_trees() -> None:
+    assert fulfilment.__version__ == head_version()
+
+
+def test_each_release_has_its_changelog_heading_naming_its_date_and_commit() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## \[([^\]]+)\](.*)$", changelog, re.MULTILINE)
+
+    assert headings[0] == ("Unreleased", "")
+    for release in recorded_releases():
+        wanted = f" - {release.date.isoformat()} - commit {release.short}"
+        assert (release.version, wanted) in headings, f"CHANGELOG: ## [{release.version}]{wanted}"
+    assert len(headings) == len(recorded_releases()) + 1
+
+
+def test_each_release_commit_carries_its_version_where_the_history_is_here() -> None:
+    for release in recorded_releases():
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{release.commit}:pyproject.toml"],
+            capture_output=True,
+            check=False,
+        )
+        if shown.returncode != 0:
+            pytest.skip(f"commit {release.short} is not in this clone (a shallow one)")
+        pyproject = tomllib.loads(shown.stdout.decode())
+        assert pyproject["project"]["version"] == release.version
+
+
+LOCK_KEYS = {
+    "RELAY_LOCK_KEY": ("src/fulfilment/adapters/postgres/outbox.py", RELAY_LOCK_KEY),
+    "DISPATCHER_LOCK_KEY": (
+        "src/fulfilment/adapters/postgres/dispatcher_lock.py",
+        DISPATCHER_LOCK_KEY,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCK_KEYS))
+def test_an_advisory_lock_key_is_the_previous_releases(name: str) -> None:
+    # A relay or dispatcher of this tree must stand by while the previous release's holds the
+    # lock during a rolling update (docs/development.md, "Changing the schema, the topology or
+    # a wire model"). Where the previous release has no such lock, there is nothing to match.
+    path, key = LOCK_KEYS[name]
+    previous = previous_release(head_version(), recorded_releases())
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "grep", "-h", f"^{name} = ", previous.commit, "--", "src"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if files.returncode == 128:  # git's code for a commit it does not have
+        pytest.skip(f"commit {previous.short} is not in this clone (a shallow one)")
+    found = re.findall(rf"^{name} = (\S+)", files.stdout, re.MULTILINE)
+    assert all(int(value, 0) == key for value in found), (path, found, hex(key))

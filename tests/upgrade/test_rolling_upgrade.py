@@ -1,0 +1,548 @@
+"""The previous release runs beside this one, under load, through the migration and a rolling
+update, as docs/deploy.md upgrades the service.
+
+The previous release (``releases.toml``, built from its commit and installed with its own lock
+file: ``conftest.previous``) migrates a new database, and its worker replicas and relay (and
+its dispatcher, with the warehouse simulator, once a release has one) serve a steady load of
+every input event kind: orders on hot SKUs, whole and partial cancels (some before their
+order) and shipments (``failoverlib.Load``). While they serve, this tree's ``fulfilment
+migrate`` runs (the migration Job), then this tree's dispatcher, workers and relay start beside
+them, and the old processes are stopped one at a time by SIGTERM, each after its replacement is
+ready (``maxSurge: 1``, ``maxUnavailable: 0``). The load goes on after the last of them is
+gone, then stops, and everything drains. The checks:
+
+- nothing lost, nothing applied twice, nothing dead-lettered: the product's reconciliation and
+  the comparison with the in-order sequence (stock's ``on_hand`` and ``reserved`` and every
+  order's lines as the events applied once each, in their logical order, leave them);
+- the outbox tells each order's lifecycle once, and every result event reached
+  ``fulfilment.events`` (a queue bound there), none twice;
+- with this tree's hand-off on: every reservation of its workers became one order at the
+  warehouse, every request was answered, none twice (``warehouse_harness.handoff_figures``);
+- every process of either release ran until it was stopped and exited 0, and each said its
+  release's version in its start-up line;
+- the pause: the longest gap between commits (the inbox's ``processed_at``) and between
+  publishes (the outbox's ``published_at``), in the table printed at the end.
+
+A rollback is not a rolling update: docs/deploy.md says so, and why (the previous release's
+processes refuse a newer schema); this test covers the way forward only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import pytest
+from failoverlib import Load, Primary
+from faultlib import assert_outbox_tells_the_lifecycle, connect_db, inbox_count
+from harness import FAST_SETTINGS, WorkerProcess, put_stock, queue_depth
+from pydantic import SecretStr
+from relay_harness import RelayProcess, bind_events_queue, take_events, unpublished
+from test_lifecycle_faults import (
+    STOCK,
+    LifecyclePlan,
+    Outcome,
+    assert_nothing_lost_nor_applied_twice,
+    compare_with_the_in_order_sequence,
+    lifecycle_plan,
+)
+from upgradelib import (
+    TABLES,
+    THIS_TREE,
+    InstalledRelease,
+    head_commit,
+    head_version,
+    longest_gap,
+    table,
+)
+from warehouse_harness import (
+    DispatcherProcess,
+    SimulatorProcess,
+    handoff_env,
+    handoff_figures,
+    open_requests,
+    request_statuses,
+)
+
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
+from fulfilment.settings import Settings
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(420)]
+
+WORKERS = 2
+"""Worker replicas of each release (the Deployment's ``replicas``)."""
+DELIVERY_LIMIT = 20
+"""Above the handful of returns the stopped workers' drains cause, so no innocent delivery is
+taken for poison; both releases declare the queues with it."""
+WAVE_SECONDS = 0.5
+"""A wave of 40 orders (with their cancels and shipments) every half second: about 110 events
+per second, a steady load that two workers of either release keep up with on two cores."""
+PLAN_ORDERS = 20_000
+"""More orders than the load ever publishes: it stops when the rollout is over."""
+OLD_ALONE_SECONDS = 6.0
+"""The previous release alone under the load before the migration."""
+DWELL_SECONDS = 2.0
+"""Between two steps of the rollout: both releases serve side by side meanwhile."""
+AFTER_SECONDS = 6.0
+"""The load kept on after the last process of the previous release stopped."""
+WAREHOUSE_RATE_PER_SECOND = "200"
+"""This tree's dispatcher's cap: high enough that the requests drain with the events."""
+PICK_DELAY_SECONDS = 0.3
+"""The simulated warehouse picks an order this long after it took it: a cancellation sent
+later is refused (``stock.cancel_refused``, a result event the previous release never wrote)."""
+LONGEST_PAUSE_SECONDS = 20.0
+"""A gap in commits longer than this is a stall, not a rollout's step."""
+
+
+def release_env(database_url: str, amqp_url: str) -> dict[str, str]:
+    """The environment of either release's processes: the suite's short time bounds, the
+    delivery limit, the relay polling every 0.2 s."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
+    env.update(FAST_SETTINGS)
+    env.update(
+        FULFILMENT_DATABASE_URL=database_url,
+        FULFILMENT_AMQP_URL=amqp_url,
+        FULFILMENT_LOG_LEVEL="INFO",
+        FULFILMENT_DELIVERY_LIMIT=str(DELIVERY_LIMIT),
+        FULFILMENT_RELAY_POLL_SECONDS="0.2",
+    )
+    return env
+
+
+def warehouse_variables(simulator: SimulatorProcess) -> dict[str, str]:
+    """The hand-off's ``FULFILMENT_WAREHOUSE_*`` variables against ``simulator``."""
+    return {
+        key: value
+        for key, value in handoff_env(
+            {}, simulator, FULFILMENT_WAREHOUSE_RATE_PER_SECOND=WAREHOUSE_RATE_PER_SECOND
+        ).items()
+        if key.startswith("FULFILMENT_WAREHOUSE_")
+    }
+
+
+async def migrate(fulfilment: str, env: dict[str, str]) -> float:
+    """``fulfilment migrate`` of one release; the seconds it took. Fails the test on an exit
+    other than 0."""
+    started = time.monotonic()
+    done = await asyncio.to_thread(
+        subprocess.run, [fulfilment, "migrate"], env=env, capture_output=True, timeout=120
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"{fulfilment} migrate exited {done.returncode}: "
+            f"{(done.stdout + done.stderr).decode(errors='replace')[-2000:]}",
+            pytrace=False,
+        )
+    return time.monotonic() - started
+
+
+class Fleet:
+    """The processes of both releases, by name; what each exited with."""
+
+    def __init__(self, *, old_dispatcher: bool) -> None:
+        self.old_dispatcher = old_dispatcher
+        """Whether the previous release has a dispatcher (and the hand-off)."""
+        self.processes: dict[str, WorkerProcess] = {}
+        self.exits: dict[str, int] = {}
+        self.stopped_at: dict[str, float] = {}
+        """When each was sent SIGTERM (epoch seconds)."""
+        self.handing_off: set[str] = set()
+        """The workers started with the hand-off on."""
+
+    async def start(self, name: str, process: WorkerProcess, *, wait_ready: bool = True) -> None:
+        """Start ``process`` (in a thread: the load goes on meanwhile), then check that every
+        other one still runs."""
+        self.processes[name] = process
+        await asyncio.to_thread(process.start, wait_ready=wait_ready)
+        self.assert_running()
+
+    async def stop(self, name: str) -> None:
+        """SIGTERM ``name`` and wait for its exit; every other one must still run."""
+        self.assert_running()
+        self.stopped_at[name] = time.time()
+        code, _ = await asyncio.to_thread(self.processes[name].terminate)
+        self.exits[name] = code
+
+    def assert_running(self) -> None:
+        """No process exited before it was stopped (a crash, or a refusal to serve)."""
+        for name, process in self.processes.items():
+            if name not in self.exits and process.process is not None:
+                code = process.process.poll()
+                if code is not None:
+                    self.exits[name] = code
+                    pytest.fail(f"{name} exited {code} unasked: {process.log_tail(10)}")
+
+    def running(self) -> list[str]:
+        return [name for name in self.processes if name not in self.exits]
+
+    def kill_all(self) -> None:
+        for process in self.processes.values():
+            process.stop_quietly()
+
+    def version(self, name: str) -> str:
+        """The version ``name`` gave in its start-up line (``<program>.starting``)."""
+        for line in self.processes[name].log_lines():
+            if str(line.get("event", "")).endswith(".starting"):
+                return str(line.get("version"))
+        return "none logged"
+
+    def handled(self, prefix: str) -> Counter[str]:
+        """Deliveries handled by the workers whose names start with ``prefix``, by outcome."""
+        outcomes: Counter[str] = Counter()
+        for name, process in self.processes.items():
+            if name.startswith(prefix) and "worker" in name:
+                for line in process.log_lines():
+                    if str(line.get("event", "")).endswith(".handled"):
+                        outcomes[str(line.get("outcome")).partition(":")[0]] += 1
+        return outcomes
+
+    def reserved_without_handoff(self) -> int:
+        """Orders reserved by workers without the hand-off, which record no warehouse request."""
+        return sum(
+            1
+            for name, process in self.processes.items()
+            if "worker" in name and name not in self.handing_off
+            for line in process.log_lines()
+            if line.get("event") == f"{ORDER_PLACED.event}.handled"
+            and line.get("outcome") == "reserved"
+        )
+
+
+def build_info(port: int) -> str:
+    """The ``fulfilment_build_info`` line of the process's ``/metrics`` on ``port``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+        text = page.read().decode()
+    return next(
+        (line for line in text.splitlines() if line.startswith("fulfilment_build_info")), ""
+    )
+
+
+async def settle(
+    db: asyncpg.Connection, broker: aio_pika.abc.AbstractConnection, plan: LifecyclePlan
+) -> None:
+    """Wait (2 minutes at most) until every published event is in the inbox, the queues are
+    empty, every warehouse request is answered and every result event is published."""
+    deadline = time.monotonic() + 120
+    while True:
+        depths = [await queue_depth(broker, queue.name) for queue in SUBSCRIBED_QUEUES]
+        counts = (await inbox_count(db), await open_requests(db), await unpublished(db))
+        if counts[0] >= len(plan.in_order) and not any(depths) and not any(counts[1:]):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"not drained in 120 s: {counts[0]} of {len(plan.in_order)} events in the inbox,"
+                f" queues {depths}, {counts[1]} requests open, {counts[2]} outbox rows unpublished"
+            )
+        await asyncio.sleep(0.3)
+
+
+async def without_refused_cancels(db: asyncpg.Connection, plan: LifecyclePlan) -> LifecyclePlan:
+    """``plan`` without the cancels the warehouse refused in its in-order sequence: such a
+    cancel changed nothing (the order stays reserved and ships); every event is still
+    published and in the inbox."""
+    refused = {
+        row["causation_id"]
+        for row in await db.fetch(
+            "SELECT causation_id FROM warehouse_requests"
+            " WHERE kind = 'cancellation' AND status = 'refused'"
+        )
+    }
+    return LifecyclePlan(
+        [event for event in plan.in_order if event.event_id not in refused],
+        plan.early,
+        plan.waves,
+    )
+
+
+async def start_previous(
+    fleet: Fleet,
+    previous: InstalledRelease,
+    env: dict[str, str],
+    db: asyncpg.Connection,
+    tmp_path: Path,
+) -> None:
+    """The previous release as it ran before the upgrade: its ``migrate`` of the new database,
+    the stock, its workers, relay and (if it has one) dispatcher, each ready."""
+    old = previous.release.version
+    await migrate(previous.fulfilment, env)
+    await put_stock(db, STOCK)
+    for index in range(WORKERS):
+        await fleet.start(
+            f"{old} worker {index}",
+            WorkerProcess(dict(env), tmp_path / f"old-worker-{index}.log", python=previous.python),
+        )
+    await fleet.start(
+        f"{old} relay", RelayProcess(dict(env), tmp_path / "old-relay.log", python=previous.python)
+    )
+    if fleet.old_dispatcher:
+        await fleet.start(
+            f"{old} dispatcher",
+            DispatcherProcess(dict(env), tmp_path / "old-dispatcher.log", python=previous.python),
+        )
+
+
+async def roll_out(
+    fleet: Fleet, old: str, new: str, env: dict[str, str], tmp_path: Path, *, handoff: bool
+) -> None:
+    """The rolling update of the Deployments: each new pod started (and ready) before an old
+    one is stopped by SIGTERM, one at a time, both releases serving in between. With
+    ``handoff``, ``env`` holds the hand-off's variables and the dispatcher starts first."""
+    if handoff:
+        await start_dispatcher(fleet, new, env, tmp_path)
+    for index in range(WORKERS):
+        await replace_worker(fleet, f"{old} worker {index}", f"{new} worker {index}", env, tmp_path)
+    await fleet.start(f"{new} relay", RelayProcess(dict(env), tmp_path / "new-relay.log"))
+    await asyncio.sleep(DWELL_SECONDS)
+    await fleet.stop(f"{old} relay")
+    if fleet.old_dispatcher:
+        await fleet.stop(f"{old} dispatcher")
+
+
+async def turn_handoff_on(fleet: Fleet, new: str, env: dict[str, str], tmp_path: Path) -> None:
+    """The hand-off turned on once the previous release is gone: the dispatcher, then a rolling
+    update of the workers with the ``FULFILMENT_WAREHOUSE_*`` variables in ``env``."""
+    await start_dispatcher(fleet, new, env, tmp_path)
+    for index in range(WORKERS):
+        name = f"{new} worker {index}"
+        await replace_worker(fleet, name, f"{name} with the hand-off", env, tmp_path)
+
+
+async def start_dispatcher(fleet: Fleet, new: str, env: dict[str, str], tmp_path: Path) -> None:
+    await fleet.start(
+        f"{new} dispatcher",
+        DispatcherProcess(dict(env), tmp_path / "new-dispatcher.log"),
+        # Beside the previous release's dispatcher it stands by until that one stops.
+        wait_ready=not fleet.old_dispatcher,
+    )
+
+
+async def replace_worker(
+    fleet: Fleet, old_name: str, new_name: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Start ``new_name``, a worker of this tree on ``env``, then stop ``old_name``."""
+    log = tmp_path / f"{new_name.replace(' ', '-')}.log"
+    await fleet.start(new_name, WorkerProcess(dict(env), log))
+    if "FULFILMENT_WAREHOUSE_URL" in env:
+        fleet.handing_off.add(new_name)
+    await asyncio.sleep(DWELL_SECONDS)
+    await fleet.stop(old_name)
+    await asyncio.sleep(DWELL_SECONDS)
+
+
+async def test_the_previous_release_runs_beside_this_one_through_a_rolling_update_under_load(
+    previous: InstalledRelease,
+    upgrade_database: str,
+    amqp_url: str,
+    simulator: SimulatorProcess,
+    tmp_path: Path,
+) -> None:
+    old, new = previous.release.version, head_version()
+    env = release_env(upgrade_database, amqp_url)
+    simulator.faults(pick_delay_seconds=PICK_DELAY_SECONDS)
+    warehouse = warehouse_variables(simulator)
+    fleet = Fleet(old_dispatcher=previous.has_command("dispatcher"))
+    # The previous release gets the hand-off's variables only if it knows them: 0.1.0 refuses
+    # to start on a FULFILMENT_* variable that is none of its settings.
+    old_env = env | (warehouse if fleet.old_dispatcher else {})
+    primary = Primary(upgrade_database)
+    db = await connect_db(upgrade_database)
+    run = Run()
+    load: Load | None = None
+    try:
+        await start_previous(fleet, previous, old_env, db, tmp_path)
+        async with await aio_pika.connect(amqp_url) as broker:
+            events = await bind_events_queue(broker)
+            plan = lifecycle_plan(
+                PLAN_ORDERS, cancelled=0.2, shipped=0.2, early=0.05, lag=1, seed=38
+            )
+            load = Load(plan, broker, primary, interval=WAVE_SECONDS)
+            load.start()
+            await asyncio.sleep(OLD_ALONE_SECONDS)
+            assert await inbox_count(db) > 0, "the previous release processed nothing"
+            # The migration Job of this tree's release, while the previous one serves.
+            run.migrate_seconds = await migrate(str(Path(THIS_TREE).with_name("fulfilment")), env)
+            fleet.assert_running()
+            await asyncio.sleep(DWELL_SECONDS)
+            started = time.monotonic()
+            # The hand-off (and its stock.cancel_refused) goes on in the rollout only when the
+            # previous release has it: 0.1.0's relay stops on a result event it does not know.
+            await roll_out(fleet, old, new, old_env, tmp_path, handoff=fleet.old_dispatcher)
+            run.rollout_seconds = time.monotonic() - started
+            if not fleet.old_dispatcher:
+                await turn_handoff_on(fleet, new, env | warehouse, tmp_path)
+            await asyncio.sleep(AFTER_SECONDS)
+            assert load.publishing, "the load ran out before the rollout ended: a longer plan"
+            load.stop()
+            await load.done()
+            plan = load.as_published()
+            await settle(db, broker, plan)
+            outbox = {str(row["event_id"]) for row in await db.fetch("SELECT event_id FROM outbox")}
+            run.received = await take_events(events, outbox)
+            run.metrics = {name: build_info(fleet.processes[name].port) for name in fleet.running()}
+        for name in fleet.running():
+            await fleet.stop(name)
+        outcome = await compare_with_the_in_order_sequence(
+            await without_refused_cancels(db, plan),
+            db,
+            Settings(database_url=SecretStr(upgrade_database), amqp_url=SecretStr(amqp_url)),
+        )
+        run.handoff = await handoff_figures(
+            db, simulator, reserved_before=fleet.reserved_without_handoff()
+        )
+        TABLES.append(await figures_table(previous, new, plan, outcome, fleet, db, run))
+        await assert_upgraded(plan, outcome, outbox, fleet, db, run, old=old, new=new)
+    finally:
+        if load is not None:
+            await load.cancel()
+        fleet.kill_all()
+        await primary.close()
+        with contextlib.suppress(Exception):
+            await db.close()
+
+
+@dataclass
+class Run:
+    """What the run measured beside the database."""
+
+    migrate_seconds: float = 0.0
+    rollout_seconds: float = 0.0
+    received: Counter[str] = field(default_factory=Counter)
+    """Every message of the queue bound to ``fulfilment.events``, by ``message_id``."""
+    metrics: dict[str, str] = field(default_factory=dict)
+    """Each process's ``fulfilment_build_info`` line, read before it stopped."""
+    handoff: dict[str, int] = field(default_factory=dict)
+    """``warehouse_harness.handoff_figures``."""
+
+
+async def assert_upgraded(
+    plan: LifecyclePlan,
+    outcome: Outcome,
+    outbox: set[str],
+    fleet: Fleet,
+    db: asyncpg.Connection,
+    run: Run,
+    *,
+    old: str,
+    new: str,
+) -> None:
+    """The checks of the module's docstring."""
+    # Nothing lost, applied twice or dead-lettered; stock exact.
+    assert_nothing_lost_nor_applied_twice(plan, outcome)
+    await assert_outbox_tells_the_lifecycle(
+        db, placed=plan.count(ORDER_PLACED), shipped=plan.count(ORDER_SHIPPED)
+    )
+    # Every result event published, none twice, none the outbox does not hold.
+    received = run.received
+    assert not outbox - set(received), f"{len(outbox - set(received))} never published"
+    assert set(received) <= outbox, "events published that the outbox does not hold"
+    assert sum(received.values()) == len(received), "result events published twice"
+    # Every warehouse request answered, once.
+    assert run.handoff == dict.fromkeys(run.handoff, 0), run.handoff
+    assert set(await request_statuses(db, "fulfilment_order")) <= {"accepted", "withdrawn"}
+    assert set(await request_statuses(db, "cancellation")) <= {"accepted", "withdrawn", "refused"}
+    # Both releases served, each process said its version, every exit was 0.
+    assert fleet.handled(old).total() > 0
+    assert fleet.handled(new).total() > 0
+    versions = {name: fleet.version(name) for name in fleet.processes}
+    assert versions == {name: name.split()[0] for name in fleet.processes}, versions
+    assert all(f'version="{new}"' in line for line in run.metrics.values()), run.metrics
+    assert fleet.exits == dict.fromkeys(fleet.processes, 0), fleet.exits
+    pause = await longest_gap(db, "inbox_messages", "processed_at")
+    assert pause < LONGEST_PAUSE_SECONDS, f"no commit for {pause} s"
+
+
+async def figures_table(
+    previous: InstalledRelease,
+    new: str,
+    plan: LifecyclePlan,
+    outcome: Outcome,
+    fleet: Fleet,
+    db: asyncpg.Connection,
+    run: Run,
+) -> str:
+    """The run's figures, as the table the session prints at its end."""
+    old = previous.release.version
+    reconciliation = outcome.reconciliation
+    received, handoff = run.received, run.handoff
+    requests = await request_statuses(db, "fulfilment_order") + await request_statuses(
+        db, "cancellation"
+    )
+
+    def exits(release: str) -> str:
+        return ", ".join(
+            f"{name.removeprefix(release + ' ')}: {code}"
+            for name, code in fleet.exits.items()
+            if name.startswith(release + " ")
+        )
+
+    placed, cancelled, shipped = (
+        plan.count(q) for q in (ORDER_PLACED, ORDER_CANCELLED, ORDER_SHIPPED)
+    )
+    twice = sum(received.values()) - len(received)
+    lost, duplicate = handoff["requests_lost"], handoff["duplicate_orders"]
+    refused_before = await db.fetchval(
+        "SELECT count(*) FROM outbox WHERE routing_key = 'stock.cancel_refused'"
+        " AND created_at < to_timestamp($1)",
+        fleet.stopped_at[f"{old} relay"],
+    )
+    refused = await db.fetchval(
+        "SELECT count(*) FROM outbox WHERE routing_key = 'stock.cancel_refused'"
+    )
+    return table(
+        f"Rolling upgrade {old} ({previous.release.short}) -> {new} ({head_commit()}), "
+        f"{os.cpu_count()} cores",
+        [
+            (
+                "events (orders, cancels, shipments)",
+                f"{len(plan.in_order)} ({placed}, {cancelled}, {shipped})",
+            ),
+            (
+                f"handled by {old} / by {new}",
+                f"{fleet.handled(old).total()} / {fleet.handled(new).total()}",
+            ),
+            ("lost", len(reconciliation.missing)),
+            ("applied twice", outcome.applied_twice),
+            ("processed and dead-lettered", len(reconciliation.twice)),
+            ("dead-lettered", reconciliation.dead_lettered),
+            ("stock exact (on_hand, reserved)", "yes" if not outcome.skus_differing else "no"),
+            ("invariants hold", "yes" if reconciliation.invariants_hold else "no"),
+            (
+                "result events (distinct, received, received twice)",
+                f"{len(received)}, {sum(received.values())}, {twice}",
+            ),
+            (
+                "warehouse requests (closed; lost, duplicate, cancelled twice)",
+                f"{requests.total()}; {lost}, {duplicate}, {handoff['cancels_applied_twice']}",
+            ),
+            (
+                f"stock.cancel_refused (written while {old}'s relay ran)",
+                f"{refused} ({refused_before})",
+            ),
+            (
+                "hand-off turned on",
+                "in the rollout" if fleet.old_dispatcher else f"after the rollout ({old} has none)",
+            ),
+            (f"{new} migrate under load", f"{run.migrate_seconds:.1f} s"),
+            ("rollout (first new start to last old exit)", f"{run.rollout_seconds:.1f} s"),
+            (
+                "longest gap between commits",
+                f"{await longest_gap(db, 'inbox_messages', 'processed_at')} s",
+            ),
+            (
+                "longest gap between publishes",
+                f"{await longest_gap(db, 'outbox', 'published_at')} s",
+            ),
+            (f"exits of {old}", exits(old)),
+            (f"exits of {new}", exits(new)),
+        ],
+    )
