@@ -171,8 +171,8 @@ RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
     "reserve_orders": Decision(
         "function",
         (),
-        "kept for the workers of the release before 0007, which ran with the owner's URL;"
-        " no worker of this release calls it",
+        "dropped by 0013 (whose downgrade loads it again), kept by 0007 for the workers of"
+        " the release before it, which ran with the owner's URL; no worker since calls it",
     ),
 }
 """Every table, sequence and function of the schema, by name: what the runtime role may do
