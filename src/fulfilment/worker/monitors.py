@@ -1,7 +1,7 @@
 """Background tasks of a worker, and the supervisor that keeps them running.
 
 - :func:`poll_queues`: depth and consumers of every subscribed queue and its DLQ
-  (``contracts.topology.SUBSCRIBED_QUEUES``), by a passive declare (cheap: no message is
+  (``routes.table.SUBSCRIBED_QUEUES``), by a passive declare (cheap: no message is
   touched), and the age of the oldest message of the DLQs.
 - :func:`check_invariants`: the stock invariants of ``fulfilment report``.
 - :func:`background`: runs every such task (and any later one: the consumer watchdog, a relay,
@@ -31,8 +31,8 @@ from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq.inspection import QueueState, peek_head, queue_state
 from fulfilment.backoff import doubling_wait
 from fulfilment.contracts.dead_letter import describe_dead_letter
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.observability.metrics import INVARIANTS
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
