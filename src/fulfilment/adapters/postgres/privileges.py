@@ -168,12 +168,6 @@ RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
         )
         for route in ROUTES
     },
-    "reserve_orders": Decision(
-        "function",
-        (),
-        "dropped by 0013 (whose downgrade loads it again), kept by 0007 for the workers of"
-        " the release before it, which ran with the owner's URL; no worker since calls it",
-    ),
 }
 """Every table, sequence and function of the schema, by name: what the runtime role may do
 with it. Add an entry with each revision that creates an object (the migration refuses to
