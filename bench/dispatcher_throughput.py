@@ -30,16 +30,14 @@ import asyncpg
 import uvloop
 from sqlalchemy.engine import make_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pydantic import SecretStr
-from warehouse_harness import TOKEN, SimulatorProcess
 
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
-from fulfilment.adapters.warehouse_system.client import (
+from fulfilment.adapters.warehouse.client import (
     WarehouseClient,
     WarehouseClientOptions,
     build_http_client,
@@ -49,7 +47,8 @@ from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
-from services import throwaway_database
+from tests.e2e.warehouse_harness import TOKEN, SimulatorProcess
+from tests.support.services import throwaway_database
 
 _FILL = (
     "INSERT INTO warehouse_requests"

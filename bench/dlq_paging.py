@@ -30,7 +30,7 @@ from pathlib import Path
 
 import aio_pika
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_placed import order_placed_body
@@ -40,7 +40,7 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_DEAD_LETTER_QUEUE,
 )
 from fulfilment.worker.topology import Topology, declare_topology
-from services import AMQP_URL
+from tests.support.services import AMQP_URL
 
 FULFILMENT = str(Path(sys.executable).with_name("fulfilment"))
 PUBLISH_AT_ONCE = 500

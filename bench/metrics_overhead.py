@@ -6,7 +6,7 @@ Prints microseconds per delivery for:
    gauge up and down, the per-delivery retry context), with the outcome child bound once
    versus looked up with ``.labels()`` each time;
 2. a whole delivery through FastStream's in-memory broker and ``on_order_placed`` with the
-   in-memory warehouse, and the share of it the bound updates take.
+   in-memory stock store, and the share of it the bound updates take.
 
 Run: ``uv run python bench/metrics_overhead.py [deliveries]``.
 """
@@ -21,11 +21,10 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from faststream.rabbit import TestRabbitBroker
 
-from fakes import InMemoryWarehouse
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.topology import ORDER_PLACED_ROUTING_KEY
 from fulfilment.entrypoints.worker import build_worker, new_metrics
@@ -33,6 +32,7 @@ from fulfilment.observability.logging import configure_logging
 from fulfilment.settings import Settings
 from fulfilment.worker.dead_lettering import begin_delivery
 from fulfilment.worker.topology import Topology
+from tests.support.fakes import FakeStock
 
 
 def metric_updates(rounds: int) -> tuple[float, float]:
@@ -67,9 +67,9 @@ async def _no_database() -> None:
 
 async def deliveries(count: int) -> float:
     """Microseconds per delivery through the in-memory broker, reserved by the fake."""
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": count * 2})
-    worker = build_worker(Settings(), warehouse=warehouse, database_ping=_no_database)
+    stock = FakeStock()
+    await stock.put_stock({"85123A": count * 2})
+    worker = build_worker(Settings(), stock=stock, database_ping=_no_database)
     bodies = [
         order_placed_body(
             event_id=uuid.uuid4(),

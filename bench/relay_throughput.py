@@ -28,14 +28,14 @@ import asyncpg
 import uvloop
 from sqlalchemy.engine import make_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay.service import Relay, RelayOptions
-from services import AMQP_URL, throwaway_database
+from tests.support.services import AMQP_URL, throwaway_database
 
 KEYS = ("stock.reserved", "stock.released", "stock.shipped")
 

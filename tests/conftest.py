@@ -23,12 +23,16 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from services import ADMIN_DATABASE_URL, AMQP_URL, service_unavailable, throwaway_database
+from tests.support.services import (
+    ADMIN_DATABASE_URL,
+    AMQP_URL,
+    service_unavailable,
+    throwaway_database,
+)
 
 if TYPE_CHECKING:
-    from relay_harness import RelayProcess
-
-    from private_broker import PrivateBroker
+    from tests.e2e.relay_harness import RelayProcess
+    from tests.support.private_broker import PrivateBroker
 
 
 async def _probe_postgres() -> None:
@@ -90,8 +94,8 @@ def private_broker() -> Iterator[PrivateBroker]:
     shipped users and permissions (``tests/deploy/test_broker_definitions.py``); the
     machine's own broker is not touched.
     """
-    from certificates import make_ca, make_server_certificate  # noqa: PLC0415
-    from private_broker import PrivateBroker, PrivateBrokerError, missing_tools  # noqa: PLC0415
+    from tests.support.certificates import make_ca, make_server_certificate  # noqa: PLC0415
+    from tests.support.private_broker import PrivateBroker, PrivateBrokerError, missing_tools  # noqa: PLC0415
 
     missing = missing_tools()
     if missing:
@@ -170,7 +174,7 @@ def relays() -> Iterator[list[RelayProcess]]:
 def worker_env(clean_database: str, amqp_url: str) -> dict[str, str]:
     """Environment of a worker process on this session's database and vhost, with short
     time bounds (``harness.FAST_SETTINGS``) so that tests of failures finish quickly."""
-    from harness import FAST_SETTINGS  # noqa: PLC0415 - tests/e2e is on the path for pytest
+    from tests.e2e.harness import FAST_SETTINGS  # noqa: PLC0415
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
     env.update(FAST_SETTINGS)

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import aio_pika
 import aiormq.exceptions
-from faultlib import Cluster, Order
-from harness import WorkerProcess
-from rabbit_cluster import ClusterError, Node, RabbitCluster
 
 from fulfilment.contracts.topology import (
     ORDER_PLACED_QUEUE,
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
+from tests.cluster.rabbit_cluster import ClusterError, Node, RabbitCluster
+from tests.e2e.harness import WorkerProcess
+from tests.faults.faultlib import Cluster, Order
 
 HANDLED = "order_placed.handled"
 """The log line each worker writes for a handled delivery (``worker.delivery``)."""

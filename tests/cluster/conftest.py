@@ -18,14 +18,14 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from faultlib import Cluster
-from harness import FAST_SETTINGS
 from pydantic import SecretStr
-from rabbit_cluster import ClusterError, RabbitCluster, missing_tools
 
 from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
 from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
-from services import service_unavailable
+from tests.cluster.rabbit_cluster import ClusterError, RabbitCluster, missing_tools
+from tests.e2e.harness import FAST_SETTINGS
+from tests.faults.faultlib import Cluster
+from tests.support.services import service_unavailable
 
 FOLDER = Path(__file__).parent
 

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 # Run as a script too (``make rabbitmq-cluster``), where pytest's pythonpath does not apply.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import rabbit_node
-from rabbit_node import RABBITMQ_BIN, spare_port
+from tests.support import rabbit_node
+from tests.support.rabbit_node import RABBITMQ_BIN, spare_port
 
 NODE_NAME = "fulfilment-test-{index}@localhost"
 

@@ -18,8 +18,14 @@ from collections.abc import Awaitable, Callable
 import aio_pika
 import asyncpg
 import pytest
-from clusterlib import SteadyPublisher, Watch, all_members_online, ctl, recovery
-from faultlib import (
+
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
+from fulfilment.settings import Settings
+from fulfilment.worker.topology import INITIAL_GROUP_SIZE
+from tests.cluster.clusterlib import SteadyPublisher, Watch, all_members_online, ctl, recovery
+from tests.cluster.rabbit_cluster import Node, RabbitCluster
+from tests.e2e.harness import put_stock
+from tests.faults.faultlib import (
     AMPLE_STOCK,
     LIMIT,
     Cluster,
@@ -30,12 +36,6 @@ from faultlib import (
     run_until_settled,
     synthetic_orders,
 )
-from harness import put_stock
-from rabbit_cluster import Node, RabbitCluster
-
-from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
-from fulfilment.settings import Settings
-from fulfilment.worker.topology import INITIAL_GROUP_SIZE
 
 pytestmark = [pytest.mark.postgres]
 

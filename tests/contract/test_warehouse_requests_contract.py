@@ -17,10 +17,8 @@ import sqlalchemy as sa
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
-from builders import cancellation, in_trace, order, shipment
-from fakes import InMemoryWarehouse, InMemoryWarehouseRequests, RecordedEvent
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.contracts.warehouse_bodies import request_body
 from fulfilment.domain.handoff import (
@@ -38,6 +36,8 @@ from fulfilment.domain.lifecycle import CancelKind
 from fulfilment.domain.model import OrderLine, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
+from tests.support.builders import cancellation, in_trace, order, shipment
+from tests.support.fakes import FakeStock, FakeWarehouseRequests, RecordedEvent
 
 LEASE = 30.0
 """A lease no test outlives, unless it waits for one to end."""
@@ -48,15 +48,15 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 class Stores:
     """The stock store (hand-off on) and the requests' store over the same rows."""
 
-    def __init__(self, warehouse, requests) -> None:
-        self.warehouse = warehouse
+    def __init__(self, stock, requests) -> None:
+        self.stock = stock
         self.requests = requests
 
     async def placed(self, *lines, traceparent=None):
-        await self.warehouse.put_stock({"A": 10, "B": 10, "C": 10})
+        await self.stock.put_stock({"A": 10, "B": 10, "C": 10})
         command = order(*lines)
         with in_trace(traceparent):
-            await self.warehouse.apply(command)
+            await self.stock.apply(command)
         return command
 
     async def accepted(self, *lines, warehouse_id="WH-1"):
@@ -66,14 +66,14 @@ class Stores:
         await self.requests.record(sent, Accepted(201, '{"status": "received"}', warehouse_id))
         return command
 
-    async def stock(self):
-        return await self.warehouse.stock(["A", "B", "C"])
+    async def levels_of(self):
+        return await self.stock.levels_of(["A", "B", "C"])
 
     async def released_order_marks(self):
         """``released_order`` of every request, in the order recorded."""
-        if isinstance(self.warehouse, InMemoryWarehouse):
-            return [r.released_order for r in self.warehouse.requests]
-        async with self.warehouse.engine.connect() as connection:
+        if isinstance(self.stock, FakeStock):
+            return [r.released_order for r in self.stock.requests]
+        async with self.stock.engine.connect() as connection:
             rows = await connection.execute(
                 sa.text("SELECT released_order FROM warehouse_requests ORDER BY id")
             )
@@ -81,9 +81,9 @@ class Stores:
 
     async def result_events(self):
         """The result events written, in order, less event_id and occurred_at."""
-        if isinstance(self.warehouse, InMemoryWarehouse):
-            return list(self.warehouse.result_events)
-        async with self.warehouse.engine.connect() as connection:
+        if isinstance(self.stock, FakeStock):
+            return list(self.stock.result_events)
+        async with self.stock.engine.connect() as connection:
             rows = await connection.execute(
                 sa.text("SELECT routing_key, body, traceparent FROM outbox ORDER BY id")
             )
@@ -97,8 +97,8 @@ class Stores:
 
 @pytest.fixture
 def memory_stores():
-    warehouse = InMemoryWarehouse(handoff=True)
-    return Stores(warehouse, InMemoryWarehouseRequests(warehouse))
+    stock = FakeStock(handoff=True)
+    return Stores(stock, FakeWarehouseRequests(stock))
 
 
 @pytest.fixture
@@ -108,9 +108,7 @@ async def postgres_stores(clean_database):
     )
     try:
         yield Stores(
-            PostgresWarehouse(
-                engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True
-            ),
+            PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True),
             PostgresWarehouseRequests(engine, retry_budget_seconds=2.0),
         )
     finally:
@@ -199,7 +197,7 @@ async def test_a_claim_takes_at_most_its_limit_oldest_first(stores):
 
 async def test_a_cancel_before_the_first_claim_shrinks_the_body(stores):
     command = await stores.placed(("A", 3), ("B", 2))
-    await stores.warehouse.apply(cancellation(command.order_id, ("A", 1), ("B", 2)))
+    await stores.stock.apply(cancellation(command.order_id, ("A", 1), ("B", 2)))
 
     [claimed] = await stores.requests.claim(10, lease_seconds=LEASE)
 
@@ -208,7 +206,7 @@ async def test_a_cancel_before_the_first_claim_shrinks_the_body(stores):
 
 async def test_a_withdrawn_request_is_never_claimed(stores):
     command = await stores.placed(("A", 3))
-    await stores.warehouse.apply(cancellation(command.order_id))
+    await stores.stock.apply(cancellation(command.order_id))
 
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []
 
@@ -218,7 +216,7 @@ async def test_a_cancel_after_the_first_claim_keeps_the_body_and_records_a_cance
     [claimed] = await stores.requests.claim(10, lease_seconds=0.3)
     cancel = cancellation(command.order_id, ("A", 1))
 
-    outcome = await stores.warehouse.apply(cancel)
+    outcome = await stores.stock.apply(cancel)
     await asyncio.sleep(0.5)
     [again] = await stores.requests.claim(10, lease_seconds=LEASE)
 
@@ -228,7 +226,7 @@ async def test_a_cancel_after_the_first_claim_keeps_the_body_and_records_a_cance
     record = await stores.requests.get(claimed.idempotency_key)
     assert record is not None
     assert record.lines == (OrderLine("A", 3),)
-    assert await stores.stock() == {
+    assert await stores.levels_of() == {
         "A": StockLevel(10, 3),
         "B": StockLevel(10),
         "C": StockLevel(10),
@@ -242,7 +240,7 @@ async def test_a_cancellation_is_not_claimable_before_its_order_is_accepted(stor
     command = await stores.placed(("A", 3))
     [sent] = await stores.requests.claim(10, lease_seconds=0.3)
     cancel = cancellation(command.order_id)
-    await stores.warehouse.apply(cancel)
+    await stores.stock.apply(cancel)
     await asyncio.sleep(0.5)
 
     again = await stores.requests.claim(10, lease_seconds=LEASE)
@@ -266,8 +264,8 @@ async def test_a_cancellation_first_sent_asks_only_what_the_order_still_holds(st
     command = await stores.accepted(("A", 3), ("B", 2))
     first = cancellation(command.order_id, ("A", 1))
     second = cancellation(command.order_id, ("A", 5), ("B", 2))
-    await stores.warehouse.apply(first)
-    await stores.warehouse.apply(second)
+    await stores.stock.apply(first)
+    await stores.stock.apply(second)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
     assert json.loads(cancelling.body) == {"lines": [{"sku": "A", "quantity": 1}]}
     await stores.requests.record(cancelling, Accepted(201, '{"status": "partially_cancelled"}'))
@@ -279,7 +277,7 @@ async def test_a_cancellation_first_sent_asks_only_what_the_order_still_holds(st
         "lines": [{"sku": "A", "quantity": 2}, {"sku": "B", "quantity": 2}]
     }
     await stores.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
-    assert await stores.stock() == {
+    assert await stores.levels_of() == {
         "A": StockLevel(10),
         "B": StockLevel(10),
         "C": StockLevel(10),
@@ -291,27 +289,27 @@ async def test_a_cancellation_that_finds_nothing_left_to_ask_is_withdrawn_unsent
     # A whole cancel accepted first leaves nothing for the second to ask, whole or in part;
     # and a second asking only for a SKU the first took finds nothing of its lines.
     command = await stores.accepted(("A", 3), ("B", 2))
-    await stores.warehouse.apply(cancellation(command.order_id))
+    await stores.stock.apply(cancellation(command.order_id))
     later = cancellation(command.order_id, *(asked or []))
-    await stores.warehouse.apply(later)
+    await stores.stock.apply(later)
     [whole] = await stores.requests.claim(10, lease_seconds=LEASE)
     await stores.requests.record(whole, Accepted(201, '{"status": "cancelled"}'))
 
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []
     [record] = await stores.requests.find({RequestStatus.WITHDRAWN}, 10)
     assert (record.kind, record.attempts) == (RequestKind.CANCELLATION, 0)
-    assert (await stores.stock())["A"] == StockLevel(10)
+    assert (await stores.levels_of())["A"] == StockLevel(10)
 
 
 async def test_a_cancellation_of_lines_taken_by_an_earlier_one_is_withdrawn_unsent(stores):
     command = await stores.accepted(("A", 3), ("B", 2))
-    await stores.warehouse.apply(cancellation(command.order_id, ("A", 3)))
-    await stores.warehouse.apply(cancellation(command.order_id, ("A", 1)))
+    await stores.stock.apply(cancellation(command.order_id, ("A", 3)))
+    await stores.stock.apply(cancellation(command.order_id, ("A", 1)))
     [first] = await stores.requests.claim(10, lease_seconds=LEASE)
     await stores.requests.record(first, Accepted(201, '{"status": "partially_cancelled"}'))
 
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []
-    assert await stores.stock() == {
+    assert await stores.levels_of() == {
         "A": StockLevel(10),
         "B": StockLevel(10, 2),
         "C": StockLevel(10),
@@ -325,8 +323,8 @@ async def test_a_later_request_of_an_order_waits_until_the_earlier_one_is_answer
     command = await stores.accepted(("A", 3))
     first = cancellation(command.order_id, ("A", 1))
     second = cancellation(command.order_id, ("A", 2))
-    await stores.warehouse.apply(first)
-    await stores.warehouse.apply(second)
+    await stores.stock.apply(first)
+    await stores.stock.apply(second)
     other = await stores.placed(("B", 1))
 
     claimed = await stores.requests.claim(10, lease_seconds=LEASE)
@@ -404,10 +402,10 @@ async def test_an_accepted_fulfilment_order_keeps_the_warehouse_id(stores):
 
 async def test_a_batch_of_answers_records_each_as_record_would(stores):
     cancelled = await stores.accepted(("A", 3))
-    await stores.warehouse.apply(cancellation(cancelled.order_id))
+    await stores.stock.apply(cancellation(cancelled.order_id))
     orders = [order(("B", 1)), order(("C", 1)), order(("B", 2))]
     for command in orders:
-        await stores.warehouse.apply(command)
+        await stores.stock.apply(command)
     cancelling, accepted, retried, failed = await stores.requests.claim(10, lease_seconds=LEASE)
     assert cancelling.kind is RequestKind.CANCELLATION
     before = datetime.now(UTC)
@@ -435,7 +433,7 @@ async def test_a_batch_of_answers_records_each_as_record_would(stores):
     cancel_record = await stores.requests.get(cancelling.idempotency_key)
     assert cancel_record is not None
     assert cancel_record.status is RequestStatus.ACCEPTED
-    assert (await stores.stock())["A"] == StockLevel(10, 0)
+    assert (await stores.levels_of())["A"] == StockLevel(10, 0)
     assert [event.routing_key for event in await stores.result_events()][-1] == "stock.released"
 
 
@@ -465,13 +463,13 @@ async def test_an_accepted_cancellation_releases_then_with_its_event(
     command = await stores.accepted(("A", 3))
     cancel = cancellation(command.order_id, *asked)
     with in_trace(TRACEPARENT):
-        await stores.warehouse.apply(cancel)
-    assert (await stores.stock())["A"] == StockLevel(10, 3)
+        await stores.stock.apply(cancel)
+    assert (await stores.levels_of())["A"] == StockLevel(10, 3)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
     await stores.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
 
-    assert (await stores.stock())["A"] == held
+    assert (await stores.levels_of())["A"] == held
     events = await stores.result_events()
     units = 1 if asked else 3
     assert events[1:] == [
@@ -482,19 +480,19 @@ async def test_an_accepted_cancellation_releases_then_with_its_event(
     assert record.status is RequestStatus.ACCEPTED
     # Only the cancellation that leaves the order released is marked as its release.
     assert await stores.released_order_marks() == [False, expected_status == "released"]
-    again = await stores.warehouse.apply(cancellation(command.order_id, ("A", 1)))
+    again = await stores.stock.apply(cancellation(command.order_id, ("A", 1)))
     assert again.kind is (CancelKind.CANCEL_REQUESTED if asked else CancelKind.IGNORED)
 
 
 async def test_an_accepted_cancellation_of_an_order_shipped_meanwhile_releases_nothing(stores):
     command = await stores.accepted(("A", 3))
-    await stores.warehouse.apply(cancellation(command.order_id))
+    await stores.stock.apply(cancellation(command.order_id))
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
-    await stores.warehouse.apply(shipment(command.order_id))
+    await stores.stock.apply(shipment(command.order_id))
 
     await stores.requests.record(cancelling, Accepted(200, '{"status": "cancelled"}'))
 
-    assert (await stores.stock())["A"] == StockLevel(7, 0)
+    assert (await stores.levels_of())["A"] == StockLevel(7, 0)
     assert [e.routing_key for e in await stores.result_events()] == [
         "stock.reserved",
         "stock.shipped",
@@ -511,12 +509,12 @@ async def test_a_refused_cancellation_keeps_the_order_reserved_and_says_so(store
     command = await stores.accepted(("A", 3), warehouse_id="WH-3")
     cancel = cancellation(command.order_id, *asked)
     with in_trace(TRACEPARENT):
-        await stores.warehouse.apply(cancel)
+        await stores.stock.apply(cancel)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
     await stores.requests.record(cancelling, Refused(409, '{"error": "too_late"}'))
 
-    assert (await stores.stock())["A"] == StockLevel(10, 3)
+    assert (await stores.levels_of())["A"] == StockLevel(10, 3)
     assert (await stores.result_events())[1:] == [
         RecordedEvent(
             "stock.cancel_refused",
@@ -533,7 +531,7 @@ async def test_a_refused_cancellation_keeps_the_order_reserved_and_says_so(store
     record = await stores.requests.get(cancelling.idempotency_key)
     assert record is not None
     assert (record.status, record.last_status_code) == (RequestStatus.REFUSED, 409)
-    assert (await stores.warehouse.apply(shipment(command.order_id))).lines == (OrderLine("A", 3),)
+    assert (await stores.stock.apply(shipment(command.order_id))).lines == (OrderLine("A", 3),)
 
 
 async def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_locally(stores):
@@ -541,12 +539,12 @@ async def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_local
     [sent] = await stores.requests.claim(10, lease_seconds=LEASE)
     first = cancellation(command.order_id, ("A", 1))
     second = cancellation(command.order_id, ("A", 5))
-    await stores.warehouse.apply(first)
-    await stores.warehouse.apply(second)
+    await stores.stock.apply(first)
+    await stores.stock.apply(second)
 
     await stores.requests.record(sent, Failed("unknown_sku", '{"error": "unknown sku"}', 422))
 
-    assert await stores.stock() == {
+    assert await stores.levels_of() == {
         "A": StockLevel(10, 0),
         "B": StockLevel(10, 2),
         "C": StockLevel(10),
@@ -558,7 +556,7 @@ async def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_local
     statuses = [r.status for r in await stores.requests.find(list(RequestStatus), 10)]
     assert statuses == [RequestStatus.FAILED, RequestStatus.WITHDRAWN, RequestStatus.WITHDRAWN]
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []
-    after = await stores.warehouse.apply(cancellation(command.order_id))
+    after = await stores.stock.apply(cancellation(command.order_id))
     assert (after.kind, after.lines) == (CancelKind.RELEASED, (OrderLine("B", 2),))
     # Released by the inbox's cancel, not by a request: none is marked.
     assert await stores.released_order_marks() == [False, False, False]
@@ -568,22 +566,22 @@ async def test_a_failed_fulfilment_order_marks_the_waiting_cancel_that_released_
     command = await stores.placed(("A", 3))
     [sent] = await stores.requests.claim(10, lease_seconds=LEASE)
     for cancel in (cancellation(command.order_id), cancellation(command.order_id, ("A", 1))):
-        assert (await stores.warehouse.apply(cancel)).kind is CancelKind.CANCEL_REQUESTED
+        assert (await stores.stock.apply(cancel)).kind is CancelKind.CANCEL_REQUESTED
 
     await stores.requests.record(sent, Failed("unknown_sku", '{"error": "unknown sku"}', 422))
 
-    assert (await stores.stock())["A"] == StockLevel(10, 0)
+    assert (await stores.levels_of())["A"] == StockLevel(10, 0)
     assert await stores.released_order_marks() == [False, True, False]
 
 
 async def test_a_failed_cancellation_releases_nothing(stores):
     command = await stores.accepted(("A", 3))
-    await stores.warehouse.apply(cancellation(command.order_id))
+    await stores.stock.apply(cancellation(command.order_id))
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
     await stores.requests.record(cancelling, Failed("not_found", "404", 404))
 
-    assert (await stores.stock())["A"] == StockLevel(10, 3)
+    assert (await stores.levels_of())["A"] == StockLevel(10, 3)
     record = await stores.requests.get(cancelling.idempotency_key)
     assert record is not None
     assert record.status is RequestStatus.FAILED
@@ -667,7 +665,7 @@ async def test_resend_refuses_an_open_request_an_unknown_key_and_an_order_cancel
     open_one = await stores.placed(("A", 1))
     [pending] = await stores.requests.find([RequestStatus.PENDING], 10)
     [sent] = await stores.requests.claim(10, lease_seconds=LEASE)
-    await stores.warehouse.apply(cancellation(open_one.order_id, ("A", 1)))
+    await stores.stock.apply(cancellation(open_one.order_id, ("A", 1)))
     await stores.requests.record(sent, Failed("refused", "422", 422))
 
     assert await stores.requests.resend(open_one.event_id, operator="ops") is False
@@ -676,9 +674,9 @@ async def test_resend_refuses_an_open_request_an_unknown_key_and_an_order_cancel
 
 
 async def audit_of(stores):
-    if isinstance(stores.requests, InMemoryWarehouseRequests):
+    if isinstance(stores.requests, FakeWarehouseRequests):
         return [(key, str(status), who) for key, status, who in stores.requests.audit]
-    async with stores.warehouse.engine.connect() as connection:
+    async with stores.stock.engine.connect() as connection:
         rows = await connection.execute(
             sa.text(
                 "SELECT idempotency_key, status_before, operator FROM warehouse_request_audit"

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from stack import CHECKS, Stack, all_problems, load_stack, problems_of
+
+from tests.deploy.stack import CHECKS, Stack, all_problems, load_stack, problems_of
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,13 @@ import aio_pika
 import aiormq.channel
 import pytest
 from aiormq.exceptions import ChannelAccessRefused
-from stack import Stack, compose_environment, load_stack
 
 from fulfilment.contracts.topology import EVENTS_EXCHANGE, ORDERS_EXCHANGE
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import BrokerSettings
 from fulfilment.worker.topology import Topology, declare_topology
-from private_broker import PrivateBroker
+from tests.deploy.stack import Stack, compose_environment, load_stack
+from tests.support.private_broker import PrivateBroker
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -29,13 +29,20 @@ from pathlib import Path
 import asyncpg
 import psutil
 import pytest
-from harness import free_port
 from sqlalchemy.engine import make_url
-from stack import ROOT, Stack, dockerfile_env, dockerfile_stages, instructions, load_stack
 
 from fulfilment.entrypoints.cli.demo import DEMO_NOT_INSTALLED
 from fulfilment.exit_codes import ExitCode
-from services import ADMIN_DATABASE_URL, service_unavailable
+from tests.deploy.stack import (
+    ROOT,
+    Stack,
+    dockerfile_env,
+    dockerfile_stages,
+    instructions,
+    load_stack,
+)
+from tests.e2e.harness import free_port
+from tests.support.services import ADMIN_DATABASE_URL, service_unavailable
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.e2e]
 

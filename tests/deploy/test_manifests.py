@@ -18,7 +18,8 @@ import kubernetes_validate
 import pytest
 from cloudcoil.models.keda.v1alpha1 import ScaledObject, TriggerAuthentication
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor, PrometheusRule
-from stack import Stack, load_stack
+
+from tests.deploy.stack import Stack, load_stack
 
 KUBERNETES_VERSIONS = ["1.30.0", "1.33.0"]
 """The oldest Kubernetes the manifests support (policy/v1, batch/v1 Job TTL, seccompProfile

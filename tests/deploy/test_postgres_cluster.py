@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from stack import Stack, k8s_environment, load_stack, worker_deployment
+
+from tests.deploy.stack import Stack, k8s_environment, load_stack, worker_deployment
 
 STACK = load_stack()
 

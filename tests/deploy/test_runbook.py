@@ -40,10 +40,8 @@ from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import make_url
-from stack import ROOT, Stack, check_scaling, http_get, is_setting, load_stack
 from typer.core import TyperGroup
 
-from fakes import InMemoryWarehouse
 from fulfilment.contracts import dead_letter
 from fulfilment.contracts.dead_letter import FailureClass
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
@@ -53,6 +51,8 @@ from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.observability.tracing import Tracing
 from fulfilment.settings import Settings
+from tests.deploy.stack import ROOT, Stack, check_scaling, http_get, is_setting, load_stack
+from tests.support.fakes import FakeStock
 
 RUNBOOK = ROOT / "docs/runbook.md"
 SOURCE = ROOT / "src/fulfilment"
@@ -197,7 +197,7 @@ def _worker_registry() -> Any:
     async def no_database() -> None:
         return None
 
-    worker = build_worker(Settings(), warehouse=InMemoryWarehouse(), database_ping=no_database)
+    worker = build_worker(Settings(), stock=FakeStock(), database_ping=no_database)
     return worker.metrics.registry
 
 

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from opentelemetry.sdk.trace import TracerProvider
-from stack import ROOT, load_stack
+
+from tests.deploy.stack import ROOT, load_stack
 
 STACK = load_stack()
 COLLECTOR = yaml.safe_load((ROOT / "deploy/otel/collector.yaml").read_text())

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import aio_pika
 import pytest
-from harness import WorkerProcess
 
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from tests.e2e.harness import WorkerProcess
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, free_port, program
 
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
+from tests.e2e.harness import WorkerProcess, free_port, program
 
 FULFILMENT = str(Path(sys.executable).with_name("fulfilment"))
 

@@ -15,7 +15,9 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import (
+
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
+from tests.e2e.harness import (
     WorkerProcess,
     drain_dead_letters,
     order_event,
@@ -24,8 +26,6 @@ from harness import (
     spawn,
     wait_for,
 )
-
-from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import (
+
+from fulfilment.contracts.topology import EVENTS_EXCHANGE, ORDER_PLACED_DEAD_LETTER_QUEUE
+from tests.e2e.harness import (
     FAST_SETTINGS,
     WorkerProcess,
     order_event,
@@ -30,10 +32,8 @@ from harness import (
     spawn,
     wait_for,
 )
-from relay_harness import FULFILMENT, RelayProcess, take
-
-from fulfilment.contracts.topology import EVENTS_EXCHANGE, ORDER_PLACED_DEAD_LETTER_QUEUE
-from private_broker import PrivateBroker
+from tests.e2e.relay_harness import FULFILMENT, RelayProcess, take
+from tests.support.private_broker import PrivateBroker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

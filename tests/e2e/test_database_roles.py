@@ -20,8 +20,6 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import FAST_SETTINGS, WorkerProcess, order_event, publish, spawn, wait_for
-from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take, unpublished
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
@@ -30,7 +28,9 @@ from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_SHIPPED
 from fulfilment.entrypoints.cli import app
-from services import admin_execute, service_unavailable, throwaway_database
+from tests.e2e.harness import FAST_SETTINGS, WorkerProcess, order_event, publish, spawn, wait_for
+from tests.e2e.relay_harness import RelayProcess, bind_events_queue, spawn_relay, take, unpublished
+from tests.support.services import admin_execute, service_unavailable, throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -22,7 +22,7 @@ from fulfilment.contracts.result_events import RESULT_EVENTS
 from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, EVENTS_EXCHANGE, ORDER_PLACED
 from fulfilment.demo.children import LOG_DIR
 from fulfilment.demo.result_events import RESULT_EVENTS_QUEUE
-from services import throwaway_database
+from tests.support.services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, order_event, publish, queue_depth, spawn, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment import __version__
@@ -26,6 +25,7 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_DEAD_LETTER_QUEUE,
     ORDER_PLACED_QUEUE,
 )
+from tests.e2e.harness import WorkerProcess, order_event, publish, queue_depth, spawn, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -13,11 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import WorkerProcess, free_port
 from sqlalchemy.engine import make_url
 
 from fulfilment.adapters.postgres.schema import migrate
-from services import throwaway_database
+from tests.e2e.harness import WorkerProcess, free_port
+from tests.support.services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

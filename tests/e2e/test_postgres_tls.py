@@ -24,11 +24,19 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import FAST_SETTINGS, WorkerProcess, free_port, order_event, publish, spawn, wait_for
-from relay_harness import FULFILMENT, RelayProcess, bind_events_queue, take
 
-from certificates import make_ca, make_server_certificate
-from services import service_unavailable
+from tests.e2e.harness import (
+    FAST_SETTINGS,
+    WorkerProcess,
+    free_port,
+    order_event,
+    publish,
+    spawn,
+    wait_for,
+)
+from tests.e2e.relay_harness import FULFILMENT, RelayProcess, bind_events_queue, take
+from tests.support.certificates import make_ca, make_server_certificate
+from tests.support.services import service_unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -27,25 +27,25 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, order_event, publish, spawn, wait_for
-from relay_harness import (
+
+from fulfilment.contracts.order_cancelled import order_cancelled_body
+from fulfilment.contracts.order_shipped import order_shipped_body
+from fulfilment.contracts.topology import ORDER_CANCELLED_ROUTING_KEY, ORDER_SHIPPED_ROUTING_KEY
+from tests.e2e.harness import WorkerProcess, order_event, publish, spawn, wait_for
+from tests.e2e.relay_harness import (
     RelayProcess,
     bind_events_queue,
     insert_outbox,
     lifecycle_rows,
     spawn_relay,
 )
-from warehouse_harness import (
+from tests.e2e.warehouse_harness import (
     DispatcherProcess,
     SimulatorProcess,
     handoff_env,
     open_requests,
     request_statuses,
 )
-
-from fulfilment.contracts.order_cancelled import order_cancelled_body
-from fulfilment.contracts.order_shipped import order_shipped_body
-from fulfilment.contracts.topology import ORDER_CANCELLED_ROUTING_KEY, ORDER_SHIPPED_ROUTING_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/alerts.yml"

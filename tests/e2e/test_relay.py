@@ -11,8 +11,9 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import wait_for
-from relay_harness import (
+
+from tests.e2e.harness import wait_for
+from tests.e2e.relay_harness import (
     RelayProcess,
     assert_in_order_per_order,
     bind_events_queue,

@@ -16,8 +16,11 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import free_port, wait_for
-from relay_harness import (
+from sqlalchemy.engine import make_url
+
+from fulfilment.pump.leader import RECONNECT_INITIAL_SECONDS
+from tests.e2e.harness import free_port, wait_for
+from tests.e2e.relay_harness import (
     FULFILMENT,
     RelayProcess,
     TcpGate,
@@ -27,10 +30,7 @@ from relay_harness import (
     spawn_relay,
     take,
 )
-from sqlalchemy.engine import make_url
-
-from fulfilment.pump.leader import RECONNECT_INITIAL_SECONDS
-from services import throwaway_database
+from tests.support.services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -20,7 +20,6 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, order_event, put_stock, queue_depth, spawn, wait_for
 
 from fulfilment.contracts.dead_letter import FailureClass, describe_dead_letter
 from fulfilment.contracts.topology import (
@@ -30,6 +29,7 @@ from fulfilment.contracts.topology import (
     ORDERS_EXCHANGE,
 )
 from fulfilment.worker.topology import Topology, declare_topology
+from tests.e2e.harness import WorkerProcess, order_event, put_stock, queue_depth, spawn, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

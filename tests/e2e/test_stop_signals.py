@@ -12,9 +12,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from harness import WorkerProcess, spawn
-from relay_harness import RelayProcess, spawn_relay
-from warehouse_harness import DispatcherProcess
+
+from tests.e2e.harness import WorkerProcess, spawn
+from tests.e2e.relay_harness import RelayProcess, spawn_relay
+from tests.e2e.warehouse_harness import DispatcherProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

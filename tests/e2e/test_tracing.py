@@ -20,8 +20,6 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, free_port, order_event, publish, put_stock, spawn, wait_for
-from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
 
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
@@ -34,7 +32,17 @@ from fulfilment.contracts.topology import (
     ORDER_SHIPPED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
-from otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
+from tests.e2e.harness import (
+    WorkerProcess,
+    free_port,
+    order_event,
+    publish,
+    put_stock,
+    spawn,
+    wait_for,
+)
+from tests.e2e.relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
+from tests.support.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, publish, put_stock, spawn, wait_for
-from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
-from warehouse_harness import DispatcherProcess
 
 from fulfilment.contracts.order_placed import order_placed_body
-from otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
-from simulated_warehouse import TOKEN
+from tests.e2e.harness import WorkerProcess, publish, put_stock, spawn, wait_for
+from tests.e2e.relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
+from tests.e2e.warehouse_harness import DispatcherProcess
+from tests.support.otlp_receiver import ReceivedSpan, Receiver, otlp_receiver
+from tests.support.simulated_warehouse import TOKEN
 from warehouse_simulator import Faults, SimulatorServer, WarehouseSimulator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]

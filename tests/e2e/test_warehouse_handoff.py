@@ -16,9 +16,10 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, order_event, publish, put_stock, spawn, wait_for
-from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
-from warehouse_harness import (
+
+from tests.e2e.harness import WorkerProcess, order_event, publish, put_stock, spawn, wait_for
+from tests.e2e.relay_harness import RelayProcess, bind_events_queue, spawn_relay, take
+from tests.e2e.warehouse_harness import (
     DispatcherProcess,
     SimulatorProcess,
     assert_handed_off_once,

@@ -13,7 +13,10 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from harness import (
+
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
+from fulfilment.worker.topology import Topology, declare_topology
+from tests.e2e.harness import (
     FAST_SETTINGS,
     WorkerProcess,
     drain_dead_letters,
@@ -25,9 +28,6 @@ from harness import (
     spawn,
     wait_for,
 )
-
-from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
-from fulfilment.worker.topology import Topology, declare_topology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]
 

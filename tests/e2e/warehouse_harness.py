@@ -22,7 +22,6 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import WorkerProcess, free_port, program, publish
 
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -30,6 +29,7 @@ from fulfilment.contracts.topology import (
     ORDER_CANCELLED_ROUTING_KEY,
     ORDER_SHIPPED_ROUTING_KEY,
 )
+from tests.e2e.harness import WorkerProcess, free_port, program, publish
 
 SIMULATOR_FOLDER = Path(__file__).parents[2] / "simulator"
 TOKEN = "simulator-token"  # noqa: S105 - the simulator's default, not a secret

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from faultlib import Cluster
-from harness import FAST_SETTINGS
-from postgres_pair import PairError, PostgresPair, connect_primary, missing_tools
 
 from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
-from services import service_unavailable
+from tests.e2e.harness import FAST_SETTINGS
+from tests.failover.postgres_pair import PairError, PostgresPair, connect_primary, missing_tools
+from tests.faults.faultlib import Cluster
+from tests.support.services import service_unavailable
 
 FOLDER = Path(__file__).parent
 DATABASE = "fulfilment"

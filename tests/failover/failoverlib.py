@@ -23,13 +23,13 @@ from datetime import datetime
 
 import aio_pika
 import asyncpg
-from faultlib import Cluster
-from harness import WorkerProcess
-from postgres_pair import connect_primary
-from test_lifecycle_faults import Event, LifecyclePlan, publish_plan_events
 
 from fulfilment.contracts.topology import ORDER_SHIPPED
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
+from tests.e2e.harness import WorkerProcess
+from tests.failover.postgres_pair import connect_primary
+from tests.faults.faultlib import Cluster
+from tests.faults.test_lifecycle_faults import Event, LifecyclePlan, publish_plan_events
 
 HANDLED = tuple(f"{queue.event}.handled" for queue in SUBSCRIBED_QUEUES)
 """The log line of a handled (committed, then acknowledged) delivery, per queue."""

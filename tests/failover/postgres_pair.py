@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
-from harness import free_port
 
 from fulfilment.adapters.postgres.engine import asyncpg_dsn
+from tests.e2e.harness import free_port
 
 POSTGRES_USER = "postgres"
 SYNCHRONOUS = "'*'"

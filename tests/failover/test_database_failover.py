@@ -31,13 +31,38 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from failoverlib import Load, Primary, Timings, acknowledged, handled_lines, processed, timings
-from faultlib import Cluster, assert_outbox_tells_the_lifecycle, declare, record_figures
-from harness import put_stock
-from postgres_pair import ASYNCHRONOUS, PostgresPair
 from pydantic import SecretStr
-from relay_harness import RelayProcess, bind_events_queue, spawn_relay, take_events
-from test_lifecycle_faults import (
+
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
+from tests.e2e.harness import put_stock
+from tests.e2e.relay_harness import RelayProcess, bind_events_queue, spawn_relay, take_events
+from tests.e2e.warehouse_harness import (
+    DispatcherProcess,
+    SimulatorProcess,
+    handoff_env,
+    handoff_figures,
+    open_requests,
+    request_statuses,
+)
+from tests.failover.failoverlib import (
+    Load,
+    Primary,
+    Timings,
+    acknowledged,
+    handled_lines,
+    processed,
+    timings,
+)
+from tests.failover.postgres_pair import ASYNCHRONOUS, PostgresPair
+from tests.faults.faultlib import (
+    Cluster,
+    assert_outbox_tells_the_lifecycle,
+    declare,
+    record_figures,
+)
+from tests.faults.test_lifecycle_faults import (
     HOT_SKUS,
     STOCK,
     LifecyclePlan,
@@ -46,18 +71,6 @@ from test_lifecycle_faults import (
     compare_with_the_in_order_sequence,
     lifecycle_plan,
 )
-from warehouse_harness import (
-    DispatcherProcess,
-    SimulatorProcess,
-    handoff_env,
-    handoff_figures,
-    open_requests,
-    request_statuses,
-)
-
-from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
-from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
-from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(600)]
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from faultlib import Cluster
 from pydantic import SecretStr
 
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
+from tests.faults.faultlib import Cluster
 
 FOLDER = Path(__file__).parent
 

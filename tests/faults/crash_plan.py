@@ -30,7 +30,7 @@ order, or a cancel of lines, holding that SKU:
 ``FULFILMENT_TEST_CRASH_PLAN="before_transaction:0.01,after_commit:0.01,poison_sku:POISON"``.
 
 The production roots know nothing of it: the worker's root takes a wrapper of its warehouse
-(``run_worker(wrap_warehouse=...)``) and the relay's a hooks object (``run_relay(hooks=...)``),
+(``run_worker(wrap_stock=...)``) and the relay's a hooks object (``run_relay(hooks=...)``),
 so neither the handler, the delivery policy nor the warehouse knows of crash injection.
 """
 
@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from fulfilment.adapters.postgres.warehouse import apply_statement
-from fulfilment.application.ports import OutcomeT, Warehouse
+from fulfilment.adapters.postgres.stock import apply_statement
+from fulfilment.application.ports import OutcomeT, Stock
 from fulfilment.domain.lifecycle import CancelOrder
-from fulfilment.domain.model import Command, ReserveStock
+from fulfilment.domain.model import Command, PlaceOrder
 from fulfilment.relay.service import RelayHooks
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class FaultPlan:
 
         Draws at random, except for a poison SKU, which always crashes.
         """
-        lines = command.lines or () if isinstance(command, ReserveStock | CancelOrder) else ()
+        lines = command.lines or () if isinstance(command, PlaceOrder | CancelOrder) else ()
         if point is CrashPoint.BEFORE_TRANSACTION and any(
             line.sku in self.poison_skus for line in lines
         ):
@@ -138,7 +138,7 @@ def crash(point: CrashPoint, event_id: object) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class CrashingWarehouse(Warehouse):
+class CrashingStock(Stock):
     """``inner``, killing the process at the crash points of ``plan`` around each transition.
 
     Args:
@@ -155,7 +155,7 @@ class CrashingWarehouse(Warehouse):
     """
 
     def __init__(
-        self, inner: Warehouse, plan: FaultPlan, *, engine: AsyncEngine, consumer: str
+        self, inner: Stock, plan: FaultPlan, *, engine: AsyncEngine, consumer: str
     ) -> None:
         """Wrap ``inner``; nothing is checked or opened here."""
         self._inner = inner
@@ -191,9 +191,9 @@ class CrashingWarehouse(Warehouse):
         """``inner.put_stock(on_hand)``."""
         await self._inner.put_stock(on_hand)
 
-    async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
-        """``inner.stock(skus)``."""
-        return await self._inner.stock(skus)
+    async def levels_of(self, skus: Iterable[str]) -> dict[str, StockLevel]:
+        """``inner.levels_of(skus)``."""
+        return await self._inner.levels_of(skus)
 
 
 class CrashingRelayHooks(RelayHooks):

@@ -12,35 +12,40 @@ from __future__ import annotations
 import os
 import sys
 from functools import partial
+from pathlib import Path
+
+# Run as a script (``python tests/faults/crashing.py``): the suite's packages are
+# imported from the checkout's root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import structlog
-from crash_plan import (
-    CRASH_PLAN_VARIABLE,
-    CrashingRelayHooks,
-    CrashingWarehouse,
-    FaultPlan,
-    parse_fault_plan,
-)
 
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.entrypoints.relay import run_relay
 from fulfilment.entrypoints.startup import run_service
 from fulfilment.entrypoints.worker import run_worker
 from fulfilment.settings import Settings
+from tests.faults.crash_plan import (
+    CRASH_PLAN_VARIABLE,
+    CrashingRelayHooks,
+    CrashingStock,
+    FaultPlan,
+    parse_fault_plan,
+)
 
 logger = structlog.get_logger("fulfilment.faults")
 
 
 async def crashing_worker(plan: FaultPlan, settings: Settings) -> int:
-    """``run_worker``, its warehouse wrapped in the plan's crash points."""
+    """``run_worker``, its stock store wrapped in the plan's crash points."""
 
-    def wrap(inner: PostgresWarehouse) -> CrashingWarehouse:
-        return CrashingWarehouse(
+    def wrap(inner: PostgresStock) -> CrashingStock:
+        return CrashingStock(
             inner, plan, engine=inner.engine, consumer=settings.worker.consumer_name
         )
 
     logger.warning("worker.fault_injection_armed", plan=os.environ[CRASH_PLAN_VARIABLE])
-    return await run_worker(settings, wrap_warehouse=wrap)
+    return await run_worker(settings, wrap_stock=wrap)
 
 
 async def crashing_relay(plan: FaultPlan, settings: Settings) -> int:

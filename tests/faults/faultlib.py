@@ -17,7 +17,6 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
 from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
 from fulfilment.contracts.order_placed import order_placed_body
@@ -32,6 +31,7 @@ from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.settings import Settings
 from fulfilment.tools.report import Reconciliation, reconcile
 from fulfilment.worker.topology import Topology, declare_topology
+from tests.e2e.harness import FAST_SETTINGS, WorkerProcess, queue_depth
 
 
 @dataclass(frozen=True)

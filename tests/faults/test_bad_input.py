@@ -14,15 +14,15 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import LIMIT, Cluster, connect_db, declare, inbox_count
-from harness import publish, put_stock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import parse_order_placed
 from fulfilment.contracts.order_placed import MAX_LINES, order_placed_body
 from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE
 from fulfilment.routes.handling import MalformedEventError
+from tests.e2e.harness import publish, put_stock
+from tests.faults.faultlib import LIMIT, Cluster, connect_db, declare, inbox_count
+from tests.support.builders import parse_order_placed
 
 
 def valid_event(**changes: Any) -> dict[str, Any]:

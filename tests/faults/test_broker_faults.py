@@ -10,7 +10,12 @@ import urllib.parse
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import (
+
+from fulfilment.contracts.topology import ORDER_PLACED, ORDER_PLACED_QUEUE
+from fulfilment.settings import Settings
+from fulfilment.worker.topology import INITIAL_GROUP_SIZE, Topology
+from tests.e2e.harness import WorkerProcess, put_stock
+from tests.faults.faultlib import (
     AMPLE_STOCK,
     LIMIT,
     Cluster,
@@ -22,11 +27,6 @@ from faultlib import (
     synthetic_orders,
     wait_until_processing,
 )
-from harness import WorkerProcess, put_stock
-
-from fulfilment.contracts.topology import ORDER_PLACED, ORDER_PLACED_QUEUE
-from fulfilment.settings import Settings
-from fulfilment.worker.topology import INITIAL_GROUP_SIZE, Topology
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

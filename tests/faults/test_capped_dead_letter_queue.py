@@ -39,8 +39,6 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import AMPLE_STOCK, LIMIT, Cluster, declare, publish, record_figures, synthetic_orders
-from harness import put_stock, queue_depth
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
@@ -51,6 +49,16 @@ from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_
 from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from fulfilment.tools.report import Reconciliation, reconcile
+from tests.e2e.harness import put_stock, queue_depth
+from tests.faults.faultlib import (
+    AMPLE_STOCK,
+    LIMIT,
+    Cluster,
+    declare,
+    publish,
+    record_figures,
+    synthetic_orders,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

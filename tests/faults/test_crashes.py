@@ -10,7 +10,10 @@ from collections import Counter
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import (
+
+from fulfilment.settings import Settings
+from tests.e2e.harness import put_stock
+from tests.faults.faultlib import (
     AMPLE_STOCK,
     Cluster,
     Order,
@@ -23,9 +26,6 @@ from faultlib import (
     synthetic_orders,
     synthetic_sku,
 )
-from harness import put_stock
-
-from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

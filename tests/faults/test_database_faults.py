@@ -15,7 +15,10 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import (
+
+from fulfilment.settings import Settings
+from tests.e2e.harness import FAST_SETTINGS, put_stock
+from tests.faults.faultlib import (
     AMPLE_STOCK,
     LIMIT,
     Cluster,
@@ -29,9 +32,6 @@ from faultlib import (
     synthetic_orders,
     wait_until_processing,
 )
-from harness import FAST_SETTINGS, put_stock
-
-from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -16,7 +16,7 @@ replay``). At the end:
 
 - lost: no event is missing (``fulfilment reconcile``: each in the inbox, none left in a DLQ);
 - applied twice: every SKU's ``on_hand`` and ``reserved``, and every order's held or shipped
-  lines, equal those of the in-order sequence (the in-memory warehouse applying each order's
+  lines, equal those of the in-order sequence (the in-memory stock store applying each order's
   events in their logical order: placed, its cancels, its shipment);
 - out of order: the cancels applied before their order (``tombstoned``) and the shipments
   dead-lettered before theirs, counted for the figures.
@@ -38,17 +38,8 @@ from datetime import UTC, datetime
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import (
-    Cluster,
-    assert_outbox_tells_the_lifecycle,
-    declare,
-    inbox_count,
-    record_figures,
-)
-from harness import WorkerProcess, put_stock, queue_depth
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent, publish_events
@@ -68,6 +59,15 @@ from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools import dead_letters, dlq
 from fulfilment.tools.report import Reconciliation, reconcile
+from tests.e2e.harness import WorkerProcess, put_stock, queue_depth
+from tests.faults.faultlib import (
+    Cluster,
+    assert_outbox_tells_the_lifecycle,
+    declare,
+    inbox_count,
+    record_figures,
+)
+from tests.support.fakes import FakeStock
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(600)]
 
@@ -224,23 +224,23 @@ async def publish_plan_events(
 async def in_order_state(
     plan: LifecyclePlan,
 ) -> tuple[dict[str, tuple[int, int]], dict[uuid.UUID, tuple[str, dict[str, int]]]]:
-    """Stock and orders after the in-order sequence, on the in-memory warehouse."""
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock(STOCK)
+    """Stock and orders after the in-order sequence, on the in-memory stock store."""
+    stock = FakeStock()
+    await stock.put_stock(STOCK)
     for event in plan.in_order:
         body = event.body()
         if event.queue is ORDER_PLACED:
-            await warehouse.apply(OrderPlacedV1.model_validate_json(body).to_command())
+            await stock.apply(OrderPlacedV1.model_validate_json(body).to_command())
         elif event.queue is ORDER_CANCELLED:
-            await warehouse.apply(OrderCancelledV1.model_validate_json(body).to_command())
+            await stock.apply(OrderCancelledV1.model_validate_json(body).to_command())
         else:
-            await warehouse.apply(OrderShippedV1.model_validate_json(body).to_command())
-    stock = {sku: (level.on_hand, level.reserved) for sku, level in warehouse.levels.items()}
+            await stock.apply(OrderShippedV1.model_validate_json(body).to_command())
+    on_hand = {sku: (level.on_hand, level.reserved) for sku, level in stock.levels.items()}
     orders = {
         order_id: _held(str(reservation.status), dict(reservation.lines))
-        for order_id, reservation in warehouse.reservations.items()
+        for order_id, reservation in stock.reservations.items()
     }
-    return stock, orders
+    return on_hand, orders
 
 
 def _held(status: str, lines: dict[str, int]) -> tuple[str, dict[str, int]]:

@@ -22,7 +22,13 @@ import aio_pika
 import asyncpg
 import psutil
 import pytest
-from faultlib import (
+from prometheus_client.parser import text_string_to_metric_families
+
+from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
+from fulfilment.settings import Settings
+from tests.e2e.harness import WorkerProcess, put_stock
+from tests.e2e.harness import publish as publish_body
+from tests.faults.faultlib import (
     AMPLE_STOCK,
     LIMIT,
     Cluster,
@@ -34,13 +40,7 @@ from faultlib import (
     run_until_settled,
     synthetic_orders,
 )
-from harness import WorkerProcess, put_stock
-from harness import publish as publish_body
-from prometheus_client.parser import text_string_to_metric_families
-
-from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE, ORDER_PLACED_QUEUE
-from fulfilment.settings import Settings
-from services import AMQP_PORT
+from tests.support.services import AMQP_PORT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

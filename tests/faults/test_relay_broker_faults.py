@@ -14,7 +14,21 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import (
+
+from fulfilment.contracts.topology import EVENTS_EXCHANGE
+from fulfilment.settings import Settings
+from tests.e2e.harness import put_stock, wait_for
+from tests.e2e.relay_harness import (
+    OutboxEvent,
+    RelayProcess,
+    assert_in_order_per_order,
+    insert_outbox,
+    lifecycle_rows,
+    spawn_relay,
+    take,
+    unpublished,
+)
+from tests.faults.faultlib import (
     AMPLE_STOCK,
     LIMIT,
     Cluster,
@@ -27,20 +41,6 @@ from faultlib import (
     synthetic_orders,
     wait_until_processing,
 )
-from harness import put_stock, wait_for
-from relay_harness import (
-    OutboxEvent,
-    RelayProcess,
-    assert_in_order_per_order,
-    insert_outbox,
-    lifecycle_rows,
-    spawn_relay,
-    take,
-    unpublished,
-)
-
-from fulfilment.contracts.topology import EVENTS_EXCHANGE
-from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -14,7 +14,15 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import (
+
+from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
+from fulfilment.contracts.order_placed import order_placed_body
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
+from fulfilment.dataset.online_retail import csv_files, read_orders
+from fulfilment.dataset.stock_plan import total_demand
+from fulfilment.settings import Settings
+from tests.e2e.harness import FAST_SETTINGS, free_port, put_stock
+from tests.faults.faultlib import (
     AMPLE_STOCK,
     LIMIT,
     Cluster,
@@ -26,14 +34,6 @@ from faultlib import (
     run_until_settled,
     synthetic_orders,
 )
-from harness import FAST_SETTINGS, free_port, put_stock
-
-from fulfilment.adapters.rabbitmq.publishing import OutgoingEvent
-from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.contracts.topology import ORDER_PLACED_QUEUE
-from fulfilment.dataset.online_retail import csv_files, read_orders
-from fulfilment.dataset.stock_plan import total_demand
-from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -19,18 +19,10 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from faultlib import (
-    AMPLE_STOCK,
-    LIMIT,
-    Cluster,
-    Order,
-    declare,
-    inbox_count,
-    publish,
-    synthetic_orders,
-)
-from harness import put_stock, queue_depth, wait_for
-from warehouse_harness import (
+
+from fulfilment.contracts.topology import ORDER_SHIPPED_DEAD_LETTER_QUEUE
+from tests.e2e.harness import put_stock, queue_depth, wait_for
+from tests.e2e.warehouse_harness import (
     DispatcherProcess,
     SimulatorProcess,
     assert_handed_off_once,
@@ -43,8 +35,16 @@ from warehouse_harness import (
     ship,
     stock_equals_the_lines,
 )
-
-from fulfilment.contracts.topology import ORDER_SHIPPED_DEAD_LETTER_QUEUE
+from tests.faults.faultlib import (
+    AMPLE_STOCK,
+    LIMIT,
+    Cluster,
+    Order,
+    declare,
+    inbox_count,
+    publish,
+    synthetic_orders,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

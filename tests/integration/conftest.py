@@ -9,7 +9,7 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 
@@ -30,6 +30,6 @@ async def engine(clean_database: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture
-def warehouse(engine: AsyncEngine) -> PostgresWarehouse:
-    """A ``PostgresWarehouse`` on :func:`engine`: consumer ``fulfilment``, retry budget 2 s."""
-    return PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+def stock(engine: AsyncEngine) -> PostgresStock:
+    """A ``PostgresStock`` on :func:`engine`: consumer ``fulfilment``, retry budget 2 s."""
+    return PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0)

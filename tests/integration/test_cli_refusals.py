@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
 from fulfilment.entrypoints.cli import app
-from services import admin_execute
+from tests.support.services import admin_execute
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 

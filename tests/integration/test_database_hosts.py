@@ -7,7 +7,6 @@ reservations' pool both skip the hosts that refuse and use the one that is read-
 from __future__ import annotations
 
 import pytest
-from harness import free_port
 from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -15,6 +14,7 @@ from sqlalchemy.engine import make_url
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, Settings
+from tests.e2e.harness import free_port
 
 pytestmark = pytest.mark.postgres
 

@@ -22,7 +22,7 @@ from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.entrypoints.worker import ping_database
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
-from services import ADMIN_DATABASE_URL, admin_execute
+from tests.support.services import ADMIN_DATABASE_URL, admin_execute
 
 pytestmark = pytest.mark.postgres
 

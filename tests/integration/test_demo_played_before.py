@@ -16,10 +16,10 @@ pytestmark = pytest.mark.postgres
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "online-retail"
 
 
-async def test_a_database_that_never_saw_the_sample_is_a_first_run(warehouse):
+async def test_a_database_that_never_saw_the_sample_is_a_first_run(stock):
     read = read_order_files([SAMPLE])
 
-    line = await played_before(warehouse, "fulfilment", read.orders, match_read_cancellations(read))
+    line = await played_before(stock, "fulfilment", read.orders, match_read_cancellations(read))
 
     assert line == (
         "none of these events is in this database's inbox yet (170 orders, 1 cancellation,"
@@ -28,13 +28,13 @@ async def test_a_database_that_never_saw_the_sample_is_a_first_run(warehouse):
 
 
 async def test_orders_published_before_without_their_shipments_are_not_called_a_whole_replay(
-    warehouse,
+    stock,
 ):
     # What `fulfilment publish` of the sample with a worker leaves: the orders in the inbox,
     # none shipped. The demo then ships the reserved ones, so the line must not say that
     # nothing will change.
     read = read_order_files([SAMPLE])
-    async with warehouse.engine.begin() as connection:
+    async with stock.engine.begin() as connection:
         await connection.execute(
             sa.text(
                 "INSERT INTO inbox_messages (consumer, event_id, order_id, outcome)"
@@ -43,7 +43,7 @@ async def test_orders_published_before_without_their_shipments_are_not_called_a_
             [{"event_id": o.event_id, "order_id": o.order_id} for o in read.orders],
         )
 
-    line = await played_before(warehouse, "fulfilment", read.orders, match_read_cancellations(read))
+    line = await played_before(stock, "fulfilment", read.orders, match_read_cancellations(read))
 
     assert line.startswith(
         "played before: this database's inbox already holds 170 of these 170 orders, 0 of the 1"

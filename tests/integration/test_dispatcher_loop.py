@@ -1,7 +1,7 @@
 """The dispatcher's loop against the warehouse simulator over a real socket.
 
-The store is the small in-memory one of ``tests/memory_requests.py``; the caps, gates and the
-circuit are the loop's, and the simulator counts what reached it.
+The store is the small in-memory one of ``tests/support/memory_requests.py``; the caps, gates
+and the circuit are the loop's, and the simulator counts what reached it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from fulfilment.dispatcher import service
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt
 from fulfilment.domain.handoff import Failed, RequestKind, RequestStatus, Retry
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
-from memory_requests import MemoryWarehouseRequests
-from simulated_warehouse import TOKEN, a_client
+from tests.support.memory_requests import MemoryWarehouseRequests
+from tests.support.simulated_warehouse import TOKEN, a_client
 from warehouse_simulator import Faults, SimulatorServer, WarehouseSimulator
 
 

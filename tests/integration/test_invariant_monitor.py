@@ -9,13 +9,13 @@ import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from builders import order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.metrics import INVARIANTS, Metrics
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from fulfilment.worker.monitors import check_invariants
+from tests.support.builders import order, shipment
 
 pytestmark = pytest.mark.postgres
 
@@ -44,11 +44,11 @@ async def test_shipped_units_that_differ_from_the_shipped_lines_set_their_gauge(
         database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
     )
     try:
-        warehouse = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
-        await warehouse.put_stock({"A": 10})
+        stock = PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+        await stock.put_stock({"A": 10})
         placed = order(("A", 2))
-        await warehouse.apply(placed)
-        await warehouse.apply(shipment(placed.order_id))
+        await stock.apply(placed)
+        await stock.apply(shipment(placed.order_id))
         holding = await _first_check(engine, Metrics())
         async with engine.begin() as connection:
             await connection.execute(sa.text("UPDATE stock_levels SET shipped = shipped + 5"))

@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
-from builders import PLACED_AT
-from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
-from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel
+from fulfilment.adapters.postgres.stock import PostgresStock
+from fulfilment.domain.model import OrderLine, OutcomeKind, PlaceOrder, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
-from services import throwaway_database
-from warehouse_rows import requests_in_database, requests_in_fake
+from tests.support.builders import PLACED_AT
+from tests.support.fakes import FakeStock
+from tests.support.services import throwaway_database
+from tests.support.warehouse_rows import requests_in_database, requests_in_fake
 
 pytestmark = pytest.mark.postgres
 
@@ -34,7 +34,7 @@ def batches(draw):
     earlier event, and earlier orders under a new event."""
     stock = draw(st.dictionaries(st.sampled_from(SKUS), st.integers(0, 8), max_size=len(SKUS)))
     line = st.tuples(st.sampled_from((*SKUS, "UNKNOWN")), st.integers(1, 4))
-    commands: list[ReserveStock] = []
+    commands: list[PlaceOrder] = []
     for _ in range(draw(st.integers(1, 20))):
         kind = draw(st.sampled_from(["new", "new", "new", "same event", "same order"]))
         if kind == "same event" and commands:
@@ -46,11 +46,11 @@ def batches(draw):
             if kind == "same order" and commands
             else uuid.uuid4()
         )
-        commands.append(ReserveStock(uuid.uuid4(), order_id, PLACED_AT, lines))
+        commands.append(PlaceOrder(uuid.uuid4(), order_id, PLACED_AT, lines))
     return stock, commands
 
 
-async def reserve_together(database_url: str, stock, commands, consumer: str, *, handoff=False):
+async def reserve_together(database_url: str, on_hand, commands, consumer: str, *, handoff=False):
     database = database_options(DatabaseSettings(url=SecretStr(database_url)), DeadlineSettings())
     engine = create_engine(database)
     pool = await create_pool(database)
@@ -59,7 +59,7 @@ async def reserve_together(database_url: str, stock, commands, consumer: str, *,
             "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
             " warehouse_requests"
         )
-        warehouse = PostgresWarehouse(
+        stock = PostgresStock(
             engine,
             consumer=consumer,
             retry_budget_seconds=2.0,
@@ -67,9 +67,9 @@ async def reserve_together(database_url: str, stock, commands, consumer: str, *,
             pool_size=1,
             handoff=handoff,
         )
-        await warehouse.put_stock(stock)
-        outcomes = await asyncio.gather(*(warehouse.apply(command) for command in commands))
-        levels = await warehouse.stock(SKUS)
+        await stock.put_stock(on_hand)
+        outcomes = await asyncio.gather(*(stock.apply(command) for command in commands))
+        levels = await stock.levels_of(SKUS)
         inbox = dict(await pool.fetch("SELECT event_id, outcome FROM inbox_messages"))
         transactions = await pool.fetchval(
             "SELECT count(DISTINCT processed_at) FROM inbox_messages"
@@ -93,7 +93,7 @@ def test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_oth
     # With the hand-off, each order reserved also records its fulfilment-order request (pending,
     # the reserved lines, caused by its OrderPlaced), in arrival order.
     stock, commands = batch
-    expected = InMemoryWarehouse(handoff=handoff)
+    expected = FakeStock(handoff=handoff)
 
     async def one_after_the_other():
         await expected.put_stock(stock)
@@ -136,17 +136,17 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
         await admin.execute(
             "ALTER TABLE reservation_lines ADD CONSTRAINT no_poison CHECK (sku <> 'POISON')"
         )
-        warehouse = PostgresWarehouse(
+        stock = PostgresStock(
             engine, consumer="fulfilment", retry_budget_seconds=2.0, pool=pool, pool_size=1
         )
-        await warehouse.put_stock({"A": 10, "POISON": 10})
+        await stock.put_stock({"A": 10, "POISON": 10})
         commands = [
-            ReserveStock(uuid.uuid4(), uuid.uuid4(), PLACED_AT, (OrderLine(sku, 1),))
+            PlaceOrder(uuid.uuid4(), uuid.uuid4(), PLACED_AT, (OrderLine(sku, 1),))
             for sku in ("A", "POISON", "A")
         ]
 
         results = await asyncio.gather(
-            *(warehouse.apply(command) for command in commands), return_exceptions=True
+            *(stock.apply(command) for command in commands), return_exceptions=True
         )
 
         assert [getattr(result, "kind", None) for result in results] == [
@@ -155,7 +155,7 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
             OutcomeKind.RESERVED,
         ]
         assert isinstance(results[1], asyncpg.CheckViolationError)
-        assert await warehouse.stock(["A", "POISON"]) == {
+        assert await stock.levels_of(["A", "POISON"]) == {
             "A": StockLevel(10, 2),
             "POISON": StockLevel(10, 0),
         }

@@ -13,23 +13,23 @@ from uuid import uuid4
 import pytest
 from pydantic import SecretStr
 
-from builders import cancellation, order, shipment
-from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.engine import create_pool
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.retry import sqlstate_of
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.domain.handoff import Accepted, Failed, Refused, RequestKind
 from fulfilment.domain.lifecycle import CancelOrder, ShipKind
 from fulfilment.domain.model import (
     DuplicateOf,
     OutcomeKind,
+    PlaceOrder,
     RejectionReason,
-    ReserveStock,
 )
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
+from tests.support.builders import cancellation, order, shipment
+from tests.support.fakes import FakeStock
 
 pytestmark = pytest.mark.postgres
 
@@ -58,9 +58,9 @@ def retries():
 
 
 @pytest.fixture
-def warehouse(engine, pool, retries):
+def stock(engine, pool, retries):
     # Many transactions of a few orders each: orders contend within and across transactions.
-    return PostgresWarehouse(
+    return PostgresStock(
         engine,
         consumer="fulfilment",
         retry_budget_seconds=5.0,
@@ -71,11 +71,9 @@ def warehouse(engine, pool, retries):
     )
 
 
-async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(
-    warehouse, engine, pool, retries
-):
+async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(stock, engine, pool, retries):
     hot = {"85123A": 120, "22423": 90, "47566": 60, "84879": 150, "BANK CHARGES": 40}
-    await warehouse.put_stock(hot)
+    await stock.put_stock(hot)
     rng = random.Random(20101201)
     orders = []
     for _ in range(400):
@@ -90,9 +88,9 @@ async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(
         demanded.update(command.demand())
     assert all(demanded[sku] > units for sku, units in hot.items()), "demand must exceed stock"
 
-    outcomes = await asyncio.gather(*(warehouse.apply(command) for command in orders))
+    outcomes = await asyncio.gather(*(stock.apply(command) for command in orders))
 
-    levels = await warehouse.stock(hot)
+    levels = await stock.levels_of(hot)
     reserved_demand = Counter()
     for command, outcome in zip(orders, outcomes, strict=True):
         if outcome.kind is OutcomeKind.RESERVED:
@@ -121,38 +119,38 @@ async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(
     assert report.reserved == kinds[OutcomeKind.RESERVED]
 
 
-async def test_fifty_concurrent_deliveries_of_one_event_reserve_it_once(warehouse):
-    await warehouse.put_stock({"A": 100})
+async def test_fifty_concurrent_deliveries_of_one_event_reserve_it_once(stock):
+    await stock.put_stock({"A": 100})
     command = order(("A", 3), ("A", 2))
 
-    outcomes = await asyncio.gather(*(warehouse.apply(command) for _ in range(50)))
+    outcomes = await asyncio.gather(*(stock.apply(command) for _ in range(50)))
 
     assert Counter(outcome.label for outcome in outcomes) == {
         "reserved": 1,
         "duplicate:event": 49,
     }
-    assert (await warehouse.stock(["A"]))["A"].reserved == 5
+    assert (await stock.levels_of(["A"]))["A"].reserved == 5
 
 
-async def test_fifty_concurrent_events_of_one_order_reserve_it_once(warehouse):
-    await warehouse.put_stock({"A": 100})
+async def test_fifty_concurrent_events_of_one_order_reserve_it_once(stock):
+    await stock.put_stock({"A": 100})
     first = order(("A", 5))
     commands = [
-        ReserveStock(uuid4(), first.order_id, first.placed_at, first.lines) for _ in range(50)
+        PlaceOrder(uuid4(), first.order_id, first.placed_at, first.lines) for _ in range(50)
     ]
 
-    outcomes = await asyncio.gather(*(warehouse.apply(command) for command in commands))
+    outcomes = await asyncio.gather(*(stock.apply(command) for command in commands))
 
     assert Counter(outcome.label for outcome in outcomes) == {
         "reserved": 1,
         f"duplicate:{DuplicateOf.ORDER}": 49,
     }
-    assert (await warehouse.stock(["A"]))["A"].reserved == 5
+    assert (await stock.levels_of(["A"]))["A"].reserved == 5
 
 
-async def test_orders_locking_the_same_skus_in_opposite_orders_never_deadlock(warehouse, retries):
+async def test_orders_locking_the_same_skus_in_opposite_orders_never_deadlock(stock, retries):
     skus = ["A", "B", "C", "a", "b"]
-    await warehouse.put_stock(dict.fromkeys(skus, 10_000))
+    await stock.put_stock(dict.fromkeys(skus, 10_000))
     rng = random.Random(7)
     orders = []
     for i in range(300):
@@ -164,32 +162,32 @@ async def test_orders_locking_the_same_skus_in_opposite_orders_never_deadlock(wa
             rng.shuffle(lines)
         orders.append(order(*lines))
 
-    outcomes = await asyncio.gather(*(warehouse.apply(command) for command in orders))
+    outcomes = await asyncio.gather(*(stock.apply(command) for command in orders))
 
     assert {outcome.kind for outcome in outcomes} == {OutcomeKind.RESERVED}
     assert DEADLOCK_DETECTED not in {sqlstate_of(error) for error in retries}
-    levels = await warehouse.stock(skus)
+    levels = await stock.levels_of(skus)
     assert {sku: level.reserved for sku, level in levels.items()} == dict.fromkeys(skus, 300)
 
 
 async def test_a_stock_load_running_with_reservations_neither_deadlocks_nor_loses_units(
-    warehouse, retries
+    stock, retries
 ):
     skus = [f"S{i:02d}" for i in range(10)]
-    await warehouse.put_stock(dict.fromkeys(skus, 1_000))
+    await stock.put_stock(dict.fromkeys(skus, 1_000))
     orders = [order(*((sku, 1) for sku in reversed(skus))) for _ in range(100)]
 
     async def loads():
         for on_hand in range(1_000, 1_200, 10):
-            await warehouse.put_stock(dict.fromkeys(reversed(skus), on_hand))
+            await stock.put_stock(dict.fromkeys(reversed(skus), on_hand))
 
     outcomes, _ = await asyncio.gather(
-        asyncio.gather(*(warehouse.apply(command) for command in orders)), loads()
+        asyncio.gather(*(stock.apply(command) for command in orders)), loads()
     )
 
     assert {outcome.kind for outcome in outcomes} == {OutcomeKind.RESERVED}
     assert DEADLOCK_DETECTED not in {sqlstate_of(error) for error in retries}
-    levels = await warehouse.stock(skus)
+    levels = await stock.levels_of(skus)
     assert {level.reserved for level in levels.values()} == {100}
 
 
@@ -238,7 +236,7 @@ def _history(rng, skus, *, kind):
 
 
 async def _apply(target, event):
-    if isinstance(event, ReserveStock):
+    if isinstance(event, PlaceOrder):
         return await target.apply(event)
     if isinstance(event, CancelOrder):
         return await target.apply(event)
@@ -246,7 +244,7 @@ async def _apply(target, event):
 
 
 async def test_cancels_shipments_and_orders_on_the_same_hot_skus_never_deadlock(
-    warehouse, pool, retries
+    stock, pool, retries
 ):
     # Every event of 300 orders at once, in a shuffled order, on five hot SKUs: cancels often
     # come before their orders (tombstones), and transactions of the three kinds lock the same
@@ -254,21 +252,21 @@ async def test_cancels_shipments_and_orders_on_the_same_hot_skus_never_deadlock(
     # shipment do not commute); one that comes before its order is replayed at the end, as an
     # operator would. With enough stock the end is the in-order sequence's.
     hot = dict.fromkeys(["85123A", "22423", "47566", "84879", "a"], 100_000)
-    await warehouse.put_stock(hot)
+    await stock.put_stock(hot)
     rng = random.Random(20101202)
     histories = [_history(rng, sorted(hot), kind=i % 4) for i in range(300)]
     events = [event for history in histories for event in history]
     rng.shuffle(events)
 
-    outcomes = await asyncio.gather(*(_apply(warehouse, event) for event in events))
+    outcomes = await asyncio.gather(*(_apply(stock, event) for event in events))
     early = [
         event
         for event, outcome in zip(events, outcomes, strict=True)
         if getattr(outcome, "kind", None) is ShipKind.NOT_RESERVED
     ]
-    replayed = await asyncio.gather(*(warehouse.apply(event) for event in early))
+    replayed = await asyncio.gather(*(stock.apply(event) for event in early))
 
-    expected = InMemoryWarehouse()
+    expected = FakeStock()
     await expected.put_stock(hot)
     for history in histories:
         for event in history:
@@ -277,7 +275,7 @@ async def test_cancels_shipments_and_orders_on_the_same_hot_skus_never_deadlock(
     # deadlock_timeout, so the first to give up may be a lock timeout.
     assert {DEADLOCK_DETECTED, LOCK_TIMEOUT}.isdisjoint(sqlstate_of(error) for error in retries)
     assert {outcome.kind for outcome in replayed} <= {ShipKind.SHIPPED}
-    assert await warehouse.stock(hot) == {sku: expected.levels[sku] for sku in hot}
+    assert await stock.levels_of(hot) == {sku: expected.levels[sku] for sku in hot}
     held = {
         (row["order_id"], row["sku"]): row["quantity"]
         for row in await pool.fetch(
@@ -379,7 +377,7 @@ async def test_with_the_handoff_the_dispatcher_and_the_worker_never_deadlock_nor
     # order; cancellations accepted or refused), all on five hot SKUs. Cancels, answers and
     # shipments race: the stock must stay the sum of what the reserved orders hold, every
     # placed order must have exactly one fulfilment order, and nothing may deadlock.
-    warehouse = PostgresWarehouse(
+    stock = PostgresStock(
         engine,
         consumer="fulfilment",
         retry_budget_seconds=5.0,
@@ -391,7 +389,7 @@ async def test_with_the_handoff_the_dispatcher_and_the_worker_never_deadlock_nor
     )
     requests = PostgresWarehouseRequests(engine, retry_budget_seconds=5.0, on_retry=retries.append)
     hot = dict.fromkeys(["85123A", "22423", "47566", "84879", "a"], 100_000)
-    await warehouse.put_stock(hot)
+    await stock.put_stock(hot)
     rng = random.Random(20261202)
     histories = [_history(rng, sorted(hot), kind=i % 4) for i in range(160)]
     failing = {history[0].order_id for history in histories[::10]}
@@ -424,20 +422,20 @@ async def test_with_the_handoff_the_dispatcher_and_the_worker_never_deadlock_nor
                 await asyncio.sleep(0.01)
 
     async def worker():
-        outcomes = await asyncio.gather(*(_apply(warehouse, event) for event in events))
+        outcomes = await asyncio.gather(*(_apply(stock, event) for event in events))
         early = [
             event
             for event, outcome in zip(events, outcomes, strict=True)
             if getattr(outcome, "kind", None) is ShipKind.NOT_RESERVED
         ]
-        await asyncio.gather(*(warehouse.apply(event) for event in early))
+        await asyncio.gather(*(stock.apply(event) for event in early))
         done.set()
 
     _, first, second = await asyncio.gather(worker(), dispatcher(1), dispatcher(2))
 
     assert {DEADLOCK_DETECTED, LOCK_TIMEOUT}.isdisjoint(sqlstate_of(error) for error in retries)
     assert first + second > 0
-    levels = await warehouse.stock(hot)
+    levels = await stock.levels_of(hot)
     held = Counter[str]()
     for row in await pool.fetch(
         "SELECT l.sku, l.quantity FROM reservation_lines AS l"

@@ -8,7 +8,6 @@ from uuid import uuid4
 import pytest
 from sqlalchemy import text
 
-from builders import order
 from fulfilment.adapters.postgres.admin import (
     OutboxEntry,
     StockTotals,
@@ -20,57 +19,58 @@ from fulfilment.adapters.postgres.admin import (
     stock_totals,
 )
 from fulfilment.domain.lifecycle import OrderStatus
+from tests.support.builders import order
 
 pytestmark = pytest.mark.postgres
 
 
-async def test_an_empty_database_has_no_outcome_no_status_and_no_stock(warehouse):
-    assert await inbox_outcomes(warehouse, "fulfilment", [uuid4()]) == {}
-    assert await inbox_outcomes(warehouse, "fulfilment", []) == {}
-    assert await order_statuses(warehouse, [uuid4()]) == {}
-    assert await order_statuses(warehouse, []) == {}
-    assert await stock_totals(warehouse) == StockTotals(on_hand=0, reserved=0)
-    assert await outbox_last_id(warehouse) == 0
-    assert await outbox_entries_after(warehouse, 0) == []
-    assert await outbox_unpublished_after(warehouse, 0) == 0
+async def test_an_empty_database_has_no_outcome_no_status_and_no_stock(stock):
+    assert await inbox_outcomes(stock, "fulfilment", [uuid4()]) == {}
+    assert await inbox_outcomes(stock, "fulfilment", []) == {}
+    assert await order_statuses(stock, [uuid4()]) == {}
+    assert await order_statuses(stock, []) == {}
+    assert await stock_totals(stock) == StockTotals(on_hand=0, reserved=0)
+    assert await outbox_last_id(stock) == 0
+    assert await outbox_entries_after(stock, 0) == []
+    assert await outbox_unpublished_after(stock, 0) == 0
 
 
-async def test_outcomes_and_statuses_of_the_events_and_orders_asked_for_only(warehouse):
-    await warehouse.put_stock({"A": 10, "B": 1})
+async def test_outcomes_and_statuses_of_the_events_and_orders_asked_for_only(stock):
+    await stock.put_stock({"A": 10, "B": 1})
     reserved, rejected, other = order(("A", 3)), order(("B", 2)), order(("A", 1))
     duplicate = order(("A", 1), order_id=reserved.order_id)
     for command in (reserved, rejected, other, duplicate):
-        await warehouse.apply(command)
+        await stock.apply(command)
     unknown = uuid4()
 
     outcomes = await inbox_outcomes(
-        warehouse, "fulfilment", [reserved.event_id, rejected.event_id, duplicate.event_id, unknown]
+        stock, "fulfilment", [reserved.event_id, rejected.event_id, duplicate.event_id, unknown]
     )
-    statuses = await order_statuses(warehouse, [reserved.order_id, rejected.order_id, unknown])
+    statuses = await order_statuses(stock, [reserved.order_id, rejected.order_id, unknown])
 
     assert outcomes == {
         reserved.event_id: "reserved",
         rejected.event_id: "rejected",
         duplicate.event_id: "duplicate_order",
     }
-    assert await inbox_outcomes(warehouse, "another consumer", [reserved.event_id]) == {}
+    assert await inbox_outcomes(stock, "another consumer", [reserved.event_id]) == {}
     assert statuses == {
         reserved.order_id: OrderStatus.RESERVED,
         rejected.order_id: OrderStatus.REJECTED,
     }
-    assert await stock_totals(warehouse) == StockTotals(on_hand=11, reserved=4)
+    assert await stock_totals(stock) == StockTotals(on_hand=11, reserved=4)
 
 
-async def test_the_outbox_rows_after_a_last_id_in_id_order_and_those_unpublished(warehouse):
-    await warehouse.put_stock({"A": 10})
+async def test_the_outbox_rows_after_a_last_id_in_id_order_and_those_unpublished(stock):
+    await stock.put_stock({"A": 10})
     before = order(("A", 3))
-    await warehouse.apply(before)
-    baseline = await outbox_last_id(warehouse)
+    await stock.apply(before)
+    baseline = await outbox_last_id(stock)
     reserved, rejected = order(("A", 2)), order(("A", 99))
-    await warehouse.apply(reserved)
-    await warehouse.apply(rejected)
+    await stock.apply(reserved)
+    await stock.apply(rejected)
 
-    entries = await outbox_entries_after(warehouse, baseline)
+    entries = await outbox_entries_after(stock, baseline)
 
     assert baseline > 0
     assert [(entry.order_id, entry.routing_key) for entry in entries] == [
@@ -79,11 +79,11 @@ async def test_the_outbox_rows_after_a_last_id_in_id_order_and_those_unpublished
     ]
     assert all(isinstance(entry, OutboxEntry) for entry in entries)
     assert baseline < entries[0].id < entries[1].id
-    assert await outbox_last_id(warehouse) == entries[1].id
-    assert await outbox_unpublished_after(warehouse, baseline) == 2
-    async with warehouse.engine.begin() as connection:
+    assert await outbox_last_id(stock) == entries[1].id
+    assert await outbox_unpublished_after(stock, baseline) == 2
+    async with stock.engine.begin() as connection:
         await connection.execute(
             text("UPDATE outbox SET published_at = now() WHERE id = :id"), {"id": entries[0].id}
         )
-    assert await outbox_unpublished_after(warehouse, baseline) == 1
-    assert await outbox_unpublished_after(warehouse, 0) == 2  # the row before the baseline too
+    assert await outbox_unpublished_after(stock, baseline) == 1
+    assert await outbox_unpublished_after(stock, 0) == 2  # the row before the baseline too

@@ -15,14 +15,14 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from builders import order
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE, create_engine, create_pool
 from fulfilment.adapters.postgres.retry import is_transient
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings, Settings
+from tests.support.builders import order
 
 POOL_SIZE = 4
 
@@ -60,7 +60,7 @@ def count_requests(connection, requests):
 
 
 @pytest.fixture(params=["pool", "engine"])
-async def warehouse_with_queries(request, clean_database):
+async def stock_with_queries(request, clean_database):
     """A warehouse reserving on the asyncpg pool (the worker's) or on the engine's connections,
     with a ``watch()`` that records every request to PostgreSQL from its open connections."""
     settings = Settings(
@@ -89,7 +89,7 @@ async def warehouse_with_queries(request, clean_database):
                 await pool.release(connection)
         requests.clear()
 
-    warehouse = PostgresWarehouse(
+    stock = PostgresStock(
         engine,
         consumer="fulfilment",
         retry_budget_seconds=settings.deadlines.retry_budget_seconds,
@@ -100,7 +100,7 @@ async def warehouse_with_queries(request, clean_database):
         batch_max=1,
     )
     try:
-        yield warehouse, requests, retries, watch
+        yield stock, requests, retries, watch
     finally:
         if pool is not None:
             pool.terminate()
@@ -108,13 +108,13 @@ async def warehouse_with_queries(request, clean_database):
 
 
 @pytest.mark.postgres
-async def test_a_reservation_is_one_round_trip_on_a_pooled_connection(warehouse_with_queries):
-    warehouse, requests, _, watch = warehouse_with_queries
-    await warehouse.put_stock({"A": 10, "B": 10})
-    await warehouse.apply(order(("A", 1)))  # opens the connection, prepares the statement
+async def test_a_reservation_is_one_round_trip_on_a_pooled_connection(stock_with_queries):
+    stock, requests, _, watch = stock_with_queries
+    await stock.put_stock({"A": 10, "B": 10})
+    await stock.apply(order(("A", 1)))  # opens the connection, prepares the statement
     await watch()
 
-    outcome = await warehouse.apply(order(("A", 1), ("B", 2), ("A", 3)))
+    outcome = await stock.apply(order(("A", 1), ("B", 2), ("A", 3)))
 
     assert outcome.kind is OutcomeKind.RESERVED
     assert requests == ["bind_execute"]
@@ -122,12 +122,12 @@ async def test_a_reservation_is_one_round_trip_on_a_pooled_connection(warehouse_
 
 @pytest.mark.postgres
 async def test_pooled_connections_dropped_by_a_failover_cost_no_reservation(
-    warehouse_with_queries, clean_database, request
+    stock_with_queries, clean_database, request
 ):
-    warehouse, _, retries, _ = warehouse_with_queries
-    await warehouse.put_stock({"A": 100})
+    stock, _, retries, _ = stock_with_queries
+    await stock.put_stock({"A": 100})
     # Fill the pool with idle connections, as a worker between two bursts has it.
-    await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(POOL_SIZE)))
+    await asyncio.gather(*(stock.apply(order(("A", 1))) for _ in range(POOL_SIZE)))
     admin_url = make_url(clean_database).set(drivername="postgresql")
     admin = await asyncpg.connect(admin_url.render_as_string(hide_password=False))
     try:
@@ -137,17 +137,17 @@ async def test_pooled_connections_dropped_by_a_failover_cost_no_reservation(
         )
     finally:
         await admin.close()
-    on_pool = request.node.callspec.params["warehouse_with_queries"] == "pool"
+    on_pool = request.node.callspec.params["stock_with_queries"] == "pool"
     # Every connection reservations run on: the pool's, or all of the engine's.
     assert killed >= (POOL_SIZE if on_pool else ENGINE_POOL_SIZE)
 
-    outcomes = await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(POOL_SIZE)))
+    outcomes = await asyncio.gather(*(stock.apply(order(("A", 1))) for _ in range(POOL_SIZE)))
 
     assert [outcome.kind for outcome in outcomes] == [OutcomeKind.RESERVED] * POOL_SIZE
     # The engine finds a dead connection by using it, and retries; asyncpg's pool replaces a
     # connection it already saw closed when it hands it out, so needs no retry.
     assert all(is_transient(error) for error in retries)
-    assert await warehouse.stock(["A"]) == {"A": StockLevel(100, 2 * POOL_SIZE)}
+    assert await stock.levels_of(["A"]) == {"A": StockLevel(100, 2 * POOL_SIZE)}
 
 
 @pytest.mark.parametrize(
@@ -178,17 +178,17 @@ async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(cl
     engine = create_engine(database)
     pool = await create_pool(database)
     retries: list[BaseException] = []
-    warehouse = PostgresWarehouse(
+    stock = PostgresStock(
         engine, consumer="fulfilment", retry_budget_seconds=5.0, on_retry=retries.append, pool=pool
     )
     admin_url = make_url(clean_database).set(drivername="postgresql")
     admin = await asyncpg.connect(admin_url.render_as_string(hide_password=False))
     holder = await asyncpg.connect(admin_url.render_as_string(hide_password=False))
     try:
-        await warehouse.put_stock({"A": 10})
+        await stock.put_stock({"A": 10})
         async with holder.transaction():
             await holder.execute("SELECT 1 FROM stock_levels WHERE sku = 'A' FOR UPDATE")
-            reserving = asyncio.create_task(warehouse.apply(order(("A", 1))))
+            reserving = asyncio.create_task(stock.apply(order(("A", 1))))
             killed = 0
             for _ in range(100):
                 killed = await admin.fetchval(
@@ -200,7 +200,7 @@ async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(cl
                 await asyncio.sleep(0.02)
             assert killed == 1
         outcome = await reserving
-        stock = await warehouse.stock(["A"])
+        on_hand = await stock.levels_of(["A"])
     finally:
         await holder.close()
         await admin.close()
@@ -210,7 +210,7 @@ async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(cl
     assert outcome.kind is OutcomeKind.RESERVED
     assert retries
     assert all(is_transient(error) for error in retries)
-    assert stock == {"A": StockLevel(10, 1)}
+    assert on_hand == {"A": StockLevel(10, 1)}
 
 
 class SilencingProxy:
@@ -273,21 +273,21 @@ async def test_a_pool_connection_that_stops_answering_costs_a_retry_not_the_work
     database = database_options(settings.database, settings.deadlines)
     engine = create_engine(database)
     pool = await create_pool(database)
-    warehouse = PostgresWarehouse(
+    stock = PostgresStock(
         engine, consumer="fulfilment", retry_budget_seconds=4.0, pool=pool, pool_size=2
     )
     try:
-        await warehouse.put_stock({"A": 100})
-        await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(4)))
+        await stock.put_stock({"A": 100})
+        await asyncio.gather(*(stock.apply(order(("A", 1))) for _ in range(4)))
         proxy.silence_open_connections()
 
         # Without a client-side bound the batch would wait on its silent connection for as long
         # as the kernel keeps the socket, and hold its slot all that time.
         async with asyncio.timeout(15):
             during = await asyncio.gather(
-                *(warehouse.apply(order(("A", 1))) for _ in range(4)), return_exceptions=True
+                *(stock.apply(order(("A", 1))) for _ in range(4)), return_exceptions=True
             )
-            after = await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(4)))
+            after = await asyncio.gather(*(stock.apply(order(("A", 1))) for _ in range(4)))
     finally:
         await proxy.close()
         pool.terminate()

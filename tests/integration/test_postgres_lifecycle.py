@@ -4,7 +4,7 @@ OrderShipped events, in every arrival order, with duplicates.
 Three promises, each a property test on the real database:
 
 1. The SQL functions implement the state table: for any sequence, PostgreSQL gives every event
-   the outcome the in-memory warehouse (which runs ``fulfilment.domain.lifecycle``) gives it
+   the outcome the in-memory stock store (which runs ``fulfilment.domain.lifecycle``) gives it
    when the events come one after the other, and ends with the same stock, inbox, orders,
    lines and tombstones. Consecutive events of one kind share one transaction, as group commit
    makes them, so each function is held to the answers of its batch applied one by one.
@@ -47,10 +47,8 @@ from hypothesis import event as count_example
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from builders import CANCELLED_AT, PLACED_AT, SHIPPED_AT
-from fakes import InMemoryWarehouse
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import (
     CancelOrder,
@@ -61,17 +59,19 @@ from fulfilment.domain.lifecycle import (
     apply_placed,
     apply_shipped,
 )
-from fulfilment.domain.model import OrderLine, ReserveStock, StockLevel
+from fulfilment.domain.model import OrderLine, PlaceOrder, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
-from warehouse_rows import requests_in_database, requests_in_fake
+from tests.support.builders import CANCELLED_AT, PLACED_AT, SHIPPED_AT
+from tests.support.fakes import FakeStock
+from tests.support.warehouse_rows import requests_in_database, requests_in_fake
 
 pytestmark = pytest.mark.postgres
 
 SKUS = ("A", "B", "a")
 PLENTY = 1_000
 
-Event = ReserveStock | CancelOrder | ShipOrder
+Event = PlaceOrder | CancelOrder | ShipOrder
 
 
 def _lines(draw, skus, most: int) -> tuple[OrderLine, ...]:
@@ -87,7 +87,7 @@ def orders(draw, *, skus=SKUS):
     for _ in range(draw(st.integers(1, 4))):
         order_id = uuid.uuid4()
         history: list[Event] = [
-            ReserveStock(uuid.uuid4(), order_id, PLACED_AT, _lines(draw, skus, 4))
+            PlaceOrder(uuid.uuid4(), order_id, PLACED_AT, _lines(draw, skus, 4))
         ]
         for _ in range(draw(st.integers(0, 3))):
             whole = draw(st.integers(0, 3)) == 0
@@ -138,20 +138,20 @@ def equivalent_arrival(draw, histories):
     return _with_redeliveries(draw, events)
 
 
-async def _apply(warehouse, event: Event):
-    if isinstance(event, ReserveStock):
-        return await warehouse.apply(event)
+async def _apply(stock, event: Event):
+    if isinstance(event, PlaceOrder):
+        return await stock.apply(event)
     if isinstance(event, CancelOrder):
-        return await warehouse.apply(event)
-    return await warehouse.apply(event)
+        return await stock.apply(event)
+    return await stock.apply(event)
 
 
-async def _apply_in_runs(warehouse, events: list[Event]) -> list[object]:
+async def _apply_in_runs(stock, events: list[Event]) -> list[object]:
     """Apply ``events`` in arrival order; consecutive events of one kind together, so that group
     commit makes each run one transaction (the warehouse has one slot)."""
     outcomes: list[object] = []
     for _, run in groupby(events, key=type):
-        outcomes += await asyncio.gather(*(_apply(warehouse, event) for event in run))
+        outcomes += await asyncio.gather(*(_apply(stock, event) for event in run))
     return outcomes
 
 
@@ -168,7 +168,7 @@ def _replays(events: list[Event], outcomes: list[object]) -> list[ShipOrder]:
 
 
 class Database:
-    """A PostgresWarehouse on the test database, emptied first, and what its tables hold."""
+    """A PostgresStock on the test database, emptied first, and what its tables hold."""
 
     def __init__(self, url: str, *, handoff: bool = False) -> None:
         self._options = database_options(DatabaseSettings(url=SecretStr(url)), DeadlineSettings())
@@ -181,7 +181,7 @@ class Database:
             "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels,"
             " tombstone_lines, outbox, warehouse_requests"
         )
-        self.warehouse = PostgresWarehouse(
+        self.stock = PostgresStock(
             self._engine,
             consumer="fulfilment",
             retry_budget_seconds=2.0,
@@ -248,7 +248,7 @@ def _by_order(rows) -> dict[uuid.UUID, dict[str, int]]:
     return grouped
 
 
-def _fake_state(fake: InMemoryWarehouse):
+def _fake_state(fake: FakeStock):
     orders = {
         order_id: (
             str(r.status),
@@ -278,7 +278,7 @@ class Sent:
     status: RequestStatus
 
 
-def _move_on(fake: InMemoryWarehouse, sent: Sent) -> None:
+def _move_on(fake: FakeStock, sent: Sent) -> None:
     request = fake.fulfilment_order(sent.order_id)
     if request is not None and request.status is RequestStatus.PENDING:
         request.status = sent.status
@@ -318,7 +318,7 @@ def test_postgresql_gives_every_event_the_outcome_the_state_table_gives_one_afte
         if scarce
         else dict.fromkeys(SKUS, PLENTY)
     )
-    fake = InMemoryWarehouse()
+    fake = FakeStock()
 
     async def one_after_the_other():
         await fake.put_stock(stock)
@@ -326,8 +326,8 @@ def test_postgresql_gives_every_event_the_outcome_the_state_table_gives_one_afte
 
     async def on_postgresql():
         async with Database(clean_database) as database:
-            await database.warehouse.put_stock(stock)
-            outcomes = await _apply_in_runs(database.warehouse, events)
+            await database.stock.put_stock(stock)
+            outcomes = await _apply_in_runs(database.stock, events)
             return outcomes, await database.state()
 
     expected = _run(one_after_the_other())
@@ -349,7 +349,7 @@ def test_with_the_handoff_postgresql_gives_every_event_and_request_what_the_fake
         if scarce
         else dict.fromkeys(SKUS, PLENTY)
     )
-    fake = InMemoryWarehouse(handoff=True)
+    fake = FakeStock(handoff=True)
 
     async def one_after_the_other():
         await fake.put_stock(stock)
@@ -364,7 +364,7 @@ def test_with_the_handoff_postgresql_gives_every_event_and_request_what_the_fake
 
     async def on_postgresql():
         async with Database(clean_database, handoff=True) as database:
-            await database.warehouse.put_stock(stock)
+            await database.stock.put_stock(stock)
             outcomes: list[object] = []
             for kind, run in groupby(events, key=type):
                 batch = list(run)
@@ -373,7 +373,7 @@ def test_with_the_handoff_postgresql_gives_every_event_and_request_what_the_fake
                         await database.move_on(sent)
                     outcomes += [None] * len(batch)
                 else:
-                    outcomes += await _apply_in_runs(database.warehouse, batch)
+                    outcomes += await _apply_in_runs(database.stock, batch)
             return outcomes, await database.state(), await requests_in_database(database.pool)
 
     expected = _run(one_after_the_other())
@@ -394,7 +394,7 @@ def test_with_enough_stock_every_equivalent_arrival_order_gives_the_in_order_res
     histories = data.draw(orders())
     events = data.draw(equivalent_arrival(histories))
     stock = dict.fromkeys(SKUS, PLENTY)
-    in_order = InMemoryWarehouse()
+    in_order = FakeStock()
 
     async def the_in_order_sequence():
         await in_order.put_stock(stock)
@@ -404,9 +404,9 @@ def test_with_enough_stock_every_equivalent_arrival_order_gives_the_in_order_res
 
     async def as_they_arrive():
         async with Database(clean_database) as database:
-            await database.warehouse.put_stock(stock)
-            outcomes = await _apply_in_runs(database.warehouse, events)
-            await _apply_in_runs(database.warehouse, _replays(events, outcomes))
+            await database.stock.put_stock(stock)
+            outcomes = await _apply_in_runs(database.stock, events)
+            await _apply_in_runs(database.stock, _replays(events, outcomes))
             return await database.state(), await database.result_events()
 
     _run(the_in_order_sequence())
@@ -476,10 +476,10 @@ def test_with_scarce_stock_the_invariants_hold_and_every_order_ends_as_the_table
 
     async def as_they_arrive():
         async with Database(clean_database) as database:
-            await database.warehouse.put_stock(stock)
-            outcomes = await _apply_in_runs(database.warehouse, events)
+            await database.stock.put_stock(stock)
+            outcomes = await _apply_in_runs(database.stock, events)
             replayed = _replays(events, outcomes)
-            await _apply_in_runs(database.warehouse, replayed)
+            await _apply_in_runs(database.stock, replayed)
             return await database.state(), replayed
 
     (levels, _, rows), replayed = _run(as_they_arrive())
@@ -516,7 +516,7 @@ def _allowed_ends(events: list[Event]) -> list[tuple[str, str | None, dict[str, 
         for event in events:
             if event.event_id in seen:
                 continue
-            if isinstance(event, ReserveStock):
+            if isinstance(event, PlaceOrder):
                 placement = apply_placed(state, event.demand(), stock)
                 seen.add(event.event_id)
                 if placement.decision is not None:

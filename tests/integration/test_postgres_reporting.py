@@ -6,21 +6,21 @@ import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
 
-from builders import cancellation, order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.outcomes import InvariantChecks, outcome_report
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.domain.handoff import Accepted, Failed
 from fulfilment.domain.lifecycle import CancelKind
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
+from tests.support.builders import cancellation, order, shipment
 
 pytestmark = pytest.mark.postgres
 
 
-async def test_an_empty_database_reports_nothing_and_holds_its_invariants(warehouse):
-    report = await outcome_report(warehouse.engine)
+async def test_an_empty_database_reports_nothing_and_holds_its_invariants(stock):
+    report = await outcome_report(stock.engine)
 
     assert report.reserved == 0
     assert report.rejected == {"insufficient_stock": 0, "unknown_sku": 0, "cancelled": 0}
@@ -31,18 +31,18 @@ async def test_an_empty_database_reports_nothing_and_holds_its_invariants(wareho
     assert report.ok
 
 
-async def test_the_report_counts_each_kind_of_outcome(warehouse):
-    await warehouse.put_stock({"A": 10, "B": 1})
+async def test_the_report_counts_each_kind_of_outcome(stock):
+    await stock.put_stock({"A": 10, "B": 1})
     placed = order(("A", 2), ("A", 1))
     duplicate_event = placed
-    await warehouse.apply(placed)
-    await warehouse.apply(order(("B", 1)))
-    await warehouse.apply(order(("B", 1)))
-    await warehouse.apply(order(("NOPE", 1)))
-    await warehouse.apply(order(("A", 1), order_id=placed.order_id))
-    await warehouse.apply(duplicate_event)
+    await stock.apply(placed)
+    await stock.apply(order(("B", 1)))
+    await stock.apply(order(("B", 1)))
+    await stock.apply(order(("NOPE", 1)))
+    await stock.apply(order(("A", 1), order_id=placed.order_id))
+    await stock.apply(duplicate_event)
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.reserved == 2
     assert report.rejected == {"insufficient_stock": 1, "unknown_sku": 1, "cancelled": 0}
@@ -53,8 +53,8 @@ async def test_the_report_counts_each_kind_of_outcome(warehouse):
     assert report.ok
 
 
-async def test_the_report_is_plain_data_for_json(warehouse):
-    report = await outcome_report(warehouse.engine)
+async def test_the_report_is_plain_data_for_json(stock):
+    report = await outcome_report(stock.engine)
 
     assert asdict(report) == {
         "reserved": 0,
@@ -78,32 +78,32 @@ async def test_the_report_is_plain_data_for_json(warehouse):
     }
 
 
-async def test_reserved_units_without_reserved_orders_behind_them_are_reported(warehouse):
-    await warehouse.put_stock({f"SKU{i:02d}": 10 for i in range(12)} | {"OK": 5})
-    await warehouse.apply(order(("OK", 2)))
-    async with warehouse.engine.begin() as connection:
+async def test_reserved_units_without_reserved_orders_behind_them_are_reported(stock):
+    await stock.put_stock({f"SKU{i:02d}": 10 for i in range(12)} | {"OK": 5})
+    await stock.apply(order(("OK", 2)))
+    async with stock.engine.begin() as connection:
         await connection.execute(sa.text("UPDATE stock_levels SET reserved = 1 WHERE sku <> 'OK'"))
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.invariants.reserved_mismatches == 12
     assert report.invariants.reserved_mismatch_examples == tuple(f"SKU{i:02d}" for i in range(10))
     assert not report.ok
 
 
-async def test_a_reserved_order_whose_stock_row_vanished_is_reported(warehouse):
-    await warehouse.put_stock({"A": 5})
-    await warehouse.apply(order(("A", 2)))
-    async with warehouse.engine.begin() as connection:
+async def test_a_reserved_order_whose_stock_row_vanished_is_reported(stock):
+    await stock.put_stock({"A": 5})
+    await stock.apply(order(("A", 2)))
+    async with stock.engine.begin() as connection:
         await connection.execute(sa.text("DELETE FROM stock_levels"))
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.invariants.reserved_mismatch_examples == ("A",)
 
 
-async def test_an_inbox_row_without_a_reservation_is_reported(warehouse):
-    async with warehouse.engine.begin() as connection:
+async def test_an_inbox_row_without_a_reservation_is_reported(stock):
+    async with stock.engine.begin() as connection:
         await connection.execute(
             sa.text(
                 "INSERT INTO inbox_messages (consumer, event_id, order_id, outcome)"
@@ -111,16 +111,16 @@ async def test_an_inbox_row_without_a_reservation_is_reported(warehouse):
             )
         )
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.invariants.inbox_unaccounted == 1
     assert not report.ok
 
 
-async def test_lines_of_an_order_without_a_reservation_are_reported(warehouse):
-    await warehouse.put_stock({"A": 5})
-    await warehouse.apply(order(("A", 2)))
-    async with warehouse.engine.begin() as connection:
+async def test_lines_of_an_order_without_a_reservation_are_reported(stock):
+    await stock.put_stock({"A": 5})
+    await stock.apply(order(("A", 2)))
+    async with stock.engine.begin() as connection:
         await connection.execute(
             sa.text(
                 "INSERT INTO reservation_lines (order_id, sku, quantity)"
@@ -128,15 +128,15 @@ async def test_lines_of_an_order_without_a_reservation_are_reported(warehouse):
             )
         )
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.invariants.orphan_lines == 2
     assert report.invariants.reserved_mismatches == 0
     assert not report.ok
 
 
-async def test_stock_beyond_its_bounds_is_reported_if_the_check_was_ever_lifted(warehouse):
-    async with warehouse.engine.begin() as connection:
+async def test_stock_beyond_its_bounds_is_reported_if_the_check_was_ever_lifted(stock):
+    async with stock.engine.begin() as connection:
         await connection.execute(
             sa.text("ALTER TABLE stock_levels DROP CONSTRAINT stock_levels_reserved_within_on_hand")
         )
@@ -152,21 +152,21 @@ async def test_stock_beyond_its_bounds_is_reported_if_the_check_was_ever_lifted(
     assert report.invariants.stock_out_of_bounds == 2
 
 
-async def test_shipped_units_hold_for_every_shipment_and_a_difference_is_reported(warehouse):
-    await warehouse.put_stock({"A": 10, "B": 10, "C": 10})
+async def test_shipped_units_hold_for_every_shipment_and_a_difference_is_reported(stock):
+    await stock.put_stock({"A": 10, "B": 10, "C": 10})
     first, second = order(("A", 2), ("B", 1)), order(("A", 3))
     for command in (first, second):
-        await warehouse.apply(command)
-        await warehouse.apply(shipment(command.order_id))
-    assert (await outcome_report(warehouse.engine)).ok
-    async with warehouse.engine.begin() as connection:
+        await stock.apply(command)
+        await stock.apply(shipment(command.order_id))
+    assert (await outcome_report(stock.engine)).ok
+    async with stock.engine.begin() as connection:
         # on_hand went down by one unit more than the shipped lines (A), and a SKU no shipped
         # order holds counts a shipped unit (C).
         await connection.execute(
             sa.text("UPDATE stock_levels SET shipped = shipped + 1 WHERE sku IN ('A', 'C')")
         )
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.invariants.shipped_mismatches == 2
     assert report.invariants.shipped_mismatch_examples == ("A", "C")
@@ -174,32 +174,32 @@ async def test_shipped_units_hold_for_every_shipment_and_a_difference_is_reporte
     assert not report.ok
 
 
-async def test_shipped_lines_not_counted_in_shipped_units_are_reported(warehouse):
-    await warehouse.put_stock({"A": 10})
+async def test_shipped_lines_not_counted_in_shipped_units_are_reported(stock):
+    await stock.put_stock({"A": 10})
     command = order(("A", 2))
-    await warehouse.apply(command)
-    await warehouse.apply(shipment(command.order_id))
-    async with warehouse.engine.begin() as connection:
+    await stock.apply(command)
+    await stock.apply(shipment(command.order_id))
+    async with stock.engine.begin() as connection:
         await connection.execute(sa.text("UPDATE stock_levels SET shipped = 0"))
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.invariants.shipped_mismatch_examples == ("A",)
     assert not report.ok
 
 
-async def test_the_report_counts_the_outbox_rows_published_and_not(warehouse):
-    await warehouse.put_stock({"A": 10})
+async def test_the_report_counts_the_outbox_rows_published_and_not(stock):
+    await stock.put_stock({"A": 10})
     for _ in range(3):
-        await warehouse.apply(order(("A", 1)))
-    async with warehouse.engine.begin() as connection:
+        await stock.apply(order(("A", 1)))
+    async with stock.engine.begin() as connection:
         await connection.execute(
             sa.text(
                 "UPDATE outbox SET published_at = now() WHERE id = (SELECT min(id) FROM outbox)"
             )
         )
 
-    report = await outcome_report(warehouse.engine)
+    report = await outcome_report(stock.engine)
 
     assert report.outbox == {"unpublished": 2, "published": 1}
 
@@ -213,15 +213,15 @@ LEASE = 30.0
 class HandedOff:
     """The stock store with the hand-off on, and the requests' store, over one database."""
 
-    def __init__(self, warehouse: PostgresWarehouse, requests: PostgresWarehouseRequests) -> None:
-        self.warehouse = warehouse
+    def __init__(self, stock: PostgresStock, requests: PostgresWarehouseRequests) -> None:
+        self.stock = stock
         self.requests = requests
 
     async def placed(self, *lines):
         """An order reserved, its fulfilment order claimed (sent, no answer yet)."""
-        await self.warehouse.put_stock({"A": 10, "B": 10})
+        await self.stock.put_stock({"A": 10, "B": 10})
         command = order(*lines)
-        await self.warehouse.apply(command)
+        await self.stock.apply(command)
         [self.fulfilment_order] = await self.requests.claim(10, lease_seconds=LEASE)
         return command
 
@@ -235,14 +235,14 @@ class HandedOff:
 
     async def cancel_accepted(self, command, *lines):
         """A cancel that the warehouse must be asked, asked, and accepted."""
-        outcome = await self.warehouse.apply(cancellation(command.order_id, *lines))
+        outcome = await self.stock.apply(cancellation(command.order_id, *lines))
         assert outcome.kind is CancelKind.CANCEL_REQUESTED
         [cancelling] = await self.requests.claim(10, lease_seconds=LEASE)
         await self.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
 
     async def released_order_marks(self):
         """``released_order`` of every request, in the order recorded."""
-        async with self.warehouse.engine.connect() as connection:
+        async with self.stock.engine.connect() as connection:
             rows = await connection.execute(
                 sa.text("SELECT released_order FROM warehouse_requests ORDER BY id")
             )
@@ -256,9 +256,7 @@ async def handed_off(clean_database):
     )
     try:
         yield HandedOff(
-            PostgresWarehouse(
-                engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True
-            ),
+            PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True),
             PostgresWarehouseRequests(engine, retry_budget_seconds=2.0),
         )
     finally:
@@ -270,7 +268,7 @@ async def test_a_whole_cancel_the_warehouse_accepted_is_the_release_of_its_order
 
     await handed_off.cancel_accepted(command)
 
-    report = await outcome_report(handed_off.warehouse.engine)
+    report = await outcome_report(handed_off.stock.engine)
     assert (report.reserved, report.released) == (0, 1)
     assert report.processed == {"cancel_requested": 1, "reserved": 1}
     assert await handed_off.released_order_marks() == [False, True]
@@ -281,11 +279,11 @@ async def test_a_partial_then_a_whole_cancel_accepted_release_the_order_once(han
     command = await handed_off.accepted(("A", 3), ("B", 1))
 
     await handed_off.cancel_accepted(command, ("A", 1))
-    partly = await outcome_report(handed_off.warehouse.engine)
+    partly = await outcome_report(handed_off.stock.engine)
     await handed_off.cancel_accepted(command)
 
     assert (partly.reserved, partly.released, partly.ok) == (1, 0, True)
-    report = await outcome_report(handed_off.warehouse.engine)
+    report = await outcome_report(handed_off.stock.engine)
     assert (report.reserved, report.released) == (0, 1)
     assert await handed_off.released_order_marks() == [False, False, True]
     assert report.ok
@@ -294,14 +292,14 @@ async def test_a_partial_then_a_whole_cancel_accepted_release_the_order_once(han
 async def test_two_whole_cancels_release_the_order_once_the_second_withdrawn_unsent(handed_off):
     command = await handed_off.accepted(("A", 3))
     for _ in range(2):
-        outcome = await handed_off.warehouse.apply(cancellation(command.order_id))
+        outcome = await handed_off.stock.apply(cancellation(command.order_id))
         assert outcome.kind is CancelKind.CANCEL_REQUESTED
     [cancelling] = await handed_off.requests.claim(10, lease_seconds=LEASE)
     await handed_off.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
     # The order is released: the second finds nothing left to cancel and is never sent.
     assert await handed_off.requests.claim(10, lease_seconds=LEASE) == []
 
-    report = await outcome_report(handed_off.warehouse.engine)
+    report = await outcome_report(handed_off.stock.engine)
     assert report.released == 1
     assert await handed_off.released_order_marks() == [False, True, False]
     assert report.ok
@@ -309,14 +307,14 @@ async def test_two_whole_cancels_release_the_order_once_the_second_withdrawn_uns
 
 async def test_a_failed_fulfilment_order_releasing_its_waiting_cancel_is_counted(handed_off):
     command = await handed_off.placed(("A", 3))
-    await handed_off.warehouse.apply(cancellation(command.order_id, ("A", 1)))
-    await handed_off.warehouse.apply(cancellation(command.order_id))
+    await handed_off.stock.apply(cancellation(command.order_id, ("A", 1)))
+    await handed_off.stock.apply(cancellation(command.order_id))
 
     await handed_off.requests.record(
         handed_off.fulfilment_order, Failed("unknown_sku", '{"error": "unknown sku"}', 422)
     )
 
-    report = await outcome_report(handed_off.warehouse.engine)
+    report = await outcome_report(handed_off.stock.engine)
     assert (report.reserved, report.released) == (0, 1)
     assert await handed_off.released_order_marks() == [False, False, True]
     assert report.ok
@@ -324,16 +322,16 @@ async def test_a_failed_fulfilment_order_releasing_its_waiting_cancel_is_counted
 
 async def test_a_local_partial_release_then_an_inbox_release_is_counted_once(handed_off):
     command = await handed_off.placed(("A", 3))
-    await handed_off.warehouse.apply(cancellation(command.order_id, ("A", 1)))
+    await handed_off.stock.apply(cancellation(command.order_id, ("A", 1)))
     await handed_off.requests.record(
         handed_off.fulfilment_order, Failed("unknown_sku", '{"error": "unknown sku"}', 422)
     )
 
     # Its fulfilment order failed: a cancel now releases at once, recorded in the inbox.
-    outcome = await handed_off.warehouse.apply(cancellation(command.order_id))
+    outcome = await handed_off.stock.apply(cancellation(command.order_id))
 
     assert outcome.kind is CancelKind.RELEASED
-    report = await outcome_report(handed_off.warehouse.engine)
+    report = await outcome_report(handed_off.stock.engine)
     assert report.released == 1
     assert report.processed == {"cancel_requested": 1, "released": 1, "reserved": 1}
     assert await handed_off.released_order_marks() == [False, False]
@@ -350,19 +348,19 @@ async def test_a_local_partial_release_then_an_inbox_release_is_counted_once(han
 )
 async def test_a_release_without_its_trace_is_still_reported(handed_off, lost):
     by_inbox = await handed_off.accepted(("A", 1))
-    await handed_off.warehouse.put_stock({"A": 10, "B": 10})
+    await handed_off.stock.put_stock({"A": 10, "B": 10})
     at_once = order(("B", 1))
-    await handed_off.warehouse.apply(at_once)  # its fulfilment order is never sent
-    assert (await handed_off.warehouse.apply(cancellation(at_once.order_id))).kind is (
+    await handed_off.stock.apply(at_once)  # its fulfilment order is never sent
+    assert (await handed_off.stock.apply(cancellation(at_once.order_id))).kind is (
         CancelKind.RELEASED
     )
     await handed_off.cancel_accepted(by_inbox)
-    assert (await outcome_report(handed_off.warehouse.engine)).ok
+    assert (await outcome_report(handed_off.stock.engine)).ok
 
-    async with handed_off.warehouse.engine.begin() as connection:
+    async with handed_off.stock.engine.begin() as connection:
         await connection.execute(sa.text(lost))
 
-    report = await outcome_report(handed_off.warehouse.engine)
+    report = await outcome_report(handed_off.stock.engine)
     assert report.released == 2
     assert report.invariants.inbox_unaccounted == -1
     assert not report.ok

@@ -11,7 +11,6 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from structlog.testing import capture_logs
 
-from builders import order
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.retry import (
     RETRY_LABELS,
@@ -20,11 +19,12 @@ from fulfilment.adapters.postgres.retry import (
     retry_label,
     sqlstate_of,
 )
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import from_variables
+from tests.support.builders import order
 
 LOCK_NOT_AVAILABLE = "55P03"
 CHECK_VIOLATION = "23514"
@@ -208,11 +208,11 @@ async def test_a_database_that_does_not_answer_is_a_transient_error_within_the_b
         retry_budget_seconds=0.5,
     )
     engine = create_engine(database_options(configured.database, configured.deadlines))
-    warehouse = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=0.5)
+    stock = PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=0.5)
     started = time.monotonic()
     try:
         with pytest.raises(TransientError) as raised:
-            await warehouse.apply(order(("A", 1)))
+            await stock.apply(order(("A", 1)))
     finally:
         await engine.dispose()
 
@@ -240,14 +240,14 @@ async def release_after(seconds, lock):
 
 
 @pytest.fixture
-async def make_warehouse(clean_database):
+async def make_stock(clean_database):
     engines = []
 
     def make(*, retries=None, **overrides):
         configured = settings(clean_database, **overrides)
         engine = create_engine(database_options(configured.database, configured.deadlines))
         engines.append(engine)
-        return PostgresWarehouse(
+        return PostgresStock(
             engine,
             consumer="fulfilment",
             retry_budget_seconds=configured.deadlines.retry_budget_seconds,
@@ -271,18 +271,18 @@ async def inbox_rows(database_url, event_id):
 
 @pytest.mark.postgres
 async def test_a_lock_held_past_the_lock_timeout_is_retried_and_then_succeeds(
-    make_warehouse, clean_database
+    make_stock, clean_database
 ):
     retries = []
-    warehouse = make_warehouse(retries=retries, retry_budget_seconds=3.0)
-    await warehouse.put_stock({"A": 10})
+    stock = make_stock(retries=retries, retry_budget_seconds=3.0)
+    await stock.put_stock({"A": 10})
     lock = row_locked(clean_database, "A")
     await lock.__aenter__()
     releaser = asyncio.create_task(release_after(0.7, lock))
 
     started = time.monotonic()
     with capture_logs() as logs:
-        outcome = await warehouse.apply(order(("A", 4)))
+        outcome = await stock.apply(order(("A", 4)))
     elapsed = time.monotonic() - started
     await releaser
 
@@ -293,40 +293,40 @@ async def test_a_lock_held_past_the_lock_timeout_is_retried_and_then_succeeds(
     assert {log["sqlstate"] for log in logs if log["event"] == "database_retry"} == {
         LOCK_NOT_AVAILABLE
     }
-    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 4)}
+    assert await stock.levels_of(["A"]) == {"A": StockLevel(10, 4)}
 
 
 @pytest.mark.postgres
 async def test_a_lock_held_past_the_budget_is_a_transient_error_and_writes_nothing(
-    make_warehouse, clean_database
+    make_stock, clean_database
 ):
-    warehouse = make_warehouse(retry_budget_seconds=1.0)
-    await warehouse.put_stock({"A": 10})
+    stock = make_stock(retry_budget_seconds=1.0)
+    await stock.put_stock({"A": 10})
     command = order(("A", 4))
 
     async with row_locked(clean_database, "A"):
         started = time.monotonic()
         with pytest.raises(TransientError) as raised:
-            await warehouse.apply(command)
+            await stock.apply(command)
         elapsed = time.monotonic() - started
 
     # The last attempt starts within the budget and waits at most the lock timeout.
     assert 1.0 - 0.5 <= elapsed < 1.0 + 0.2 + 0.3
     assert sqlstate_of(raised.value.__cause__) == LOCK_NOT_AVAILABLE
     assert await inbox_rows(clean_database, command.event_id) == 0
-    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 0)}
+    assert await stock.levels_of(["A"]) == {"A": StockLevel(10, 0)}
     # The redelivery that follows a transient failure then goes through.
-    assert (await warehouse.apply(command)).kind is OutcomeKind.RESERVED
+    assert (await stock.apply(command)).kind is OutcomeKind.RESERVED
 
 
 @pytest.mark.postgres
 async def test_a_statement_past_the_statement_timeout_is_cancelled_by_the_server(
-    make_warehouse,
+    make_stock,
 ):
-    warehouse = make_warehouse(retry_budget_seconds=1.0)
+    stock = make_stock(retry_budget_seconds=1.0)
 
     async def slow():
-        async with warehouse.engine.connect() as connection:
+        async with stock.engine.connect() as connection:
             await connection.execute(sa.text("SELECT pg_sleep(5)"))
 
     started = time.monotonic()
@@ -338,10 +338,10 @@ async def test_a_statement_past_the_statement_timeout_is_cancelled_by_the_server
 
 
 @pytest.mark.postgres
-async def test_the_engine_sets_the_server_time_outs_and_names_the_application(make_warehouse):
-    warehouse = make_warehouse()
+async def test_the_engine_sets_the_server_time_outs_and_names_the_application(make_stock):
+    stock = make_stock()
 
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         shown = [
             await connection.scalar(sa.text(f"SHOW {name}"))
             for name in ["statement_timeout", "lock_timeout", "application_name"]
@@ -352,20 +352,20 @@ async def test_the_engine_sets_the_server_time_outs_and_names_the_application(ma
 
 @pytest.mark.postgres
 async def test_a_connection_killed_mid_statement_is_retried_on_a_new_one(
-    make_warehouse, clean_database
+    make_stock, clean_database
 ):
     retries = []
-    warehouse = make_warehouse(
+    stock = make_stock(
         retries=retries,
         database_lock_timeout_seconds=2.0,
         database_statement_timeout_seconds=2.5,
         retry_budget_seconds=5.0,
     )
-    await warehouse.put_stock({"A": 10})
+    await stock.put_stock({"A": 10})
     admin = await asyncpg.connect(asyncpg_url(clean_database))
     try:
         async with row_locked(clean_database, "A"):
-            reserving = asyncio.create_task(warehouse.apply(order(("A", 1))))
+            reserving = asyncio.create_task(stock.apply(order(("A", 1))))
             for _ in range(100):
                 killed = await admin.fetchval(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
@@ -382,4 +382,4 @@ async def test_a_connection_killed_mid_statement_is_retried_on_a_new_one(
     assert outcome.kind is OutcomeKind.RESERVED
     assert retries
     assert all(is_transient(error) for error in retries)
-    assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 1)}
+    assert await stock.levels_of(["A"]) == {"A": StockLevel(10, 1)}

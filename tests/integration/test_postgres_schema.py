@@ -18,7 +18,7 @@ from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.tables import metadata
 from fulfilment.routes.table import ROUTES
-from services import throwaway_database
+from tests.support.services import throwaway_database
 
 pytestmark = pytest.mark.postgres
 

@@ -2,7 +2,7 @@
 
 Generated bodies cross the boundary of every value the model reads (strings, numbers, times,
 sizes, ids). Each one the worker's validation (``parse_order_placed``) accepts goes through the
-hot path, ``PostgresWarehouse.reserve`` on the asyncpg pool into ``place_orders()``, and must
+hot path, ``PostgresStock.place`` on the asyncpg pool into ``place_orders()``, and must
 end reserved or rejected as the rule (``decide``) says, with its placed_at, lines and stock
 stored as sent: never a database error, which the worker would dead-letter as ``unexpected``.
 Each one it refuses must be refused with a one-line reason (dead-lettered ``permanent``).
@@ -24,10 +24,9 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from builders import parse_order_placed
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import (
     MAX_LINES,
@@ -35,10 +34,11 @@ from fulfilment.contracts.order_placed import (
     MAX_SKU_LENGTH,
     MAX_UNITS_PER_SKU,
 )
-from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel, decide
+from fulfilment.domain.model import OrderLine, OutcomeKind, PlaceOrder, StockLevel, decide
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.routes.handling import MalformedEventError
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
+from tests.support.builders import parse_order_placed
 
 pytestmark = pytest.mark.postgres
 
@@ -179,7 +179,7 @@ class HotPath:
     """The worker's reservation path on the session database, on a loop of this module."""
 
     loop: asyncio.AbstractEventLoop
-    warehouse: PostgresWarehouse
+    stock: PostgresStock
     pool: asyncpg.Pool
 
     def run(self, work: Awaitable[T]) -> T:
@@ -193,12 +193,10 @@ def hot_path(database_url: str) -> Iterator[HotPath]:
     database = database_options(DatabaseSettings(url=SecretStr(database_url)), DeadlineSettings())
     engine = create_engine(database)
     pool = loop.run_until_complete(create_pool(database))
-    warehouse = PostgresWarehouse(
-        engine, consumer="fulfilment", retry_budget_seconds=2.0, pool=pool
-    )
+    stock = PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0, pool=pool)
     try:
         assert loop.run_until_complete(pool.fetchval("SHOW server_encoding")) == "UTF8"
-        yield HotPath(loop, warehouse, pool)
+        yield HotPath(loop, stock, pool)
     finally:
         loop.run_until_complete(pool.close())
         loop.run_until_complete(engine.dispose())
@@ -247,7 +245,7 @@ def a_body(**changes: Any) -> bytes:
 
 
 async def store(
-    hot_path: HotPath, command: ReserveStock, stock: dict[str, StockLevel]
+    hot_path: HotPath, command: PlaceOrder, stock: dict[str, StockLevel]
 ) -> tuple[Any, ...]:
     pool = hot_path.pool
     await pool.execute(
@@ -257,7 +255,7 @@ async def store(
         "INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ($1, $2, $3)",
         [(sku, level.on_hand, level.reserved) for sku, level in stock.items()],
     )
-    outcome = await hot_path.warehouse.apply(command)
+    outcome = await hot_path.stock.apply(command)
     row = await pool.fetchrow("SELECT event_id, placed_at FROM reservations")
     lines = dict(await pool.fetch("SELECT sku, quantity FROM reservation_lines"))
     levels = {
@@ -334,9 +332,9 @@ def test_orders_that_would_take_reserved_past_the_integer_column_are_rejected_fo
         await hot_path.pool.execute(
             "TRUNCATE inbox_messages, reservation_lines, reservations, stock_levels"
         )
-        await hot_path.warehouse.put_stock({sku: INTEGER_MAX})
+        await hot_path.stock.put_stock({sku: INTEGER_MAX})
         commands = [
-            ReserveStock(
+            PlaceOrder(
                 uuid.uuid4(),
                 uuid.uuid4(),
                 datetime(2010, 12, 1, tzinfo=UTC),
@@ -344,7 +342,7 @@ def test_orders_that_would_take_reserved_past_the_integer_column_are_rejected_fo
             )
             for _ in range(3)
         ]
-        outcomes = await asyncio.gather(*(hot_path.warehouse.apply(c) for c in commands))
+        outcomes = await asyncio.gather(*(hot_path.stock.apply(c) for c in commands))
         reserved = await hot_path.pool.fetchval(
             "SELECT reserved FROM stock_levels WHERE sku = $1", sku
         )

@@ -26,7 +26,7 @@ from fulfilment.contracts.topology import (
 from fulfilment.observability.metrics import Metrics
 from fulfilment.worker.monitors import queue_monitor, supervise
 from fulfilment.worker.topology import Topology, declare_topology
-from services import AMQP_PORT, service_unavailable
+from tests.support.services import AMQP_PORT, service_unavailable
 
 pytestmark = pytest.mark.rabbitmq
 

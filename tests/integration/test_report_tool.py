@@ -1,6 +1,6 @@
 """``fulfilment report`` and ``reconcile`` (each kind published) against RabbitMQ and PostgreSQL.
 
-No worker runs: orders are reserved through the PostgreSQL warehouse, dead letters are put in
+No worker runs: orders are reserved through the PostgreSQL stock store, dead letters are put in
 the DLQs as the worker writes them, and the tools read every queue and DLQ of the topology.
 """
 
@@ -15,9 +15,8 @@ import aio_pika
 import pytest
 from pydantic import SecretStr
 
-from builders import cancellation, order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.rabbitmq import inspection
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -31,6 +30,7 @@ from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, reconcile, render_report
 from fulfilment.worker.topology import Topology, declare_topology
+from tests.support.builders import cancellation, order, shipment
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.postgres]
 
@@ -91,10 +91,10 @@ async def test_reconcile_finds_events_of_every_kind_in_the_inbox_or_in_any_dlq(
 ) -> None:
     engine = create_engine(options.database)
     try:
-        warehouse = PostgresWarehouse(engine, consumer=options.consumer, retry_budget_seconds=2)
-        await warehouse.put_stock({"A": 10})
+        stock = PostgresStock(engine, consumer=options.consumer, retry_budget_seconds=2)
+        await stock.put_stock({"A": 10})
         placed = order(("A", 2))
-        await warehouse.apply(placed)
+        await stock.apply(placed)
     finally:
         await engine.dispose()
     refused = await refused_shipment(amqp_url)
@@ -213,15 +213,13 @@ async def test_reconcile_checks_the_cancellations_and_the_shipments_published_fr
     assert mapped.order_id == cancelled.order_id
     engine = create_engine(options.database)
     try:
-        warehouse = PostgresWarehouse(engine, consumer=options.consumer, retry_budget_seconds=2)
-        await warehouse.put_stock({"85123A": 10, "22633": 10})
+        stock = PostgresStock(engine, consumer=options.consumer, retry_budget_seconds=2)
+        await stock.put_stock({"85123A": 10, "22633": 10})
         for placed in read.orders:
-            await warehouse.apply(
+            await stock.apply(
                 order(*placed.lines, event_id=placed.event_id, order_id=placed.order_id)
             )
-        await warehouse.apply(
-            cancellation(mapped.order_id, *mapped.lines, event_id=mapped.event_id)
-        )
+        await stock.apply(cancellation(mapped.order_id, *mapped.lines, event_id=mapped.event_id))
 
         # The end of the day's shipment of the order still reserved was not processed: lost.
         lines: list[str] = []
@@ -242,7 +240,7 @@ async def test_reconcile_checks_the_cancellations_and_the_shipments_published_fr
             in lines[2]
         )
 
-        await warehouse.apply(
+        await stock.apply(
             shipment(shipped.order_id, event_id=shipment_event_id_for(shipped.invoice_no))
         )
     finally:

@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from builders import order
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.exit_codes import ExitCode
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.stock_csv import MAX_ON_HAND, StockCsvError, load_command, read_stock_csv
+from tests.support.builders import order
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sample" / "stock.csv"
 
@@ -198,12 +198,12 @@ def test_the_shipped_sample_stock_file_is_valid():
 
 
 @pytest.mark.postgres
-async def test_a_stock_file_loads_into_the_database(warehouse, tmp_path):
+async def test_a_stock_file_loads_into_the_database(stock, tmp_path):
     path = write(tmp_path, "sku,on_hand\n85123A,12\n15056bl,0\n15056BL,3\nBANK CHARGES,1\n")
 
-    await warehouse.put_stock(read_stock_csv(path))
+    await stock.put_stock(read_stock_csv(path))
 
-    assert await warehouse.stock(["85123A", "15056bl", "15056BL", "BANK CHARGES", "x"]) == {
+    assert await stock.levels_of(["85123A", "15056bl", "15056BL", "BANK CHARGES", "x"]) == {
         "85123A": StockLevel(12),
         "15056bl": StockLevel(0),
         "15056BL": StockLevel(3),
@@ -235,22 +235,22 @@ async def test_stock_load_says_how_many_levels_it_loaded(clean_database, tmp_pat
 
 @pytest.mark.postgres
 @pytest.mark.skipif(not SAMPLE.is_file(), reason="the shipped sample is not in this checkout")
-async def test_the_shipped_sample_loads_twice_with_the_same_result(warehouse):
+async def test_the_shipped_sample_loads_twice_with_the_same_result(stock):
     levels = read_stock_csv(SAMPLE)
 
-    await warehouse.put_stock(levels)
-    await warehouse.put_stock(levels)
+    await stock.put_stock(levels)
+    await stock.put_stock(levels)
 
-    stored = await warehouse.stock(levels)
+    stored = await stock.levels_of(levels)
     assert {sku: level.on_hand for sku, level in stored.items()} == levels
 
 
 @pytest.mark.postgres
 async def test_a_level_below_the_reserved_units_is_refused_naming_its_line(
-    warehouse, clean_database, tmp_path
+    stock, clean_database, tmp_path
 ):
-    await warehouse.put_stock({"A": 5, "B": 5, "C": 5})
-    outcome = await warehouse.apply(order(("A", 3), ("C", 4)))
+    await stock.put_stock({"A": 5, "B": 5, "C": 5})
+    outcome = await stock.apply(order(("A", 3), ("C", 4)))
     assert outcome.kind is OutcomeKind.RESERVED
     path = write(tmp_path, "sku,on_hand\nB,0\nC,1\n\nA,2\n")
     options = ToolOptions(
@@ -269,5 +269,5 @@ async def test_a_level_below_the_reserved_units_is_refused_naming_its_line(
         " nothing was loaded (so would line 5)"
     )
     assert raised.value.exit_code is ExitCode.BAD_INPUT
-    levels = await warehouse.stock(["A", "B", "C"])
+    levels = await stock.levels_of(["A", "B", "C"])
     assert {sku: level.on_hand for sku, level in levels.items()} == {"A": 5, "B": 5, "C": 5}

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fulfilment.adapters.warehouse_system.client import WarehouseClient
+from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.domain.handoff import (
     Accepted,
     CredentialsRefused,
@@ -18,7 +18,7 @@ from fulfilment.domain.handoff import (
     Refused,
     Retry,
 )
-from simulated_warehouse import TOKEN, a_cancellation, a_client, an_order, order_body
+from tests.support.simulated_warehouse import TOKEN, a_cancellation, a_client, an_order, order_body
 from warehouse_simulator import Faults, SimulatorServer, WarehouseSimulator
 
 

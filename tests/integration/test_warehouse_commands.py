@@ -21,9 +21,8 @@ import sqlalchemy as sa
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from builders import cancellation, order
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.domain.handoff import (
     Accepted,
@@ -40,6 +39,7 @@ from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, render_report
 from fulfilment.tools.warehouse_requests import list_command, resend_command, show_command
 from fulfilment.worker.topology import Topology, declare_topology
+from tests.support.builders import cancellation, order
 
 pytestmark = pytest.mark.postgres
 
@@ -82,7 +82,7 @@ def options(clean_database: str) -> ToolOptions:
 async def requests(options: ToolOptions) -> AsyncIterator[Requests]:
     engine = create_engine(options.database)
     try:
-        stock = PostgresWarehouse(
+        stock = PostgresStock(
             engine, consumer=options.consumer, retry_budget_seconds=2.0, handoff=True
         )
         store = PostgresWarehouseRequests(engine, retry_budget_seconds=2.0)
@@ -291,7 +291,7 @@ async def test_resend_without_a_stated_operator_audits_the_os_user_and_host(
 async def test_resend_refuses_a_failed_fulfilment_order_whose_order_was_cancelled_since(
     options: ToolOptions, requests: Requests
 ) -> None:
-    stock = PostgresWarehouse(
+    stock = PostgresStock(
         requests.engine, consumer=options.consumer, retry_budget_seconds=2.0, handoff=True
     )
     # The warehouse holds nothing of a failed order: its cancel releases it at once.
@@ -363,7 +363,7 @@ async def test_the_report_counts_the_requests_by_kind_and_status(
     report_options: ToolOptions, requests: Requests
 ) -> None:
     engine = requests.engine
-    stock = PostgresWarehouse(
+    stock = PostgresStock(
         engine, consumer=report_options.consumer, retry_budget_seconds=2.0, handoff=True
     )
     await stock.apply(order(("A", 1)))  # pending: recorded, never sent

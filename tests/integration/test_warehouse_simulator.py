@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from fulfilment.domain.handoff import Accepted, Retry
-from simulated_warehouse import TOKEN, a_client, an_order
+from tests.support.simulated_warehouse import TOKEN, a_client, an_order
 from warehouse_simulator import Faults, SimulatorServer, WarehouseSimulator
 
 SIMULATOR = Path(__file__).parents[2] / "simulator"

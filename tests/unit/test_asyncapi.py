@@ -18,15 +18,15 @@ import pytest
 from faststream.specification import AsyncAPI
 from pydantic import ConfigDict
 
-from builders import RESULT_EVENT_EXAMPLES
-from deliveries import in_memory_dead_letters
-from fakes import InMemoryWarehouse
 from fulfilment import asyncapi
 from fulfilment.contracts.result_events import RESULT_EVENTS
 from fulfilment.contracts.topology import EVENTS_EXCHANGE, SubscribedQueue
 from fulfilment.entrypoints.worker import build_worker
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
+from tests.support.builders import RESULT_EVENT_EXAMPLES
+from tests.support.deliveries import in_memory_dead_letters
+from tests.support.fakes import FakeStock
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "asyncapi.json"
 
@@ -265,7 +265,7 @@ async def test_the_documented_queues_are_the_ones_the_worker_subscribes(
 ) -> None:
     worker = build_worker(
         Settings(),
-        warehouse=InMemoryWarehouse(),
+        stock=FakeStock(),
         database_ping=_no_database,
         dead_letter_publisher=in_memory_dead_letters,
     )

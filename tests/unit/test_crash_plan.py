@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from crash_plan import CrashPoint, parse_fault_plan
+
+from tests.faults.crash_plan import CrashPoint, parse_fault_plan
 
 
 def test_the_relay_crash_points_are_accepted() -> None:

@@ -33,7 +33,6 @@ from pamqp import commands as spec
 from pydantic import BaseModel, ConfigDict
 from structlog.testing import capture_logs
 
-from deliveries import deliver, in_memory_dead_letters, incoming, settlements
 from fulfilment.application.ports import TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.entrypoints.worker import new_metrics
@@ -44,6 +43,7 @@ from fulfilment.worker import dead_lettering
 from fulfilment.worker.consumer_control import ConsumerPause
 from fulfilment.worker.dead_lettering import DeadLetterPublisher
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, raw_body, subscribe
+from tests.support.deliveries import deliver, in_memory_dead_letters, incoming, settlements
 
 EXCHANGE = RabbitExchange("events", durable=True)
 QUEUE = RabbitQueue("fulfilment.ping", routing_key="ping")

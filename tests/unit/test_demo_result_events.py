@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from uuid import UUID, uuid4
 
-from builders import RESULT_EVENT_EXAMPLES
 from fulfilment.adapters.postgres.admin import OutboxEntry
 from fulfilment.demo.result_events import ResultEventTally
+from tests.support.builders import RESULT_EVENT_EXAMPLES
 
 QUEUE = "fulfilment.demo.result-events"
 

@@ -50,7 +50,7 @@ def player(connection: object, echo: list[str] | None = None) -> demo.Player:
     return demo.Player(
         connection=connection,  # type: ignore[arg-type]
         amqp_url="amqp://guest:s3cret@rabbit:5672/shop",
-        warehouse=None,  # type: ignore[arg-type]
+        stock=None,  # type: ignore[arg-type]
         consumer="fulfilment",
         worker=None,  # type: ignore[arg-type]
         handoff=None,  # type: ignore[arg-type]

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 import httpx
-from test_health import call
 
-from fulfilment.adapters.warehouse_system.client import WarehouseClient
+from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.dispatcher.pump import DispatcherPump
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.observability.probes import probe_app
 from fulfilment.pump.leader import LockOptions, Role
-from memory_requests import MemoryWarehouseRequests
+from tests.support.memory_requests import MemoryWarehouseRequests
+from tests.unit.test_health import call
 
 
 def a_pump(role: Role, halt: Halt | None = None) -> tuple[DispatcherPump, DispatcherMetrics]:

@@ -10,9 +10,9 @@ from fulfilment.domain.model import (
     DuplicateOf,
     OrderLine,
     OutcomeKind,
+    PlaceOrder,
     RejectionReason,
     ReservationOutcome,
-    ReserveStock,
     StockLevel,
     aggregate_demand,
     decide,
@@ -38,7 +38,7 @@ def test_aggregate_demand_keeps_skus_that_differ_only_in_case_apart():
 
 
 def test_a_command_demands_its_aggregated_lines():
-    command = ReserveStock(
+    command = PlaceOrder(
         event_id=uuid4(),
         order_id=uuid4(),
         placed_at=datetime(2010, 12, 1, 8, 26, tzinfo=UTC),

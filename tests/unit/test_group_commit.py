@@ -8,22 +8,22 @@ import asyncio
 import pytest
 from opentelemetry.trace import SpanContext
 
-import builders
 from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOutcomesError
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.model import (
     OutcomeKind,
+    PlaceOrder,
     ReservationOutcome,
-    ReserveStock,
 )
 from fulfilment.observability.tracing import traceparent_of
+from tests.support import builders
 
 
-def order(sku: str = "A") -> ReserveStock:
+def order(sku: str = "A") -> PlaceOrder:
     return builders.order((sku, 1))
 
 
-def reserved(command: ReserveStock) -> ReservationOutcome:
+def reserved(command: PlaceOrder) -> ReservationOutcome:
     return ReservationOutcome(
         kind=OutcomeKind.RESERVED, order_id=command.order_id, event_id=command.event_id
     )
@@ -33,7 +33,7 @@ class Database:
     """A ``commit_batch`` that records its batches and how many ran at once."""
 
     def __init__(self, *, seconds: float = 0.01, failing_sku: str | None = None) -> None:
-        self.batches: list[list[ReserveStock]] = []
+        self.batches: list[list[PlaceOrder]] = []
         self.spans: list[list[SpanContext]] = []
         self.running = 0
         self.most_running = 0

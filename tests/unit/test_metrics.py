@@ -12,7 +12,6 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fakes import InMemoryWarehouse
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.entrypoints.worker import build_worker, new_metrics
@@ -21,6 +20,7 @@ from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, ROUTES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
+from tests.support.fakes import FakeStock
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy/grafana/dashboards/fulfilment.json"
@@ -57,7 +57,7 @@ def rule_expressions() -> list[str]:
 
 @pytest.fixture
 def worker_registry() -> CollectorRegistry:
-    worker = build_worker(Settings(), warehouse=InMemoryWarehouse(), database_ping=_no_database)
+    worker = build_worker(Settings(), stock=FakeStock(), database_ping=_no_database)
     return worker.metrics.registry
 
 

@@ -1,7 +1,7 @@
 """``on_order_cancelled`` and ``on_order_shipped``: their handler logic, and the worker.
 
 The handlers are called directly, and through the worker of ``build_worker`` on FastStream's
-in-memory broker with the in-memory warehouse, which runs the lifecycle's state table
+in-memory broker with the in-memory stock store, which runs the lifecycle's state table
 (``fulfilment.domain.lifecycle``). As in ``test_on_order_placed``, the in-memory broker has no
 acknowledgements, dead-letter exchange or delivery limit: these tests check what the worker
 decides, and which dead-letter queue each refusal goes to.
@@ -18,9 +18,6 @@ from typing import Any
 import pytest
 from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
-from builders import in_trace, order
-from deliveries import in_memory_dead_letters
-from fakes import InMemoryWarehouse
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -37,6 +34,9 @@ from fulfilment.routes.table import SUBSCRIBED_QUEUES, on_order_cancelled, on_or
 from fulfilment.settings import Settings
 from fulfilment.worker.delivery import raw_body
 from fulfilment.worker.topology import Topology
+from tests.support.builders import in_trace, order
+from tests.support.deliveries import in_memory_dead_letters
+from tests.support.fakes import FakeStock
 
 AT = datetime(2010, 12, 1, 9, 41, tzinfo=UTC)
 
@@ -66,7 +66,7 @@ def shipped(order_id: uuid.UUID, event_id: uuid.UUID | None = None) -> bytes:
 @dataclass
 class Harness:
     worker: Worker
-    warehouse: InMemoryWarehouse
+    stock: FakeStock
     dead_letters: list[tuple[str, RabbitMessage]]
     broker: Any
 
@@ -90,17 +90,17 @@ class Harness:
         ]
 
     async def level(self, sku: str) -> tuple[int, int]:
-        level = (await self.warehouse.stock([sku]))[sku]
+        level = (await self.stock.levels_of([sku]))[sku]
         return level.on_hand, level.reserved
 
 
 @pytest.fixture
 async def harness() -> AsyncIterator[Harness]:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10, "71053": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10, "71053": 10})
     worker = build_worker(
         Settings(),
-        warehouse=warehouse,
+        stock=stock,
         database_ping=_no_database,
         dead_letter_publisher=in_memory_dead_letters,
     )
@@ -123,7 +123,7 @@ async def harness() -> AsyncIterator[Harness]:
 
     async with TestRabbitBroker(worker.broker) as broker:
         try:
-            yield Harness(worker, warehouse, dead_letters, broker)
+            yield Harness(worker, stock, dead_letters, broker)
         finally:
             # A test that paused the consumers leaves no task behind to resume them later.
             await worker.consumer_pause.close()
@@ -159,7 +159,7 @@ async def test_a_partial_cancel_releases_its_units_and_a_whole_one_the_rest(
 
     assert await harness.level("85123A") == (10, 0)
     assert await harness.level("71053") == (10, 0)
-    assert harness.warehouse.reservations[order_id].status is OrderStatus.RELEASED
+    assert harness.stock.reservations[order_id].status is OrderStatus.RELEASED
     assert harness.dead_letters == []
     assert harness.outcomes() == [
         "order_placed reserved:",
@@ -274,11 +274,11 @@ async def test_a_redelivered_cancel_is_a_duplicate_and_releases_once(harness: Ha
 
 
 async def test_the_cancel_handler_says_what_it_did_and_observes_no_latency() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
     event_id, order_id = uuid.uuid4(), uuid.uuid4()
 
-    handled = await on_order_cancelled(cancelled(order_id, event_id=event_id), warehouse=warehouse)
+    handled = await on_order_cancelled(cancelled(order_id, event_id=event_id), stock=stock)
 
     assert (handled.event_id, handled.order_id) == (event_id, order_id)
     assert handled.outcome == "tombstoned"
@@ -288,14 +288,14 @@ async def test_the_cancel_handler_says_what_it_did_and_observes_no_latency() -> 
 
 
 async def test_the_ship_handler_labels_a_duplicate_by_the_event() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
     order_id = uuid.uuid4()
-    await warehouse.apply(order(("85123A", 1), order_id=order_id))
+    await stock.apply(order(("85123A", 1), order_id=order_id))
     body = shipped(order_id)
-    await on_order_shipped(body, warehouse=warehouse)
+    await on_order_shipped(body, stock=stock)
 
-    handled = await on_order_shipped(body, warehouse=warehouse)
+    handled = await on_order_shipped(body, stock=stock)
 
     assert handled.outcome == "duplicate:event"
     assert handled.labels == ("duplicate", "event")
@@ -304,7 +304,7 @@ async def test_the_ship_handler_labels_a_duplicate_by_the_event() -> None:
 async def test_the_ship_handler_refuses_an_order_it_cannot_ship_naming_the_order() -> None:
     order_id = uuid.uuid4()
     with pytest.raises(EventRefusedError) as refused:
-        await on_order_shipped(shipped(order_id), warehouse=InMemoryWarehouse())
+        await on_order_shipped(shipped(order_id), stock=FakeStock())
 
     assert refused.value.reason == "order_not_reserved"
     assert str(refused.value) == (
@@ -318,24 +318,24 @@ async def test_the_ship_handler_refuses_an_order_it_cannot_ship_naming_the_order
 )
 async def test_the_handlers_refuse_a_body_that_is_not_their_event(handler: Any, title: str) -> None:
     with pytest.raises(MalformedEventError, match=f"invalid {title}"):
-        await handler(b'{"version": 1}', warehouse=InMemoryWarehouse())
+        await handler(b'{"version": 1}', stock=FakeStock())
 
 
 async def test_the_handlers_hand_the_trace_context_to_the_result_events() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"A": 10})
     placed = order(("A", 2))
     place_trace = "00-" + "1" * 32 + "-" + "1" * 16 + "-01"
     with in_trace(place_trace):
-        await warehouse.apply(placed)
+        await stock.apply(placed)
     cancel_trace, ship_trace = "00-" + "2" * 32 + "-" + "2" * 16 + "-01", None
 
     with in_trace(cancel_trace):
-        await on_order_cancelled(cancelled(placed.order_id, [("A", 1)]), warehouse=warehouse)
+        await on_order_cancelled(cancelled(placed.order_id, [("A", 1)]), stock=stock)
     with in_trace(ship_trace):
-        await on_order_shipped(shipped(placed.order_id), warehouse=warehouse)
+        await on_order_shipped(shipped(placed.order_id), stock=stock)
 
-    assert [(event.routing_key, event.traceparent) for event in warehouse.result_events] == [
+    assert [(event.routing_key, event.traceparent) for event in stock.result_events] == [
         ("stock.reserved", place_trace),
         ("stock.released", cancel_trace),
         ("stock.shipped", None),

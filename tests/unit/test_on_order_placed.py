@@ -1,7 +1,7 @@
 """``on_order_placed``: its handler logic, and the worker that subscribes it under the policy.
 
 The handler is called directly, and through the worker of ``build_worker`` on FastStream's
-in-memory broker with the in-memory warehouse. ``TestRabbitBroker`` has no acknowledgements,
+in-memory broker with the in-memory stock store. ``TestRabbitBroker`` has no acknowledgements,
 dead-letter exchange or delivery limit, so these tests only check what the worker decides;
 the policy's every outcome is tested in ``test_delivery_policy``, the real broker's behaviour
 in ``tests/e2e``.
@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
-from deliveries import deliver, in_memory_dead_letters, incoming
-from fakes import InMemoryWarehouse
 from fulfilment.application.ports import OutcomeT, TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import order_placed_body
@@ -31,6 +29,8 @@ from fulfilment.routes.table import SUBSCRIBED_QUEUES, on_order_placed
 from fulfilment.settings import BrokerSettings, Settings
 from fulfilment.worker.delivery import raw_body
 from fulfilment.worker.topology import Topology
+from tests.support.deliveries import deliver, in_memory_dead_letters, incoming
+from tests.support.fakes import FakeStock
 
 
 async def _no_database() -> None:
@@ -40,7 +40,7 @@ async def _no_database() -> None:
 @dataclass
 class Harness:
     worker: Worker
-    warehouse: InMemoryWarehouse
+    stock: FakeStock
     dead_letters: list[RabbitMessage]
     broker: Any
 
@@ -64,13 +64,11 @@ class Harness:
         ]
 
 
-async def _harness(
-    warehouse: InMemoryWarehouse, settings: Settings | None = None
-) -> AsyncIterator[Harness]:
+async def _harness(stock: FakeStock, settings: Settings | None = None) -> AsyncIterator[Harness]:
     settings = settings or Settings()
     worker = build_worker(
         settings,
-        warehouse=warehouse,
+        stock=stock,
         database_ping=_no_database,
         dead_letter_publisher=in_memory_dead_letters,
     )
@@ -90,7 +88,7 @@ async def _harness(
 
     async with TestRabbitBroker(worker.broker) as broker:
         try:
-            yield Harness(worker, warehouse, dead_letters, broker)
+            yield Harness(worker, stock, dead_letters, broker)
         finally:
             # A test that paused the consumers leaves no task behind to resume them later.
             await worker.consumer_pause.close()
@@ -98,9 +96,9 @@ async def _harness(
 
 @pytest.fixture
 async def harness() -> AsyncIterator[Harness]:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10, "BANK CHARGES": 1})
-    async for value in _harness(warehouse):
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10, "BANK CHARGES": 1})
+    async for value in _harness(stock):
         yield value
 
 
@@ -119,7 +117,7 @@ def a_body(lines: list[tuple[str, int]], event_id: uuid.UUID | None = None) -> b
 async def test_a_valid_order_is_reserved_and_nothing_is_dead_lettered(harness: Harness) -> None:
     await harness.publish(a_body([("85123A", 6), ("BANK CHARGES", 1)]))
 
-    stock = await harness.warehouse.stock(["85123A", "BANK CHARGES"])
+    stock = await harness.stock.levels_of(["85123A", "BANK CHARGES"])
     assert stock["85123A"].reserved == 6
     assert stock["BANK CHARGES"].reserved == 1
     assert harness.dead_letters == []
@@ -131,7 +129,7 @@ async def test_insufficient_stock_is_an_outcome_not_a_failure(harness: Harness) 
 
     assert harness.dead_letters == []
     assert harness.outcomes() == ["rejected:insufficient_stock"]
-    assert (await harness.warehouse.stock(["85123A"]))["85123A"].reserved == 0
+    assert (await harness.stock.levels_of(["85123A"]))["85123A"].reserved == 0
 
 
 async def test_a_redelivered_event_is_counted_as_a_duplicate(harness: Harness) -> None:
@@ -140,7 +138,7 @@ async def test_a_redelivered_event_is_counted_as_a_duplicate(harness: Harness) -
     await harness.publish(body)
 
     assert sorted(harness.outcomes()) == ["duplicate:event", "reserved:"]
-    assert (await harness.warehouse.stock(["85123A"]))["85123A"].reserved == 1
+    assert (await harness.stock.levels_of(["85123A"]))["85123A"].reserved == 1
 
 
 @pytest.mark.parametrize(
@@ -172,7 +170,7 @@ async def test_a_malformed_event_is_dead_lettered_as_permanent_with_its_reason(
     assert harness.outcomes() == ["dead_lettered:permanent"]
 
 
-class FailingWarehouse(InMemoryWarehouse):
+class FailingStock(FakeStock):
     def __init__(self, error: Exception) -> None:
         super().__init__()
         self.error = error
@@ -183,7 +181,7 @@ class FailingWarehouse(InMemoryWarehouse):
 
 async def test_an_unknown_error_dead_letters_as_unexpected_with_the_exception() -> None:
     error = KeyError("bug")
-    async for harness in _harness(FailingWarehouse(error)):
+    async for harness in _harness(FailingStock(error)):
         await harness.publish(a_body([("85123A", 1)]), message_id="m-1")
 
         assert len(harness.dead_letters) == 1
@@ -195,7 +193,7 @@ async def test_an_unknown_error_dead_letters_as_unexpected_with_the_exception() 
 
 
 async def test_a_database_outage_requeues_the_delivery_and_pauses_the_consumer() -> None:
-    async for harness in _harness(FailingWarehouse(TransientError("connection refused"))):
+    async for harness in _harness(FailingStock(TransientError("connection refused"))):
         await harness.publish(a_body([("85123A", 1)]))
 
         assert harness.dead_letters == []
@@ -204,10 +202,10 @@ async def test_a_database_outage_requeues_the_delivery_and_pauses_the_consumer()
 
 
 async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
     body = a_body([("85123A", 1)])
-    async for harness in _harness(warehouse, Settings(broker=BrokerSettings(delivery_limit=3))):
+    async for harness in _harness(stock, Settings(broker=BrokerSettings(delivery_limit=3))):
         [subscriber] = [s for s in harness.worker.subscribers if s.queue.name == ORDER_PLACED_QUEUE]
 
         # Delivery 2 (the first redelivery) goes through; delivery 3 is poison, unprocessed.
@@ -218,42 +216,42 @@ async def test_an_event_redelivered_past_the_limit_is_poison_and_is_not_reserved
         [poison] = harness.dead_letters
         assert poison.headers["x-fulfilment-failure-class"] == "poison"
         assert "delivered 3 times" in poison.headers["x-fulfilment-reason"]
-        assert (await warehouse.stock(["85123A"]))["85123A"].reserved == 1
+        assert (await stock.levels_of(["85123A"]))["85123A"].reserved == 1
 
 
 async def test_a_first_delivery_is_not_counted_as_a_redelivery() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
-    async for harness in _harness(warehouse, Settings(broker=BrokerSettings(delivery_limit=1))):
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
+    async for harness in _harness(stock, Settings(broker=BrokerSettings(delivery_limit=1))):
         await harness.publish(a_body([("85123A", 1)]))
 
         assert harness.outcomes() == ["reserved:"]
-        assert warehouse.redeliveries == {}
+        assert stock.redeliveries == {}
 
 
 async def test_the_handler_reserves_and_says_so_with_the_order_and_its_moment() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
     event_id, order_id = uuid.uuid4(), uuid.uuid4()
     body = order_placed_body(
         event_id=event_id, order_id=order_id, placed_at=PLACED_AT, lines=[("85123A", 6)]
     )
 
-    handled = await on_order_placed(body, warehouse=warehouse)
+    handled = await on_order_placed(body, stock=stock)
 
     assert (handled.event_id, handled.order_id) == (event_id, order_id)
     assert handled.outcome == "reserved"
     assert handled.labels == ("reserved", "")
     assert handled.latency_since == PLACED_AT
     assert handled.log_fields == {"skus": None}
-    assert (await warehouse.stock(["85123A"]))["85123A"].reserved == 6
+    assert (await stock.levels_of(["85123A"]))["85123A"].reserved == 6
 
 
 async def test_the_handler_names_the_skus_an_order_was_rejected_for() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
 
-    handled = await on_order_placed(a_body([("85123A", 1), ("NOPE", 1)]), warehouse=warehouse)
+    handled = await on_order_placed(a_body([("85123A", 1), ("NOPE", 1)]), stock=stock)
 
     assert handled.outcome == "rejected:unknown_sku"
     assert handled.labels == ("rejected", "unknown_sku")
@@ -262,12 +260,12 @@ async def test_the_handler_names_the_skus_an_order_was_rejected_for() -> None:
 
 
 async def test_the_handler_observes_no_latency_for_a_duplicate() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
     body = a_body([("85123A", 1)])
-    await on_order_placed(body, warehouse=warehouse)
+    await on_order_placed(body, stock=stock)
 
-    handled = await on_order_placed(body, warehouse=warehouse)
+    handled = await on_order_placed(body, stock=stock)
 
     assert handled.outcome == "duplicate:event"
     assert handled.labels == ("duplicate", "event")
@@ -280,17 +278,17 @@ async def test_the_handler_refuses_a_body_that_is_not_an_order_placed_v1() -> No
             b'{"version": 1, "event_id": "%s", "order_id": "%s", '
             b'"placed_at": "2010-12-01T08:26:00+00:00", "lines": []}'
             % (str(uuid.uuid4()).encode(), str(uuid.uuid4()).encode()),
-            warehouse=InMemoryWarehouse(),
+            stock=FakeStock(),
         )
 
 
 async def test_the_worker_hands_the_delivery_s_traceparent_to_the_result_event() -> None:
-    warehouse = InMemoryWarehouse()
-    await warehouse.put_stock({"85123A": 10})
+    stock = FakeStock()
+    await stock.put_stock({"85123A": 10})
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    async for harness in _harness(warehouse, Settings()):
+    async for harness in _harness(stock, Settings()):
         await harness.publish(a_body([("85123A", 1)]), headers={"traceparent": traceparent})
         await harness.publish(a_body([("85123A", 1)]))
 
         assert harness.outcomes() == ["reserved:", "reserved:"]
-        assert [event.traceparent for event in warehouse.result_events] == [traceparent, None]
+        assert [event.traceparent for event in stock.result_events] == [traceparent, None]

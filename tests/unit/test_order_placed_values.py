@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from builders import parse_order_placed
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import (
     MAX_LINES,
@@ -26,6 +25,7 @@ from fulfilment.contracts.order_placed import (
     OrderPlacedV1,
 )
 from fulfilment.routes.handling import MalformedEventError
+from tests.support.builders import parse_order_placed
 
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fulfilment.adapters.postgres import warehouse
+from fulfilment.adapters.postgres import stock
 from fulfilment.settings import DatabaseSettings, Settings, WorkerSettings
 
 
@@ -74,5 +74,5 @@ def test_the_warehouse_defaults_are_the_settings_defaults():
     # Written twice, so that the adapter does not read the settings; held equal here.
     settings = Settings()
 
-    assert settings.database.pool_size == warehouse.DEFAULT_POOL_SIZE
-    assert settings.worker.reservation_batch_max == warehouse.DEFAULT_BATCH_MAX
+    assert settings.database.pool_size == stock.DEFAULT_POOL_SIZE
+    assert settings.worker.reservation_batch_max == stock.DEFAULT_BATCH_MAX

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from fulfilment.adapters.postgres.privileges import RUNTIME_PRIVILEGES, Decision, GrantSummary
+from fulfilment.adapters.postgres.privileges import RUNTIME_PRIVILEGES, Grant, GrantSummary
 from fulfilment.tools.migrate import GRANTS_SKIPPED, grants_line
 
 
 def test_a_privilege_that_the_kind_of_object_does_not_have_is_refused() -> None:
     with pytest.raises(ValueError, match=r"\['EXECUTE'\] are not privileges of a table"):
-        Decision("table", ("SELECT", "EXECUTE"), "a mistake")
+        Grant("table", ("SELECT", "EXECUTE"), "a mistake")
 
 
 def test_the_dead_letter_audit_is_append_only_and_nothing_may_be_truncated() -> None:

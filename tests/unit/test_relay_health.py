@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-from test_health import call
-
-from builders import a_relay
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.observability.probes import probe_app
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.pump.leader import Role
 from fulfilment.relay.service import Relay
+from tests.support.builders import a_relay
+from tests.unit.test_health import call
 
 
 def an_app(relay: Relay, metrics: RelayMetrics):

@@ -14,10 +14,10 @@ import pytest
 from aiormq.abc import DeliveredMessage
 from pamqp.header import ContentHeader
 
-from builders import a_relay
 from fulfilment.adapters.postgres.outbox import OutboxRow
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.relay import service
+from tests.support.builders import a_relay
 
 
 class Broker:

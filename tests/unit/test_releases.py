@@ -10,10 +10,10 @@ import tomllib
 
 import pytest
 from packaging.version import Version
-from upgradelib import ROOT, head_version, previous_release, recorded_releases
 
 import fulfilment
 from fulfilment.adapters.postgres.advisory_lock import DISPATCHER_LOCK_KEY, RELAY_LOCK_KEY
+from tests.upgrade.upgradelib import ROOT, head_version, previous_release, recorded_releases
 
 
 def test_the_releases_are_recorded_oldest_first_each_with_its_whole_commit() -> None:

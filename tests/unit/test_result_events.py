@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from builders import CAUSATION_ID, EVENT_ID, ORDER_ID, RESULT_EVENT_EXAMPLES
 from fulfilment.contracts.result_events import (
     RESULT_EVENTS,
     StockCancelRefusedV1,
@@ -28,6 +27,7 @@ from fulfilment.contracts.result_events import (
 )
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.domain.model import RejectionReason
+from tests.support.builders import CAUSATION_ID, EVENT_ID, ORDER_ID, RESULT_EVENT_EXAMPLES
 
 EXAMPLES = RESULT_EVENT_EXAMPLES
 

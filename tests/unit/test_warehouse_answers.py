@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from fulfilment.adapters.warehouse_system.answers import (
+from fulfilment.adapters.warehouse.answers import (
     DEFAULT_RATE_LIMIT_SECONDS,
     classify,
     retry_after_seconds,

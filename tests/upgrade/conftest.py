@@ -16,7 +16,10 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from upgradelib import (
+
+from tests.e2e.warehouse_harness import SimulatorProcess
+from tests.support.services import admin_execute, service_unavailable, throwaway_database
+from tests.upgrade.upgradelib import (
     TABLES,
     InstalledRelease,
     head_version,
@@ -24,9 +27,6 @@ from upgradelib import (
     previous_release,
     recorded_releases,
 )
-from warehouse_harness import SimulatorProcess
-
-from services import admin_execute, service_unavailable, throwaway_database
 
 FOLDER = Path(__file__).parent
 
@@ -75,9 +75,9 @@ def upgrade_database() -> Iterator[str]:
 @pytest.fixture
 def simulator(tmp_path: Path) -> Iterator[SimulatorProcess]:
     """The project's simulated warehouse system on a port of its own, killed at the end."""
-    warehouse = SimulatorProcess(tmp_path / "simulator.log")
-    warehouse.start()
+    stock = SimulatorProcess(tmp_path / "simulator.log")
+    stock.start()
     try:
-        yield warehouse
+        yield stock
     finally:
-        warehouse.stop()
+        stock.stop()

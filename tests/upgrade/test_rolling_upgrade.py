@@ -42,12 +42,24 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import pytest
-from failoverlib import Load, Primary
-from faultlib import assert_outbox_tells_the_lifecycle, connect_db, inbox_count
-from harness import FAST_SETTINGS, WorkerProcess, put_stock, queue_depth
 from pydantic import SecretStr
-from relay_harness import RelayProcess, bind_events_queue, take_events, unpublished
-from test_lifecycle_faults import (
+
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
+from fulfilment.settings import Settings
+from tests.e2e.harness import FAST_SETTINGS, WorkerProcess, put_stock, queue_depth
+from tests.e2e.relay_harness import RelayProcess, bind_events_queue, take_events, unpublished
+from tests.e2e.warehouse_harness import (
+    DispatcherProcess,
+    SimulatorProcess,
+    handoff_env,
+    handoff_figures,
+    open_requests,
+    request_statuses,
+)
+from tests.failover.failoverlib import Load, Primary
+from tests.faults.faultlib import assert_outbox_tells_the_lifecycle, connect_db, inbox_count
+from tests.faults.test_lifecycle_faults import (
     STOCK,
     LifecyclePlan,
     Outcome,
@@ -55,7 +67,7 @@ from test_lifecycle_faults import (
     compare_with_the_in_order_sequence,
     lifecycle_plan,
 )
-from upgradelib import (
+from tests.upgrade.upgradelib import (
     TABLES,
     THIS_TREE,
     InstalledRelease,
@@ -64,18 +76,6 @@ from upgradelib import (
     longest_gap,
     table,
 )
-from warehouse_harness import (
-    DispatcherProcess,
-    SimulatorProcess,
-    handoff_env,
-    handoff_figures,
-    open_requests,
-    request_statuses,
-)
-
-from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
-from fulfilment.routes.table import SUBSCRIBED_QUEUES
-from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(420)]
 
@@ -349,11 +349,11 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
     old, new = previous.release.version, head_version()
     env = release_env(upgrade_database, amqp_url)
     simulator.faults(pick_delay_seconds=PICK_DELAY_SECONDS)
-    warehouse = warehouse_variables(simulator)
+    stock = warehouse_variables(simulator)
     fleet = Fleet(old_dispatcher=previous.has_command("dispatcher"))
     # The previous release gets the hand-off's variables only if it knows them: 0.1.0 refuses
     # to start on a FULFILMENT_* variable that is none of its settings.
-    old_env = env | (warehouse if fleet.old_dispatcher else {})
+    old_env = env | (stock if fleet.old_dispatcher else {})
     primary = Primary(upgrade_database)
     db = await connect_db(upgrade_database)
     run = Run()
@@ -379,7 +379,7 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
             await roll_out(fleet, old, new, old_env, tmp_path, handoff=fleet.old_dispatcher)
             run.rollout_seconds = time.monotonic() - started
             if not fleet.old_dispatcher:
-                await turn_handoff_on(fleet, new, env | warehouse, tmp_path)
+                await turn_handoff_on(fleet, new, env | stock, tmp_path)
             await asyncio.sleep(AFTER_SECONDS)
             assert load.publishing, "the load ran out before the rollout ended: a longer plan"
             load.stop()

@@ -28,16 +28,16 @@ class TransientError(Exception):
     """
 
 
-class Warehouse(ABC):
+class Stock(ABC):
     """Stock levels and reservations, with an inbox that makes every event idempotent.
 
-    Implementations: ``PostgresWarehouse`` (the real one) and the in-memory fake of the tests;
+    Implementations: ``PostgresStock`` (the real one) and the in-memory fake of the tests;
     both pass the same contract suite (``tests/contract``).
 
-    The rule :meth:`apply` follows for a ``ReserveStock`` is
+    The rule :meth:`apply` follows for a ``PlaceOrder`` is
     :func:`fulfilment.domain.model.decide`, its specification, and for the lifecycle's commands
-    (``ReserveStock``, ``CancelOrder``, ``ShipOrder``) the state table of
-    :mod:`fulfilment.domain.lifecycle`: the fake runs them. ``PostgresWarehouse`` calls the
+    (``PlaceOrder``, ``CancelOrder``, ``ShipOrder``) the state table of
+    :mod:`fulfilment.domain.lifecycle`: the fake runs them. ``PostgresStock`` calls the
     PL/pgSQL function of the command's kind (``place_orders()``, ``cancel_orders()``,
     ``ship_orders()``: ``migrations/sql/``, named by each input event's route,
     ``fulfilment.routes.table``), which implements the same rule for one round trip per batch.
@@ -45,7 +45,7 @@ class Warehouse(ABC):
     ``test_postgres_lifecycle.py`` hold the two to the same answers.
 
     Every event is processed at most once per ``event_id``: its inbox row (``inbox_messages``,
-    in this warehouse's consumer namespace, one for every kind) is written in the same
+    in this store's consumer namespace, one for every kind) is written in the same
     transaction as what it changed. Stock keeps ``0 <= reserved <= on_hand`` throughout.
     """
 
@@ -53,7 +53,7 @@ class Warehouse(ABC):
     async def apply(self, command: Command[OutcomeT]) -> OutcomeT:
         """Apply ``command`` exactly once per event; answer its outcome.
 
-        Each kind of command has its rule: ``ReserveStock`` reserves every line, all or
+        Each kind of command has its rule: ``PlaceOrder`` reserves every line, all or
         nothing (``decide``), or rejects; ``CancelOrder`` and ``ShipOrder`` follow the state
         table of :mod:`fulfilment.domain.lifecycle` (``apply_cancelled``, ``apply_shipped``;
         with the hand-off on, a cancel of an order the warehouse system may hold records a
@@ -95,14 +95,14 @@ class Warehouse(ABC):
         """
 
     @abstractmethod
-    async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
+    async def levels_of(self, skus: Iterable[str]) -> dict[str, StockLevel]:
         """The current level of each known SKU among ``skus``; unknown SKUs are absent."""
 
 
 class WarehouseRequests(ABC):
     """The durable requests to the warehouse system, as the dispatcher claims and records them.
 
-    Rows of ``warehouse_requests``, recorded by the stock store (``Warehouse`` built with
+    Rows of ``warehouse_requests``, recorded by the stock store (``Stock`` built with
     ``handoff=True``) in the transaction of the change that caused them; this port sends
     nothing itself. Implementations: ``PostgresWarehouseRequests`` and the in-memory fake of
     the tests; both pass ``tests/contract/test_warehouse_requests_contract.py``.

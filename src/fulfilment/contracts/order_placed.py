@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from fulfilment.domain.model import OrderLine, ReserveStock
+from fulfilment.domain.model import OrderLine, PlaceOrder
 
 MAX_LINES = 1_000
 """Lines per order; the real data's largest order has 675."""
@@ -186,9 +186,9 @@ class OrderPlacedV1(BaseModel):
     placed_at: PlacedAt
     lines: OrderLines
 
-    def to_command(self) -> ReserveStock:
+    def to_command(self) -> PlaceOrder:
         """Translate to the domain command (pydantic does not cross into the application)."""
-        return ReserveStock(
+        return PlaceOrder(
             event_id=self.event_id,
             order_id=self.order_id,
             placed_at=self.placed_at,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from uuid import UUID
 
-from fulfilment.adapters.postgres.admin import order_statuses, warehouse_session
+from fulfilment.adapters.postgres.admin import order_statuses, stock_session
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.retail_lifecycle import plan_days
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
@@ -50,8 +50,8 @@ async def reconcile_command(
         match = match_read_cancellations(read)
         kinds.append(("OrderCancelled", [event.event_id for event in match.cancellations]))
     if shipments:
-        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-            statuses = await order_statuses(warehouse, [order.order_id for order in read.orders])
+        async with stock_session(options.database, consumer=options.consumer) as stock:
+            statuses = await order_statuses(stock, [order.order_id for order in read.orders])
         days = plan_days(read.days, read.orders, ())
         shipped = [event.event_id for day in days for event in day.shipments(statuses)]
         kinds.append(("OrderShipped", shipped))

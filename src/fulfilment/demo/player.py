@@ -35,8 +35,8 @@ from fulfilment.adapters.postgres.admin import (
     outbox_entries_after,
     outbox_last_id,
     processed_event_ids,
+    stock_session,
     stock_totals,
-    warehouse_session,
 )
 from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
 from fulfilment.adapters.rabbitmq.inspection import queue_state
@@ -58,7 +58,7 @@ from fulfilment.routes.table import SUBSCRIBED_QUEUES
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
 
-    from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+    from fulfilment.adapters.postgres.stock import PostgresStock
     from fulfilment.demo.warehouse_system import Handoff
     from fulfilment.tools.command import Echo, ToolOptions
 
@@ -97,12 +97,12 @@ async def play_days(
         await wait_ready(worker)
         async with (
             connect(options.amqp_url) as connection,
-            warehouse_session(options.database, consumer=options.consumer) as warehouse,
+            stock_session(options.database, consumer=options.consumer) as stock,
         ):
             player = Player(
                 connection=connection,
                 amqp_url=options.amqp_url,
-                warehouse=warehouse,
+                stock=stock,
                 consumer=options.consumer,
                 worker=Worker(worker),
                 handoff=handoff,
@@ -142,7 +142,7 @@ class Player:
         *,
         connection: AbstractConnection,
         amqp_url: str,
-        warehouse: PostgresWarehouse,
+        stock: PostgresStock,
         consumer: str,
         worker: Worker,
         handoff: Handoff,
@@ -151,7 +151,7 @@ class Player:
         self._connection = connection
         self._handoff = handoff
         self._amqp_url = amqp_url
-        self._warehouse = warehouse
+        self._stock = stock
         self._consumer = consumer
         self._worker = worker
         self._echo = echo
@@ -176,37 +176,37 @@ class Player:
             DemoError: the hand-off stalled, or does not match the day's reservations.
         """
         counts = DayCounts()
-        start = await outbox_last_id(self._warehouse)
+        start = await outbox_last_id(self._stock)
         for run in day.runs():
             if not isinstance(run[0], RetailOrder):
                 # The orders placed so far reach the warehouse first: a cancellation then
                 # meets its order there, and is accepted or, after the pick, refused.
-                await self._handoff.settle(day, self._warehouse)
-            before = await stock_totals(self._warehouse)
+                await self._handoff.settle(day, self._stock)
+            before = await stock_totals(self._stock)
             outcomes = await self._send(day, run)
-            after = await stock_totals(self._warehouse)
+            after = await stock_totals(self._stock)
             if isinstance(run[0], RetailOrder):
                 counts.outcomes["orders"].update(outcomes)
                 counts.reserved += after.reserved - before.reserved
             else:
                 # A cancel of an order sent to the warehouse releases when the warehouse
                 # accepts it: the run is over when its requests are answered.
-                await self._handoff.settle(day, self._warehouse)
-                after = await stock_totals(self._warehouse)
+                await self._handoff.settle(day, self._stock)
+                after = await stock_totals(self._stock)
                 counts.outcomes["cancellations"].update(outcomes)
                 counts.released += before.reserved - after.reserved
-        await self._handoff.settle(day, self._warehouse)
-        statuses = await order_statuses(self._warehouse, [order.order_id for order in day.orders])
+        await self._handoff.settle(day, self._stock)
+        statuses = await order_statuses(self._stock, [order.order_id for order in day.orders])
         shipments = day.shipments(statuses)
-        before = await stock_totals(self._warehouse)
+        before = await stock_totals(self._stock)
         counts.shipments.update(await self._send(day, shipments))
-        after = await stock_totals(self._warehouse)
+        after = await stock_totals(self._stock)
         counts.shipped = before.on_hand - after.on_hand
         self.shipments += shipments
         self._echo(_day_line(day, counts, after))
-        statuses = await order_statuses(self._warehouse, [order.order_id for order in day.orders])
-        entries = await outbox_entries_after(self._warehouse, start)
-        self._echo(await self._handoff.check(day, self._warehouse, statuses, entries))
+        statuses = await order_statuses(self._stock, [order.order_id for order in day.orders])
+        entries = await outbox_entries_after(self._stock, start)
+        self._echo(await self._handoff.check(day, self._stock, statuses, entries))
 
     async def _send(self, day: RetailDay, events: Sequence[RetailEvent]) -> list[str]:
         """Publish ``events`` (of one kind), wait until settled; their outcomes, in no order.
@@ -220,14 +220,14 @@ class Player:
             return []
         event = _EVENT[type(events[0])]
         ids = [sent.event_id for sent in events]
-        before = await processed_event_ids(self._warehouse, self._consumer, ids)
+        before = await processed_event_ids(self._stock, self._consumer, ids)
         answered = (await self._worker.answered())[event]
         with connection_lost(self._connection, self._amqp_url):
             await publish_in_order(self._connection, events)
         self.sent[event] += len(events)
         await self._settle(day, event, answered + len(events))
         new = [event_id for event_id in ids if event_id not in before]
-        outcomes = await inbox_outcomes(self._warehouse, self._consumer, new)
+        outcomes = await inbox_outcomes(self._stock, self._consumer, new)
         return [
             *outcomes.values(),
             *["duplicate"] * (len(ids) - len(new)),
@@ -332,7 +332,7 @@ _EVENT: dict[type, str] = {
 
 
 async def played_before(
-    warehouse: PostgresWarehouse,
+    stock: PostgresStock,
     consumer: str,
     orders: Sequence[RetailOrder],
     match: CancellationMatch,
@@ -348,7 +348,7 @@ async def played_before(
         [cancellation.event_id for cancellation in match.cancellations],
         [shipment_event_id_for(order.invoice_no) for order in orders],
     )
-    seen = await processed_event_ids(warehouse, consumer, [i for ids in kinds for i in ids])
+    seen = await processed_event_ids(stock, consumer, [i for ids in kinds for i in ids])
     placed, cancelled, shipped = (sum(i in seen for i in ids) for ids in kinds)
     count = len(match.cancellations)
     cancellations = f"{count} cancellation{'' if count == 1 else 's'}"

@@ -33,7 +33,7 @@ from fulfilment.tools.dlq import purge
 from fulfilment.tools.dlq_commands import operator_identity
 
 if TYPE_CHECKING:
-    from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+    from fulfilment.adapters.postgres.stock import PostgresStock
 
 CONFIRM_RESET_OPTION = "--confirm-reset"
 """The option that names the database ``--reset`` may empty although it is not the demo's."""
@@ -87,7 +87,7 @@ class Reset:
     async def run(
         self,
         options: ToolOptions,
-        warehouse: PostgresWarehouse,
+        stock: PostgresStock,
         database: DemoDatabase,
         echo: Echo,
     ) -> None:
@@ -97,14 +97,14 @@ class Reset:
             ResetRefusedError: the database is not the demo's, and was not named.
         """
         self.check(database)
-        rows = await reset_tables(warehouse)
+        rows = await reset_tables(stock)
         # Dead letters as `fulfilment dlq purge --all --yes` removes them: each recorded in
         # dead_letter_audit (which the reset keeps) before it leaves its queue.
         async with connect(options.amqp_url) as connection:
             dead = await purge(
                 connection,
                 Selection(everything=True),
-                audit=warehouse.engine,
+                audit=stock.engine,
                 execute=True,
                 operator=operator_identity(f"{database.user} (fulfilment demo --reset)"),
                 comment="fulfilment demo --reset",
@@ -121,16 +121,16 @@ class Reset:
         )
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         await mark(
-            warehouse,
+            stock,
             f"{DEMO_DATABASE_MARK}: last emptied by `fulfilment demo --reset`{how} at {stamp} as",
             echo,
         )
 
 
-async def mark(warehouse: PostgresWarehouse, comment: str, echo: Echo) -> None:
+async def mark(stock: PostgresStock, comment: str, echo: Echo) -> None:
     """Mark the database as the demo's, ``comment`` followed by the user; say so if it cannot."""
-    database = await demo_database(warehouse)
-    if not await mark_demo_database(warehouse, f"{comment} {database.user}"):
+    database = await demo_database(stock)
+    if not await mark_demo_database(stock, f"{comment} {database.user}"):
         echo(
             f"could not mark database {database.name} as the demo's (only its owner may comment"
             f" on it): a later --reset of it will ask for {CONFIRM_RESET_OPTION} {database.name}"

@@ -39,7 +39,7 @@ from fulfilment.adapters.postgres.admin import (
     outbox_entries_after,
     outbox_last_id,
     outbox_unpublished_after,
-    warehouse_session,
+    stock_session,
 )
 from fulfilment.adapters.postgres.schema import migrate
 from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
@@ -66,7 +66,7 @@ from fulfilment.tools.report import collect_report, render_report
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
 
-    from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+    from fulfilment.adapters.postgres.stock import PostgresStock
     from fulfilment.dataset.online_retail import ReadResult
     from fulfilment.dataset.retail_lifecycle import CancellationMatch
 
@@ -145,8 +145,8 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         echo("created the database")
     elif reset is not None:
         # Refused before the migration, so that a refused reset changes nothing at all.
-        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-            reset.check(await demo_database(warehouse))
+        async with stock_session(options.database, consumer=options.consumer) as stock:
+            reset.check(await demo_database(stock))
     await asyncio.to_thread(migrate, database_url)
     echo("database migrated to head")
 
@@ -157,16 +157,16 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         f" their order: {len(match.cancellations)} (not mapped: {match.describe()})"
     )
     levels = plan_stock(read.orders)
-    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-        database = await demo_database(warehouse)
+    async with stock_session(options.database, consumer=options.consumer) as stock:
+        database = await demo_database(stock)
         if reset is not None:
-            await reset.run(options, warehouse, database, echo)
+            await reset.run(options, stock, database, echo)
         elif created or (database.empty and database.comment is None):
-            await mark(warehouse, f"{DEMO_DATABASE_MARK}: made or found empty by", echo)
-        echo(await played_before(warehouse, options.consumer, read.orders, match))
-        loaded = await _load_missing_stock(warehouse, levels)
+            await mark(stock, f"{DEMO_DATABASE_MARK}: made or found empty by", echo)
+        echo(await played_before(stock, options.consumer, read.orders, match))
+        loaded = await _load_missing_stock(stock, levels)
         # Taken before the worker starts: every row of the run has a higher id.
-        baseline = await outbox_last_id(warehouse)
+        baseline = await outbox_last_id(stock)
     kept = len(levels) - loaded
     echo(
         f"loaded {loaded} planned stock levels"
@@ -229,9 +229,9 @@ async def _received_result_events(
         DemoError: the relay exited or stalled with rows of the run unpublished, or the queue
             did not deliver the messages it counted.
     """
-    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-        await _wait_published(warehouse, baseline, relay, echo)
-        tally = ResultEventTally(await outbox_entries_after(warehouse, baseline))
+    async with stock_session(options.database, consumer=options.consumer) as stock:
+        await _wait_published(stock, baseline, relay, echo)
+        tally = ResultEventTally(await outbox_entries_after(stock, baseline))
 
     def count(message: AbstractIncomingMessage) -> None:
         tally.receive(message.routing_key or "", message.body)
@@ -255,9 +255,7 @@ async def _received_result_events(
     return tally
 
 
-async def _wait_published(
-    warehouse: PostgresWarehouse, baseline: int, relay: Child, echo: Echo
-) -> None:
+async def _wait_published(stock: PostgresStock, baseline: int, relay: Child, echo: Echo) -> None:
     """Wait until no outbox row above ``baseline`` is unpublished.
 
     Raises:
@@ -266,7 +264,7 @@ async def _wait_published(
     """
     last, changed = -1, time.monotonic()
     said = changed
-    while (left := await outbox_unpublished_after(warehouse, baseline)) > 0:
+    while (left := await outbox_unpublished_after(stock, baseline)) > 0:
         if relay.process.returncode is not None:
             msg = (
                 f"the relay exited with code {relay.process.returncode} with {left} result"
@@ -288,9 +286,9 @@ async def _wait_published(
         await asyncio.sleep(RELAY_POLL_SECONDS)
 
 
-async def _load_missing_stock(warehouse: PostgresWarehouse, levels: Mapping[str, int]) -> int:
+async def _load_missing_stock(stock: PostgresStock, levels: Mapping[str, int]) -> int:
     """Load the planned level of each SKU that has none; return how many were loaded."""
-    known = await warehouse.stock(levels)
+    known = await stock.levels_of(levels)
     missing = {sku: units for sku, units in levels.items() if sku not in known}
-    await warehouse.put_stock(missing)
+    await stock.put_stock(missing)
     return len(missing)

@@ -37,7 +37,7 @@ from fulfilment.domain.handoff import RequestStatus
 
 if TYPE_CHECKING:
     from fulfilment.adapters.postgres.admin import OutboxEntry
-    from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+    from fulfilment.adapters.postgres.stock import PostgresStock
     from fulfilment.dataset.retail_lifecycle import RetailDay
     from fulfilment.domain.lifecycle import OrderStatus
     from fulfilment.tools.command import Echo
@@ -72,14 +72,14 @@ class Handoff:
         """The settings of the hand-off, for the worker (and the dispatcher)."""
         return _handoff_env(self.simulator)
 
-    async def settle(self, day: RetailDay, warehouse: PostgresWarehouse) -> None:
+    async def settle(self, day: RetailDay, stock: PostgresStock) -> None:
         """Wait until no warehouse request is open (``pending`` or ``sending``).
 
         Raises:
             DemoError: the dispatcher or the simulator exited, or no open request was
                 answered for :data:`HANDOFF_STALL_SECONDS`.
         """
-        requests = PostgresWarehouseRequests(warehouse.engine, retry_budget_seconds=10.0)
+        requests = PostgresWarehouseRequests(stock.engine, retry_budget_seconds=10.0)
         last, changed = -1, time.monotonic()
         while (left := (await requests.backlog()).open_count) > 0:
             for child in (self.dispatcher, self.simulator):
@@ -104,7 +104,7 @@ class Handoff:
     async def check(
         self,
         day: RetailDay,
-        warehouse: PostgresWarehouse,
+        stock: PostgresStock,
         statuses: Mapping[UUID, OrderStatus],
         entries: Sequence[OutboxEntry],
     ) -> str:
@@ -116,7 +116,7 @@ class Handoff:
         Raises:
             DemoError: it does not match the day's reservations (one line).
         """
-        requests = PostgresWarehouseRequests(warehouse.engine, retry_budget_seconds=10.0)
+        requests = PostgresWarehouseRequests(stock.engine, retry_budget_seconds=10.0)
         records = await requests.find(list(RequestStatus), limit=10**9)
         received = await asyncio.to_thread(read_warehouse, self.simulator_admin)
         answered = received.cancellations[self._cancellations_seen :]

@@ -19,7 +19,7 @@ from typing import ClassVar
 import asyncpg
 import structlog
 
-from fulfilment.adapters.warehouse_system.client import WarehouseClient
+from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt, read_backlog
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import structlog
 from aiolimiter import AsyncLimiter
 
-from fulfilment.adapters.warehouse_system.client import WarehouseClient
+from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
 from fulfilment.backoff import doubling_wait
 from fulfilment.domain.handoff import (

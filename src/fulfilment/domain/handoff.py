@@ -34,7 +34,7 @@ A cancel that would release nothing (``ignored``) records nothing either. Then:
 - the fulfilment order fails: its order's waiting cancellations are applied at once, in the
   order they were recorded (:func:`fulfilment_order_failed`), and are ``withdrawn``.
 
-The in-memory warehouse of the tests runs these functions; ``cancel_orders()`` v3
+The in-memory stock store of the tests runs these functions; ``cancel_orders()`` v3
 (``migrations/sql/cancel_orders/v3.sql``) implements them for a batch, and the property tests
 of ``tests/integration/test_postgres_lifecycle.py`` hold the two to the same answers.
 """

@@ -29,7 +29,7 @@ applied after it. A cancel and a ship of the same order do not commute (a cancel
 ship is ``cancel_after_ship``, one before it releases stock first), and a ship before its
 order is ``not_reserved`` (dead-lettered; an operator replays it once the order is placed).
 
-The in-memory warehouse of the tests runs these functions. Production runs the PL/pgSQL
+The in-memory stock store of the tests runs these functions. Production runs the PL/pgSQL
 functions ``place_orders()``, ``cancel_orders()`` and ``ship_orders()`` (``migrations/sql/``),
 which implement the same table for a batch of events in one round trip; the property tests of
 ``tests/integration/test_postgres_lifecycle.py`` hold the two to the same answers, so a change
@@ -141,7 +141,7 @@ class Tombstone:
 
 @dataclass(frozen=True, slots=True)
 class OrderState:
-    """An order as the warehouse keeps it (a row of ``reservations`` with its lines).
+    """An order as the stock store keeps it (a row of ``reservations`` with its lines).
 
     ``lines`` are units per SKU in code-point order, and mean by ``status``: ``reserved``, the
     units it holds; ``shipped``, the units that left; ``rejected``, the units it asked for
@@ -173,8 +173,8 @@ def apply_placed(
     """Apply an ``OrderPlaced`` to an order in ``state`` (None: no row).
 
     Args:
-        state: the order's state, or None when the warehouse has no row of it.
-        demand: the ``OrderPlaced``'s units per SKU (:meth:`ReserveStock.demand`).
+        state: the order's state, or None when the stock store has no row of it.
+        demand: the ``OrderPlaced``'s units per SKU (:meth:`PlaceOrder.demand`).
         stock: the current level of every stocked SKU of the demand; absent means unknown.
 
     Returns:
@@ -237,7 +237,7 @@ def _label(kind: StrEnum) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CancelOutcome:
-    """Result of :meth:`Warehouse.apply` of a ``CancelOrder``.
+    """Result of :meth:`Stock.apply` of a ``CancelOrder``.
 
     ``lines`` are the units released (whose ``reserved`` went down), one line per SKU in
     code-point order, empty unless ``released`` or ``partially_released``. ``status`` is the
@@ -258,7 +258,7 @@ class CancelOutcome:
 
 @dataclass(frozen=True, slots=True)
 class ShipOutcome:
-    """Result of :meth:`Warehouse.apply` of a ``ShipOrder``.
+    """Result of :meth:`Stock.apply` of a ``ShipOrder``.
 
     ``lines`` are the units shipped (whose ``on_hand`` and ``reserved`` went down), one line
     per SKU in code-point order, empty unless ``shipped``. ``status`` is the order's state

@@ -1,7 +1,7 @@
 """Orders, stock levels, and the outcome of reserving stock for an order.
 
-Where the rule runs: ``domain/`` is its specification. The tests' in-memory warehouse
-(``tests/fakes.py``) runs this code; production does not call it on the hot path but runs
+Where the rule runs: ``domain/`` is its specification. The tests' in-memory stock store
+(``tests/support/fakes.py``) runs this code; production does not call it on the hot path but runs
 ``place_orders()``, a PL/pgSQL implementation of the same rule that reserves a batch of
 orders in one round trip (details below, and in ``domain.lifecycle`` for cancels and
 shipments).
@@ -12,7 +12,7 @@ rejected with ``unknown_sku``; otherwise one whose demand exceeds what is availa
 (``on_hand - reserved``) for any SKU is rejected with ``insufficient_stock``. A rejection is a
 business outcome, not an error: it is recorded and acknowledged like a reservation.
 
-:func:`decide` is the specification of the rule, and the in-memory warehouse of the tests runs
+:func:`decide` is the specification of the rule, and the in-memory stock store of the tests runs
 it. Production runs the PL/pgSQL function ``place_orders()``
 (``migrations/sql/place_orders/``), an implementation of the same rule that reserves a batch
 of orders in one round trip instead of reading stock, deciding here and writing back. The
@@ -37,7 +37,7 @@ OutcomeT = TypeVar("OutcomeT")
 class Command(Generic[OutcomeT]):
     """A command an input event becomes, typed by the outcome applying it gives.
 
-    ``Warehouse.apply`` takes any command and answers its ``OutcomeT``; the stores find what
+    ``Stock.apply`` takes any command and answers its ``OutcomeT``; the stores find what
     applies it by the command's type (the PostgreSQL adapter, its SQL function; the fake, its
     rule), so a new kind of command changes neither the port nor the adapter. Every command
     carries its event's idempotency key, ``event_id``.
@@ -57,7 +57,7 @@ class OrderLine:
 
 
 @dataclass(frozen=True, slots=True)
-class ReserveStock(Command["ReservationOutcome"]):
+class PlaceOrder(Command["ReservationOutcome"]):
     """Command: reserve stock for every line of one placed order.
 
     ``event_id`` is the producer's idempotency key; ``placed_at`` is timezone-aware.
@@ -71,7 +71,7 @@ class ReserveStock(Command["ReservationOutcome"]):
     def demand(self) -> dict[str, int]:
         """Units wanted per SKU, lines of the same SKU summed, keys in ascending code-point order.
 
-        The order is the lock order of every warehouse, so that two reservations sharing SKUs
+        The order is the lock order of every stock store, so that two reservations sharing SKUs
         always lock them in the same sequence and cannot deadlock.
         """
         return aggregate_demand(self.lines)
@@ -133,7 +133,7 @@ class DuplicateOf(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ReservationOutcome:
-    """Result of :meth:`Warehouse.apply` of a ``ReserveStock``.
+    """Result of :meth:`Stock.apply` of a ``PlaceOrder``.
 
     ``skus`` names the offending SKUs of a rejection (sorted), and is empty otherwise.
     """
@@ -173,7 +173,7 @@ def decide(demand: Mapping[str, int], stock: Mapping[str, StockLevel]) -> Decisi
     module's docstring).
 
     Args:
-        demand: units per SKU (see :meth:`ReserveStock.demand`).
+        demand: units per SKU (see :meth:`PlaceOrder.demand`).
         stock: the current level of every stocked SKU of the demand; absent means unknown.
 
     Returns:

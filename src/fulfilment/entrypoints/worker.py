@@ -3,7 +3,7 @@
 The operator tools have their own root, ``fulfilment.entrypoints.cli``; no other module reads
 settings (import-linter checks it).
 
-``main()`` builds settings, logging, the PostgreSQL pool and warehouse, the broker and its
+``main()`` builds settings, logging, the PostgreSQL pool and stock store, the broker and its
 subscribers, and serves them with uvicorn until SIGTERM or SIGINT; it closes them in reverse
 order. Nothing is built at import time. Tests call :func:`build_worker` with fakes.
 """
@@ -29,7 +29,7 @@ from sqlalchemy import text
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.rabbitmq.connection import connection_failure as broker_connection_failure
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureClass
 from fulfilment.contracts.topology import SubscribedQueue
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from faststream.rabbit.subscriber import RabbitSubscriber
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from fulfilment.application.ports import Warehouse
+    from fulfilment.application.ports import Stock
 
 logger = structlog.get_logger("fulfilment.entrypoints.worker")
 
@@ -94,7 +94,7 @@ class Worker:
 def build_worker(  # noqa: PLR0913 - the composition root passes each dependency by name
     settings: Settings,
     *,
-    warehouse: Warehouse,
+    stock: Stock,
     database_ping: Callable[[], Awaitable[None]],
     metrics: Metrics | None = None,
     monitors: Sequence[BackgroundTask] = (),
@@ -133,7 +133,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
         broker,
         metrics=metrics,
         limits=delivery_limits(settings.deadlines, settings.broker),
-        count_redelivery=warehouse.count_redelivery,
+        count_redelivery=stock.count_redelivery,
         pause=consumer_pause.trip,
         prefetch_count=settings.worker.prefetch_count,
         publish_dead_letter=(
@@ -148,7 +148,7 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
             policy,
             topology.queue(route.transport),
             orders,
-            partial(route.handler, warehouse=warehouse),
+            partial(route.handler, stock=stock),
             name=route.event,
         )
         for route in ROUTES
@@ -286,11 +286,11 @@ def delivery_limits(deadlines: DeadlineSettings, broker: BrokerSettings) -> Deli
 async def run_worker(
     settings: Settings,
     *,
-    wrap_warehouse: Callable[[PostgresWarehouse], Warehouse] | None = None,
+    wrap_stock: Callable[[PostgresStock], Stock] | None = None,
 ) -> ExitCode:
     """Run the worker until SIGTERM or SIGINT; return the process exit code.
 
-    ``wrap_warehouse``, when given, wraps the PostgreSQL warehouse the handlers use (the fault
+    ``wrap_stock``, when given, wraps the PostgreSQL stock store the handlers use (the fault
     suite's crash points go around it this way); by default they use it as it is.
 
     0 after a clean shutdown; 3 when RabbitMQ or PostgreSQL did not answer at start, 4 when
@@ -320,7 +320,7 @@ async def run_worker(
         metrics.count_database_retry(retry_label(error))
         record_retry()  # for the attempt count and first failure time of a dead letter
 
-    postgres = PostgresWarehouse(
+    postgres = PostgresStock(
         engine,
         consumer=settings.worker.consumer_name,
         retry_budget_seconds=settings.deadlines.retry_budget_seconds,
@@ -328,10 +328,10 @@ async def run_worker(
         pool=pool,
         pool_size=settings.database.pool_size,
         batch_max=settings.worker.reservation_batch_max,
-        # The worker records the requests; only the dispatcher ever calls the warehouse system.
-        handoff=settings.warehouse.url is not None,
+        # The worker records the requests; only the dispatcher ever calls the stock store system.
+        handoff=settings.stock.url is not None,
     )
-    warehouse: Warehouse = postgres if wrap_warehouse is None else wrap_warehouse(postgres)
+    stock: Stock = postgres if wrap_stock is None else wrap_stock(postgres)
 
     async def database_ping() -> None:
         await ping_database(engine)
@@ -348,7 +348,7 @@ async def run_worker(
 
     worker = build_worker(
         settings,
-        warehouse=warehouse,
+        stock=stock,
         database_ping=database_ping,
         metrics=metrics,
         monitors=[

@@ -23,7 +23,7 @@ from fulfilment.observability.pump_metrics import PumpMetrics
 ANSWER_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Send-to-answer buckets, 5 ms to the longest timeout a warehouse API should need."""
 
-OUTCOMES: dict[type[Answer], str] = {
+ANSWER_OUTCOMES: dict[type[Answer], str] = {
     Accepted: "accepted",
     Refused: "refused",
     Retry: "retry",
@@ -66,7 +66,7 @@ class DispatcherMetrics(PumpMetrics):
         self.requests = {
             (kind, outcome): requests.labels(kind=str(kind), outcome=outcome)
             for kind in RequestKind
-            for outcome in OUTCOMES.values()
+            for outcome in ANSWER_OUTCOMES.values()
         }
         self.answer_seconds = Histogram(
             "fulfilment_warehouse_answer_seconds",
@@ -105,5 +105,5 @@ class DispatcherMetrics(PumpMetrics):
 
     def record_answer(self, kind: RequestKind, answer: Answer, seconds: float) -> None:
         """Count one answer (or failure to get one) and its latency in seconds."""
-        self.requests[kind, OUTCOMES[type(answer)]].inc()
+        self.requests[kind, ANSWER_OUTCOMES[type(answer)]].inc()
         self.answer_seconds.labels(kind=str(kind)).observe(seconds)

@@ -69,7 +69,7 @@ class Handled:
 
 Handler = Callable[[bytes], Awaitable[Handled]]
 """An event's handler: the raw body in, what it made of the event out. It runs in the
-delivery's span, whose context the warehouse adapter writes beside the result events the
+delivery's span, whose context the stock adapter writes beside the result events the
 event causes (``outbox.traceparent``) and beside the warehouse requests it records
 (``warehouse_requests.traceparent``).
 

@@ -16,7 +16,7 @@ from fulfilment.contracts.topology import SubscribedQueue
 from fulfilment.domain.model import Command
 
 if TYPE_CHECKING:
-    from fulfilment.application.ports import Warehouse
+    from fulfilment.application.ports import Stock
     from fulfilment.routes.handling import Handled
 
 EventT = TypeVar("EventT", bound=BaseModel)
@@ -39,7 +39,7 @@ class RouteHandler(Protocol):
     when the store failed past its retry budget (``fulfilment.routes.handling``).
     """
 
-    def __call__(self, body: bytes, *, warehouse: Warehouse) -> Awaitable[Handled]:
+    def __call__(self, body: bytes, *, stock: Stock) -> Awaitable[Handled]:
         """Handle one event's ``body``."""
         ...
 

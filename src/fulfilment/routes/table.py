@@ -4,7 +4,7 @@ Each handler is a plain function of the raw body and the stock store: parse, bui
 command, apply it, say what it made of the event (``fulfilment.routes.handling``). The
 worker subscribes each to its queue under the delivery policy (``worker.delivery``), which
 does the rest: deadline, redelivery count, dead letters, requeue and pause, the span, the log
-line and metric. Each route's SQL function is the one ``PostgresWarehouse.apply`` calls for
+line and metric. Each route's SQL function is the one ``PostgresStock.apply`` calls for
 its command; its arguments and its rows are read here, beside the route, so that a new event
 changes neither the port nor the adapter (``docs/development.md``, "Adding an input event").
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fulfilment.application.ports import Warehouse
+from fulfilment.application.ports import Stock
 from fulfilment.contracts.order_cancelled import OrderCancelledV1
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.order_shipped import OrderShippedV1
@@ -44,9 +44,9 @@ from fulfilment.domain.model import (
     DuplicateOf,
     OrderLine,
     OutcomeKind,
+    PlaceOrder,
     RejectionReason,
     ReservationOutcome,
-    ReserveStock,
 )
 from fulfilment.observability.metrics import DEAD_LETTERED
 from fulfilment.routes.handling import EventRefusedError, Handled, parse_event
@@ -60,7 +60,7 @@ rejected, released or cancelled): an operator's question, not a bug (``docs/runb
 # --- OrderPlaced ------------------------------------------------------------------------------
 
 
-async def on_order_placed(body: bytes, *, warehouse: Warehouse) -> Handled:
+async def on_order_placed(body: bytes, *, stock: Stock) -> Handled:
     """Reserve stock for the ``OrderPlaced`` v1 event in ``body``, once per ``event_id``.
 
     Returns the outcome for the policy to log and count: ``reserved``, ``rejected`` with its
@@ -69,10 +69,10 @@ async def on_order_placed(body: bytes, *, warehouse: Warehouse) -> Handled:
 
     Raises:
         MalformedEventError: the body is not an ``OrderPlaced`` v1 (``parse_event``).
-        TransientError: from the warehouse, after its retry budget.
+        TransientError: from the stock store, after its retry budget.
     """
     event = parse_event(OrderPlacedV1, body)
-    outcome = await warehouse.apply(event.to_command())
+    outcome = await stock.apply(event.to_command())
     return Handled(
         event_id=event.event_id,
         order_id=event.order_id,
@@ -91,13 +91,13 @@ def _reason_label(outcome: ReservationOutcome) -> str:
     return ""
 
 
-def _refuse_no_lines(command: ReserveStock) -> None:
+def _refuse_no_lines(command: PlaceOrder) -> None:
     if not command.lines:
         msg = f"order {command.order_id} has no lines"
         raise ValueError(msg)
 
 
-def _place_arguments(commands: Sequence[ReserveStock]) -> dict[str, list[Any]]:
+def _place_arguments(commands: Sequence[PlaceOrder]) -> dict[str, list[Any]]:
     """The arrays of ``place_orders()``: the orders', then their lines' (merged per SKU)."""
     line_orders: list[int] = []
     line_skus: list[str] = []
@@ -118,7 +118,7 @@ def _place_arguments(commands: Sequence[ReserveStock]) -> dict[str, list[Any]]:
     }
 
 
-def _placement(command: ReserveStock, row: Sequence[Any]) -> ReservationOutcome:
+def _placement(command: PlaceOrder, row: Sequence[Any]) -> ReservationOutcome:
     """A ``place_orders()`` row ``(outcome, reason, skus)`` as the command's outcome."""
     outcome, reason, skus = row
     kind = OutcomeKind(outcome)
@@ -141,7 +141,7 @@ def _placement(command: ReserveStock, row: Sequence[Any]) -> ReservationOutcome:
 # --- OrderCancelled ---------------------------------------------------------------------------
 
 
-async def on_order_cancelled(body: bytes, *, warehouse: Warehouse) -> Handled:
+async def on_order_cancelled(body: bytes, *, stock: Stock) -> Handled:
     """Cancel the order of the ``OrderCancelled`` v1 event in ``body``, once per ``event_id``.
 
     Returns the outcome for the policy to log and count: ``released`` or
@@ -152,10 +152,10 @@ async def on_order_cancelled(body: bytes, *, warehouse: Warehouse) -> Handled:
 
     Raises:
         MalformedEventError: the body is not an ``OrderCancelled`` v1 (``parse_event``).
-        TransientError: from the warehouse, after its retry budget.
+        TransientError: from the stock store, after its retry budget.
     """
     event = parse_event(OrderCancelledV1, body)
-    outcome = await warehouse.apply(event.to_command())
+    outcome = await stock.apply(event.to_command())
     return Handled(
         event_id=event.event_id,
         order_id=event.order_id,
@@ -207,7 +207,7 @@ def _cancellation(command: CancelOrder, row: Sequence[Any]) -> CancelOutcome:
 # --- OrderShipped -----------------------------------------------------------------------------
 
 
-async def on_order_shipped(body: bytes, *, warehouse: Warehouse) -> Handled:
+async def on_order_shipped(body: bytes, *, stock: Stock) -> Handled:
     """Ship the order of the ``OrderShipped`` v1 event in ``body``, once per ``event_id``.
 
     Returns the outcome for the policy to log and count: ``shipped``, ``ignored`` (shipped
@@ -219,10 +219,10 @@ async def on_order_shipped(body: bytes, *, warehouse: Warehouse) -> Handled:
             placed yet, rejected, released or cancelled); nothing changed and nothing is
             recorded, so the dead letter ships the order if it is replayed once the order is
             reserved.
-        TransientError: from the warehouse, after its retry budget.
+        TransientError: from the stock store, after its retry budget.
     """
     event = parse_event(OrderShippedV1, body)
-    outcome = await warehouse.apply(event.to_command())
+    outcome = await stock.apply(event.to_command())
     if outcome.kind is ShipKind.NOT_RESERVED:
         state = f"it is {outcome.status}" if outcome.status else "it has not been placed"
         detail = f"order {event.order_id} cannot be shipped: {state}"
@@ -271,7 +271,7 @@ ROUTES: tuple[Route[Any, Any, Any], ...] = (
             "An order to reserve stock for, all lines or none: answered by stock.reserved or "
             "stock.rejected."
         ),
-        command=ReserveStock,
+        command=PlaceOrder,
         handler=on_order_placed,
         outcomes=(
             (str(OutcomeKind.RESERVED), ""),

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from fulfilment.adapters.postgres.admin import warehouse_session
+from fulfilment.adapters.postgres.admin import stock_session
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.rabbitmq.connection import connect
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
@@ -239,8 +239,8 @@ async def _on_dead_letters(
     async with connect(options.amqp_url) as connection:
         if not execute:
             return await action(connection, None, each)
-        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-            return await action(connection, warehouse.engine, each)
+        async with stock_session(options.database, consumer=options.consumer) as stock:
+            return await action(connection, stock.engine, each)
 
 
 def operator_identity(stated: str | None) -> Operator:

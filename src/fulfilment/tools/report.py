@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from uuid import UUID
 
-from fulfilment.adapters.postgres.admin import processed_event_ids, warehouse_session
+from fulfilment.adapters.postgres.admin import processed_event_ids, stock_session
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.rabbitmq.connection import connect
@@ -76,10 +76,10 @@ async def collect_report(options: ToolOptions, *, handoff: bool = False) -> dict
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
-    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-        outcomes = await outcome_report(warehouse.engine)
+    async with stock_session(options.database, consumer=options.consumer) as stock:
+        outcomes = await outcome_report(stock.engine)
         backlog = await PostgresWarehouseRequests(
-            warehouse.engine, retry_budget_seconds=options.database.retry_budget_seconds
+            stock.engine, retry_budget_seconds=options.database.retry_budget_seconds
         ).backlog()
     by_reason: list[dict[str, Any]] = []
     dead_by_queue: dict[str, int] = {}
@@ -265,9 +265,9 @@ async def reconcile(options: ToolOptions, event_ids: Collection[UUID]) -> Reconc
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     published = frozenset(event_ids)
-    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-        processed = await processed_event_ids(warehouse, options.consumer, published)
-        outcomes = await outcome_report(warehouse.engine)
+    async with stock_session(options.database, consumer=options.consumer) as stock:
+        processed = await processed_event_ids(stock, options.consumer, published)
+        outcomes = await outcome_report(stock.engine)
     dead: dict[str, DeadLetterSummary] = {}
     async with connect(options.amqp_url) as connection:
         for name in DEAD_LETTER_QUEUES:

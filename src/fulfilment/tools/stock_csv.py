@@ -14,7 +14,7 @@ import csv
 import re
 from pathlib import Path
 
-from fulfilment.adapters.postgres.admin import warehouse_session
+from fulfilment.adapters.postgres.admin import stock_session
 from fulfilment.adapters.postgres.errors import SKUS_SHOWN, StockBelowReservedError
 from fulfilment.adapters.postgres.tables import INTEGER_MAX
 from fulfilment.contracts.order_placed import shown_sku, sku_problem
@@ -67,8 +67,8 @@ async def load_command(options: ToolOptions, file: Path, *, echo: Echo) -> None:
         msg = f"{file}: cannot read the stock file: {error.strerror or error}"
         raise CommandError(msg, ExitCode.BAD_INPUT) from error
     try:
-        async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
-            await warehouse.put_stock(levels)
+        async with stock_session(options.database, consumer=options.consumer) as stock:
+            await stock.put_stock(levels)
     except StockBelowReservedError as error:
         raise CommandError(
             _below_reserved(file, levels, lines, error.skus), ExitCode.BAD_INPUT

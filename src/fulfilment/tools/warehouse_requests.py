@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from fulfilment.adapters.postgres.admin import warehouse_session
+from fulfilment.adapters.postgres.admin import stock_session
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.application.ports import WarehouseRequests
 from fulfilment.domain.handoff import RequestRecord, RequestStatus
@@ -49,9 +49,9 @@ async def requests_store(options: ToolOptions) -> AsyncIterator[WarehouseRequest
         DatabaseUnavailableError: the server does not answer, or (a ``DatabaseRefusedError``)
             refuses the user or has no such database.
     """
-    async with warehouse_session(options.database, consumer=options.consumer) as warehouse:
+    async with stock_session(options.database, consumer=options.consumer) as stock:
         yield PostgresWarehouseRequests(
-            warehouse.engine, retry_budget_seconds=options.database.retry_budget_seconds
+            stock.engine, retry_budget_seconds=options.database.retry_budget_seconds
         )
 
 

@@ -148,7 +148,7 @@ class DeliveryPolicy:
     """What every subscription of one worker shares.
 
     ``count_redelivery`` records one more redelivery of an event id and returns how many it
-    has had (``Warehouse.count_redelivery``); ``pause`` stops every consumer until the
+    has had (``Stock.count_redelivery``); ``pause`` stops every consumer until the
     database answers (``ConsumerPause.trip``), with the reason; ``prefetch_count`` is the
     unacknowledged deliveries of each subscription, which is also its concurrency;
     ``publish_dead_letter`` publishes a dead letter, confirmed (``DeadLetterChannel.publish``).

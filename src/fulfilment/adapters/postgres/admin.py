@@ -1,4 +1,4 @@
-"""PostgreSQL chores of the command line: create the database, open a warehouse, reconcile."""
+"""PostgreSQL chores of the command line: create the database, open the stock store, reconcile."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from fulfilment.adapters.postgres.errors import (
     connection_failure,
 )
 from fulfilment.adapters.postgres.retry import sqlstate_of
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.tables import (
     inbox_messages,
     metadata,
@@ -26,7 +27,6 @@ from fulfilment.adapters.postgres.tables import (
     reservations,
     stock_levels,
 )
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.domain.lifecycle import OrderStatus
 
 CONNECT_SECONDS = 5.0
@@ -80,10 +80,8 @@ def _quote_identifier(name: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def warehouse_session(
-    options: DatabaseOptions, *, consumer: str
-) -> AsyncIterator[PostgresWarehouse]:
-    """A :class:`PostgresWarehouse` on a fresh engine, checked reachable, disposed on exit.
+async def stock_session(options: DatabaseOptions, *, consumer: str) -> AsyncIterator[PostgresStock]:
+    """A :class:`PostgresStock` on a fresh engine, checked reachable, disposed on exit.
 
     ``consumer`` is its inbox namespace; it retries for ``options.retry_budget_seconds``.
 
@@ -100,7 +98,7 @@ async def warehouse_session(
             raise connection_failure(
                 options.url, error, timeout_seconds=options.connect_timeout_seconds
             ) from error
-        yield PostgresWarehouse(
+        yield PostgresStock(
             engine, consumer=consumer, retry_budget_seconds=options.retry_budget_seconds
         )
     finally:
@@ -108,14 +106,14 @@ async def warehouse_session(
 
 
 async def processed_event_ids(
-    warehouse: PostgresWarehouse, consumer: str, event_ids: Collection[UUID]
+    stock: PostgresStock, consumer: str, event_ids: Collection[UUID]
 ) -> set[UUID]:
     """Those of ``event_ids`` that the inbox of ``consumer`` has recorded as processed."""
     query = select(inbox_messages.c.event_id).where(
         inbox_messages.c.consumer == consumer,
         inbox_messages.c.event_id.in_(bindparam("ids", expanding=True)),
     )
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         rows = await connection.execute(query, {"ids": list(event_ids)})
         return {row[0] for row in rows}
 
@@ -177,13 +175,13 @@ class DemoDatabase:
         return not self.holds and not self.foreign
 
 
-async def demo_database(warehouse: PostgresWarehouse) -> DemoDatabase:
+async def demo_database(stock: PostgresStock) -> DemoDatabase:
     """The database's name, user, comment, the service's tables that hold rows, other tables.
 
     Safe on a database not migrated yet (or not the service's at all): only tables that exist
     are read, so ``demo --reset`` can refuse before the migration changes anything.
     """
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         row = (
             await connection.execute(
                 text(
@@ -213,13 +211,13 @@ async def demo_database(warehouse: PostgresWarehouse) -> DemoDatabase:
     )
 
 
-async def mark_demo_database(warehouse: PostgresWarehouse, comment: str) -> bool:
+async def mark_demo_database(stock: PostgresStock, comment: str) -> bool:
     """Set the database's comment to ``comment`` (which starts with :data:`DEMO_DATABASE_MARK`).
 
     Returns False when the user may not (only the database's owner may comment on it); the
     database is then not marked.
     """
-    async with warehouse.engine.begin() as connection:
+    async with stock.engine.begin() as connection:
         statement = await connection.scalar(
             text(
                 "SELECT format('COMMENT ON DATABASE %I IS %L', current_database(),"
@@ -237,7 +235,7 @@ async def mark_demo_database(warehouse: PostgresWarehouse, comment: str) -> bool
     return True
 
 
-async def reset_tables(warehouse: PostgresWarehouse) -> dict[str, int]:
+async def reset_tables(stock: PostgresStock) -> dict[str, int]:
     """Empty the tables of :data:`RESET_TABLES`; return the rows each held.
 
     For ``demo --reset``. The outbox goes too, published or not: its result events tell of
@@ -245,7 +243,7 @@ async def reset_tables(warehouse: PostgresWarehouse) -> dict[str, int]:
     the invariant check adds to the inbox's. One transaction: the counts are those the
     ``TRUNCATE`` removed.
     """
-    async with warehouse.engine.begin() as connection:
+    async with stock.engine.begin() as connection:
         # Locked first, so that nothing is written between the counts and the TRUNCATE.
         await connection.execute(
             text(f"LOCK TABLE {', '.join(RESET_TABLES)} IN ACCESS EXCLUSIVE MODE")
@@ -259,7 +257,7 @@ async def reset_tables(warehouse: PostgresWarehouse) -> dict[str, int]:
 
 
 async def inbox_outcomes(
-    warehouse: PostgresWarehouse, consumer: str, event_ids: Collection[UUID]
+    stock: PostgresStock, consumer: str, event_ids: Collection[UUID]
 ) -> dict[UUID, str]:
     """``inbox_messages.outcome`` of those of ``event_ids`` the inbox of ``consumer`` holds.
 
@@ -272,13 +270,13 @@ async def inbox_outcomes(
         inbox_messages.c.consumer == consumer,
         inbox_messages.c.event_id.in_(bindparam("ids", expanding=True)),
     )
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         rows = await connection.execute(query, {"ids": list(event_ids)})
         return {row.event_id: row.outcome for row in rows}
 
 
 async def order_statuses(
-    warehouse: PostgresWarehouse, order_ids: Collection[UUID]
+    stock: PostgresStock, order_ids: Collection[UUID]
 ) -> dict[UUID, OrderStatus]:
     """The status of those of ``order_ids`` that have a ``reservations`` row."""
     if not order_ids:
@@ -286,7 +284,7 @@ async def order_statuses(
     query = select(reservations.c.order_id, reservations.c.status).where(
         reservations.c.order_id.in_(bindparam("ids", expanding=True))
     )
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         rows = await connection.execute(query, {"ids": list(order_ids)})
         return {row.order_id: OrderStatus(row.status) for row in rows}
 
@@ -299,13 +297,13 @@ class StockTotals:
     reserved: int
 
 
-async def stock_totals(warehouse: PostgresWarehouse) -> StockTotals:
+async def stock_totals(stock: PostgresStock) -> StockTotals:
     """``on_hand`` and ``reserved`` summed over every SKU (0 and 0 without stock levels)."""
     query = select(
         func.coalesce(func.sum(stock_levels.c.on_hand), 0),
         func.coalesce(func.sum(stock_levels.c.reserved), 0),
     )
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         on_hand, reserved = (await connection.execute(query)).one()
         return StockTotals(on_hand=int(on_hand), reserved=int(reserved))
 
@@ -328,31 +326,31 @@ class OutboxEntry:
     routing_key: str
 
 
-async def outbox_last_id(warehouse: PostgresWarehouse) -> int:
+async def outbox_last_id(stock: PostgresStock) -> int:
     """The highest ``outbox.id`` written so far, 0 for an empty outbox.
 
     Read before anything writes (the demo, before it starts its worker), every row written
     later has a higher id: the identity only grows, and no transaction was in flight.
     """
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         last = await connection.scalar(select(func.coalesce(func.max(outbox.c.id), 0)))
         return int(last or 0)
 
 
-async def outbox_unpublished_after(warehouse: PostgresWarehouse, after_id: int) -> int:
+async def outbox_unpublished_after(stock: PostgresStock, after_id: int) -> int:
     """How many rows with an ``id`` above ``after_id`` the relay has not published yet."""
     query = select(func.count()).where(outbox.c.id > after_id, outbox.c.published_at.is_(None))
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         return int(await connection.scalar(query) or 0)
 
 
-async def outbox_entries_after(warehouse: PostgresWarehouse, after_id: int) -> list[OutboxEntry]:
+async def outbox_entries_after(stock: PostgresStock, after_id: int) -> list[OutboxEntry]:
     """The rows with an ``id`` above ``after_id``, in ``id`` order, without their bodies."""
     query = (
         select(outbox.c.id, outbox.c.event_id, outbox.c.order_id, outbox.c.routing_key)
         .where(outbox.c.id > after_id)
         .order_by(outbox.c.id)
     )
-    async with warehouse.engine.connect() as connection:
+    async with stock.engine.connect() as connection:
         rows = await connection.execute(query)
         return [OutboxEntry(row.id, row.event_id, row.order_id, row.routing_key) for row in rows]

@@ -185,7 +185,7 @@ async def create_pool(options: DatabaseOptions) -> asyncpg.Pool:
 
     At most ``options.pool_size`` connections, opened on demand, with the session settings
     of :func:`server_settings`; a connection idle for 5 minutes is closed. Acquiring one waits
-    at most ``retry_budget_seconds`` (the warehouse's) and then raises ``TimeoutError``, which
+    at most ``retry_budget_seconds`` (the stock store's) and then raises ``TimeoutError``, which
     the retry policy treats as transient. A statement waits for its answer at most
     ``statement_timeout_seconds`` + :data:`CLIENT_TIMEOUT_MARGIN_SECONDS`, then raises
     ``TimeoutError`` too: a batch on a connection that stopped answering would otherwise hold

@@ -40,7 +40,7 @@ SKUS_SHOWN = 10
 class StockBelowReservedError(ValueError):
     """A new ``on_hand`` would fall below what is already reserved for some SKUs.
 
-    Raised by ``PostgresWarehouse.put_stock`` (and the in-memory fake) before any level is
+    Raised by ``PostgresStock.put_stock`` (and the in-memory fake) before any level is
     changed; the rule is the ``0 <= reserved <= on_hand`` invariant of ``stock_levels``.
     ``skus`` are the offending SKUs, sorted by code point.
     """

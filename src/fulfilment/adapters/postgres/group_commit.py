@@ -47,7 +47,7 @@ OutcomeT = TypeVar("OutcomeT")
 
 CommitBatch = Callable[[Sequence[CommandT], Sequence[SpanContext]], Awaitable[Sequence[OutcomeT]]]
 """Applies the given commands of one kind in one transaction; one outcome per command, in
-their order (e.g. ``CommitBatch[ReserveStock, ReservationOutcome]``). The second argument is
+their order (e.g. ``CommitBatch[PlaceOrder, ReservationOutcome]``). The second argument is
 the span context current at each command's :meth:`GroupCommit.run` (invalid without one)."""
 
 tracer = trace.get_tracer("fulfilment.group_commit")

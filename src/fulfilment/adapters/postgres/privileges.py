@@ -48,7 +48,7 @@ _ALLOWED: Mapping[ObjectKind, frozenset[str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Grant:
     """What the runtime role may do with one object of the schema, and why.
 
     ``privileges`` empty means deliberately nothing.
@@ -65,97 +65,97 @@ class Decision:
             raise ValueError(msg)
 
 
-RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
+RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
     # --- tables -----------------------------------------------------------------------------
-    "inbox_messages": Decision(
+    "inbox_messages": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "place/cancel/ship_orders insert each event's row (ON CONFLICT ... RETURNING), set"
         " its outcome, and ship_orders deletes the row of a shipment it does not record",
     ),
-    "reservations": Decision(
+    "reservations": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE"),
         "place/cancel_orders insert an order's row (cancel_orders' tombstone with ON CONFLICT"
         " DO UPDATE), the three lock it (FOR UPDATE) and change its status; never deleted",
     ),
-    "reservation_lines": Decision(
+    "reservation_lines": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "place_orders inserts an order's lines; cancel_orders shrinks and deletes them",
     ),
-    "tombstone_lines": Decision(
+    "tombstone_lines": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
         "cancel_orders adds to a tombstone's lines (ON CONFLICT DO UPDATE) and deletes them"
         " when the whole order is cancelled; place_orders reads them",
     ),
-    "stock_levels": Decision(
+    "stock_levels": Grant(
         "table",
         ("SELECT", "UPDATE"),
         "the functions lock (FOR UPDATE) and change reserved/on_hand/shipped; the invariant"
         " monitor reads. Not INSERT or DELETE: stock levels are loaded by the owner"
         " (`fulfilment stock load`)",
     ),
-    "delivery_attempts": Decision(
+    "delivery_attempts": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE"),
         "the worker counts redeliveries (INSERT ... ON CONFLICT DO UPDATE ... RETURNING)",
     ),
-    "outbox": Decision(
+    "outbox": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE"),
         "the functions insert result events; the relay reads and marks them published."
         " Not DELETE: `fulfilment outbox prune` runs as the owner",
     ),
-    "dead_letter_audit": Decision(
+    "dead_letter_audit": Grant(
         "table",
         ("SELECT", "INSERT"),
         "`fulfilment dlq replay` and `purge` record each message before it leaves the DLQ,"
         " and replay counts an event's earlier replays there (FULFILMENT_REPLAY_LIMIT);"
         " append-only: nothing run with the runtime secret can change or delete the trail",
     ),
-    "inbox_pruned": Decision(
+    "inbox_pruned": Grant(
         "table",
         ("SELECT",),
         "the invariant monitor and `report` add the inbox rows `fulfilment prune` deleted to"
         " the inbox's counts; written only by that prune, which runs as the owner",
     ),
-    "warehouse_requests": Decision(
+    "warehouse_requests": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE"),
         "place/cancel_orders insert the requests to the warehouse system and cancel_orders"
         " locks (FOR UPDATE), shrinks or withdraws an unsent one; the dispatcher claims"
         " (FOR UPDATE SKIP LOCKED) and records answers; operators re-send. Never deleted",
     ),
-    "warehouse_request_audit": Decision(
+    "warehouse_request_audit": Grant(
         "table",
         ("SELECT", "INSERT"),
         "re-sending a warehouse request records who did it in the same transaction;"
         " append-only, like dead_letter_audit",
     ),
-    "alembic_version": Decision(
+    "alembic_version": Grant(
         "table",
         ("SELECT",),
         "the worker and the relay refuse to start on a database behind their migrations",
     ),
     # --- sequences ----------------------------------------------------------------------------
-    "outbox_id_seq": Decision(
+    "outbox_id_seq": Grant(
         "sequence",
         (),
         "the identity of outbox.id: an INSERT draws from it without USAGE on it",
     ),
-    "dead_letter_audit_id_seq": Decision(
+    "dead_letter_audit_id_seq": Grant(
         "sequence",
         (),
         "the identity of dead_letter_audit.id: an INSERT draws from it without USAGE on it",
     ),
-    "warehouse_requests_id_seq": Decision(
+    "warehouse_requests_id_seq": Grant(
         "sequence",
         (),
         "the identity of warehouse_requests.id: an INSERT draws from it without USAGE on it",
     ),
-    "warehouse_request_audit_id_seq": Decision(
+    "warehouse_request_audit_id_seq": Grant(
         "sequence",
         (),
         "the identity of warehouse_request_audit.id: an INSERT draws from it without USAGE",
@@ -163,7 +163,7 @@ RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
     # --- functions ----------------------------------------------------------------------------
     # Each input event's SQL function, from its route (fulfilment.routes.table.ROUTES).
     **{
-        route.function.name: Decision(
+        route.function.name: Grant(
             "function", ("EXECUTE",), f"the worker's {route.model.__name__} batches"
         )
         for route in ROUTES

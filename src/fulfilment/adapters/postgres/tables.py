@@ -82,7 +82,7 @@ inbox_messages = sa.Table(
     sa.CheckConstraint(_one_of("outcome", INBOX_OUTCOMES), name="inbox_messages_outcome_valid"),
 )
 """One row per processed event and consumer, of every kind: the idempotency record of
-``Warehouse.apply``."""
+``Stock.apply``."""
 
 reservations = sa.Table(
     "reservations",

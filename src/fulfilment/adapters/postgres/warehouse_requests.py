@@ -1,7 +1,7 @@
 """``PostgresWarehouseRequests``: the dispatcher's store of requests to the warehouse system.
 
 The rows of ``warehouse_requests`` (migration 0011) are recorded by ``place_orders()`` and
-``cancel_orders()`` v3 (``PostgresWarehouse(..., handoff=True)``); this adapter claims them
+``cancel_orders()`` v3 (``PostgresStock(..., handoff=True)``); this adapter claims them
 for sending and records the answers; the operators' reads and re-sends are those of
 ``adapters.postgres.warehouse_request_reads``, which it extends. Its statements are the files
 of ``sql/warehouse_requests/``, loaded once at import. The rule it applies to an answer is

@@ -1,7 +1,7 @@
 """Private RabbitMQ nodes of the installed package, for the suites that need a broker of their own.
 
 The cluster suite's three nodes (``tests/cluster/rabbit_cluster.py``) and the TLS suite's
-single node (``tests/private_broker.py``) start the same way: the package's own scripts, run
+single node (``tests/support/private_broker.py``) start the same way: the package's own scripts, run
 directly, with their own node name, spare ports, data, log and configuration under a folder,
 an empty plugin list, and an Erlang cookie in a ``HOME`` of their own. Every control command
 names the node and uses that ``HOME``, and the machine's ``rabbitmq-env.conf`` is replaced by

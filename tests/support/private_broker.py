@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import rabbit_node
-from rabbit_node import RABBITMQ_BIN, spare_port
+from tests.support import rabbit_node
+from tests.support.rabbit_node import RABBITMQ_BIN, spare_port
 
 NODE_CONFIG = """\
 listeners.tcp = none

@@ -10,7 +10,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
-from fulfilment.application.ports import OutcomeT, Warehouse, WarehouseRequests
+from fulfilment.application.ports import OutcomeT, Stock, WarehouseRequests
 from fulfilment.contracts.warehouse_bodies import request_body
 from fulfilment.domain.handoff import (
     OPEN_STATUSES,
@@ -55,9 +55,9 @@ from fulfilment.domain.model import (
     DuplicateOf,
     OrderLine,
     OutcomeKind,
+    PlaceOrder,
     RejectionReason,
     ReservationOutcome,
-    ReserveStock,
     StockLevel,
     aggregate_demand,
 )
@@ -83,7 +83,7 @@ class RecordedEvent:
     """A result event as the outbox holds it, less what is minted with the row.
 
     ``body`` is the message without ``event_id`` and ``occurred_at`` (a new UUID and the
-    transaction's time, which no two warehouses share); ``traceparent`` the trace context of
+    transaction's time, which no two stock stores share); ``traceparent`` the trace context of
     the span current when it was written (the delivery's).
     """
 
@@ -97,7 +97,7 @@ class RecordedEvent:
         return str(self.body["order_id"])
 
 
-def result_body(command: ReserveStock | CancelOrder | ShipOrder, **fields: Any) -> dict[str, Any]:
+def result_body(command: PlaceOrder | CancelOrder | ShipOrder, **fields: Any) -> dict[str, Any]:
     """The body of the result event ``command`` caused, less ``event_id`` and ``occurred_at``.
 
     ``fields`` are its kind's own (``lines`` as order lines, ``reason``, ``skus``,
@@ -174,8 +174,8 @@ class StoredRequest:
     released_order: bool = False
 
 
-class InMemoryWarehouse(Warehouse):
-    """The ``Warehouse`` in memory, with the rules of ``PostgresWarehouse``.
+class FakeStock(Stock):
+    """The ``Stock`` in memory, with the rules of ``PostgresStock``.
 
     An inbox keyed on ``(consumer, event_id)`` makes every event idempotent, an order placed by
     one event is a ``duplicate`` of ``order`` under any other, and one lock serialises the calls
@@ -189,7 +189,7 @@ class InMemoryWarehouse(Warehouse):
 
     With ``handoff=True`` it records the requests to the warehouse system in ``requests`` (in
     ``id`` order) and defers cancels as ``fulfilment.domain.handoff`` says, as
-    ``PostgresWarehouse(..., handoff=True)`` does.
+    ``PostgresStock(..., handoff=True)`` does.
     """
 
     def __init__(self, *, consumer: str = "fulfilment", handoff: bool = False) -> None:
@@ -204,7 +204,7 @@ class InMemoryWarehouse(Warehouse):
         self.lock = asyncio.Lock()
         """Serialises the calls as row locks do; the requests' store shares it."""
         self.rules: dict[type[Any], Callable[[Any], Awaitable[Any]]] = {
-            ReserveStock: self._reserve,
+            PlaceOrder: self._reserve,
             CancelOrder: self._cancel,
             ShipOrder: self._ship,
         }
@@ -228,7 +228,7 @@ class InMemoryWarehouse(Warehouse):
         self.redeliveries[key] = self.redeliveries.get(key, 0) + 1
         return self.redeliveries[key]
 
-    async def _reserve(self, command: ReserveStock) -> ReservationOutcome:
+    async def _reserve(self, command: PlaceOrder) -> ReservationOutcome:
         demand = aggregate_demand(command.lines)
         if not demand:
             msg = f"order {command.order_id} has no lines"
@@ -387,7 +387,7 @@ class InMemoryWarehouse(Warehouse):
                 reserved = self.levels[sku].reserved if sku in self.levels else 0
                 self.levels[sku] = StockLevel(units, reserved)
 
-    async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
+    async def levels_of(self, skus: Iterable[str]) -> dict[str, StockLevel]:
         return {sku: self.levels[sku] for sku in skus if sku in self.levels}
 
     def add_request(
@@ -424,14 +424,14 @@ class InMemoryWarehouse(Warehouse):
         )
 
     def _record(
-        self, routing_key: str, command: ReserveStock | CancelOrder | ShipOrder, **fields: Any
+        self, routing_key: str, command: PlaceOrder | CancelOrder | ShipOrder, **fields: Any
     ) -> None:
         self.result_events.append(
             RecordedEvent(routing_key, result_body(command, **fields), current_traceparent())
         )
 
     @staticmethod
-    def _duplicate(command: ReserveStock, of: DuplicateOf) -> ReservationOutcome:
+    def _duplicate(command: PlaceOrder, of: DuplicateOf) -> ReservationOutcome:
         return ReservationOutcome(
             kind=OutcomeKind.DUPLICATE,
             order_id=command.order_id,
@@ -440,8 +440,8 @@ class InMemoryWarehouse(Warehouse):
         )
 
 
-class InMemoryWarehouseRequests(WarehouseRequests):
-    """The ``WarehouseRequests`` in memory, over the requests of an ``InMemoryWarehouse``.
+class FakeWarehouseRequests(WarehouseRequests):
+    """The ``WarehouseRequests`` in memory, over the requests of an ``FakeStock``.
 
     It shares the stock store's rows and lock, as the PostgreSQL store shares the database:
     an accepted cancellation releases stock in ``warehouse`` (``fulfilment.domain.handoff``)
@@ -449,29 +449,29 @@ class InMemoryWarehouseRequests(WarehouseRequests):
     re-send. Times are the wall clock.
     """
 
-    def __init__(self, warehouse: InMemoryWarehouse) -> None:
-        self.warehouse = warehouse
+    def __init__(self, stock: FakeStock) -> None:
+        self.stock = stock
         self.audit: list[tuple[UUID, RequestStatus, str]] = []
 
     def _claimable(self, request: StoredRequest, now: datetime) -> bool:
         if request.status not in OPEN_STATUSES or request.next_attempt_at > now:
             return False
-        same_order = [r for r in self.warehouse.requests if r.order_id == request.order_id]
+        same_order = [r for r in self.stock.requests if r.order_id == request.order_id]
         if any(r.id < request.id and r.status in OPEN_STATUSES for r in same_order):
             return False
         if request.kind is RequestKind.FULFILMENT_ORDER:
             return True
-        fulfilment_order = self.warehouse.fulfilment_order(request.order_id)
+        fulfilment_order = self.stock.fulfilment_order(request.order_id)
         return fulfilment_order is not None and fulfilment_order.status is RequestStatus.ACCEPTED
 
     async def claim(self, limit: int, *, lease_seconds: float) -> list[WarehouseRequest]:
         if limit < 1 or lease_seconds <= 0:
             msg = f"limit {limit} must be >= 1 and lease_seconds {lease_seconds} > 0"
             raise ValueError(msg)
-        async with self.warehouse.lock:
+        async with self.stock.lock:
             now = datetime.now(UTC)
             due = sorted(
-                (r for r in self.warehouse.requests if self._claimable(r, now)),
+                (r for r in self.stock.requests if self._claimable(r, now)),
                 key=lambda r: (r.next_attempt_at, r.id),
             )[:limit]
             claimed = []
@@ -479,7 +479,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
                 if request.body is None:
                     lines = request.lines
                     if request.kind is RequestKind.CANCELLATION:
-                        reservation = self.warehouse.reservations.get(request.order_id)
+                        reservation = self.stock.reservations.get(request.order_id)
                         to_send = cancellation_to_send(
                             None if reservation is None else reservation.state, lines
                         )
@@ -497,7 +497,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
                 request.status = RequestStatus.SENDING
                 request.next_attempt_at = now + timedelta(seconds=lease_seconds)
                 if request.warehouse_id is None:
-                    fulfilment_order = self.warehouse.fulfilment_order(request.order_id)
+                    fulfilment_order = self.stock.fulfilment_order(request.order_id)
                     request.warehouse_id = (
                         None if fulfilment_order is None else fulfilment_order.warehouse_id
                     )
@@ -524,8 +524,8 @@ class InMemoryWarehouseRequests(WarehouseRequests):
         *,
         retry_in_seconds: float | None = None,
     ) -> None:
-        async with self.warehouse.lock:
-            stored = self.warehouse.requests[request.id - 1]
+        async with self.stock.lock:
+            stored = self.stock.requests[request.id - 1]
             if stored.status is not RequestStatus.SENDING:
                 return
             now = datetime.now(UTC)
@@ -544,7 +544,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
             if isinstance(answer, Refused) and stored.kind is RequestKind.CANCELLATION:
                 stored.status = RequestStatus.REFUSED
                 self._apply(stored, cancellation_refused(self._state(stored)))
-                self.warehouse.result_events.append(
+                self.stock.result_events.append(
                     RecordedEvent(
                         "stock.cancel_refused",
                         {
@@ -567,7 +567,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
             if stored.kind is RequestKind.FULFILMENT_ORDER:
                 waiting = [
                     r
-                    for r in self.warehouse.requests
+                    for r in self.stock.requests
                     if r.order_id == stored.order_id
                     and r.kind is RequestKind.CANCELLATION
                     and r.status in OPEN_STATUSES
@@ -580,7 +580,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
                     cancel.status = RequestStatus.WITHDRAWN
 
     def _state(self, request: StoredRequest) -> OrderState:
-        return self.warehouse.reservations[request.order_id].state
+        return self.stock.reservations[request.order_id].state
 
     def _apply(self, cancel: StoredRequest, cancellation: Cancellation) -> None:
         """Release what ``cancellation`` gives back, as ``cancel``'s cancel, with its event."""
@@ -589,10 +589,10 @@ class InMemoryWarehouseRequests(WarehouseRequests):
         if not cancellation.lines:
             return
         for sku, units in cancellation.lines.items():
-            self.warehouse.levels[sku] = released(self.warehouse.levels[sku], units)
-        existing = self.warehouse.reservations[cancel.order_id]
-        self.warehouse.reservations[cancel.order_id] = existing.after(cancellation.state)
-        self.warehouse.result_events.append(
+            self.stock.levels[sku] = released(self.stock.levels[sku], units)
+        existing = self.stock.reservations[cancel.order_id]
+        self.stock.reservations[cancel.order_id] = existing.after(cancellation.state)
+        self.stock.result_events.append(
             RecordedEvent(
                 "stock.released",
                 {
@@ -610,11 +610,11 @@ class InMemoryWarehouseRequests(WarehouseRequests):
         )
 
     async def expire(self, retention_seconds: float) -> int:
-        async with self.warehouse.lock:
+        async with self.stock.lock:
             horizon = datetime.now(UTC) - timedelta(seconds=retention_seconds)
             expired = [
                 r
-                for r in self.warehouse.requests
+                for r in self.stock.requests
                 if r.status in OPEN_STATUSES
                 and r.first_attempt_at is not None
                 and r.first_attempt_at < horizon
@@ -626,25 +626,25 @@ class InMemoryWarehouseRequests(WarehouseRequests):
     async def backlog(self) -> RequestBacklog:
         now = datetime.now(UTC)
         counts: dict[tuple[RequestKind, RequestStatus], int] = {}
-        for request in self.warehouse.requests:
+        for request in self.stock.requests:
             key = (request.kind, request.status)
             counts[key] = counts.get(key, 0) + 1
         ages = [
             (now - r.created_at).total_seconds()
-            for r in self.warehouse.requests
+            for r in self.stock.requests
             if r.status in OPEN_STATUSES
         ]
         return RequestBacklog(len(ages), max(ages, default=None), counts)
 
     async def find(self, statuses: Collection[RequestStatus], limit: int) -> list[RequestRecord]:
-        return [_record_of(r) for r in self.warehouse.requests if r.status in set(statuses)][:limit]
+        return [_record_of(r) for r in self.stock.requests if r.status in set(statuses)][:limit]
 
     async def get(self, idempotency_key: UUID) -> RequestRecord | None:
         found = self._by_key(idempotency_key)
         return None if found is None else _record_of(found)
 
     async def resend(self, idempotency_key: UUID, *, operator: str) -> bool:
-        async with self.warehouse.lock:
+        async with self.stock.lock:
             request = self._by_key(idempotency_key)
             if request is None or request.status not in {
                 RequestStatus.FAILED,
@@ -657,7 +657,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
                     r.order_id == request.order_id
                     and r.kind is RequestKind.CANCELLATION
                     and r.status is RequestStatus.WITHDRAWN
-                    for r in self.warehouse.requests
+                    for r in self.stock.requests
                 )
             ):
                 return False
@@ -668,9 +668,7 @@ class InMemoryWarehouseRequests(WarehouseRequests):
             return True
 
     def _by_key(self, idempotency_key: UUID) -> StoredRequest | None:
-        return next(
-            (r for r in self.warehouse.requests if r.idempotency_key == idempotency_key), None
-        )
+        return next((r for r in self.stock.requests if r.idempotency_key == idempotency_key), None)
 
 
 def _record_of(request: StoredRequest) -> RequestRecord:

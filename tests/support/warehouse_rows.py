@@ -15,8 +15,8 @@ from typing import Any
 import asyncpg
 import sqlalchemy as sa
 
-from fakes import InMemoryWarehouse
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
+from tests.support.fakes import FakeStock
 
 RequestRow = tuple[str, Any, Any, tuple[tuple[str, int], ...] | None, str, str | None]
 
@@ -38,15 +38,15 @@ async def requests_in_database(connection: asyncpg.Connection | asyncpg.Pool) ->
     return [_row(*row) for row in await connection.fetch(_REQUESTS)]
 
 
-async def requests_of(warehouse: InMemoryWarehouse | PostgresWarehouse) -> list[RequestRow]:
+async def requests_of(stock: FakeStock | PostgresStock) -> list[RequestRow]:
     """The requests ``warehouse`` recorded, in ``id`` order, from the fake or PostgreSQL."""
-    if isinstance(warehouse, InMemoryWarehouse):
-        return requests_in_fake(warehouse)
-    async with warehouse.engine.connect() as connection:
+    if isinstance(stock, FakeStock):
+        return requests_in_fake(stock)
+    async with stock.engine.connect() as connection:
         return [_row(*row) for row in await connection.execute(sa.text(_REQUESTS))]
 
 
-def requests_in_fake(fake: InMemoryWarehouse) -> list[RequestRow]:
+def requests_in_fake(fake: FakeStock) -> list[RequestRow]:
     """The requests the fake holds, in ``id`` order, lines sorted by code point."""
     return [
         (

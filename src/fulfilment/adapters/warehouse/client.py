@@ -21,7 +21,7 @@ import httpx
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
-from fulfilment.adapters.warehouse_system.answers import classify
+from fulfilment.adapters.warehouse.answers import classify
 from fulfilment.domain.handoff import (
     Accepted,
     Answer,
@@ -30,7 +30,7 @@ from fulfilment.domain.handoff import (
     RequestKind,
     WarehouseRequest,
 )
-from fulfilment.observability.dispatcher_metrics import OUTCOMES
+from fulfilment.observability.dispatcher_metrics import ANSWER_OUTCOMES
 from fulfilment.observability.tracing import context_of, current_span, traceparent_of
 
 tracer = trace.get_tracer("fulfilment.dispatcher")
@@ -205,7 +205,7 @@ def _annotate(span: Span, answer: Answer) -> None:
     A class the dispatcher tries again or gives up on is an error of the span; an accepted
     request, a refused cancellation (the warehouse's business answer) are not.
     """
-    outcome = OUTCOMES[type(answer)]
+    outcome = ANSWER_OUTCOMES[type(answer)]
     span.set_attribute("fulfilment.warehouse.answer", outcome)
     if answer.status_code is not None:
         span.set_attribute("http.response.status_code", answer.status_code)

@@ -1,4 +1,4 @@
-"""``PostgresWarehouse``: the :class:`~fulfilment.application.ports.Warehouse` on PostgreSQL."""
+"""``PostgresStock``: the :class:`~fulfilment.application.ports.Stock` on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from fulfilment.adapters.postgres.group_commit import (
 )
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
-from fulfilment.application.ports import OutcomeT, Warehouse
+from fulfilment.application.ports import OutcomeT, Stock
 from fulfilment.domain.model import Command, StockLevel
 from fulfilment.observability.tracing import current_span, current_traceparent, traceparent_of
 from fulfilment.routes.route import BatchFunction
@@ -30,7 +30,7 @@ from fulfilment.routes.table import FUNCTIONS
 
 __all__ = [
     "MAX_ON_HAND",
-    "PostgresWarehouse",
+    "PostgresStock",
     "StockBelowReservedError",
     "apply_statement",
 ]
@@ -105,8 +105,8 @@ _STOCK = sa.select(stock_levels.c.sku, stock_levels.c.on_hand, stock_levels.c.re
 )
 
 
-class PostgresWarehouse(Warehouse):
-    """Stock and reservations in PostgreSQL; see :class:`Warehouse` for the guarantees.
+class PostgresStock(Stock):
+    """Stock and reservations in PostgreSQL; see :class:`Stock` for the guarantees.
 
     Args:
         engine: an asyncpg engine (``adapters.postgres.engine.create_engine``); not owned.
@@ -265,7 +265,7 @@ class PostgresWarehouse(Warehouse):
 
     @property
     def engine(self) -> AsyncEngine:
-        """The engine this warehouse runs on (for the command line's reports and chores)."""
+        """The engine this stock store runs on (for the command line's reports and chores)."""
         return self._engine
 
     async def apply(self, command: Command[OutcomeT]) -> OutcomeT:
@@ -331,7 +331,7 @@ class PostgresWarehouse(Warehouse):
             on_retry=self._on_retry,
         )
 
-    async def stock(self, skus: Iterable[str]) -> dict[str, StockLevel]:
+    async def levels_of(self, skus: Iterable[str]) -> dict[str, StockLevel]:
         """Current levels of the known SKUs among ``skus`` (unknown ones are absent).
 
         Raises:
@@ -360,9 +360,9 @@ def apply_statement(
     """The SQL function call applying ``commands`` for ``consumer``: statement and arguments.
 
     ``commands`` are of one kind, at least one; the function is their route's, as for
-    :meth:`PostgresWarehouse.apply`. For a connection of the engine
+    :meth:`PostgresStock.apply`. For a connection of the engine
     (``connection.execute(statement, arguments)``), in a transaction of the caller's, without
-    the function's check. ``handoff`` as for :class:`PostgresWarehouse` (for the functions
+    the function's check. ``handoff`` as for :class:`PostgresStock` (for the functions
     that take it). The result events (and the warehouse requests) carry the current span's
     trace context.
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from fulfilment.adapters.warehouse_system.client import (
+from fulfilment.adapters.warehouse.client import (
     WarehouseClient,
     WarehouseClientOptions,
     build_http_client,

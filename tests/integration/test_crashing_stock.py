@@ -7,19 +7,19 @@ event's function in a transaction of its own and kills the process before ``COMM
 
 from __future__ import annotations
 
-import crash_plan
 import pytest
 import sqlalchemy as sa
-from crash_plan import CrashingWarehouse, CrashPoint, FaultPlan
 from pydantic import SecretStr
 
-from builders import cancellation, order, shipment
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.domain.lifecycle import CancelKind, ShipKind
 from fulfilment.domain.model import OutcomeKind, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
+from tests.faults import crash_plan
+from tests.faults.crash_plan import CrashingStock, CrashPoint, FaultPlan
+from tests.support.builders import cancellation, order, shipment
 
 pytestmark = pytest.mark.postgres
 
@@ -29,7 +29,7 @@ class Crashed(Exception):  # noqa: N818 - stands for the SIGKILL of the process
 
 
 @pytest.fixture
-async def warehouses(clean_database, monkeypatch):
+async def stores(clean_database, monkeypatch):
     """The PostgreSQL warehouse, and it wrapped with an ``in_transaction`` crash every time."""
     crashes: list[tuple[CrashPoint, object]] = []
 
@@ -41,9 +41,9 @@ async def warehouses(clean_database, monkeypatch):
     engine = create_engine(
         database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
     )
-    inner = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+    inner = PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0)
     plan = FaultPlan({CrashPoint.IN_TRANSACTION: 1.0})
-    crashing = CrashingWarehouse(inner, plan, engine=engine, consumer="fulfilment")
+    crashing = CrashingStock(inner, plan, engine=engine, consumer="fulfilment")
     try:
         yield inner, crashing, crashes
     finally:
@@ -64,15 +64,15 @@ async def _written(inner):
     return inbox, last_id
 
 
-@pytest.mark.parametrize("kind", ["reserve", "cancel", "ship"])
-async def test_a_crash_in_the_transaction_of_any_event_leaves_nothing_of_it(warehouses, kind):
-    inner, crashing, crashes = warehouses
+@pytest.mark.parametrize("kind", ["place", "cancel", "ship"])
+async def test_a_crash_in_the_transaction_of_any_event_leaves_nothing_of_it(stores, kind):
+    inner, crashing, crashes = stores
     await inner.put_stock({"A": 10})
     placed = order(("A", 3))
-    if kind != "reserve":
+    if kind != "place":
         assert (await inner.apply(placed)).kind is OutcomeKind.RESERVED
     command = {
-        "reserve": placed,
+        "place": placed,
         "cancel": cancellation(placed.order_id, ("A", 1)),
         "ship": shipment(placed.order_id),
     }[kind]
@@ -88,7 +88,7 @@ async def test_a_crash_in_the_transaction_of_any_event_leaves_nothing_of_it(ware
     assert last_id_after == (last_id_before or 0) + 1
     assert inbox_after == inbox_before
     assert command.event_id not in inbox_after
-    reserved = 0 if kind == "reserve" else 3
-    assert await inner.stock(["A"]) == {"A": StockLevel(10, reserved)}
+    reserved = 0 if kind == "place" else 3
+    assert await inner.levels_of(["A"]) == {"A": StockLevel(10, reserved)}
     applied = await getattr(inner, kind)(command)
     assert applied.kind in {OutcomeKind.RESERVED, CancelKind.PARTIALLY_RELEASED, ShipKind.SHIPPED}

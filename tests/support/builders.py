@@ -21,7 +21,7 @@ from fulfilment.contracts.result_events import (
     STOCK_SHIPPED_ROUTING_KEY,
 )
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
-from fulfilment.domain.model import OrderLine, ReserveStock
+from fulfilment.domain.model import OrderLine, PlaceOrder
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.observability.tracing import context_of
 from fulfilment.relay.service import Relay, RelayOptions
@@ -97,9 +97,9 @@ def order(
     *lines: tuple[str, int],
     event_id: UUID | None = None,
     order_id: UUID | None = None,
-) -> ReserveStock:
-    """A ``ReserveStock`` of ``(sku, quantity)`` lines; new ids unless given."""
-    return ReserveStock(
+) -> PlaceOrder:
+    """A ``PlaceOrder`` of ``(sku, quantity)`` lines; new ids unless given."""
+    return PlaceOrder(
         event_id=event_id or uuid4(),
         order_id=order_id or uuid4(),
         placed_at=PLACED_AT,

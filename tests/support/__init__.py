@@ -1,0 +1,1 @@
+"""The suite's shared helpers: builders, fakes, services, private brokers."""
