@@ -10,7 +10,7 @@ CONFIRM_RESET ?=
 
 WAREHOUSE_PORT ?= 8090
 
-.PHONY: help warehouse-simulator asyncapi docs demo test test-faults test-cluster test-failover test-upgrade test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
+.PHONY: help warehouse-simulator asyncapi deploy-files docs demo test test-faults test-cluster test-failover test-upgrade test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-20s %s\n", $$1, $$2}'
@@ -28,6 +28,10 @@ install: $(if $(filter .tools/bin/uv,$(UV)),.tools/bin/uv) ## Install the locked
 
 asyncapi: install ## Write docs/asyncapi.json, the messaging contract (consumed and published events), from the code
 	$(UV) run python -m fulfilment.asyncapi docs/asyncapi.json
+
+deploy-files: install ## Write the deployment files' per-queue parts from the routes (scripts/render-deploy), then k8s/prometheusrule.yaml
+	$(UV) run python scripts/render-deploy
+	scripts/render-prometheus-rule
 
 docs: install ## Write the references generated from the code: docs/configuration.md's table and .env.example (the Settings docstrings), docs/cli.md's (the typer app)
 	$(UV) run python scripts/render-docs
@@ -106,8 +110,8 @@ test-fast: install ## Unit tests that need no service (in-memory fake, no databa
 lint: install check-deploy check-asyncapi ## ruff lint and format check, import layers, deployment files, the AsyncAPI document
 	$(UV) run ruff check src tests bench simulator
 	$(UV) run ruff format --check src tests bench simulator
-	$(UV) run ruff check scripts/render-docs scripts/bind-result-events
-	$(UV) run ruff format --check scripts/render-docs scripts/bind-result-events
+	$(UV) run ruff check scripts/render-docs scripts/render-deploy scripts/bind-result-events
+	$(UV) run ruff format --check scripts/render-docs scripts/render-deploy scripts/bind-result-events
 	$(UV) run lint-imports
 
 check-asyncapi: ## Parse docs/asyncapi.json with @asyncapi/parser (npm); fail on any error or warning
@@ -125,6 +129,7 @@ check-deploy: install ## Lint and validate the Dockerfile, compose stack, Kubern
 	$(UV) run yamllint --strict docker-compose.yml k8s deploy/prometheus/prometheus.yml deploy/grafana/provisioning deploy/otel .yamllint
 	"$$($(UV) run python -c 'import compose; print(compose.__file__)' | xargs dirname)/docker-compose" --file docker-compose.yml config --quiet
 	$(UV) run kubernetes-validate --strict --quiet --no-warn -k $(K8S_VERSION) k8s/*.yaml
+	$(UV) run python scripts/render-deploy --check
 	scripts/render-prometheus-rule --check
 	$(UV) run ruff check scripts/render-prometheus-rule
 	$(UV) run ruff format --check scripts/render-prometheus-rule

@@ -25,7 +25,7 @@ from fulfilment.domain.model import OrderLine, ReserveStock
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.observability.tracing import context_of
 from fulfilment.relay.service import Relay, RelayOptions
-from fulfilment.worker.handling import check_body, parse_event
+from fulfilment.routes.handling import check_body, parse_event
 
 PLACED_AT = datetime(2010, 12, 1, 8, 26, tzinfo=UTC)
 """When the test orders were placed: the first day of the Online Retail data."""

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
-from fulfilment.application.ports import Warehouse, WarehouseRequests
+from fulfilment.application.ports import OutcomeT, Warehouse, WarehouseRequests
 from fulfilment.contracts.warehouse_bodies import request_body
 from fulfilment.domain.handoff import (
     OPEN_STATUSES,
@@ -51,6 +51,7 @@ from fulfilment.domain.lifecycle import (
     shipped,
 )
 from fulfilment.domain.model import (
+    Command,
     DuplicateOf,
     OrderLine,
     OutcomeKind,
@@ -202,13 +203,32 @@ class InMemoryWarehouse(Warehouse):
         self.result_events: list[RecordedEvent] = []
         self.lock = asyncio.Lock()
         """Serialises the calls as row locks do; the requests' store shares it."""
+        self.rules: dict[type[Any], Callable[[Any], Awaitable[Any]]] = {
+            ReserveStock: self._reserve,
+            CancelOrder: self._cancel,
+            ShipOrder: self._ship,
+        }
+        """The rule of each kind of command, as the SQL function of its route."""
+
+    async def apply(self, command: Command[OutcomeT]) -> OutcomeT:
+        """Apply ``command`` by the rule of its type (:attr:`rules`), as the SQL functions do.
+
+        Raises:
+            LookupError: no rule for the command's type.
+        """
+        rule = self.rules.get(type(command))
+        if rule is None:
+            msg = f"no rule applies a {type(command).__name__}"
+            raise LookupError(msg)
+        outcome: OutcomeT = await rule(command)
+        return outcome
 
     async def count_redelivery(self, event_id: UUID) -> int:
         key = (self.consumer, event_id)
         self.redeliveries[key] = self.redeliveries.get(key, 0) + 1
         return self.redeliveries[key]
 
-    async def reserve(self, command: ReserveStock) -> ReservationOutcome:
+    async def _reserve(self, command: ReserveStock) -> ReservationOutcome:
         demand = aggregate_demand(command.lines)
         if not demand:
             msg = f"order {command.order_id} has no lines"
@@ -263,7 +283,7 @@ class InMemoryWarehouse(Warehouse):
                 skus=skus,
             )
 
-    async def cancel(self, command: CancelOrder) -> CancelOutcome:
+    async def _cancel(self, command: CancelOrder) -> CancelOutcome:
         if command.lines is not None and not command.lines:
             msg = f"the cancel of order {command.order_id} names no lines"
             raise ValueError(msg)
@@ -326,7 +346,7 @@ class InMemoryWarehouse(Warehouse):
                 cancellation.state.status,
             )
 
-    async def ship(self, command: ShipOrder) -> ShipOutcome:
+    async def _ship(self, command: ShipOrder) -> ShipOutcome:
         async with self.lock:
             key = (self.consumer, command.event_id)
             if key in self.inbox:

@@ -10,7 +10,8 @@ fulfilment.asyncapi:documentation_app`` shows the same document in a browser.
 The worker subscribes with raw-bytes handlers on a broker without FastDepends
 (``worker.delivery``), so FastStream cannot read a payload from them, and the relay publishes
 rows of the outbox; the document is therefore drawn from a broker of its own that is never
-connected, built from the same names (``contracts.topology``) and models (``contracts``). A
+connected, built from the same routes (``fulfilment.routes.table.ROUTES``: queues, models,
+summaries) and result events (``contracts.result_events``). A
 FastStream subscriber takes its payload from its handler's parameters, so each consumed event
 gets a handler that takes its model and never runs; a publisher takes its model as ``schema``.
 ``tests/unit/test_asyncapi.py`` also holds the document's queues, exchange and routing keys to
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,21 +42,15 @@ from faststream.rabbit import ExchangeType, QueueType, RabbitBroker, RabbitExcha
 from faststream.specification import AsyncAPI
 from pydantic import BaseModel
 
-from fulfilment.contracts.order_cancelled import OrderCancelledV1
-from fulfilment.contracts.order_placed import OrderPlacedV1
-from fulfilment.contracts.order_shipped import OrderShippedV1
 from fulfilment.contracts.result_events import RESULT_EVENTS
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
     EVENTS_EXCHANGE,
-    ORDER_CANCELLED,
-    ORDER_PLACED,
-    ORDER_SHIPPED,
     ORDERS_EXCHANGE,
-    SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
 from fulfilment.exit_codes import ExitCode
+from fulfilment.routes.table import ROUTES
 
 CONTRACT_VERSION = "1.0.0"
 """The document's ``info.version``: the version of the messaging contract, not of the package
@@ -65,34 +60,8 @@ SERVER_URL = "amqps://rabbitmq.fulfilment.svc:5671/"
 """The broker the document names: the production cluster's address (``k8s/``), without
 credentials. ``FULFILMENT_AMQP_URL`` says where a deployment connects."""
 
-CONSUMED: Mapping[SubscribedQueue, tuple[type[BaseModel], str]] = {
-    ORDER_PLACED: (
-        OrderPlacedV1,
-        (
-            "An order to reserve stock for, all lines or none: answered by stock.reserved or "
-            "stock.rejected."
-        ),
-    ),
-    ORDER_CANCELLED: (
-        OrderCancelledV1,
-        (
-            "Cancels the whole order (no lines) or the given quantities: reserved units go back "
-            "(stock.released); before its order, it is remembered for it."
-        ),
-    ),
-    ORDER_SHIPPED: (
-        OrderShippedV1,
-        (
-            "Ships everything the order still holds (stock.shipped); dead-lettered when the "
-            "order is not reserved."
-        ),
-    ),
-}
-"""The wire model and a description of the event each subscribed queue carries."""
-
-
-class UndocumentedQueueError(LookupError):
-    """A queue of ``SUBSCRIBED_QUEUES`` has no entry in :data:`CONSUMED`."""
+QUEUE_ROUTES = tuple(route for route in ROUTES if isinstance(route.transport, SubscribedQueue))
+"""The routes whose events come on a queue: the consumed events of the document."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +89,11 @@ class DocumentedMessage:
 
 
 def documented_messages() -> list[DocumentedMessage]:
-    """Every event of the document: each subscribed queue's, then each result event's.
-
-    Raises:
-        UndocumentedQueueError: a subscribed queue has no wire model in :data:`CONSUMED`.
-    """
-    consumed = []
-    for subscribed in SUBSCRIBED_QUEUES:
-        if subscribed not in CONSUMED:
-            msg = f"queue {subscribed.name} has no wire model in fulfilment.asyncapi.CONSUMED"
-            raise UndocumentedQueueError(msg)
-        model, description = CONSUMED[subscribed]
-        consumed.append(DocumentedMessage(subscribed.name, "receive", model, description))
+    """Every event of the document: each queue route's, then each result event's."""
+    consumed = [
+        DocumentedMessage(route.transport.name, "receive", route.model, route.summary)
+        for route in QUEUE_ROUTES
+    ]
     published = [
         DocumentedMessage(routing_key, "send", event, _first_paragraph(event.__doc__))
         for routing_key, event in RESULT_EVENTS.items()
@@ -142,14 +104,12 @@ def documented_messages() -> list[DocumentedMessage]:
 def documentation_app() -> FastStream:
     """The FastStream app whose AsyncAPI schema is the published contract; never run.
 
-    One subscriber per queue of ``SUBSCRIBED_QUEUES`` (titled with the queue's name), bound to
-    ``orders`` with the queue's routing key, whose payload is the event's wire model;
+    One subscriber per route whose transport is a queue (``fulfilment.routes.table.ROUTES``,
+    titled with the queue's name), bound to ``orders`` with the queue's routing key, whose
+    payload is the route's wire model;
     one publisher per result event of ``contracts.result_events.RESULT_EVENTS`` on
     ``fulfilment.events`` with its routing key, persistent and mandatory as the relay
     publishes, whose payload is the event's model.
-
-    Raises:
-        UndocumentedQueueError: a subscribed queue has no wire model in :data:`CONSUMED`.
     """
     broker = RabbitBroker(
         specification_url=SERVER_URL,
@@ -157,11 +117,8 @@ def documentation_app() -> FastStream:
         description="The shop's RabbitMQ, where fulfilment consumes and publishes.",
     )
     orders = RabbitExchange(ORDERS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
-    for subscribed in SUBSCRIBED_QUEUES:
-        if subscribed not in CONSUMED:
-            msg = f"queue {subscribed.name} has no wire model in fulfilment.asyncapi.CONSUMED"
-            raise UndocumentedQueueError(msg)
-        model, description = CONSUMED[subscribed]
+    for route in QUEUE_ROUTES:
+        subscribed, model, description = route.transport, route.model, route.summary
         broker.subscriber(
             RabbitQueue(
                 subscribed.name, queue_type=QueueType.QUORUM, routing_key=subscribed.routing_key

@@ -1,39 +1,34 @@
-"""``Backoff``: tenacity's doubling waits for the loops that are not one call retried.
+"""``doubling_wait``: the one back-off of the loops that are not a call retried.
 
-Where the service retries one call until it succeeds it uses tenacity's ``AsyncRetrying``
-(the database's retry policy, the relay's reconnects). Four loops are not that shape: a dead
-letter's publish whose give-up is decided on the next wait before it is slept
-(``worker.delivery``), a paused consumer that sleeps before its first look at the database
+Where the service retries one call until it succeeds it uses tenacity's public API
+(``AsyncRetrying`` with ``wait_exponential_jitter``, a stop and ``retry_if_exception_type``:
+the database's retry policy, the relay's and the dispatcher's reconnects, the relay's wait
+for its start). The other loops are not that shape, and take their waits from this function:
+a dead letter's publish whose give-up is decided on the next wait before it is slept
+(``worker.dead_lettering``), a paused consumer that sleeps before its first look at the database
 (``worker.consumer_control``), a supervisor that restarts a background task whatever ended it
-(``worker.monitors``), and the relay's re-publish of a batch with rows the broker returned,
-inside a session that goes on (``relay.service``). They take their waits from tenacity's
-``wait_exponential`` through this class, so every back-off of the service is computed by one
-library, without jitter, as each loop did by hand.
+(``worker.monitors``), the relay's re-publish of a batch with rows the broker returned, inside
+a session that goes on (``relay.service``), and the dispatcher's waits that are recorded in
+the store rather than slept (a request's next attempt, the circuit's next probe:
+``dispatcher.service``).
 """
 
 from __future__ import annotations
 
-from tenacity import RetryCallState, Retrying, wait_exponential
+import random
 
 
-class Backoff:
-    """Waits of ``first_seconds``, doubled at each :meth:`next` up to ``max_seconds``.
+def doubling_wait(failures: int, *, first: float, cap: float, jitter: float = 0.0) -> float:
+    """Seconds to wait after ``failures`` failures in a row (0 for the first wait).
 
-    The n-th wait since the start (or the last :meth:`reset`) is
-    ``min(first_seconds * 2 ** (n - 1), max_seconds)`` seconds.
+    ``min(first * 2 ** failures + random.uniform(0, jitter), cap)``: ``first`` doubled for
+    each failure after the first, plus up to ``jitter`` seconds drawn at random so that
+    replicas that failed together do not try again together, never more than ``cap``. The
+    formula is tenacity's ``wait_exponential_jitter`` (``multiplier=first``, ``max=cap``) at
+    attempt ``failures + 1``, so a loop waits as a retry would.
     """
-
-    def __init__(self, first_seconds: float, max_seconds: float) -> None:
-        """Start at the first wait."""
-        self._wait = wait_exponential(multiplier=first_seconds, max=max_seconds)
-        self._state = RetryCallState(Retrying(), None, (), {})
-
-    def next(self) -> float:
-        """The wait before the next try, in seconds; the one after it doubles."""
-        wait = float(self._wait(self._state))
-        self._state.attempt_number += 1
-        return wait
-
-    def reset(self) -> None:
-        """Start again at the first wait (after a success)."""
-        self._state.attempt_number = 1
+    try:
+        doubled = first * 2.0**failures
+    except OverflowError:
+        return cap
+    return min(doubled + random.uniform(0, jitter), cap)  # noqa: S311 - spreading waits, not a secret

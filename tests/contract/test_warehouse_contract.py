@@ -83,7 +83,7 @@ def handoff_warehouse(request):
 async def test_reserving_an_order_takes_its_units_from_what_is_available(warehouse):
     await warehouse.put_stock({"85123A": 10, "71053": 6})
 
-    outcome = await warehouse.reserve(order(("85123A", 6), ("71053", 6)))
+    outcome = await warehouse.apply(order(("85123A", 6), ("71053", 6)))
 
     assert outcome.kind is OutcomeKind.RESERVED
     assert outcome.label == "reserved"
@@ -98,16 +98,16 @@ async def test_the_outcome_names_the_order_and_the_event(warehouse):
     await warehouse.put_stock({"A": 1})
     command = order(("A", 1))
 
-    outcome = await warehouse.reserve(command)
+    outcome = await warehouse.apply(command)
 
     assert (outcome.order_id, outcome.event_id) == (command.order_id, command.event_id)
 
 
 async def test_exactly_the_available_units_can_be_reserved(warehouse):
     await warehouse.put_stock({"A": 5})
-    await warehouse.reserve(order(("A", 2)))
+    await warehouse.apply(order(("A", 2)))
 
-    outcome = await warehouse.reserve(order(("A", 3)))
+    outcome = await warehouse.apply(order(("A", 3)))
 
     assert outcome.kind is OutcomeKind.RESERVED
     assert await warehouse.stock(["A"]) == {"A": StockLevel(5, 5)}
@@ -116,7 +116,7 @@ async def test_exactly_the_available_units_can_be_reserved(warehouse):
 async def test_an_order_is_rejected_whole_when_one_sku_is_short(warehouse):
     await warehouse.put_stock({"A": 10, "B": 1, "C": 10})
 
-    outcome = await warehouse.reserve(order(("A", 1), ("B", 2), ("C", 1)))
+    outcome = await warehouse.apply(order(("A", 1), ("B", 2), ("C", 1)))
 
     assert outcome.kind is OutcomeKind.REJECTED
     assert outcome.reason is RejectionReason.INSUFFICIENT_STOCK
@@ -132,7 +132,7 @@ async def test_an_order_is_rejected_whole_when_one_sku_is_short(warehouse):
 async def test_an_order_with_an_unknown_sku_is_rejected_naming_it(warehouse):
     await warehouse.put_stock({"A": 10})
 
-    outcome = await warehouse.reserve(order(("A", 1), ("NOPE", 1)))
+    outcome = await warehouse.apply(order(("A", 1), ("NOPE", 1)))
 
     assert (outcome.kind, outcome.reason, outcome.skus) == (
         OutcomeKind.REJECTED,
@@ -145,7 +145,7 @@ async def test_an_order_with_an_unknown_sku_is_rejected_naming_it(warehouse):
 async def test_an_unknown_sku_wins_over_a_short_one(warehouse):
     await warehouse.put_stock({"A": 1})
 
-    outcome = await warehouse.reserve(order(("A", 5), ("Z", 1)))
+    outcome = await warehouse.apply(order(("A", 5), ("Z", 1)))
 
     assert (outcome.reason, outcome.skus) == (RejectionReason.UNKNOWN_SKU, ("Z",))
 
@@ -153,7 +153,7 @@ async def test_an_unknown_sku_wins_over_a_short_one(warehouse):
 async def test_offending_skus_are_named_in_code_point_order(warehouse):
     await warehouse.put_stock({"b": 1, "a": 1, "B": 1, "BANK CHARGES": 1})
 
-    outcome = await warehouse.reserve(order(("b", 2), ("a", 2), ("BANK CHARGES", 2), ("B", 2)))
+    outcome = await warehouse.apply(order(("b", 2), ("a", 2), ("BANK CHARGES", 2), ("B", 2)))
 
     assert outcome.skus == ("B", "BANK CHARGES", "a", "b")
 
@@ -161,9 +161,9 @@ async def test_offending_skus_are_named_in_code_point_order(warehouse):
 async def test_the_same_event_twice_is_a_duplicate_and_changes_nothing(warehouse):
     await warehouse.put_stock({"A": 10})
     command = order(("A", 4))
-    await warehouse.reserve(command)
+    await warehouse.apply(command)
 
-    again = await warehouse.reserve(command)
+    again = await warehouse.apply(command)
 
     assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.EVENT)
     assert again.label == "duplicate:event"
@@ -173,10 +173,10 @@ async def test_the_same_event_twice_is_a_duplicate_and_changes_nothing(warehouse
 async def test_a_rejected_event_delivered_again_is_a_duplicate_too(warehouse):
     await warehouse.put_stock({"A": 1})
     command = order(("A", 4))
-    await warehouse.reserve(command)
+    await warehouse.apply(command)
     await warehouse.put_stock({"A": 10})
 
-    again = await warehouse.reserve(command)
+    again = await warehouse.apply(command)
 
     assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.EVENT)
     assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 0)}
@@ -185,9 +185,9 @@ async def test_a_rejected_event_delivered_again_is_a_duplicate_too(warehouse):
 async def test_the_same_order_under_a_new_event_is_a_duplicate_of_the_order(warehouse):
     await warehouse.put_stock({"A": 10})
     first = order(("A", 4))
-    await warehouse.reserve(first)
+    await warehouse.apply(first)
 
-    again = await warehouse.reserve(order(("A", 4), order_id=first.order_id))
+    again = await warehouse.apply(order(("A", 4), order_id=first.order_id))
 
     assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.ORDER)
     assert again.label == "duplicate:order"
@@ -197,10 +197,10 @@ async def test_the_same_order_under_a_new_event_is_a_duplicate_of_the_order(ware
 async def test_a_rejected_order_under_a_new_event_is_a_duplicate_of_the_order(warehouse):
     await warehouse.put_stock({"A": 1})
     first = order(("A", 4))
-    await warehouse.reserve(first)
+    await warehouse.apply(first)
     await warehouse.put_stock({"A": 10})
 
-    again = await warehouse.reserve(order(("A", 4), order_id=first.order_id))
+    again = await warehouse.apply(order(("A", 4), order_id=first.order_id))
 
     assert (again.kind, again.duplicate_of) == (OutcomeKind.DUPLICATE, DuplicateOf.ORDER)
     assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 0)}
@@ -209,11 +209,11 @@ async def test_a_rejected_order_under_a_new_event_is_a_duplicate_of_the_order(wa
 async def test_a_duplicate_of_an_order_delivered_again_is_a_duplicate_of_its_event(warehouse):
     await warehouse.put_stock({"A": 10})
     first = order(("A", 4))
-    await warehouse.reserve(first)
+    await warehouse.apply(first)
     second = order(("A", 4), order_id=first.order_id)
-    await warehouse.reserve(second)
+    await warehouse.apply(second)
 
-    again = await warehouse.reserve(second)
+    again = await warehouse.apply(second)
 
     assert again.duplicate_of is DuplicateOf.EVENT
 
@@ -221,8 +221,8 @@ async def test_a_duplicate_of_an_order_delivered_again_is_a_duplicate_of_its_eve
 async def test_repeated_sku_lines_are_one_demand(warehouse):
     await warehouse.put_stock({"A": 6, "B": 5})
 
-    fits = await warehouse.reserve(order(("A", 3), ("A", 3)))
-    too_much = await warehouse.reserve(order(("B", 3), ("B", 3)))
+    fits = await warehouse.apply(order(("A", 3), ("A", 3)))
+    too_much = await warehouse.apply(order(("B", 3), ("B", 3)))
 
     assert fits.kind is OutcomeKind.RESERVED
     assert (too_much.reason, too_much.skus) == (RejectionReason.INSUFFICIENT_STOCK, ("B",))
@@ -232,8 +232,8 @@ async def test_repeated_sku_lines_are_one_demand(warehouse):
 async def test_skus_that_differ_only_in_case_are_different_skus(warehouse):
     await warehouse.put_stock({"15056bl": 2, "15056BL": 50})
 
-    lower = await warehouse.reserve(order(("15056bl", 3)))
-    upper = await warehouse.reserve(order(("15056BL", 3)))
+    lower = await warehouse.apply(order(("15056bl", 3)))
+    upper = await warehouse.apply(order(("15056BL", 3)))
 
     assert (lower.reason, lower.skus) == (RejectionReason.INSUFFICIENT_STOCK, ("15056bl",))
     assert upper.kind is OutcomeKind.RESERVED
@@ -246,7 +246,7 @@ async def test_skus_that_differ_only_in_case_are_different_skus(warehouse):
 async def test_skus_keep_their_inner_spaces_and_punctuation(warehouse):
     await warehouse.put_stock({"BANK CHARGES": 1, "gift_0001_40": 1})
 
-    outcome = await warehouse.reserve(order(("BANK CHARGES", 1), ("gift_0001_40", 1)))
+    outcome = await warehouse.apply(order(("BANK CHARGES", 1), ("gift_0001_40", 1)))
 
     assert outcome.kind is OutcomeKind.RESERVED
     assert await warehouse.stock(["BANK CHARGES", "BANKCHARGES"]) == {
@@ -256,7 +256,7 @@ async def test_skus_keep_their_inner_spaces_and_punctuation(warehouse):
 
 async def test_put_stock_creates_skus_and_keeps_what_is_reserved(warehouse):
     await warehouse.put_stock({"A": 5})
-    await warehouse.reserve(order(("A", 2)))
+    await warehouse.apply(order(("A", 2)))
 
     await warehouse.put_stock({"A": 8, "B": 3})
 
@@ -265,7 +265,7 @@ async def test_put_stock_creates_skus_and_keeps_what_is_reserved(warehouse):
 
 async def test_put_stock_down_to_exactly_what_is_reserved_is_allowed(warehouse):
     await warehouse.put_stock({"A": 5})
-    await warehouse.reserve(order(("A", 2)))
+    await warehouse.apply(order(("A", 2)))
 
     await warehouse.put_stock({"A": 2})
 
@@ -274,7 +274,7 @@ async def test_put_stock_down_to_exactly_what_is_reserved_is_allowed(warehouse):
 
 async def test_put_stock_below_reserved_raises_and_changes_nothing(warehouse):
     await warehouse.put_stock({"A": 5, "B": 5})
-    await warehouse.reserve(order(("A", 4), ("B", 1)))
+    await warehouse.apply(order(("A", 4), ("B", 1)))
 
     with pytest.raises(StockBelowReservedError) as raised:
         await warehouse.put_stock({"B": 100, "A": 3, "C": 7})
@@ -304,7 +304,7 @@ async def test_an_order_of_675_lines_is_reserved_in_one_piece(warehouse):
     # 675 lines, 75 of them repeating a SKU, like the real data set's largest order.
     lines = [(sku, 2) for sku in skus] + [(sku, 1) for sku in skus[:75]]
 
-    outcome = await warehouse.reserve(order(*lines))
+    outcome = await warehouse.apply(order(*lines))
 
     assert outcome.kind is OutcomeKind.RESERVED
     levels = await warehouse.stock(skus)
@@ -327,7 +327,7 @@ async def test_redeliveries_are_counted_per_event_and_survive_between_calls(ware
 async def reserved_order(warehouse, *lines, stock=None):
     await warehouse.put_stock(stock or {"A": 10, "B": 10, "C": 10})
     command = order(*lines)
-    assert (await warehouse.reserve(command)).kind is OutcomeKind.RESERVED
+    assert (await warehouse.apply(command)).kind is OutcomeKind.RESERVED
     return command
 
 
@@ -335,7 +335,7 @@ async def test_cancelling_a_reserved_order_whole_gives_its_stock_back(warehouse)
     placed = await reserved_order(warehouse, ("A", 3), ("B", 2), ("A", 1))
     command = cancellation(placed.order_id)
 
-    outcome = await warehouse.cancel(command)
+    outcome = await warehouse.apply(command)
 
     assert (outcome.kind, outcome.status, outcome.label) == (
         CancelKind.RELEASED,
@@ -352,7 +352,7 @@ async def test_cancelling_some_lines_gives_back_those_units_and_the_order_stays_
 ):
     placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
 
-    outcome = await warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("A", 1)))
+    outcome = await warehouse.apply(cancellation(placed.order_id, ("A", 1), ("A", 1)))
 
     assert (outcome.kind, outcome.status, outcome.lines) == (
         CancelKind.PARTIALLY_RELEASED,
@@ -364,10 +364,10 @@ async def test_cancelling_some_lines_gives_back_those_units_and_the_order_stays_
 
 async def test_partial_cancels_shrink_the_order_until_it_is_released(warehouse):
     placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
-    await warehouse.cancel(cancellation(placed.order_id, ("B", 2)))
+    await warehouse.apply(cancellation(placed.order_id, ("B", 2)))
 
-    second = await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
-    last = await warehouse.cancel(cancellation(placed.order_id))
+    second = await warehouse.apply(cancellation(placed.order_id, ("A", 1)))
+    last = await warehouse.apply(cancellation(placed.order_id))
 
     assert (second.kind, second.lines) == (CancelKind.PARTIALLY_RELEASED, (OrderLine("A", 1),))
     assert (last.kind, last.status, last.lines) == (
@@ -381,7 +381,7 @@ async def test_partial_cancels_shrink_the_order_until_it_is_released(warehouse):
 async def test_cancelling_more_than_the_order_holds_cancels_what_it_holds(warehouse):
     placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
 
-    outcome = await warehouse.cancel(cancellation(placed.order_id, ("A", 50), ("B", 2)))
+    outcome = await warehouse.apply(cancellation(placed.order_id, ("A", 50), ("B", 2)))
 
     assert (outcome.kind, outcome.lines) == (
         CancelKind.RELEASED,
@@ -393,7 +393,7 @@ async def test_cancelling_more_than_the_order_holds_cancels_what_it_holds(wareho
 async def test_cancelling_a_sku_the_order_does_not_hold_changes_nothing(warehouse):
     placed = await reserved_order(warehouse, ("A", 3))
 
-    outcome = await warehouse.cancel(cancellation(placed.order_id, ("B", 1), ("a", 1)))
+    outcome = await warehouse.apply(cancellation(placed.order_id, ("B", 1), ("a", 1)))
 
     assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
         CancelKind.IGNORED,
@@ -408,12 +408,12 @@ async def test_cancelling_a_rejected_or_released_order_changes_nothing(warehouse
     await warehouse.put_stock({"A": 2})
     rejected = order(("A", 5))
     released = order(("A", 2))
-    await warehouse.reserve(rejected)
-    await warehouse.reserve(released)
-    await warehouse.cancel(cancellation(released.order_id))
+    await warehouse.apply(rejected)
+    await warehouse.apply(released)
+    await warehouse.apply(cancellation(released.order_id))
 
-    on_rejected = await warehouse.cancel(cancellation(rejected.order_id))
-    on_released = await warehouse.cancel(cancellation(released.order_id, ("A", 1)))
+    on_rejected = await warehouse.apply(cancellation(rejected.order_id))
+    on_released = await warehouse.apply(cancellation(released.order_id, ("A", 1)))
 
     assert (on_rejected.kind, on_rejected.status) == (CancelKind.IGNORED, OrderStatus.REJECTED)
     assert (on_released.kind, on_released.status) == (CancelKind.IGNORED, OrderStatus.RELEASED)
@@ -422,9 +422,9 @@ async def test_cancelling_a_rejected_or_released_order_changes_nothing(warehouse
 
 async def test_a_cancel_after_the_shipment_is_too_late_and_changes_nothing(warehouse):
     placed = await reserved_order(warehouse, ("A", 3))
-    await warehouse.ship(shipment(placed.order_id))
+    await warehouse.apply(shipment(placed.order_id))
 
-    outcome = await warehouse.cancel(cancellation(placed.order_id))
+    outcome = await warehouse.apply(cancellation(placed.order_id))
 
     assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
         CancelKind.CANCEL_AFTER_SHIP,
@@ -438,9 +438,9 @@ async def test_a_cancel_after_the_shipment_is_too_late_and_changes_nothing(wareh
 async def test_the_same_cancel_twice_is_a_duplicate_and_changes_nothing(warehouse):
     placed = await reserved_order(warehouse, ("A", 3))
     command = cancellation(placed.order_id, ("A", 1))
-    await warehouse.cancel(command)
+    await warehouse.apply(command)
 
-    again = await warehouse.cancel(command)
+    again = await warehouse.apply(command)
 
     assert (again.kind, again.status, again.lines, again.label) == (
         CancelKind.DUPLICATE,
@@ -457,7 +457,7 @@ async def test_a_cancel_of_no_lines_is_refused(warehouse):
     empty = type(empty)(empty.event_id, empty.order_id, empty.cancelled_at, ())
 
     with pytest.raises(ValueError, match="no lines"):
-        await warehouse.cancel(empty)
+        await warehouse.apply(empty)
 
     assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 3)}
 
@@ -467,7 +467,7 @@ async def test_a_cancel_before_its_order_leaves_a_tombstone_and_no_stock_change(
     await warehouse.put_stock({"A": 10})
     placed = order(("A", 3))
 
-    outcome = await warehouse.cancel(cancellation(placed.order_id, *lines))
+    outcome = await warehouse.apply(cancellation(placed.order_id, *lines))
 
     assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
         CancelKind.TOMBSTONED,
@@ -481,9 +481,9 @@ async def test_a_cancel_before_its_order_leaves_a_tombstone_and_no_stock_change(
 async def test_an_order_placed_after_its_whole_cancel_is_rejected_as_cancelled(warehouse):
     await warehouse.put_stock({"A": 10})
     placed = order(("A", 3))
-    await warehouse.cancel(cancellation(placed.order_id))
+    await warehouse.apply(cancellation(placed.order_id))
 
-    outcome = await warehouse.reserve(placed)
+    outcome = await warehouse.apply(placed)
 
     assert (outcome.kind, outcome.reason, outcome.skus, outcome.label) == (
         OutcomeKind.REJECTED,
@@ -497,10 +497,10 @@ async def test_an_order_placed_after_its_whole_cancel_is_rejected_as_cancelled(w
 async def test_an_order_placed_after_partial_cancels_reserves_what_they_left(warehouse):
     await warehouse.put_stock({"A": 10, "B": 10, "C": 10})
     placed = order(("A", 3), ("B", 2), ("C", 1))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("Z", 4)))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("B", 5)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 1), ("Z", 4)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 1), ("B", 5)))
 
-    outcome = await warehouse.reserve(placed)
+    outcome = await warehouse.apply(placed)
 
     assert outcome.kind is OutcomeKind.RESERVED
     assert await warehouse.stock(["A", "B", "C"]) == {
@@ -508,7 +508,7 @@ async def test_an_order_placed_after_partial_cancels_reserves_what_they_left(war
         "B": StockLevel(10),
         "C": StockLevel(10, 1),
     }
-    released = await warehouse.cancel(cancellation(placed.order_id))
+    released = await warehouse.apply(cancellation(placed.order_id))
     assert released.lines == (OrderLine("A", 1), OrderLine("C", 1))
 
 
@@ -517,9 +517,9 @@ async def test_an_order_whose_every_line_was_cancelled_first_is_rejected_as_canc
 ):
     await warehouse.put_stock({"A": 10, "B": 10})
     placed = order(("A", 3), ("B", 2))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 3), ("B", 9)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 3), ("B", 9)))
 
-    outcome = await warehouse.reserve(placed)
+    outcome = await warehouse.apply(placed)
 
     assert (outcome.kind, outcome.reason, outcome.skus) == (
         OutcomeKind.REJECTED,
@@ -532,9 +532,9 @@ async def test_an_order_whose_every_line_was_cancelled_first_is_rejected_as_canc
 async def test_what_a_tombstone_leaves_is_reserved_all_or_nothing(warehouse):
     await warehouse.put_stock({"A": 1, "B": 1})
     placed = order(("A", 3), ("B", 2))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 2)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 2)))
 
-    outcome = await warehouse.reserve(placed)
+    outcome = await warehouse.apply(placed)
 
     assert (outcome.kind, outcome.reason, outcome.skus) == (
         OutcomeKind.REJECTED,
@@ -547,11 +547,11 @@ async def test_what_a_tombstone_leaves_is_reserved_all_or_nothing(warehouse):
 async def test_a_tombstone_of_lines_becomes_one_of_the_whole_order(warehouse):
     await warehouse.put_stock({"A": 10})
     placed = order(("A", 3))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 1)))
 
-    whole = await warehouse.cancel(cancellation(placed.order_id))
-    after = await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
-    outcome = await warehouse.reserve(placed)
+    whole = await warehouse.apply(cancellation(placed.order_id))
+    after = await warehouse.apply(cancellation(placed.order_id, ("A", 1)))
+    outcome = await warehouse.apply(placed)
 
     assert (whole.kind, whole.status) == (CancelKind.TOMBSTONED, OrderStatus.CANCELLED)
     assert (after.kind, after.status) == (CancelKind.IGNORED, OrderStatus.CANCELLED)
@@ -561,10 +561,10 @@ async def test_a_tombstone_of_lines_becomes_one_of_the_whole_order(warehouse):
 async def test_a_placed_tombstone_is_a_duplicate_of_the_order_the_second_time(warehouse):
     await warehouse.put_stock({"A": 10})
     placed = order(("A", 3))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
-    await warehouse.reserve(placed)
+    await warehouse.apply(cancellation(placed.order_id, ("A", 1)))
+    await warehouse.apply(placed)
 
-    again = await warehouse.reserve(order(("A", 3), order_id=placed.order_id))
+    again = await warehouse.apply(order(("A", 3), order_id=placed.order_id))
 
     assert again.duplicate_of is DuplicateOf.ORDER
     assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 2)}
@@ -574,7 +574,7 @@ async def test_shipping_a_reserved_order_takes_its_lines_out_of_the_warehouse(wa
     placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
     command = shipment(placed.order_id)
 
-    outcome = await warehouse.ship(command)
+    outcome = await warehouse.apply(command)
 
     assert (outcome.kind, outcome.status, outcome.label) == (
         ShipKind.SHIPPED,
@@ -588,9 +588,9 @@ async def test_shipping_a_reserved_order_takes_its_lines_out_of_the_warehouse(wa
 
 async def test_a_partly_cancelled_order_ships_what_it_still_holds(warehouse):
     placed = await reserved_order(warehouse, ("A", 3), ("B", 2))
-    await warehouse.cancel(cancellation(placed.order_id, ("B", 2), ("A", 1)))
+    await warehouse.apply(cancellation(placed.order_id, ("B", 2), ("A", 1)))
 
-    outcome = await warehouse.ship(shipment(placed.order_id))
+    outcome = await warehouse.apply(shipment(placed.order_id))
 
     assert outcome.lines == (OrderLine("A", 2),)
     assert await warehouse.stock(["A", "B"]) == {"A": StockLevel(8), "B": StockLevel(10)}
@@ -599,10 +599,10 @@ async def test_a_partly_cancelled_order_ships_what_it_still_holds(warehouse):
 async def test_a_second_shipment_changes_nothing_and_the_same_one_is_a_duplicate(warehouse):
     placed = await reserved_order(warehouse, ("A", 3))
     first = shipment(placed.order_id)
-    await warehouse.ship(first)
+    await warehouse.apply(first)
 
-    second = await warehouse.ship(shipment(placed.order_id))
-    again = await warehouse.ship(first)
+    second = await warehouse.apply(shipment(placed.order_id))
+    again = await warehouse.apply(first)
 
     assert (second.kind, second.status, second.lines, second.label) == (
         ShipKind.IGNORED,
@@ -623,9 +623,9 @@ async def test_a_shipment_before_its_order_is_not_reserved_and_ships_when_replay
     placed = order(("A", 3))
     early = shipment(placed.order_id)
 
-    outcome = await warehouse.ship(early)
-    await warehouse.reserve(placed)
-    replayed = await warehouse.ship(early)
+    outcome = await warehouse.apply(early)
+    await warehouse.apply(placed)
+    replayed = await warehouse.apply(early)
 
     assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
         ShipKind.NOT_RESERVED,
@@ -640,13 +640,13 @@ async def test_a_shipment_before_its_order_is_not_reserved_and_ships_when_replay
 async def test_shipping_an_order_that_holds_nothing_is_not_reserved(warehouse):
     await warehouse.put_stock({"A": 2})
     rejected, released, tombstoned = order(("A", 5)), order(("A", 2)), order(("A", 1))
-    await warehouse.reserve(rejected)
-    await warehouse.reserve(released)
-    await warehouse.cancel(cancellation(released.order_id))
-    await warehouse.cancel(cancellation(tombstoned.order_id))
+    await warehouse.apply(rejected)
+    await warehouse.apply(released)
+    await warehouse.apply(cancellation(released.order_id))
+    await warehouse.apply(cancellation(tombstoned.order_id))
 
     outcomes = [
-        await warehouse.ship(shipment(placed.order_id))
+        await warehouse.apply(shipment(placed.order_id))
         for placed in (rejected, released, tombstoned)
     ]
 
@@ -661,13 +661,13 @@ async def test_shipping_an_order_that_holds_nothing_is_not_reserved(warehouse):
 async def test_an_order_placed_again_after_its_release_or_shipment_is_a_duplicate(warehouse):
     released = await reserved_order(warehouse, ("A", 3))
     shipped = order(("B", 2))
-    await warehouse.reserve(shipped)
-    await warehouse.cancel(cancellation(released.order_id))
-    await warehouse.ship(shipment(shipped.order_id))
+    await warehouse.apply(shipped)
+    await warehouse.apply(cancellation(released.order_id))
+    await warehouse.apply(shipment(shipped.order_id))
 
     again = [
-        await warehouse.reserve(order(("A", 1), order_id=released.order_id)),
-        await warehouse.reserve(order(("B", 1), order_id=shipped.order_id)),
+        await warehouse.apply(order(("A", 1), order_id=released.order_id)),
+        await warehouse.apply(order(("B", 1), order_id=shipped.order_id)),
     ]
 
     assert [outcome.duplicate_of for outcome in again] == [DuplicateOf.ORDER] * 2
@@ -676,8 +676,8 @@ async def test_an_order_placed_again_after_its_release_or_shipment_is_a_duplicat
 
 async def test_stock_can_be_lowered_to_what_remains_reserved_after_a_shipment(warehouse):
     placed = await reserved_order(warehouse, ("A", 3))
-    await warehouse.reserve(order(("A", 2)))
-    await warehouse.ship(shipment(placed.order_id))
+    await warehouse.apply(order(("A", 2)))
+    await warehouse.apply(shipment(placed.order_id))
 
     await warehouse.put_stock({"A": 2})
 
@@ -728,7 +728,7 @@ async def test_a_reservation_writes_stock_reserved_with_its_lines_merged_and_sor
     command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4))
 
     with in_trace(TRACEPARENT):
-        await warehouse.reserve(command)
+        await warehouse.apply(command)
 
     assert await result_events(warehouse) == [
         RecordedEvent(
@@ -753,7 +753,7 @@ async def test_a_rejection_writes_stock_rejected_with_its_reason_and_skus(
     await warehouse.put_stock(stock)
     command = order(("C", 2), ("B", 2), ("A", 2))
 
-    await warehouse.reserve(command)
+    await warehouse.apply(command)
 
     assert await result_events(warehouse) == [
         RecordedEvent("stock.rejected", result_body(command, reason=reason, skus=skus))
@@ -763,14 +763,14 @@ async def test_a_rejection_writes_stock_rejected_with_its_reason_and_skus(
 async def test_duplicates_of_an_event_or_an_order_write_no_result_event(warehouse):
     await warehouse.put_stock({"A": 10})
     placed = order(("A", 1))
-    await warehouse.reserve(placed)
+    await warehouse.apply(placed)
     cancel = cancellation(placed.order_id, ("A", 1))
-    await warehouse.cancel(cancel)
+    await warehouse.apply(cancel)
     before = await result_events(warehouse)
 
-    await warehouse.reserve(placed)
-    await warehouse.reserve(order(("A", 1), order_id=placed.order_id))
-    await warehouse.cancel(cancel)
+    await warehouse.apply(placed)
+    await warehouse.apply(order(("A", 1), order_id=placed.order_id))
+    await warehouse.apply(cancel)
 
     assert [event.routing_key for event in before] == ["stock.reserved", "stock.released"]
     assert await result_events(warehouse) == before
@@ -782,8 +782,8 @@ async def test_a_partial_cancel_and_the_last_one_write_stock_released_with_the_s
     whole = cancellation(placed.order_id)
 
     with in_trace(TRACEPARENT):
-        await warehouse.cancel(partial)
-    await warehouse.cancel(whole)
+        await warehouse.apply(partial)
+    await warehouse.apply(whole)
 
     assert (await result_events(warehouse))[1:] == [
         RecordedEvent(
@@ -803,13 +803,13 @@ async def test_cancels_that_change_nothing_write_no_result_event(warehouse):
     rejected = order(("A", 5))
     shipped = order(("A", 1))
     for command in (held, rejected, shipped):
-        await warehouse.reserve(command)
-    await warehouse.ship(shipment(shipped.order_id))
+        await warehouse.apply(command)
+    await warehouse.apply(shipment(shipped.order_id))
     before = await result_events(warehouse)
 
-    await warehouse.cancel(cancellation(held.order_id, ("B", 1)))
-    await warehouse.cancel(cancellation(rejected.order_id))
-    await warehouse.cancel(cancellation(shipped.order_id))
+    await warehouse.apply(cancellation(held.order_id, ("B", 1)))
+    await warehouse.apply(cancellation(rejected.order_id))
+    await warehouse.apply(cancellation(shipped.order_id))
 
     assert [event.routing_key for event in before] == [
         "stock.reserved",
@@ -824,13 +824,13 @@ async def test_a_tombstone_writes_nothing_and_its_order_what_remains_of_it(wareh
     await warehouse.put_stock({"A": 10, "B": 10})
     partly = order(("A", 3), ("B", 2))
     wholly = order(("B", 1), ("A", 1))
-    await warehouse.cancel(cancellation(partly.order_id, ("A", 1)))
-    await warehouse.cancel(cancellation(partly.order_id, ("B", 2)))
-    await warehouse.cancel(cancellation(wholly.order_id))
+    await warehouse.apply(cancellation(partly.order_id, ("A", 1)))
+    await warehouse.apply(cancellation(partly.order_id, ("B", 2)))
+    await warehouse.apply(cancellation(wholly.order_id))
     assert await result_events(warehouse) == []
 
-    await warehouse.reserve(partly)
-    await warehouse.reserve(wholly)
+    await warehouse.apply(partly)
+    await warehouse.apply(wholly)
 
     assert await result_events(warehouse) == [
         RecordedEvent("stock.reserved", result_body(partly, lines=lines(("A", 2)))),
@@ -841,9 +841,9 @@ async def test_a_tombstone_writes_nothing_and_its_order_what_remains_of_it(wareh
 async def test_an_order_whose_lines_were_all_cancelled_first_is_rejected_naming_them(warehouse):
     await warehouse.put_stock({"A": 10})
     placed = order(("A", 3), ("B", 1), ("A", 1))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 4), ("B", 1)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 4), ("B", 1)))
 
-    await warehouse.reserve(placed)
+    await warehouse.apply(placed)
 
     assert await result_events(warehouse) == [
         RecordedEvent("stock.rejected", result_body(placed, reason="cancelled", skus=["A", "B"]))
@@ -852,14 +852,14 @@ async def test_an_order_whose_lines_were_all_cancelled_first_is_rejected_naming_
 
 async def test_a_shipment_writes_stock_shipped_with_what_left_and_nothing_after(warehouse):
     placed = await reserved_order(warehouse, ("B", 2), ("A", 3))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 1)))
     first = shipment(placed.order_id)
 
     with in_trace(TRACEPARENT):
-        await warehouse.ship(first)
-    await warehouse.ship(shipment(placed.order_id))
-    await warehouse.ship(first)
-    await warehouse.ship(shipment(uuid.uuid4()))
+        await warehouse.apply(first)
+    await warehouse.apply(shipment(placed.order_id))
+    await warehouse.apply(first)
+    await warehouse.apply(shipment(uuid.uuid4()))
 
     assert (await result_events(warehouse))[2:] == [
         RecordedEvent(
@@ -875,7 +875,7 @@ async def test_every_event_of_a_batch_gets_its_own_row_and_trace_context(warehou
 
     async def reserve(command, trace):
         with in_trace(trace):
-            await warehouse.reserve(command)
+            await warehouse.apply(command)
 
     await asyncio.gather(*map(reserve, commands, traces))
 
@@ -918,7 +918,7 @@ async def inbox_outcome(warehouse, event_id):
 
 async def test_without_the_handoff_nothing_is_recorded_for_the_warehouse_system(warehouse):
     placed = await reserved_order(warehouse, ("A", 3))
-    await warehouse.cancel(cancellation(placed.order_id, ("A", 1)))
+    await warehouse.apply(cancellation(placed.order_id, ("A", 1)))
 
     assert await requests_of(warehouse) == []
 
@@ -930,7 +930,7 @@ async def test_a_reservation_records_its_fulfilment_order_pending_with_its_lines
     command = order(("b", 1), ("A", 2), ("B", 3), ("b", 4))
 
     with in_trace(TRACEPARENT):
-        await handoff_warehouse.reserve(command)
+        await handoff_warehouse.apply(command)
 
     # The request continues the order's trace from the span that wrote its result event.
     assert [event.traceparent for event in await result_events(handoff_warehouse)] == [TRACEPARENT]
@@ -949,11 +949,11 @@ async def test_a_reservation_records_its_fulfilment_order_pending_with_its_lines
 async def test_a_rejection_and_a_duplicate_record_no_request(handoff_warehouse):
     await handoff_warehouse.put_stock({"A": 1})
     placed = order(("A", 1))
-    await handoff_warehouse.reserve(placed)
+    await handoff_warehouse.apply(placed)
 
-    await handoff_warehouse.reserve(order(("A", 5)))
-    await handoff_warehouse.reserve(placed)
-    await handoff_warehouse.reserve(order(("A", 1), order_id=placed.order_id))
+    await handoff_warehouse.apply(order(("A", 5)))
+    await handoff_warehouse.apply(placed)
+    await handoff_warehouse.apply(order(("A", 1), order_id=placed.order_id))
 
     assert [row[1] for row in await requests_of(handoff_warehouse)] == [placed.order_id]
 
@@ -963,7 +963,7 @@ async def test_a_cancel_before_the_send_releases_at_once_and_shrinks_the_request
 ):
     placed = await reserved_order(handoff_warehouse, ("A", 3), ("B", 2))
 
-    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id, ("A", 1), ("B", 2)))
+    outcome = await handoff_warehouse.apply(cancellation(placed.order_id, ("A", 1), ("B", 2)))
 
     assert (outcome.kind, outcome.lines) == (
         CancelKind.PARTIALLY_RELEASED,
@@ -980,7 +980,7 @@ async def test_a_cancel_before_the_send_releases_at_once_and_shrinks_the_request
 async def test_a_whole_cancel_before_the_send_withdraws_the_request(handoff_warehouse):
     placed = await reserved_order(handoff_warehouse, ("A", 3))
 
-    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id))
+    outcome = await handoff_warehouse.apply(cancellation(placed.order_id))
 
     assert (outcome.kind, outcome.status) == (CancelKind.RELEASED, OrderStatus.RELEASED)
     assert [row[4] for row in await requests_of(handoff_warehouse)] == ["withdrawn"]
@@ -1002,7 +1002,7 @@ async def test_a_cancel_after_the_send_releases_nothing_and_records_a_cancellati
     events_before = await result_events(handoff_warehouse)
 
     with in_trace(TRACEPARENT):
-        outcome = await handoff_warehouse.cancel(command)
+        outcome = await handoff_warehouse.apply(command)
 
     assert (outcome.kind, outcome.status, outcome.lines, outcome.label) == (
         CancelKind.CANCEL_REQUESTED,
@@ -1019,7 +1019,7 @@ async def test_a_cancel_after_the_send_releases_nothing_and_records_a_cancellati
     ]
     assert await result_events(handoff_warehouse) == events_before
     assert await inbox_outcome(handoff_warehouse, command.event_id) == "cancel_requested"
-    again = await handoff_warehouse.cancel(command)
+    again = await handoff_warehouse.apply(command)
     assert again.kind is CancelKind.DUPLICATE
     assert len(await requests_of(handoff_warehouse)) == 2
 
@@ -1030,7 +1030,7 @@ async def test_a_cancel_after_the_send_of_skus_the_order_does_not_hold_is_ignore
     placed = await reserved_order(handoff_warehouse, ("A", 3))
     await move_on(handoff_warehouse, placed.order_id, RequestStatus.ACCEPTED)
 
-    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id, ("Z", 1)))
+    outcome = await handoff_warehouse.apply(cancellation(placed.order_id, ("Z", 1)))
 
     assert outcome.kind is CancelKind.IGNORED
     assert len(await requests_of(handoff_warehouse)) == 1
@@ -1042,7 +1042,7 @@ async def test_a_cancel_of_an_order_that_failed_at_the_warehouse_releases_at_onc
     placed = await reserved_order(handoff_warehouse, ("A", 3))
     await move_on(handoff_warehouse, placed.order_id, RequestStatus.FAILED)
 
-    outcome = await handoff_warehouse.cancel(cancellation(placed.order_id))
+    outcome = await handoff_warehouse.apply(cancellation(placed.order_id))
 
     assert (outcome.kind, outcome.lines) == (CancelKind.RELEASED, lines(("A", 3)))
     assert [row[4] for row in await requests_of(handoff_warehouse)] == ["failed"]

@@ -56,7 +56,7 @@ class Stores:
         await self.warehouse.put_stock({"A": 10, "B": 10, "C": 10})
         command = order(*lines)
         with in_trace(traceparent):
-            await self.warehouse.reserve(command)
+            await self.warehouse.apply(command)
         return command
 
     async def accepted(self, *lines, warehouse_id="WH-1"):
@@ -197,7 +197,7 @@ async def test_a_claim_takes_at_most_its_limit_oldest_first(stores):
 
 async def test_a_cancel_before_the_first_claim_shrinks_the_body(stores):
     command = await stores.placed(("A", 3), ("B", 2))
-    await stores.warehouse.cancel(cancellation(command.order_id, ("A", 1), ("B", 2)))
+    await stores.warehouse.apply(cancellation(command.order_id, ("A", 1), ("B", 2)))
 
     [claimed] = await stores.requests.claim(10, lease_seconds=LEASE)
 
@@ -206,7 +206,7 @@ async def test_a_cancel_before_the_first_claim_shrinks_the_body(stores):
 
 async def test_a_withdrawn_request_is_never_claimed(stores):
     command = await stores.placed(("A", 3))
-    await stores.warehouse.cancel(cancellation(command.order_id))
+    await stores.warehouse.apply(cancellation(command.order_id))
 
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []
 
@@ -216,7 +216,7 @@ async def test_a_cancel_after_the_first_claim_keeps_the_body_and_records_a_cance
     [claimed] = await stores.requests.claim(10, lease_seconds=0.3)
     cancel = cancellation(command.order_id, ("A", 1))
 
-    outcome = await stores.warehouse.cancel(cancel)
+    outcome = await stores.warehouse.apply(cancel)
     await asyncio.sleep(0.5)
     [again] = await stores.requests.claim(10, lease_seconds=LEASE)
 
@@ -240,7 +240,7 @@ async def test_a_cancellation_is_not_claimable_before_its_order_is_accepted(stor
     command = await stores.placed(("A", 3))
     [sent] = await stores.requests.claim(10, lease_seconds=0.3)
     cancel = cancellation(command.order_id)
-    await stores.warehouse.cancel(cancel)
+    await stores.warehouse.apply(cancel)
     await asyncio.sleep(0.5)
 
     again = await stores.requests.claim(10, lease_seconds=LEASE)
@@ -264,8 +264,8 @@ async def test_a_cancellation_first_sent_asks_only_what_the_order_still_holds(st
     command = await stores.accepted(("A", 3), ("B", 2))
     first = cancellation(command.order_id, ("A", 1))
     second = cancellation(command.order_id, ("A", 5), ("B", 2))
-    await stores.warehouse.cancel(first)
-    await stores.warehouse.cancel(second)
+    await stores.warehouse.apply(first)
+    await stores.warehouse.apply(second)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
     assert json.loads(cancelling.body) == {"lines": [{"sku": "A", "quantity": 1}]}
     await stores.requests.record(cancelling, Accepted(201, '{"status": "partially_cancelled"}'))
@@ -289,9 +289,9 @@ async def test_a_cancellation_that_finds_nothing_left_to_ask_is_withdrawn_unsent
     # A whole cancel accepted first leaves nothing for the second to ask, whole or in part;
     # and a second asking only for a SKU the first took finds nothing of its lines.
     command = await stores.accepted(("A", 3), ("B", 2))
-    await stores.warehouse.cancel(cancellation(command.order_id))
+    await stores.warehouse.apply(cancellation(command.order_id))
     later = cancellation(command.order_id, *(asked or []))
-    await stores.warehouse.cancel(later)
+    await stores.warehouse.apply(later)
     [whole] = await stores.requests.claim(10, lease_seconds=LEASE)
     await stores.requests.record(whole, Accepted(201, '{"status": "cancelled"}'))
 
@@ -303,8 +303,8 @@ async def test_a_cancellation_that_finds_nothing_left_to_ask_is_withdrawn_unsent
 
 async def test_a_cancellation_of_lines_taken_by_an_earlier_one_is_withdrawn_unsent(stores):
     command = await stores.accepted(("A", 3), ("B", 2))
-    await stores.warehouse.cancel(cancellation(command.order_id, ("A", 3)))
-    await stores.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
+    await stores.warehouse.apply(cancellation(command.order_id, ("A", 3)))
+    await stores.warehouse.apply(cancellation(command.order_id, ("A", 1)))
     [first] = await stores.requests.claim(10, lease_seconds=LEASE)
     await stores.requests.record(first, Accepted(201, '{"status": "partially_cancelled"}'))
 
@@ -323,8 +323,8 @@ async def test_a_later_request_of_an_order_waits_until_the_earlier_one_is_answer
     command = await stores.accepted(("A", 3))
     first = cancellation(command.order_id, ("A", 1))
     second = cancellation(command.order_id, ("A", 2))
-    await stores.warehouse.cancel(first)
-    await stores.warehouse.cancel(second)
+    await stores.warehouse.apply(first)
+    await stores.warehouse.apply(second)
     other = await stores.placed(("B", 1))
 
     claimed = await stores.requests.claim(10, lease_seconds=LEASE)
@@ -402,10 +402,10 @@ async def test_an_accepted_fulfilment_order_keeps_the_warehouse_id(stores):
 
 async def test_a_batch_of_answers_records_each_as_record_would(stores):
     cancelled = await stores.accepted(("A", 3))
-    await stores.warehouse.cancel(cancellation(cancelled.order_id))
+    await stores.warehouse.apply(cancellation(cancelled.order_id))
     orders = [order(("B", 1)), order(("C", 1)), order(("B", 2))]
     for command in orders:
-        await stores.warehouse.reserve(command)
+        await stores.warehouse.apply(command)
     cancelling, accepted, retried, failed = await stores.requests.claim(10, lease_seconds=LEASE)
     assert cancelling.kind is RequestKind.CANCELLATION
     before = datetime.now(UTC)
@@ -463,7 +463,7 @@ async def test_an_accepted_cancellation_releases_then_with_its_event(
     command = await stores.accepted(("A", 3))
     cancel = cancellation(command.order_id, *asked)
     with in_trace(TRACEPARENT):
-        await stores.warehouse.cancel(cancel)
+        await stores.warehouse.apply(cancel)
     assert (await stores.stock())["A"] == StockLevel(10, 3)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
@@ -480,15 +480,15 @@ async def test_an_accepted_cancellation_releases_then_with_its_event(
     assert record.status is RequestStatus.ACCEPTED
     # Only the cancellation that leaves the order released is marked as its release.
     assert await stores.released_order_marks() == [False, expected_status == "released"]
-    again = await stores.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
+    again = await stores.warehouse.apply(cancellation(command.order_id, ("A", 1)))
     assert again.kind is (CancelKind.CANCEL_REQUESTED if asked else CancelKind.IGNORED)
 
 
 async def test_an_accepted_cancellation_of_an_order_shipped_meanwhile_releases_nothing(stores):
     command = await stores.accepted(("A", 3))
-    await stores.warehouse.cancel(cancellation(command.order_id))
+    await stores.warehouse.apply(cancellation(command.order_id))
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
-    await stores.warehouse.ship(shipment(command.order_id))
+    await stores.warehouse.apply(shipment(command.order_id))
 
     await stores.requests.record(cancelling, Accepted(200, '{"status": "cancelled"}'))
 
@@ -509,7 +509,7 @@ async def test_a_refused_cancellation_keeps_the_order_reserved_and_says_so(store
     command = await stores.accepted(("A", 3), warehouse_id="WH-3")
     cancel = cancellation(command.order_id, *asked)
     with in_trace(TRACEPARENT):
-        await stores.warehouse.cancel(cancel)
+        await stores.warehouse.apply(cancel)
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
     await stores.requests.record(cancelling, Refused(409, '{"error": "too_late"}'))
@@ -531,7 +531,7 @@ async def test_a_refused_cancellation_keeps_the_order_reserved_and_says_so(store
     record = await stores.requests.get(cancelling.idempotency_key)
     assert record is not None
     assert (record.status, record.last_status_code) == (RequestStatus.REFUSED, 409)
-    assert (await stores.warehouse.ship(shipment(command.order_id))).lines == (OrderLine("A", 3),)
+    assert (await stores.warehouse.apply(shipment(command.order_id))).lines == (OrderLine("A", 3),)
 
 
 async def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_locally(stores):
@@ -539,8 +539,8 @@ async def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_local
     [sent] = await stores.requests.claim(10, lease_seconds=LEASE)
     first = cancellation(command.order_id, ("A", 1))
     second = cancellation(command.order_id, ("A", 5))
-    await stores.warehouse.cancel(first)
-    await stores.warehouse.cancel(second)
+    await stores.warehouse.apply(first)
+    await stores.warehouse.apply(second)
 
     await stores.requests.record(sent, Failed("unknown_sku", '{"error": "unknown sku"}', 422))
 
@@ -556,7 +556,7 @@ async def test_a_failed_fulfilment_order_applies_its_waiting_cancellations_local
     statuses = [r.status for r in await stores.requests.find(list(RequestStatus), 10)]
     assert statuses == [RequestStatus.FAILED, RequestStatus.WITHDRAWN, RequestStatus.WITHDRAWN]
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []
-    after = await stores.warehouse.cancel(cancellation(command.order_id))
+    after = await stores.warehouse.apply(cancellation(command.order_id))
     assert (after.kind, after.lines) == (CancelKind.RELEASED, (OrderLine("B", 2),))
     # Released by the inbox's cancel, not by a request: none is marked.
     assert await stores.released_order_marks() == [False, False, False]
@@ -566,7 +566,7 @@ async def test_a_failed_fulfilment_order_marks_the_waiting_cancel_that_released_
     command = await stores.placed(("A", 3))
     [sent] = await stores.requests.claim(10, lease_seconds=LEASE)
     for cancel in (cancellation(command.order_id), cancellation(command.order_id, ("A", 1))):
-        assert (await stores.warehouse.cancel(cancel)).kind is CancelKind.CANCEL_REQUESTED
+        assert (await stores.warehouse.apply(cancel)).kind is CancelKind.CANCEL_REQUESTED
 
     await stores.requests.record(sent, Failed("unknown_sku", '{"error": "unknown sku"}', 422))
 
@@ -576,7 +576,7 @@ async def test_a_failed_fulfilment_order_marks_the_waiting_cancel_that_released_
 
 async def test_a_failed_cancellation_releases_nothing(stores):
     command = await stores.accepted(("A", 3))
-    await stores.warehouse.cancel(cancellation(command.order_id))
+    await stores.warehouse.apply(cancellation(command.order_id))
     [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
 
     await stores.requests.record(cancelling, Failed("not_found", "404", 404))
@@ -665,7 +665,7 @@ async def test_resend_refuses_an_open_request_an_unknown_key_and_an_order_cancel
     open_one = await stores.placed(("A", 1))
     [pending] = await stores.requests.find([RequestStatus.PENDING], 10)
     [sent] = await stores.requests.claim(10, lease_seconds=LEASE)
-    await stores.warehouse.cancel(cancellation(open_one.order_id, ("A", 1)))
+    await stores.warehouse.apply(cancellation(open_one.order_id, ("A", 1)))
     await stores.requests.record(sent, Failed("refused", "422", 422))
 
     assert await stores.requests.resend(open_one.event_id, operator="ops") is False

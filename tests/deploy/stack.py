@@ -28,9 +28,9 @@ from pydantic import ValidationError
 
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
-from fulfilment.contracts.topology import SUBSCRIBED_QUEUES
 from fulfilment.entrypoints import cli
 from fulfilment.observability.metrics import Metrics
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import ENV_PREFIX, Settings
 from fulfilment.worker.health import READINESS_CHECK_SECONDS, health_app
 from fulfilment.worker.topology import Topology

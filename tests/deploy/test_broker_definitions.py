@@ -25,12 +25,8 @@ import pytest
 from aiormq.exceptions import ChannelAccessRefused
 from stack import Stack, compose_environment, load_stack
 
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUES,
-    EVENTS_EXCHANGE,
-    ORDERS_EXCHANGE,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import EVENTS_EXCHANGE, ORDERS_EXCHANGE
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.worker.topology import Topology, declare_topology
 from private_broker import PrivateBroker

@@ -9,7 +9,7 @@ import aio_pika
 import pytest
 from harness import WorkerProcess
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
 
 @pytest.fixture

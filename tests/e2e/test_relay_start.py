@@ -29,7 +29,7 @@ from relay_harness import (
 )
 from sqlalchemy.engine import make_url
 
-from fulfilment.relay.service import RECONNECT_INITIAL_SECONDS
+from fulfilment.pump.leader import RECONNECT_INITIAL_SECONDS
 from services import throwaway_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.rabbitmq]

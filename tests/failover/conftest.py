@@ -24,7 +24,7 @@ from harness import FAST_SETTINGS
 from postgres_pair import PairError, PostgresPair, connect_primary, missing_tools
 
 from fulfilment.adapters.postgres.schema import migrate
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from services import service_unavailable
 
 FOLDER = Path(__file__).parent

@@ -28,7 +28,8 @@ from harness import WorkerProcess
 from postgres_pair import connect_primary
 from test_lifecycle_faults import Event, LifecyclePlan, publish_plan_events
 
-from fulfilment.contracts.topology import ORDER_SHIPPED, SUBSCRIBED_QUEUES
+from fulfilment.contracts.topology import ORDER_SHIPPED
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
 
 HANDLED = tuple(f"{queue.event}.handled" for queue in SUBSCRIBED_QUEUES)
 """The log line of a handled (committed, then acknowledged) delivery, per queue."""

@@ -55,13 +55,8 @@ from warehouse_harness import (
     request_statuses,
 )
 
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUES,
-    ORDER_CANCELLED,
-    ORDER_PLACED,
-    ORDER_SHIPPED,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(600)]

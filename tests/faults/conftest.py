@@ -19,7 +19,7 @@ import pytest
 from faultlib import Cluster
 from pydantic import SecretStr
 
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 
 FOLDER = Path(__file__).parent

@@ -46,14 +46,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from fulfilment.adapters.postgres.warehouse import (
-    cancel_orders_statement,
-    reserve_orders_statement,
-    ship_orders_statement,
-)
-from fulfilment.application.ports import Warehouse
-from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
-from fulfilment.domain.model import ReserveStock
+from fulfilment.adapters.postgres.warehouse import apply_statement
+from fulfilment.application.ports import OutcomeT, Warehouse
+from fulfilment.domain.lifecycle import CancelOrder
+from fulfilment.domain.model import Command, ReserveStock
 from fulfilment.relay.service import RelayHooks
 
 if TYPE_CHECKING:
@@ -63,15 +59,12 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from fulfilment.adapters.postgres.outbox import OutboxRow
-    from fulfilment.domain.lifecycle import CancelOutcome, ShipOutcome
-    from fulfilment.domain.model import ReservationOutcome, StockLevel
+    from fulfilment.domain.model import StockLevel
 
 CRASH_PLAN_VARIABLE = "FULFILMENT_TEST_CRASH_PLAN"
 """The environment variable a crashing worker or relay reads its plan from (not a setting:
 ``FULFILMENT_TEST_*`` variables are the suite's own)."""
 
-Command = ReserveStock | CancelOrder | ShipOrder
-"""A command of the warehouse that a crash point can interrupt."""
 
 logger = structlog.get_logger("fulfilment.faults")
 
@@ -98,12 +91,12 @@ class FaultPlan:
         """True when any crash can happen."""
         return bool(self.poison_skus) or any(p > 0 for p in self.probabilities.values())
 
-    def crashes_at(self, point: CrashPoint, command: Command | None = None) -> bool:
+    def crashes_at(self, point: CrashPoint, command: Command[Any] | None = None) -> bool:
         """Whether this delivery of ``command`` (None: the relay's batch) crashes at ``point``.
 
         Draws at random, except for a poison SKU, which always crashes.
         """
-        lines = () if command is None or isinstance(command, ShipOrder) else command.lines or ()
+        lines = command.lines or () if isinstance(command, ReserveStock | CancelOrder) else ()
         if point is CrashPoint.BEFORE_TRANSACTION and any(
             line.sku in self.poison_skus for line in lines
         ):
@@ -170,47 +163,19 @@ class CrashingWarehouse(Warehouse):
         self._engine = engine
         self._consumer = consumer
 
-    async def reserve(self, command: ReserveStock) -> ReservationOutcome:
-        """``inner.reserve(command)``, unless a crash point of the plan kills the process."""
+    async def apply(self, command: Command[OutcomeT]) -> OutcomeT:
+        """``inner.apply(command)``, unless a crash point of the plan kills the process."""
         if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
             crash(CrashPoint.BEFORE_TRANSACTION, command.event_id)
         if self._plan.crashes_at(CrashPoint.IN_TRANSACTION, command):
-            await self._crash_in_transaction(
-                command, *reserve_orders_statement(self._consumer, [command])
-            )
-        outcome = await self._inner.reserve(command)
-        if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
-            crash(CrashPoint.AFTER_COMMIT, command.event_id)
-        return outcome
-
-    async def cancel(self, command: CancelOrder) -> CancelOutcome:
-        """``inner.cancel(command)``, unless a crash point of the plan kills the process."""
-        if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
-            crash(CrashPoint.BEFORE_TRANSACTION, command.event_id)
-        if self._plan.crashes_at(CrashPoint.IN_TRANSACTION, command):
-            await self._crash_in_transaction(
-                command, *cancel_orders_statement(self._consumer, [command])
-            )
-        outcome = await self._inner.cancel(command)
-        if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
-            crash(CrashPoint.AFTER_COMMIT, command.event_id)
-        return outcome
-
-    async def ship(self, command: ShipOrder) -> ShipOutcome:
-        """``inner.ship(command)``, unless a crash point of the plan kills the process."""
-        if self._plan.crashes_at(CrashPoint.BEFORE_TRANSACTION, command):
-            crash(CrashPoint.BEFORE_TRANSACTION, command.event_id)
-        if self._plan.crashes_at(CrashPoint.IN_TRANSACTION, command):
-            await self._crash_in_transaction(
-                command, *ship_orders_statement(self._consumer, [command])
-            )
-        outcome = await self._inner.ship(command)
+            await self._crash_in_transaction(command, *apply_statement(self._consumer, [command]))
+        outcome = await self._inner.apply(command)
         if self._plan.crashes_at(CrashPoint.AFTER_COMMIT, command):
             crash(CrashPoint.AFTER_COMMIT, command.event_id)
         return outcome
 
     async def _crash_in_transaction(
-        self, command: Command, statement: sa.TextClause, arguments: dict[str, Any]
+        self, command: Command[Any], statement: sa.TextClause, arguments: dict[str, Any]
     ) -> None:
         # Every write of the event is done (its inbox row, the transition, the outbox rows)
         # and the process dies before COMMIT, so PostgreSQL must roll it all back.

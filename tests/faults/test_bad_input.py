@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from builders import parse_order_placed
 from fulfilment.contracts.order_placed import MAX_LINES, order_placed_body
 from fulfilment.contracts.topology import ORDER_PLACED_DEAD_LETTER_QUEUE
-from fulfilment.worker.handling import MalformedEventError
+from fulfilment.routes.handling import MalformedEventError
 
 
 def valid_event(**changes: Any) -> dict[str, Any]:

@@ -56,16 +56,15 @@ from fulfilment.contracts.order_cancelled import OrderCancelledV1, order_cancell
 from fulfilment.contracts.order_placed import OrderPlacedV1, order_placed_body
 from fulfilment.contracts.order_shipped import OrderShippedV1, order_shipped_body
 from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUES,
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_SHIPPED,
     ORDERS_EXCHANGE,
-    SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.entrypoints.cli.options import tool_options
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools import dead_letters, dlq
 from fulfilment.tools.report import Reconciliation, reconcile
@@ -231,11 +230,11 @@ async def in_order_state(
     for event in plan.in_order:
         body = event.body()
         if event.queue is ORDER_PLACED:
-            await warehouse.reserve(OrderPlacedV1.model_validate_json(body).to_command())
+            await warehouse.apply(OrderPlacedV1.model_validate_json(body).to_command())
         elif event.queue is ORDER_CANCELLED:
-            await warehouse.cancel(OrderCancelledV1.model_validate_json(body).to_command())
+            await warehouse.apply(OrderCancelledV1.model_validate_json(body).to_command())
         else:
-            await warehouse.ship(OrderShippedV1.model_validate_json(body).to_command())
+            await warehouse.apply(OrderShippedV1.model_validate_json(body).to_command())
     stock = {sku: (level.on_hand, level.reserved) for sku, level in warehouse.levels.items()}
     orders = {
         order_id: _held(str(reservation.status), dict(reservation.lines))

@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from fulfilment.application.ports import TransientError
 from fulfilment.entrypoints.worker import new_metrics
+from fulfilment.routes.handling import Handled, Handler
 from fulfilment.worker import consumer_control
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
@@ -36,7 +37,6 @@ from fulfilment.worker.faststream_internals import (
     consumed_queue,
     consumer_tag,
 )
-from fulfilment.worker.handling import Handled, Handler
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -68,7 +68,7 @@ async def test_a_crash_in_the_transaction_of_any_event_leaves_nothing_of_it(ware
     await inner.put_stock({"A": 10})
     placed = order(("A", 3))
     if kind != "reserve":
-        assert (await inner.reserve(placed)).kind is OutcomeKind.RESERVED
+        assert (await inner.apply(placed)).kind is OutcomeKind.RESERVED
     command = {
         "reserve": placed,
         "cancel": cancellation(placed.order_id, ("A", 1)),

@@ -30,7 +30,6 @@ from fulfilment.contracts.order_placed import order_placed_body
 from fulfilment.contracts.order_shipped import order_shipped_body
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUES,
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_PLACED_DEAD_LETTER_QUEUE,
@@ -38,9 +37,9 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_ROUTING_KEY,
     ORDER_SHIPPED,
     ORDERS_EXCHANGE,
-    SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.tools import dead_letters, dlq, dlq_commands
 from fulfilment.worker.topology import Topology, declare_topology
 

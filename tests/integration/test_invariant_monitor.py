@@ -45,8 +45,8 @@ async def test_shipped_units_that_differ_from_the_shipped_lines_set_their_gauge(
         warehouse = PostgresWarehouse(engine, consumer="fulfilment", retry_budget_seconds=2.0)
         await warehouse.put_stock({"A": 10})
         placed = order(("A", 2))
-        await warehouse.reserve(placed)
-        await warehouse.ship(shipment(placed.order_id))
+        await warehouse.apply(placed)
+        await warehouse.apply(shipment(placed.order_id))
         holding = await _first_check(engine, Metrics())
         async with engine.begin() as connection:
             await connection.execute(sa.text("UPDATE stock_levels SET shipped = shipped + 5"))

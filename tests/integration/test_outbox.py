@@ -13,12 +13,12 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
+from fulfilment.adapters.postgres.advisory_lock import RELAY_LOCK_KEY, try_advisory_lock
 from fulfilment.adapters.postgres.outbox import (
     backlog,
     mark_published,
     next_batch,
     prune_published,
-    try_relay_lock,
 )
 from fulfilment.contracts.result_events import RESULT_EVENTS, RESULT_ROUTING_KEYS
 from fulfilment.observability.relay_metrics import RelayMetrics
@@ -136,11 +136,11 @@ async def test_only_one_session_holds_the_relay_lock_until_it_ends(
     )
     holder = await asyncpg.connect(url)
     try:
-        assert await try_relay_lock(holder)
-        assert not await try_relay_lock(db)
+        assert await try_advisory_lock(holder, RELAY_LOCK_KEY)
+        assert not await try_advisory_lock(db, RELAY_LOCK_KEY)
     finally:
         await holder.close()
-    assert await try_relay_lock(db)
+    assert await try_advisory_lock(db, RELAY_LOCK_KEY)
     await db.execute("SELECT pg_advisory_unlock_all()")
 
 

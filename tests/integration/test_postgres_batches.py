@@ -68,7 +68,7 @@ async def reserve_together(database_url: str, stock, commands, consumer: str, *,
             handoff=handoff,
         )
         await warehouse.put_stock(stock)
-        outcomes = await asyncio.gather(*(warehouse.reserve(command) for command in commands))
+        outcomes = await asyncio.gather(*(warehouse.apply(command) for command in commands))
         levels = await warehouse.stock(SKUS)
         inbox = dict(await pool.fetch("SELECT event_id, outcome FROM inbox_messages"))
         transactions = await pool.fetchval(
@@ -97,7 +97,7 @@ def test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_oth
 
     async def one_after_the_other():
         await expected.put_stock(stock)
-        return [await expected.reserve(command) for command in commands]
+        return [await expected.apply(command) for command in commands]
 
     expected_outcomes = asyncio.run(one_after_the_other())
 
@@ -146,7 +146,7 @@ async def test_an_order_the_database_refuses_fails_alone_and_its_batch_is_reserv
         ]
 
         results = await asyncio.gather(
-            *(warehouse.reserve(command) for command in commands), return_exceptions=True
+            *(warehouse.apply(command) for command in commands), return_exceptions=True
         )
 
         assert [getattr(result, "kind", None) for result in results] == [

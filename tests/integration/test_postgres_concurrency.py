@@ -89,7 +89,7 @@ async def test_hot_skus_are_never_oversold_by_many_concurrent_orders(
         demanded.update(command.demand())
     assert all(demanded[sku] > units for sku, units in hot.items()), "demand must exceed stock"
 
-    outcomes = await asyncio.gather(*(warehouse.reserve(command) for command in orders))
+    outcomes = await asyncio.gather(*(warehouse.apply(command) for command in orders))
 
     levels = await warehouse.stock(hot)
     reserved_demand = Counter()
@@ -124,7 +124,7 @@ async def test_fifty_concurrent_deliveries_of_one_event_reserve_it_once(warehous
     await warehouse.put_stock({"A": 100})
     command = order(("A", 3), ("A", 2))
 
-    outcomes = await asyncio.gather(*(warehouse.reserve(command) for _ in range(50)))
+    outcomes = await asyncio.gather(*(warehouse.apply(command) for _ in range(50)))
 
     assert Counter(outcome.label for outcome in outcomes) == {
         "reserved": 1,
@@ -140,7 +140,7 @@ async def test_fifty_concurrent_events_of_one_order_reserve_it_once(warehouse):
         ReserveStock(uuid4(), first.order_id, first.placed_at, first.lines) for _ in range(50)
     ]
 
-    outcomes = await asyncio.gather(*(warehouse.reserve(command) for command in commands))
+    outcomes = await asyncio.gather(*(warehouse.apply(command) for command in commands))
 
     assert Counter(outcome.label for outcome in outcomes) == {
         "reserved": 1,
@@ -163,7 +163,7 @@ async def test_orders_locking_the_same_skus_in_opposite_orders_never_deadlock(wa
             rng.shuffle(lines)
         orders.append(order(*lines))
 
-    outcomes = await asyncio.gather(*(warehouse.reserve(command) for command in orders))
+    outcomes = await asyncio.gather(*(warehouse.apply(command) for command in orders))
 
     assert {outcome.kind for outcome in outcomes} == {OutcomeKind.RESERVED}
     assert DEADLOCK_DETECTED not in {sqlstate_of(error) for error in retries}
@@ -183,7 +183,7 @@ async def test_a_stock_load_running_with_reservations_neither_deadlocks_nor_lose
             await warehouse.put_stock(dict.fromkeys(reversed(skus), on_hand))
 
     outcomes, _ = await asyncio.gather(
-        asyncio.gather(*(warehouse.reserve(command) for command in orders)), loads()
+        asyncio.gather(*(warehouse.apply(command) for command in orders)), loads()
     )
 
     assert {outcome.kind for outcome in outcomes} == {OutcomeKind.RESERVED}
@@ -238,10 +238,10 @@ def _history(rng, skus, *, kind):
 
 async def _apply(target, event):
     if isinstance(event, ReserveStock):
-        return await target.reserve(event)
+        return await target.apply(event)
     if isinstance(event, CancelOrder):
-        return await target.cancel(event)
-    return await target.ship(event)
+        return await target.apply(event)
+    return await target.apply(event)
 
 
 async def test_cancels_shipments_and_orders_on_the_same_hot_skus_never_deadlock(
@@ -265,7 +265,7 @@ async def test_cancels_shipments_and_orders_on_the_same_hot_skus_never_deadlock(
         for event, outcome in zip(events, outcomes, strict=True)
         if getattr(outcome, "kind", None) is ShipKind.NOT_RESERVED
     ]
-    replayed = await asyncio.gather(*(warehouse.ship(event) for event in early))
+    replayed = await asyncio.gather(*(warehouse.apply(event) for event in early))
 
     expected = InMemoryWarehouse()
     await expected.put_stock(hot)
@@ -429,7 +429,7 @@ async def test_with_the_handoff_the_dispatcher_and_the_worker_never_deadlock_nor
             for event, outcome in zip(events, outcomes, strict=True)
             if getattr(outcome, "kind", None) is ShipKind.NOT_RESERVED
         ]
-        await asyncio.gather(*(warehouse.ship(event) for event in early))
+        await asyncio.gather(*(warehouse.apply(event) for event in early))
         done.set()
 
     _, first, second = await asyncio.gather(worker(), dispatcher(1), dispatcher(2))

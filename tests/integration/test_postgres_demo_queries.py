@@ -40,7 +40,7 @@ async def test_outcomes_and_statuses_of_the_events_and_orders_asked_for_only(war
     reserved, rejected, other = order(("A", 3)), order(("B", 2)), order(("A", 1))
     duplicate = order(("A", 1), order_id=reserved.order_id)
     for command in (reserved, rejected, other, duplicate):
-        await warehouse.reserve(command)
+        await warehouse.apply(command)
     unknown = uuid4()
 
     outcomes = await inbox_outcomes(
@@ -64,11 +64,11 @@ async def test_outcomes_and_statuses_of_the_events_and_orders_asked_for_only(war
 async def test_the_outbox_rows_after_a_last_id_in_id_order_and_those_unpublished(warehouse):
     await warehouse.put_stock({"A": 10})
     before = order(("A", 3))
-    await warehouse.reserve(before)
+    await warehouse.apply(before)
     baseline = await outbox_last_id(warehouse)
     reserved, rejected = order(("A", 2)), order(("A", 99))
-    await warehouse.reserve(reserved)
-    await warehouse.reserve(rejected)
+    await warehouse.apply(reserved)
+    await warehouse.apply(rejected)
 
     entries = await outbox_entries_after(warehouse, baseline)
 

@@ -108,10 +108,10 @@ async def warehouse_with_queries(request, clean_database):
 async def test_a_reservation_is_one_round_trip_on_a_pooled_connection(warehouse_with_queries):
     warehouse, requests, _, watch = warehouse_with_queries
     await warehouse.put_stock({"A": 10, "B": 10})
-    await warehouse.reserve(order(("A", 1)))  # opens the connection, prepares the statement
+    await warehouse.apply(order(("A", 1)))  # opens the connection, prepares the statement
     await watch()
 
-    outcome = await warehouse.reserve(order(("A", 1), ("B", 2), ("A", 3)))
+    outcome = await warehouse.apply(order(("A", 1), ("B", 2), ("A", 3)))
 
     assert outcome.kind is OutcomeKind.RESERVED
     assert requests == ["bind_execute"]
@@ -124,7 +124,7 @@ async def test_pooled_connections_dropped_by_a_failover_cost_no_reservation(
     warehouse, _, retries, _ = warehouse_with_queries
     await warehouse.put_stock({"A": 100})
     # Fill the pool with idle connections, as a worker between two bursts has it.
-    await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(POOL_SIZE)))
+    await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(POOL_SIZE)))
     admin_url = make_url(clean_database).set(drivername="postgresql")
     admin = await asyncpg.connect(admin_url.render_as_string(hide_password=False))
     try:
@@ -138,7 +138,7 @@ async def test_pooled_connections_dropped_by_a_failover_cost_no_reservation(
     # Every connection reservations run on: the pool's, or all of the engine's.
     assert killed >= (POOL_SIZE if on_pool else ENGINE_POOL_SIZE)
 
-    outcomes = await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(POOL_SIZE)))
+    outcomes = await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(POOL_SIZE)))
 
     assert [outcome.kind for outcome in outcomes] == [OutcomeKind.RESERVED] * POOL_SIZE
     # The engine finds a dead connection by using it, and retries; asyncpg's pool replaces a
@@ -185,7 +185,7 @@ async def test_a_pool_connection_killed_mid_statement_is_retried_on_a_new_one(cl
         await warehouse.put_stock({"A": 10})
         async with holder.transaction():
             await holder.execute("SELECT 1 FROM stock_levels WHERE sku = 'A' FOR UPDATE")
-            reserving = asyncio.create_task(warehouse.reserve(order(("A", 1))))
+            reserving = asyncio.create_task(warehouse.apply(order(("A", 1))))
             killed = 0
             for _ in range(100):
                 killed = await admin.fetchval(
@@ -273,16 +273,16 @@ async def test_a_pool_connection_that_stops_answering_costs_a_retry_not_the_work
     )
     try:
         await warehouse.put_stock({"A": 100})
-        await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(4)))
+        await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(4)))
         proxy.silence_open_connections()
 
         # Without a client-side bound the batch would wait on its silent connection for as long
         # as the kernel keeps the socket, and hold its slot all that time.
         async with asyncio.timeout(15):
             during = await asyncio.gather(
-                *(warehouse.reserve(order(("A", 1))) for _ in range(4)), return_exceptions=True
+                *(warehouse.apply(order(("A", 1))) for _ in range(4)), return_exceptions=True
             )
-            after = await asyncio.gather(*(warehouse.reserve(order(("A", 1))) for _ in range(4)))
+            after = await asyncio.gather(*(warehouse.apply(order(("A", 1))) for _ in range(4)))
     finally:
         await proxy.close()
         pool.terminate()

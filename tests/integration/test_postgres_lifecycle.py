@@ -140,10 +140,10 @@ def equivalent_arrival(draw, histories):
 
 async def _apply(warehouse, event: Event):
     if isinstance(event, ReserveStock):
-        return await warehouse.reserve(event)
+        return await warehouse.apply(event)
     if isinstance(event, CancelOrder):
-        return await warehouse.cancel(event)
-    return await warehouse.ship(event)
+        return await warehouse.apply(event)
+    return await warehouse.apply(event)
 
 
 async def _apply_in_runs(warehouse, events: list[Event]) -> list[object]:

@@ -35,12 +35,12 @@ async def test_the_report_counts_each_kind_of_outcome(warehouse):
     await warehouse.put_stock({"A": 10, "B": 1})
     placed = order(("A", 2), ("A", 1))
     duplicate_event = placed
-    await warehouse.reserve(placed)
-    await warehouse.reserve(order(("B", 1)))
-    await warehouse.reserve(order(("B", 1)))
-    await warehouse.reserve(order(("NOPE", 1)))
-    await warehouse.reserve(order(("A", 1), order_id=placed.order_id))
-    await warehouse.reserve(duplicate_event)
+    await warehouse.apply(placed)
+    await warehouse.apply(order(("B", 1)))
+    await warehouse.apply(order(("B", 1)))
+    await warehouse.apply(order(("NOPE", 1)))
+    await warehouse.apply(order(("A", 1), order_id=placed.order_id))
+    await warehouse.apply(duplicate_event)
 
     report = await outcome_report(warehouse.engine)
 
@@ -80,7 +80,7 @@ async def test_the_report_is_plain_data_for_json(warehouse):
 
 async def test_reserved_units_without_reserved_orders_behind_them_are_reported(warehouse):
     await warehouse.put_stock({f"SKU{i:02d}": 10 for i in range(12)} | {"OK": 5})
-    await warehouse.reserve(order(("OK", 2)))
+    await warehouse.apply(order(("OK", 2)))
     async with warehouse.engine.begin() as connection:
         await connection.execute(sa.text("UPDATE stock_levels SET reserved = 1 WHERE sku <> 'OK'"))
 
@@ -93,7 +93,7 @@ async def test_reserved_units_without_reserved_orders_behind_them_are_reported(w
 
 async def test_a_reserved_order_whose_stock_row_vanished_is_reported(warehouse):
     await warehouse.put_stock({"A": 5})
-    await warehouse.reserve(order(("A", 2)))
+    await warehouse.apply(order(("A", 2)))
     async with warehouse.engine.begin() as connection:
         await connection.execute(sa.text("DELETE FROM stock_levels"))
 
@@ -119,7 +119,7 @@ async def test_an_inbox_row_without_a_reservation_is_reported(warehouse):
 
 async def test_lines_of_an_order_without_a_reservation_are_reported(warehouse):
     await warehouse.put_stock({"A": 5})
-    await warehouse.reserve(order(("A", 2)))
+    await warehouse.apply(order(("A", 2)))
     async with warehouse.engine.begin() as connection:
         await connection.execute(
             sa.text(
@@ -156,8 +156,8 @@ async def test_shipped_units_hold_for_every_shipment_and_a_difference_is_reporte
     await warehouse.put_stock({"A": 10, "B": 10, "C": 10})
     first, second = order(("A", 2), ("B", 1)), order(("A", 3))
     for command in (first, second):
-        await warehouse.reserve(command)
-        await warehouse.ship(shipment(command.order_id))
+        await warehouse.apply(command)
+        await warehouse.apply(shipment(command.order_id))
     assert (await outcome_report(warehouse.engine)).ok
     async with warehouse.engine.begin() as connection:
         # on_hand went down by one unit more than the shipped lines (A), and a SKU no shipped
@@ -177,8 +177,8 @@ async def test_shipped_units_hold_for_every_shipment_and_a_difference_is_reporte
 async def test_shipped_lines_not_counted_in_shipped_units_are_reported(warehouse):
     await warehouse.put_stock({"A": 10})
     command = order(("A", 2))
-    await warehouse.reserve(command)
-    await warehouse.ship(shipment(command.order_id))
+    await warehouse.apply(command)
+    await warehouse.apply(shipment(command.order_id))
     async with warehouse.engine.begin() as connection:
         await connection.execute(sa.text("UPDATE stock_levels SET shipped = 0"))
 
@@ -191,7 +191,7 @@ async def test_shipped_lines_not_counted_in_shipped_units_are_reported(warehouse
 async def test_the_report_counts_the_outbox_rows_published_and_not(warehouse):
     await warehouse.put_stock({"A": 10})
     for _ in range(3):
-        await warehouse.reserve(order(("A", 1)))
+        await warehouse.apply(order(("A", 1)))
     async with warehouse.engine.begin() as connection:
         await connection.execute(
             sa.text(
@@ -221,7 +221,7 @@ class HandedOff:
         """An order reserved, its fulfilment order claimed (sent, no answer yet)."""
         await self.warehouse.put_stock({"A": 10, "B": 10})
         command = order(*lines)
-        await self.warehouse.reserve(command)
+        await self.warehouse.apply(command)
         [self.fulfilment_order] = await self.requests.claim(10, lease_seconds=LEASE)
         return command
 
@@ -235,7 +235,7 @@ class HandedOff:
 
     async def cancel_accepted(self, command, *lines):
         """A cancel that the warehouse must be asked, asked, and accepted."""
-        outcome = await self.warehouse.cancel(cancellation(command.order_id, *lines))
+        outcome = await self.warehouse.apply(cancellation(command.order_id, *lines))
         assert outcome.kind is CancelKind.CANCEL_REQUESTED
         [cancelling] = await self.requests.claim(10, lease_seconds=LEASE)
         await self.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
@@ -292,7 +292,7 @@ async def test_a_partial_then_a_whole_cancel_accepted_release_the_order_once(han
 async def test_two_whole_cancels_release_the_order_once_the_second_withdrawn_unsent(handed_off):
     command = await handed_off.accepted(("A", 3))
     for _ in range(2):
-        outcome = await handed_off.warehouse.cancel(cancellation(command.order_id))
+        outcome = await handed_off.warehouse.apply(cancellation(command.order_id))
         assert outcome.kind is CancelKind.CANCEL_REQUESTED
     [cancelling] = await handed_off.requests.claim(10, lease_seconds=LEASE)
     await handed_off.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
@@ -307,8 +307,8 @@ async def test_two_whole_cancels_release_the_order_once_the_second_withdrawn_uns
 
 async def test_a_failed_fulfilment_order_releasing_its_waiting_cancel_is_counted(handed_off):
     command = await handed_off.placed(("A", 3))
-    await handed_off.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
-    await handed_off.warehouse.cancel(cancellation(command.order_id))
+    await handed_off.warehouse.apply(cancellation(command.order_id, ("A", 1)))
+    await handed_off.warehouse.apply(cancellation(command.order_id))
 
     await handed_off.requests.record(
         handed_off.fulfilment_order, Failed("unknown_sku", '{"error": "unknown sku"}', 422)
@@ -322,13 +322,13 @@ async def test_a_failed_fulfilment_order_releasing_its_waiting_cancel_is_counted
 
 async def test_a_local_partial_release_then_an_inbox_release_is_counted_once(handed_off):
     command = await handed_off.placed(("A", 3))
-    await handed_off.warehouse.cancel(cancellation(command.order_id, ("A", 1)))
+    await handed_off.warehouse.apply(cancellation(command.order_id, ("A", 1)))
     await handed_off.requests.record(
         handed_off.fulfilment_order, Failed("unknown_sku", '{"error": "unknown sku"}', 422)
     )
 
     # Its fulfilment order failed: a cancel now releases at once, recorded in the inbox.
-    outcome = await handed_off.warehouse.cancel(cancellation(command.order_id))
+    outcome = await handed_off.warehouse.apply(cancellation(command.order_id))
 
     assert outcome.kind is CancelKind.RELEASED
     report = await outcome_report(handed_off.warehouse.engine)
@@ -350,8 +350,8 @@ async def test_a_release_without_its_trace_is_still_reported(handed_off, lost):
     by_inbox = await handed_off.accepted(("A", 1))
     await handed_off.warehouse.put_stock({"A": 10, "B": 10})
     at_once = order(("B", 1))
-    await handed_off.warehouse.reserve(at_once)  # its fulfilment order is never sent
-    assert (await handed_off.warehouse.cancel(cancellation(at_once.order_id))).kind is (
+    await handed_off.warehouse.apply(at_once)  # its fulfilment order is never sent
+    assert (await handed_off.warehouse.apply(cancellation(at_once.order_id))).kind is (
         CancelKind.RELEASED
     )
     await handed_off.cancel_accepted(by_inbox)

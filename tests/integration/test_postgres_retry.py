@@ -213,7 +213,7 @@ async def test_a_database_that_does_not_answer_is_a_transient_error_within_the_b
     started = time.monotonic()
     try:
         with pytest.raises(TransientError) as raised:
-            await warehouse.reserve(order(("A", 1)))
+            await warehouse.apply(order(("A", 1)))
     finally:
         await engine.dispose()
 
@@ -283,7 +283,7 @@ async def test_a_lock_held_past_the_lock_timeout_is_retried_and_then_succeeds(
 
     started = time.monotonic()
     with capture_logs() as logs:
-        outcome = await warehouse.reserve(order(("A", 4)))
+        outcome = await warehouse.apply(order(("A", 4)))
     elapsed = time.monotonic() - started
     await releaser
 
@@ -308,7 +308,7 @@ async def test_a_lock_held_past_the_budget_is_a_transient_error_and_writes_nothi
     async with row_locked(clean_database, "A"):
         started = time.monotonic()
         with pytest.raises(TransientError) as raised:
-            await warehouse.reserve(command)
+            await warehouse.apply(command)
         elapsed = time.monotonic() - started
 
     # The last attempt starts within the budget and waits at most the lock timeout.
@@ -317,7 +317,7 @@ async def test_a_lock_held_past_the_budget_is_a_transient_error_and_writes_nothi
     assert await inbox_rows(clean_database, command.event_id) == 0
     assert await warehouse.stock(["A"]) == {"A": StockLevel(10, 0)}
     # The redelivery that follows a transient failure then goes through.
-    assert (await warehouse.reserve(command)).kind is OutcomeKind.RESERVED
+    assert (await warehouse.apply(command)).kind is OutcomeKind.RESERVED
 
 
 @pytest.mark.postgres
@@ -366,7 +366,7 @@ async def test_a_connection_killed_mid_statement_is_retried_on_a_new_one(
     admin = await asyncpg.connect(asyncpg_url(clean_database))
     try:
         async with row_locked(clean_database, "A"):
-            reserving = asyncio.create_task(warehouse.reserve(order(("A", 1))))
+            reserving = asyncio.create_task(warehouse.apply(order(("A", 1))))
             for _ in range(100):
                 killed = await admin.fetchval(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"

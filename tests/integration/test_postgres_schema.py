@@ -17,13 +17,15 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from fulfilment.adapters.postgres import schema
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.tables import metadata
+from fulfilment.routes.table import ROUTES
 from services import throwaway_database
 
 pytestmark = pytest.mark.postgres
 
 CHECK_VIOLATION = "23514"
-FUNCTIONS = {"reserve_orders", "place_orders", "cancel_orders", "ship_orders"}
-"""The functions of the schema at head: reserve_orders() is kept for the previous release."""
+FUNCTIONS = {route.function.name for route in ROUTES}
+"""The functions of the schema at head: each route's (0013 dropped the unused reserve_orders())."""
+assert {"place_orders", "cancel_orders", "ship_orders"} <= FUNCTIONS
 
 
 @pytest.fixture
@@ -429,6 +431,23 @@ def test_downgrading_0006_restores_reserve_order_as_0002_created_it():
     assert restored == created
 
 
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0013_restores_reserve_orders_as_0005_created_it():
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0012")
+        kept = asyncio.run(_function_definitions(url))
+        command.upgrade(config, "0013")
+        dropped = asyncio.run(_function_definitions(url))
+        command.downgrade(config, "0012")
+        restored = asyncio.run(_function_definitions(url))
+
+    assert "reserve_orders" in {name.split("(")[0] for name in kept}
+    assert dropped == {name: kept[name] for name in kept if not name.startswith("reserve_orders(")}
+    assert restored == kept
+
+
 async def _schema_objects(url):
     connection = await asyncpg.connect(
         make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -489,15 +508,20 @@ def test_downgrading_0007_is_refused_while_an_order_of_the_lifecycle_is_stored()
     assert functions == FUNCTIONS
 
 
-async def test_a_worker_of_the_previous_release_keeps_reserving_on_the_migrated_schema(
-    clean_database,
-):
+# The session database stands for "PostgreSQL answers" (and fails the test under CI if not).
+@pytest.mark.usefixtures("database_url")
+def test_a_worker_of_the_release_before_0007_keeps_reserving_until_0013():
     # During a rolling update, workers of the release before 0007 call reserve_orders() v1,
-    # which 0007 leaves as it was, against the new schema: it must still reserve, reject and
-    # answer duplicates, and take a tombstoned order for a duplicate of the order.
-    plain = (
-        make_url(clean_database).set(drivername="postgresql").render_as_string(hide_password=False)
-    )
+    # which 0007 leaves as it was (0013 drops it), against the new schema: it must still
+    # reserve, reject and answer duplicates, and take a tombstoned order for a duplicate of
+    # the order.
+    with throwaway_database("fulfilment_test") as url:
+        command.upgrade(schema.alembic_config(url), "0012")
+        plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        asyncio.run(_reserve_orders_v1_on_the_lifecycle(plain))
+
+
+async def _reserve_orders_v1_on_the_lifecycle(plain):
     placed = datetime(2010, 12, 1, tzinfo=UTC)
     connection = await asyncpg.connect(plain)
     try:

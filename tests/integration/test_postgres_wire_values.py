@@ -37,8 +37,8 @@ from fulfilment.contracts.order_placed import (
 )
 from fulfilment.domain.model import OrderLine, OutcomeKind, ReserveStock, StockLevel, decide
 from fulfilment.entrypoints.startup import database_options
+from fulfilment.routes.handling import MalformedEventError
 from fulfilment.settings import Settings
-from fulfilment.worker.handling import MalformedEventError
 
 pytestmark = pytest.mark.postgres
 
@@ -257,7 +257,7 @@ async def store(
         "INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ($1, $2, $3)",
         [(sku, level.on_hand, level.reserved) for sku, level in stock.items()],
     )
-    outcome = await hot_path.warehouse.reserve(command)
+    outcome = await hot_path.warehouse.apply(command)
     row = await pool.fetchrow("SELECT event_id, placed_at FROM reservations")
     lines = dict(await pool.fetch("SELECT sku, quantity FROM reservation_lines"))
     levels = {
@@ -344,7 +344,7 @@ def test_orders_that_would_take_reserved_past_the_integer_column_are_rejected_fo
             )
             for _ in range(3)
         ]
-        outcomes = await asyncio.gather(*(hot_path.warehouse.reserve(c) for c in commands))
+        outcomes = await asyncio.gather(*(hot_path.warehouse.apply(c) for c in commands))
         reserved = await hot_path.pool.fetchval(
             "SELECT reserved FROM stock_levels WHERE sku = $1", sku
         )

@@ -14,14 +14,9 @@ import aio_pika
 import pytest
 
 from fulfilment.contracts import dead_letter as h
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUES,
-    ORDER_CANCELLED,
-    ORDER_SHIPPED,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_CANCELLED, ORDER_SHIPPED
 from fulfilment.entrypoints.worker import new_metrics
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.worker.monitors import _DeadLetterHead, poll_once
 from fulfilment.worker.topology import Topology, declare_topology
 

@@ -14,12 +14,8 @@ import aio_pika
 import pytest
 from structlog.testing import capture_logs
 
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_QUEUES,
-    ORDER_PLACED,
-    ORDER_PLACED_QUEUE,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import ORDER_PLACED, ORDER_PLACED_QUEUE
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.worker.topology import (
     INITIAL_GROUP_SIZE,
     Topology,

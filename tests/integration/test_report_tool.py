@@ -21,16 +21,12 @@ from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.rabbitmq import inspection
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.order_shipped import order_shipped_body
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUES,
-    ORDER_SHIPPED,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_SHIPPED
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.online_retail import shipment_event_id_for
 from fulfilment.dataset.reconcile import reconcile_command
 from fulfilment.entrypoints.cli.options import tool_options
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools.command import CommandError, ToolOptions
 from fulfilment.tools.report import collect_report, reconcile, render_report
@@ -95,7 +91,7 @@ async def test_reconcile_finds_events_of_every_kind_in_the_inbox_or_in_any_dlq(
         warehouse = PostgresWarehouse(engine, consumer=options.consumer, retry_budget_seconds=2)
         await warehouse.put_stock({"A": 10})
         placed = order(("A", 2))
-        await warehouse.reserve(placed)
+        await warehouse.apply(placed)
     finally:
         await engine.dispose()
     refused = await refused_shipment(amqp_url)
@@ -214,10 +210,10 @@ async def test_reconcile_checks_the_cancellations_and_the_shipments_published_fr
         warehouse = PostgresWarehouse(engine, consumer=options.consumer, retry_budget_seconds=2)
         await warehouse.put_stock({"85123A": 10, "22633": 10})
         for placed in read.orders:
-            await warehouse.reserve(
+            await warehouse.apply(
                 order(*placed.lines, event_id=placed.event_id, order_id=placed.order_id)
             )
-        await warehouse.cancel(
+        await warehouse.apply(
             cancellation(mapped.order_id, *mapped.lines, event_id=mapped.event_id)
         )
 
@@ -240,7 +236,7 @@ async def test_reconcile_checks_the_cancellations_and_the_shipments_published_fr
             in lines[2]
         )
 
-        await warehouse.ship(
+        await warehouse.apply(
             shipment(shipped.order_id, event_id=shipment_event_id_for(shipped.invoice_no))
         )
     finally:

@@ -248,7 +248,7 @@ async def test_a_level_below_the_reserved_units_is_refused_naming_its_line(
     warehouse, clean_database, tmp_path
 ):
     await warehouse.put_stock({"A": 5, "B": 5, "C": 5})
-    outcome = await warehouse.reserve(order(("A", 3), ("C", 4)))
+    outcome = await warehouse.apply(order(("A", 3), ("C", 4)))
     assert outcome.kind is OutcomeKind.RESERVED
     path = write(tmp_path, "sku,on_hand\nB,0\nC,1\n\nA,2\n")
     options = ToolOptions(

@@ -14,12 +14,8 @@ import aio_pika
 import pytest
 from structlog.testing import capture_logs
 
-from fulfilment.contracts.topology import (
-    DEAD_LETTER_EXCHANGE,
-    DEAD_LETTER_QUEUES,
-    SUBSCRIBED_QUEUES,
-    SubscribedQueue,
-)
+from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, SubscribedQueue
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.worker.topology import (
     DEAD_LETTER_QUEUE_DELIVERY_LIMIT,
     Topology,

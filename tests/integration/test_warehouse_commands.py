@@ -89,7 +89,7 @@ async def requests(options: ToolOptions) -> AsyncIterator[Requests]:
         await stock.put_stock({"A": 10, "B": 10, "C": 10})
 
         async def sent(sku: str, *, lease_seconds: float = LEASE) -> WarehouseRequest:
-            await stock.reserve(order((sku, 1)))
+            await stock.apply(order((sku, 1)))
             [request] = await store.claim(10, lease_seconds=lease_seconds)
             return request
 
@@ -295,7 +295,7 @@ async def test_resend_refuses_a_failed_fulfilment_order_whose_order_was_cancelle
         requests.engine, consumer=options.consumer, retry_budget_seconds=2.0, handoff=True
     )
     # The warehouse holds nothing of a failed order: its cancel releases it at once.
-    await stock.cancel(cancellation(requests.failed.order_id, ("A", 1)))
+    await stock.apply(cancellation(requests.failed.order_id, ("A", 1)))
     lines, echo = echoed()
 
     with pytest.raises(CommandError):
@@ -363,7 +363,7 @@ async def test_the_report_counts_the_requests_by_kind_and_status(
     stock = PostgresWarehouse(
         engine, consumer=report_options.consumer, retry_budget_seconds=2.0, handoff=True
     )
-    await stock.reserve(order(("A", 1)))  # pending: recorded, never sent
+    await stock.apply(order(("A", 1)))  # pending: recorded, never sent
     await asyncio.sleep(0.1)
 
     document = await collect_report(report_options)

@@ -18,6 +18,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/alerts.yml"
 RULE_TESTS = ROOT / "deploy/prometheus/alerts.test.yml"
+QUEUE_RULE_TESTS = ROOT / "deploy/prometheus/alerts.queues.test.yml"
+"""The tests of the alerts that name every queue, rendered by scripts/render-deploy."""
 RUNBOOK = ROOT / "docs/runbook.md"
 
 
@@ -52,14 +54,18 @@ def test_promtool_accepts_the_rule_file() -> None:
 
 def test_every_alert_fires_and_stays_quiet_in_the_promtool_unit_tests() -> None:
     result = subprocess.run(
-        [promtool(), "test", "rules", str(RULE_TESTS)],
+        [promtool(), "test", "rules", str(RULE_TESTS), str(QUEUE_RULE_TESTS)],
         capture_output=True,
         text=True,
         check=False,
         cwd=RULE_TESTS.parent,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    tested = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    tested = [
+        case
+        for path in (RULE_TESTS, QUEUE_RULE_TESTS)
+        for case in yaml.safe_load(path.read_text())["tests"]
+    ]
     checks = [check for case in tested for check in case["alert_rule_test"]]
     names = {rule["alert"] for rule in alerts()}
     assert {check["alertname"] for check in checks if check["exp_alerts"]} == names

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ from deliveries import in_memory_dead_letters
 from fakes import InMemoryWarehouse
 from fulfilment import asyncapi
 from fulfilment.contracts.result_events import RESULT_EVENTS
-from fulfilment.contracts.topology import EVENTS_EXCHANGE, SUBSCRIBED_QUEUES, SubscribedQueue
+from fulfilment.contracts.topology import EVENTS_EXCHANGE, SubscribedQueue
 from fulfilment.entrypoints.worker import build_worker
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 
 COMMITTED = Path(__file__).parents[2] / "docs" / "asyncapi.json"
@@ -106,7 +108,7 @@ def test_every_consumed_event_is_on_its_queue_bound_to_orders(
     document: dict[str, Any], queue: SubscribedQueue
 ) -> None:
     channel = document["channels"][_consumed_channel(queue)]
-    model, _ = asyncapi.CONSUMED[queue]
+    [model] = [route.model for route in asyncapi.QUEUE_ROUTES if route.transport == queue]
     operation = document["operations"][f"receive{model.__name__}"]
 
     assert channel["address"] == queue.routing_key
@@ -176,11 +178,17 @@ def test_every_message_is_named_and_titled_for_its_event_with_a_summary(
         assert "``" not in message["summary"], key
         named[key] = (message["name"], message["title"])
 
-    assert named == EVENT_NAMES
+    # The events above are pinned; a route added since is named by its model.
+    added = {
+        route.transport.name: (route.model.__name__, route.model.model_config["title"])
+        for route in asyncapi.QUEUE_ROUTES
+        if route.transport.name not in EVENT_NAMES
+    }
+    assert named == {**EVENT_NAMES, **added}
     assert set(document["components"]["messages"]) == {name for name, _ in named.values()}
     assert set(document["operations"]) == {
-        *(f"receive{name}" for name in ("OrderPlacedV1", "OrderCancelledV1", "OrderShippedV1")),
-        *(f"send{name}" for name, _ in list(EVENT_NAMES.values())[3:]),
+        *(f"receive{route.model.__name__}" for route in asyncapi.QUEUE_ROUTES),
+        *(f"send{model.__name__}" for model in RESULT_EVENTS.values()),
     }
     for key, operation in document["operations"].items():
         (reference,) = operation["messages"]
@@ -274,13 +282,15 @@ async def test_the_documented_queues_are_the_ones_the_worker_subscribes(
     assert queues(document) == {(queue.name, queue.routing_key) for queue in SUBSCRIBED_QUEUES}
 
 
-def test_a_subscribed_queue_without_a_documented_model_stops_the_build(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_new_route_is_in_the_document_with_its_model(monkeypatch: pytest.MonkeyPatch) -> None:
     new_queue = SubscribedQueue(
         "order_returned", "order.returned", "fulfilment.order-returned", "x.dlq"
     )
-    monkeypatch.setattr(asyncapi, "SUBSCRIBED_QUEUES", (*SUBSCRIBED_QUEUES, new_queue))
+    new_route = replace(asyncapi.QUEUE_ROUTES[0], transport=new_queue, summary="Returned.")
+    monkeypatch.setattr(asyncapi, "QUEUE_ROUTES", (*asyncapi.QUEUE_ROUTES, new_route))
 
-    with pytest.raises(asyncapi.UndocumentedQueueError, match=r"fulfilment\.order-returned"):
-        asyncapi.documentation_app()
+    document = json.loads(asyncapi.asyncapi_document())
+
+    channel = document["channels"]["fulfilment.order-returned"]
+    assert channel["bindings"]["amqp"]["queue"]["name"] == "fulfilment.order-returned"
+    assert "fulfilment.order-returned" in {m.channel for m in asyncapi.documented_messages()}

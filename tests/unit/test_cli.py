@@ -22,11 +22,11 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from fulfilment import __version__
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
 from fulfilment.entrypoints.cli import app
 from fulfilment.entrypoints.cli.demo import DEMO_NOT_INSTALLED
 from fulfilment.entrypoints.cli.exits import run
 from fulfilment.entrypoints.cli.options import tool_options
+from fulfilment.routes.table import DEAD_LETTER_QUEUES
 from fulfilment.settings import Settings
 from fulfilment.tools.dead_letters import dead_letter_queues
 
@@ -237,8 +237,12 @@ def test_a_dead_letter_queue_the_topology_does_not_have_is_bad_input():
     assert result.exit_code == 2
     assert result.stderr == (
         "fulfilment: no dead-letter queue fulfilment.nope; the dead-letter queues are "
-        "fulfilment.order-placed.dlq, fulfilment.order-cancelled.dlq, "
-        "fulfilment.order-shipped.dlq\n"
+        f"{', '.join(DEAD_LETTER_QUEUES)}\n"
+    )
+    assert DEAD_LETTER_QUEUES[:3] == (
+        "fulfilment.order-placed.dlq",
+        "fulfilment.order-cancelled.dlq",
+        "fulfilment.order-shipped.dlq",
     )
 
 

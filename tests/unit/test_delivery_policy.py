@@ -39,11 +39,11 @@ from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.entrypoints.worker import new_metrics
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.tracing import current_traceparent, trace_context
+from fulfilment.routes.handling import EventRefusedError, Handled, parse_event
 from fulfilment.worker import dead_lettering
 from fulfilment.worker.consumer_control import ConsumerPause
 from fulfilment.worker.dead_lettering import DeadLetterPublisher
 from fulfilment.worker.delivery import DeliveryLimits, DeliveryPolicy, raw_body, subscribe
-from fulfilment.worker.handling import EventRefusedError, Handled, parse_event
 
 EXCHANGE = RabbitExchange("events", durable=True)
 QUEUE = RabbitQueue("fulfilment.ping", routing_key="ping")

@@ -26,7 +26,7 @@ from fulfilment.contracts.topology import (
 )
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine
-from fulfilment.worker.handling import MalformedEventError, check_body, parse_event
+from fulfilment.routes.handling import MalformedEventError, check_body, parse_event
 
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"

@@ -28,15 +28,14 @@ from fulfilment.contracts.topology import (
     ORDER_CANCELLED,
     ORDER_PLACED,
     ORDER_SHIPPED,
-    SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.entrypoints.worker import Worker, build_worker
+from fulfilment.routes.handling import EventRefusedError, MalformedEventError
+from fulfilment.routes.table import SUBSCRIBED_QUEUES, on_order_cancelled, on_order_shipped
 from fulfilment.settings import Settings
 from fulfilment.worker.delivery import raw_body
-from fulfilment.worker.handling import EventRefusedError, MalformedEventError
-from fulfilment.worker.subscribers import on_order_cancelled, on_order_shipped
 from fulfilment.worker.topology import Topology
 
 AT = datetime(2010, 12, 1, 9, 41, tzinfo=UTC)
@@ -289,7 +288,7 @@ async def test_the_ship_handler_labels_a_duplicate_by_the_event() -> None:
     warehouse = InMemoryWarehouse()
     await warehouse.put_stock({"85123A": 10})
     order_id = uuid.uuid4()
-    await warehouse.reserve(order(("85123A", 1), order_id=order_id))
+    await warehouse.apply(order(("85123A", 1), order_id=order_id))
     body = shipped(order_id)
     await on_order_shipped(body, warehouse=warehouse)
 
@@ -325,7 +324,7 @@ async def test_the_handlers_hand_the_trace_context_to_the_result_events() -> Non
     placed = order(("A", 2))
     place_trace = "00-" + "1" * 32 + "-" + "1" * 16 + "-01"
     with in_trace(place_trace):
-        await warehouse.reserve(placed)
+        await warehouse.apply(placed)
     cancel_trace, ship_trace = "00-" + "2" * 32 + "-" + "2" * 16 + "-01", None
 
     with in_trace(cancel_trace):

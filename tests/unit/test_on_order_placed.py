@@ -20,20 +20,16 @@ from faststream.rabbit import RabbitMessage, TestRabbitBroker
 
 from deliveries import deliver, in_memory_dead_letters, incoming
 from fakes import InMemoryWarehouse
-from fulfilment.application.ports import TransientError
+from fulfilment.application.ports import OutcomeT, TransientError
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import order_placed_body
-from fulfilment.contracts.topology import (
-    ORDER_PLACED_QUEUE,
-    ORDER_PLACED_ROUTING_KEY,
-    SUBSCRIBED_QUEUES,
-)
-from fulfilment.domain.model import ReservationOutcome, ReserveStock
+from fulfilment.contracts.topology import ORDER_PLACED_QUEUE, ORDER_PLACED_ROUTING_KEY
+from fulfilment.domain.model import Command
 from fulfilment.entrypoints.worker import Worker, build_worker
+from fulfilment.routes.handling import MalformedEventError
+from fulfilment.routes.table import SUBSCRIBED_QUEUES, on_order_placed
 from fulfilment.settings import Settings
 from fulfilment.worker.delivery import raw_body
-from fulfilment.worker.handling import MalformedEventError
-from fulfilment.worker.subscribers import on_order_placed
 from fulfilment.worker.topology import Topology
 
 
@@ -181,7 +177,7 @@ class FailingWarehouse(InMemoryWarehouse):
         super().__init__()
         self.error = error
 
-    async def reserve(self, command: ReserveStock) -> ReservationOutcome:  # noqa: ARG002 - fails whatever the order
+    async def apply(self, command: Command[OutcomeT]) -> OutcomeT:  # noqa: ARG002 - fails whatever the order
         raise self.error
 
 

@@ -25,7 +25,7 @@ from fulfilment.contracts.order_placed import (
     MAX_UNITS_PER_SKU,
     OrderPlacedV1,
 )
-from fulfilment.worker.handling import MalformedEventError
+from fulfilment.routes.handling import MalformedEventError
 
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 MAX_UUID = "ffffffff-ffff-ffff-ffff-ffffffffffff"

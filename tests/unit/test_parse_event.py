@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fulfilment.contracts.envelope import MAX_EXACT_INTEGER, find_ambiguity
 from fulfilment.contracts.order_placed import OrderPlacedV1
-from fulfilment.worker.handling import MalformedEventError, parse_event
+from fulfilment.routes.handling import MalformedEventError, parse_event
 
 VALID = (
     '{"version": 1, "event_id": "6f1c0d2e-8f0b-4b7e-9a57-2f1f0c6b9e11",'

@@ -8,13 +8,14 @@ from test_health import call
 
 from builders import a_relay
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
+from fulfilment.observability.probes import probe_app
 from fulfilment.observability.relay_metrics import RelayMetrics
-from fulfilment.relay.health import relay_health_app
-from fulfilment.relay.service import Relay, Role
+from fulfilment.pump.leader import Role
+from fulfilment.relay.service import Relay
 
 
 def an_app(relay: Relay, metrics: RelayMetrics):
-    return relay_health_app(readiness=relay.readiness, ready=relay.ready, registry=metrics.registry)
+    return probe_app(readiness=relay.probe, registry=metrics.registry)
 
 
 async def test_a_relay_that_is_not_connected_is_live_but_not_ready() -> None:

@@ -149,7 +149,7 @@ async def test_the_batch_window_counts_from_the_read_so_a_slow_confirm_is_not_fo
 
     monkeypatch.setattr(service, "next_batch", next_batch)
     monkeypatch.setattr(relay, "_read_backlog", no_gauges)
-    monkeypatch.setattr(relay, "_pause", pause)
+    monkeypatch.setattr(relay, "pause", pause)
     broker = cast("Any", SimpleNamespace(is_closed=False))
 
     await relay._publish_until_stopped(

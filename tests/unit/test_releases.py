@@ -13,8 +13,7 @@ from packaging.version import Version
 from upgradelib import ROOT, head_version, previous_release, recorded_releases
 
 import fulfilment
-from fulfilment.adapters.postgres.dispatcher_lock import DISPATCHER_LOCK_KEY
-from fulfilment.adapters.postgres.outbox import RELAY_LOCK_KEY
+from fulfilment.adapters.postgres.advisory_lock import DISPATCHER_LOCK_KEY, RELAY_LOCK_KEY
 
 
 def test_the_releases_are_recorded_oldest_first_each_with_its_whole_commit() -> None:
@@ -66,9 +65,9 @@ def test_each_release_commit_carries_its_version_where_the_history_is_here() -> 
 
 
 LOCK_KEYS = {
-    "RELAY_LOCK_KEY": ("src/fulfilment/adapters/postgres/outbox.py", RELAY_LOCK_KEY),
+    "RELAY_LOCK_KEY": ("src/fulfilment/adapters/postgres/advisory_lock.py", RELAY_LOCK_KEY),
     "DISPATCHER_LOCK_KEY": (
-        "src/fulfilment/adapters/postgres/dispatcher_lock.py",
+        "src/fulfilment/adapters/postgres/advisory_lock.py",
         DISPATCHER_LOCK_KEY,
     ),
 }

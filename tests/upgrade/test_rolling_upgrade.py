@@ -73,12 +73,8 @@ from warehouse_harness import (
     request_statuses,
 )
 
-from fulfilment.contracts.topology import (
-    ORDER_CANCELLED,
-    ORDER_PLACED,
-    ORDER_SHIPPED,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(420)]

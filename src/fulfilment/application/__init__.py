@@ -1,6 +1,6 @@
 """The ports the worker's handlers call (``ports.Warehouse``); imports the domain only.
 
-A handler (``worker.subscribers``) turns an event into its command and calls the warehouse
+A handler (``routes.table``) turns an event into its command and calls the warehouse
 directly: each use case is one call of the port, whose guarantees (idempotence, the outcomes,
 what raises) are documented on it.
 """

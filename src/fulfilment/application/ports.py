@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import TypeVar
 from uuid import UUID
 
 from fulfilment.domain.handoff import (
@@ -14,8 +15,9 @@ from fulfilment.domain.handoff import (
     RequestStatus,
     WarehouseRequest,
 )
-from fulfilment.domain.lifecycle import CancelOrder, CancelOutcome, ShipOrder, ShipOutcome
-from fulfilment.domain.model import ReservationOutcome, ReserveStock, StockLevel
+from fulfilment.domain.model import Command, StockLevel
+
+OutcomeT = TypeVar("OutcomeT")
 
 
 class TransientError(Exception):
@@ -32,68 +34,41 @@ class Warehouse(ABC):
     Implementations: ``PostgresWarehouse`` (the real one) and the in-memory fake of the tests;
     both pass the same contract suite (``tests/contract``).
 
-    The rule :meth:`reserve` applies is :func:`fulfilment.domain.model.decide`, its
-    specification. The fake calls it; ``PostgresWarehouse`` calls the PL/pgSQL function
-    ``place_orders()`` (``migrations/sql/place_orders/``), which implements the same rule
-    for one round trip per batch of orders. The property test
-    ``test_one_transaction_gives_every_order_the_outcome_it_gets_one_after_the_other``
-    (``tests/integration/test_postgres_batches.py``) holds the two to the same answers.
-
-    The lifecycle that :meth:`reserve`, :meth:`cancel` and :meth:`ship` follow is the state
-    table of :mod:`fulfilment.domain.lifecycle`, its specification, which the fake runs;
-    ``PostgresWarehouse`` calls ``place_orders()``, ``cancel_orders()`` and
-    ``ship_orders()``, and the property tests of
-    ``tests/integration/test_postgres_lifecycle.py`` hold the two to the same answers.
+    The rule :meth:`apply` follows for a ``ReserveStock`` is
+    :func:`fulfilment.domain.model.decide`, its specification, and for the lifecycle's commands
+    (``ReserveStock``, ``CancelOrder``, ``ShipOrder``) the state table of
+    :mod:`fulfilment.domain.lifecycle`: the fake runs them. ``PostgresWarehouse`` calls the
+    PL/pgSQL function of the command's kind (``place_orders()``, ``cancel_orders()``,
+    ``ship_orders()``: ``migrations/sql/``, named by each input event's route,
+    ``fulfilment.routes.table``), which implements the same rule for one round trip per batch.
+    The property tests of ``tests/integration/test_postgres_batches.py`` and
+    ``test_postgres_lifecycle.py`` hold the two to the same answers.
 
     Every event is processed at most once per ``event_id``: its inbox row (``inbox_messages``,
-    in this warehouse's consumer namespace, one for all three kinds) is written in the same
+    in this warehouse's consumer namespace, one for every kind) is written in the same
     transaction as what it changed. Stock keeps ``0 <= reserved <= on_hand`` throughout.
     """
 
     @abstractmethod
-    async def reserve(self, command: ReserveStock) -> ReservationOutcome:
-        """Reserve stock for every line of ``command``, all or nothing, exactly once per event.
+    async def apply(self, command: Command[OutcomeT]) -> OutcomeT:
+        """Apply ``command`` exactly once per event; answer its outcome.
 
-        The event id is recorded in the inbox in the same transaction as the reservation or
-        rejection, so a second call with the same ``event_id`` (concurrent or later) changes
-        nothing and returns a ``duplicate`` outcome.
+        Each kind of command has its rule: ``ReserveStock`` reserves every line, all or
+        nothing (``decide``), or rejects; ``CancelOrder`` and ``ShipOrder`` follow the state
+        table of :mod:`fulfilment.domain.lifecycle` (``apply_cancelled``, ``apply_shipped``;
+        with the hand-off on, a cancel of an order the warehouse system may hold records a
+        cancellation request instead, ``fulfilment.domain.handoff``). The event id is recorded
+        in the inbox in the same transaction as what the command changed, so a second call
+        with the same ``event_id`` (concurrent or later) changes nothing and answers
+        ``duplicate``; a shipment that is ``not_reserved`` is the exception, recorded nowhere,
+        so that a replay once the order is placed ships it.
 
         Raises:
             TransientError: the store failed in a way worth retrying, after the adapter's own
                 retry budget (``FULFILMENT_RETRY_BUDGET_SECONDS``) was spent.
-        """
-
-    @abstractmethod
-    async def cancel(self, command: CancelOrder) -> CancelOutcome:
-        """Cancel ``command``'s order, whole or the given lines, exactly once per event.
-
-        By the order's state (``fulfilment.domain.lifecycle.apply_cancelled``): a reserved
-        order gives back the cancelled units (``reserved`` goes down, its lines shrink) and is
-        ``released`` when none remain; without a row, a ``cancelled`` tombstone remembers the
-        cancel for the ``OrderPlaced`` to come; otherwise nothing changes (``ignored``,
-        ``cancel_after_ship``). With the hand-off to the warehouse system on, a cancel of an
-        order the warehouse may hold releases nothing yet and records a cancellation request
-        (``cancel_requested``), and one of an order never sent shrinks or withdraws its request
-        (``fulfilment.domain.handoff``). The inbox row is written in the same transaction, so a
-        second call with the same ``event_id`` changes nothing and answers ``duplicate``.
-
-        Raises:
-            TransientError: as for :meth:`reserve`.
-            ValueError: the command cancels lines, but none.
-        """
-
-    @abstractmethod
-    async def ship(self, command: ShipOrder) -> ShipOutcome:
-        """Ship everything ``command``'s order holds, exactly once per event.
-
-        A reserved order is ``shipped``: ``on_hand`` and ``reserved`` of each of its lines go
-        down by its units, in the transaction that writes the inbox row (a second call with
-        the same ``event_id`` answers ``duplicate``). A shipped order is ``ignored``. Any
-        other order, or none, is ``not_reserved``: nothing changes and the event is not
-        recorded in the inbox, so that a replay after the order is placed ships it.
-
-        Raises:
-            TransientError: as for :meth:`reserve`.
+            ValueError: the command cannot be applied as it is (an order without lines, a
+                cancel of lines that names none).
+            LookupError: the store knows no rule for the command's type.
         """
 
     @abstractmethod
@@ -107,7 +82,7 @@ class Warehouse(ABC):
         with the original. Committed on its own, before the delivery is processed.
 
         Raises:
-            TransientError: as for :meth:`reserve`.
+            TransientError: as for :meth:`apply`.
         """
 
     @abstractmethod

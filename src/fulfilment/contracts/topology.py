@@ -3,9 +3,8 @@
 The worker declares these objects at start (``fulfilment.worker.topology``); the operator tools
 only name them. Renaming one is a change of the external contract.
 
-:data:`SUBSCRIBED_QUEUES` lists every queue the worker consumes, each with its binding and its
-dead-letter queue: the worker declares, checks, subscribes and polls them from it, and the
-tools look into their dead-letter queues from it, so a new event is one more entry.
+Each input event's route (``fulfilment.routes.table.ROUTES``) names its queue, a
+:class:`SubscribedQueue`; ``SUBSCRIBED_QUEUES`` there lists them all.
 """
 
 from __future__ import annotations
@@ -79,23 +78,3 @@ ORDER_CANCELLED = SubscribedQueue(
 ORDER_SHIPPED = SubscribedQueue(
     "order_shipped", ORDER_SHIPPED_ROUTING_KEY, ORDER_SHIPPED_QUEUE, ORDER_SHIPPED_DEAD_LETTER_QUEUE
 )
-
-SUBSCRIBED_QUEUES = (ORDER_PLACED, ORDER_CANCELLED, ORDER_SHIPPED)
-"""Every queue the worker consumes, in the order it declares them."""
-
-DEAD_LETTER_QUEUES = tuple(queue.dead_letter_queue for queue in SUBSCRIBED_QUEUES)
-"""Every dead-letter queue, in the same order."""
-
-
-def route_to(queue: str) -> tuple[str, str]:
-    """``(exchange, routing key)`` that put a message at the tail of ``queue``.
-
-    For a DLQ, :data:`DEAD_LETTER_EXCHANGE` and its queue's dead-letter routing key: the
-    service's own exchange, which the broker user of the shipped definitions may publish to
-    (it may not publish to the default exchange, which reaches every queue of the vhost).
-    For any other queue, the default exchange and the queue's name.
-    """
-    for subscribed in SUBSCRIBED_QUEUES:
-        if subscribed.dead_letter_queue == queue:
-            return DEAD_LETTER_EXCHANGE, subscribed.dead_letter_routing_key
-    return "", queue

@@ -40,12 +40,7 @@ from fulfilment.adapters.postgres.admin import (
 )
 from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
 from fulfilment.adapters.rabbitmq.inspection import queue_state
-from fulfilment.contracts.topology import (
-    ORDER_CANCELLED,
-    ORDER_PLACED,
-    ORDER_SHIPPED,
-    SUBSCRIBED_QUEUES,
-)
+from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.dataset.online_retail import RetailOrder, shipment_event_id_for
 from fulfilment.dataset.publish import publish_in_order
 from fulfilment.dataset.retail_lifecycle import (
@@ -58,6 +53,7 @@ from fulfilment.dataset.retail_lifecycle import (
 from fulfilment.demo.children import Child, start_child, stop, wait_ready
 from fulfilment.demo.errors import DemoError
 from fulfilment.observability.metrics import REQUEUED
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection

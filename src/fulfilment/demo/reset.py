@@ -24,9 +24,9 @@ from fulfilment.adapters.postgres.admin import (
     reset_tables,
 )
 from fulfilment.adapters.rabbitmq.connection import connect
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.demo.result_events import RESULT_EVENTS_QUEUE
 from fulfilment.exit_codes import ExitCode
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dead_letters import Selection
 from fulfilment.tools.dlq import purge

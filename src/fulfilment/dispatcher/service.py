@@ -6,7 +6,7 @@ before the warehouse's last 429 asked, for any request), and the rate cap (``aio
 leaky bucket, shaped by :func:`rate_limiter` so that no second holds more than the cap).
 
 Retries are not made here but recorded: the answer goes to the store with the seconds until
-the next attempt (``WarehouseRequests.record``), tenacity's exponential wait with jitter for
+the next attempt (``WarehouseRequests.record``), a doubling wait with jitter for
 the request's ``attempts``, or the warehouse's ``Retry-After``. So a failing request waits in
 the table, not in this process, and never holds up the others.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import math
 import time
@@ -33,10 +32,10 @@ from dataclasses import dataclass
 
 import structlog
 from aiolimiter import AsyncLimiter
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 
 from fulfilment.adapters.warehouse_system.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
+from fulfilment.backoff import doubling_wait
 from fulfilment.domain.handoff import (
     Accepted,
     Answer,
@@ -49,6 +48,7 @@ from fulfilment.domain.handoff import (
     WarehouseRequest,
 )
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
+from fulfilment.pump.leader import sleep_unless
 
 logger = structlog.get_logger("fulfilment.dispatcher")
 
@@ -57,6 +57,10 @@ BACKOFF_INITIAL_SECONDS = 1.0
 
 BACKOFF_MAX_SECONDS = 300.0
 """Longest wait between two attempts of one request."""
+
+BACKOFF_JITTER_SECONDS = 1.0
+"""Most seconds drawn at random and added to a request's wait, so that requests that failed
+together are not all due again together."""
 
 CIRCUIT_THRESHOLD = 5
 """Consecutive transport failures or 5xx answers after which only probes are sent."""
@@ -172,30 +176,35 @@ async def read_backlog(requests: WarehouseRequests, metrics: DispatcherMetrics) 
         TransientError: the store failed.
     """
     backlog = await requests.backlog()
-    metrics.open_requests.set(backlog.open_count)
-    metrics.oldest_open_age.set(backlog.oldest_open_age_seconds or 0.0)
+    metrics.set_backlog(backlog.open_count, backlog.oldest_open_age_seconds or 0.0)
 
 
 def backoff_seconds(attempts: int) -> float:
     """Seconds before the next attempt of a request attempted ``attempts`` times.
 
-    tenacity's ``wait_exponential_jitter`` (1 s, 2 s, 4 s ... up to 300 s, plus up to 1 s of
-    jitter) computed for that attempt number, as a retry loop would wait.
+    1 s, 2 s, 4 s ... up to 300 s, plus up to 1 s of jitter (``backoff.doubling_wait``): the
+    wait a retry loop would sleep, recorded in the store instead.
     """
-    wait = wait_exponential_jitter(multiplier=BACKOFF_INITIAL_SECONDS, max=BACKOFF_MAX_SECONDS)
-    state = RetryCallState(AsyncRetrying(), None, (), {})
-    state.attempt_number = max(1, attempts)
-    return wait(state)
+    return doubling_wait(
+        max(0, attempts - 1),
+        first=BACKOFF_INITIAL_SECONDS,
+        cap=BACKOFF_MAX_SECONDS,
+        jitter=BACKOFF_JITTER_SECONDS,
+    )
 
 
 def probe_interval_seconds(failed_probes: int) -> float:
-    """Seconds before the next probe after ``failed_probes`` failed ones (tenacity's wait)."""
-    wait = wait_exponential_jitter(
-        multiplier=PROBE_INITIAL_SECONDS, max=PROBE_MAX_SECONDS, jitter=PROBE_INITIAL_SECONDS
+    """Seconds before the next probe after ``failed_probes`` failed ones.
+
+    1 s doubled per failed probe up to 20 s, plus up to 1 s of jitter
+    (``backoff.doubling_wait``).
+    """
+    return doubling_wait(
+        failed_probes,
+        first=PROBE_INITIAL_SECONDS,
+        cap=PROBE_MAX_SECONDS,
+        jitter=PROBE_INITIAL_SECONDS,
     )
-    state = RetryCallState(AsyncRetrying(), None, (), {})
-    state.attempt_number = failed_probes + 1
-    return min(PROBE_MAX_SECONDS, wait(state))
 
 
 class Dispatcher:
@@ -532,18 +541,12 @@ class Dispatcher:
 
     async def _wait(self, seconds: float) -> None:
         """Wait ``seconds``, or less when a request finished or the loop is stopped."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._wake.wait()
+        await sleep_unless(self._wake, seconds)
         self._wake.clear()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` (nothing when not positive), or less when stopped."""
-        if seconds <= 0:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
+        await sleep_unless(self._stopping, seconds)
 
 
 def _log_answer(request: WarehouseRequest, answer: Answer, retry_in: float | None) -> None:

@@ -45,6 +45,7 @@ from enum import StrEnum
 from uuid import UUID
 
 from fulfilment.domain.model import (
+    Command,
     Decision,
     OrderLine,
     RejectionReason,
@@ -70,7 +71,7 @@ class OrderStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class CancelOrder:
+class CancelOrder(Command["CancelOutcome"]):
     """Command: cancel an order, whole (``lines`` is None) or the given lines.
 
     ``event_id`` is the producer's idempotency key; ``cancelled_at`` is timezone-aware.
@@ -90,7 +91,7 @@ class CancelOrder:
 
 
 @dataclass(frozen=True, slots=True)
-class ShipOrder:
+class ShipOrder(Command["ShipOutcome"]):
     """Command: ship everything the order still holds.
 
     ``shipped_at`` is timezone-aware.
@@ -236,7 +237,7 @@ def _label(kind: StrEnum) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CancelOutcome:
-    """Result of :meth:`Warehouse.cancel`.
+    """Result of :meth:`Warehouse.apply` of a ``CancelOrder``.
 
     ``lines`` are the units released (whose ``reserved`` went down), one line per SKU in
     code-point order, empty unless ``released`` or ``partially_released``. ``status`` is the
@@ -257,7 +258,7 @@ class CancelOutcome:
 
 @dataclass(frozen=True, slots=True)
 class ShipOutcome:
-    """Result of :meth:`Warehouse.ship`.
+    """Result of :meth:`Warehouse.apply` of a ``ShipOrder``.
 
     ``lines`` are the units shipped (whose ``on_hand`` and ``reserved`` went down), one line
     per SKU in code-point order, empty unless ``shipped``. ``status`` is the order's state

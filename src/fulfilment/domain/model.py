@@ -28,7 +28,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Generic, TypeVar
 from uuid import UUID
+
+OutcomeT = TypeVar("OutcomeT")
+
+
+class Command(Generic[OutcomeT]):
+    """A command an input event becomes, typed by the outcome applying it gives.
+
+    ``Warehouse.apply`` takes any command and answers its ``OutcomeT``; the stores find what
+    applies it by the command's type (the PostgreSQL adapter, its SQL function; the fake, its
+    rule), so a new kind of command changes neither the port nor the adapter. Every command
+    carries its event's idempotency key, ``event_id``.
+    """
+
+    __slots__ = ()
+
+    event_id: UUID
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +57,7 @@ class OrderLine:
 
 
 @dataclass(frozen=True, slots=True)
-class ReserveStock:
+class ReserveStock(Command["ReservationOutcome"]):
     """Command: reserve stock for every line of one placed order.
 
     ``event_id`` is the producer's idempotency key; ``placed_at`` is timezone-aware.
@@ -116,7 +133,7 @@ class DuplicateOf(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ReservationOutcome:
-    """Result of :meth:`Warehouse.reserve`.
+    """Result of :meth:`Warehouse.apply` of a ``ReserveStock``.
 
     ``skus`` names the offending SKUs of a rejection (sorted), and is empty otherwise.
     """

@@ -16,17 +16,14 @@ exits 2 (invalid settings) with one line naming the variable. Nothing is built a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import ssl
 import sys
 
 import httpx
-import structlog
-import uvicorn
 
 from fulfilment import __version__
+from fulfilment.adapters.postgres.advisory_lock import DISPATCHER_LOCK_KEY
 from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.warehouse_system.client import (
@@ -34,24 +31,18 @@ from fulfilment.adapters.warehouse_system.client import (
     WarehouseClientOptions,
     build_http_client,
 )
-from fulfilment.dispatcher.health import DispatcherState, dispatcher_health_app
-from fulfilment.dispatcher.leadership import Leadership
-from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, read_backlog
+from fulfilment.dispatcher.pump import DispatcherPump
+from fulfilment.dispatcher.service import DispatcherOptions
 from fulfilment.entrypoints.startup import (
-    STOP_SIGNALS,
-    StartRefusedError,
     database_options,
-    listen,
     require_current_schema,
+    run_pump,
     run_service,
 )
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
-from fulfilment.observability.probes import ProbeServer
-from fulfilment.observability.tracing import start_tracing
+from fulfilment.pump.leader import LockOptions
 from fulfilment.settings import Settings
-
-logger = structlog.get_logger("fulfilment.dispatcher")
 
 POLL_SECONDS = 1.0
 """How often the active dispatcher looks for due requests when none is, and a standby tries
@@ -92,8 +83,8 @@ async def run_dispatcher(settings: Settings) -> int:
     ``FULFILMENT_WAREHOUSE_CA_FILE``; 1 when its HTTP port is taken
     (``dispatcher.http_listen_failed``) or the database is not at this build's migration
     (``dispatcher.schema_not_current``); 3 when the database does not answer at the start, 4
-    when it refuses the user (``composition.require_current_schema``). Once started, a lost
-    database is waited for (``dispatcher.leadership``). The signal lets the requests in flight
+    when it refuses the user (``startup.require_current_schema``). Once started, a lost
+    database is waited for (``pump.leader``). The signal lets the requests in flight
     be recorded, and closes the lock's session (a standby takes over), the client's pool and
     the HTTP server.
     """
@@ -118,92 +109,36 @@ async def run_dispatcher(settings: Settings) -> int:
 
 
 async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
-    try:
-        listening = listen(
-            settings.http_host,
-            settings.dispatcher_port,
-            program="dispatcher",
-            port_variable="FULFILMENT_DISPATCHER_PORT",
-        )
-    except StartRefusedError as refused:
-        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
-        return refused.exit_code
     metrics = DispatcherMetrics(version=__version__)
-    tracing = start_tracing(
-        metrics.registry, service_name="fulfilment-dispatcher", version=__version__
-    )
     engine = create_engine(database_options(settings))
-    requests = PostgresWarehouseRequests(engine, retry_budget_seconds=settings.retry_budget_seconds)
-    client = WarehouseClient(http_client, timeout_seconds=settings.warehouse_timeout_seconds)
-    leadership = Leadership(
-        database_url=asyncpg_dsn(settings.database_url.get_secret_value()),
-        connect_timeout_seconds=settings.database_connect_timeout_seconds,
-        poll_seconds=POLL_SECONDS,
+    pump = DispatcherPump(
+        LockOptions(
+            database_url=asyncpg_dsn(settings.database_url.get_secret_value()),
+            key=DISPATCHER_LOCK_KEY,
+            connect_timeout_seconds=settings.database_connect_timeout_seconds,
+            poll_seconds=POLL_SECONDS,
+        ),
+        PostgresWarehouseRequests(engine, retry_budget_seconds=settings.retry_budget_seconds),
+        WarehouseClient(http_client, timeout_seconds=settings.warehouse_timeout_seconds),
+        dispatcher_options(settings),
+        metrics,
     )
-    stopping = asyncio.Event()
-    state = DispatcherState(leadership)
-
-    async def active(lost: asyncio.Event) -> None:
-        # A new loop per turn on the lock: its gates start open, as another replica's did.
-        dispatcher = Dispatcher(requests, client, dispatcher_options(settings), metrics)
-        state.dispatcher = dispatcher
-        metrics.active.set(1)
-        running = asyncio.create_task(dispatcher.run())
-        ending = [asyncio.create_task(lost.wait()), asyncio.create_task(stopping.wait())]
-        try:
-            await asyncio.wait([running, *ending], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            dispatcher.stop()
-            for task in ending:
-                task.cancel()
-            await running
-            metrics.active.set(0)
-            state.dispatcher = None
-
-    async def standby() -> None:
-        await read_backlog(requests, metrics)
-
-    http = ProbeServer(
-        uvicorn.Config(
-            dispatcher_health_app(
-                readiness=state.readiness, ready=state.ready, registry=metrics.registry
-            ),
+    try:
+        return await run_pump(
+            pump,
+            registry=metrics.registry,
             host=settings.http_host,
             port=settings.dispatcher_port,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
+            port_variable="FULFILMENT_DISPATCHER_PORT",
+            start=lambda: require_current_schema(
+                engine, settings.database_url.get_secret_value(), program="dispatcher"
+            ),
+            warehouse_url=settings.warehouse_url,
+            rate_per_second=settings.warehouse_rate_per_second,
+            concurrency=settings.warehouse_concurrency,
         )
-    )
-    loop = asyncio.get_running_loop()
-    for signum in STOP_SIGNALS:
-        loop.add_signal_handler(signum, stopping.set)
-    logger.info(
-        "dispatcher.starting",
-        version=__version__,
-        warehouse_url=settings.warehouse_url,
-        rate_per_second=settings.warehouse_rate_per_second,
-        concurrency=settings.warehouse_concurrency,
-        http_port=settings.dispatcher_port,
-    )
-    serving = asyncio.create_task(http.serve(sockets=[listening]))
-    try:
-        await require_current_schema(
-            engine, settings.database_url.get_secret_value(), program="dispatcher"
-        )
-        await leadership.run(active, standby, stopping)
-    except StartRefusedError as refused:
-        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
-        return refused.exit_code
     finally:
-        http.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await serving
         await engine.dispose()
-        if tracing is not None:
-            await tracing.shutdown()
-    logger.info("dispatcher.stopped")
-    return 0
 
 
 def main() -> None:

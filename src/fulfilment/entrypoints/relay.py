@@ -7,37 +7,24 @@ is built at import time.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import structlog
-import uvicorn
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.entrypoints.startup import (
-    STOP_SIGNALS,
     StartRefusedError,
     database_options,
-    listen,
     require_broker,
     require_current_schema,
+    run_pump,
     run_service,
 )
 from fulfilment.exit_codes import ExitCode
-from fulfilment.observability.probes import ProbeServer
 from fulfilment.observability.relay_metrics import RelayMetrics
-from fulfilment.observability.tracing import start_tracing
-from fulfilment.relay.health import relay_health_app
-from fulfilment.relay.service import (
-    RECONNECT_INITIAL_SECONDS,
-    RECONNECT_MAX_SECONDS,
-    Relay,
-    RelayHooks,
-    RelayOptions,
-)
+from fulfilment.pump.leader import RECONNECT_INITIAL_SECONDS, RECONNECT_MAX_SECONDS, Pump
+from fulfilment.relay.service import Relay, RelayHooks, RelayOptions
 from fulfilment.settings import Settings
 
 logger = structlog.get_logger("fulfilment.relay")
@@ -72,71 +59,30 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
     lost connection (:func:`wait_for_start`).
 
     The signal lets the batch in flight finish (its confirms, then its marks), closes the
-    database session, which frees the lock for a standby, and stops the HTTP server.
+    database session, which frees the lock for a standby, and stops the HTTP server
+    (``startup.run_pump``).
     """
-    try:
-        listening = listen(
-            settings.http_host,
-            settings.relay_http_port,
-            program="relay",
-            port_variable="FULFILMENT_RELAY_HTTP_PORT",
-        )
-    except StartRefusedError as refused:
-        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
-        return refused.exit_code
     metrics = RelayMetrics(RESULT_ROUTING_KEYS, version=__version__)
-    tracing = start_tracing(metrics.registry, service_name="fulfilment-relay", version=__version__)
     relay = Relay(relay_options(settings), metrics, hooks)
-    http = ProbeServer(
-        uvicorn.Config(
-            relay_health_app(
-                readiness=relay.readiness, ready=relay.ready, registry=metrics.registry
-            ),
-            host=settings.http_host,
-            port=settings.relay_http_port,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-        )
-    )
-    stopping = asyncio.Event()
-
-    def stop() -> None:
-        stopping.set()
-        relay.stop()
-
-    loop = asyncio.get_running_loop()
-    for signum in STOP_SIGNALS:
-        loop.add_signal_handler(signum, stop)
-    logger.info(
-        "relay.starting",
-        version=__version__,
+    return await run_pump(
+        relay,
+        registry=metrics.registry,
+        host=settings.http_host,
+        port=settings.relay_http_port,
+        port_variable="FULFILMENT_RELAY_HTTP_PORT",
+        start=lambda: wait_for_start(settings, relay),
         batch_size=settings.relay_batch_size,
         poll_seconds=settings.relay_poll_seconds,
-        http_port=settings.relay_http_port,
     )
-    serving = asyncio.create_task(http.serve(sockets=[listening]))
-    try:
-        await wait_for_start(settings, stopping)
-        await relay.run()
-    except StartRefusedError as refused:
-        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
-        return refused.exit_code
-    finally:
-        http.should_exit = True
-        await serving
-        if tracing is not None:
-            await tracing.shutdown()
-    return ExitCode.OK
 
 
-async def wait_for_start(settings: Settings, stopping: asyncio.Event) -> None:
+async def wait_for_start(settings: Settings, relay: Pump) -> None:
     """Return once the database is at this build's migration and both services accept the relay.
 
     The worker's checks (``composition``): the schema first, on a connection of its own, then
     a broker connection opened and closed. A service that does not answer is waited for, with
-    the relay's back-off (``relay.service.RECONNECT_*``; a ``relay.<service>_unreachable``
-    warning per try), until it answers or ``stopping`` is set; then this returns at once.
+    the relay's back-off (``pump.leader.RECONNECT_*``; a ``relay.<service>_unreachable``
+    warning per try), until it answers or ``relay`` is stopped; then this returns at once.
 
     Raises:
         StartRefusedError: the schema is not current (exit 1), or a service refused the
@@ -153,25 +99,22 @@ async def wait_for_start(settings: Settings, stopping: asyncio.Event) -> None:
             timeout_seconds=settings.database_connect_timeout_seconds,
         )
 
-    async def pause(seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await stopping.wait()
-
     retrying = AsyncRetrying(
         retry=retry_if_exception(
             lambda error: isinstance(error, StartRefusedError) and error.unreachable
         ),
-        wait=wait_exponential_jitter(initial=RECONNECT_INITIAL_SECONDS, max=RECONNECT_MAX_SECONDS),
-        stop=lambda _state: stopping.is_set(),
-        sleep=pause,
+        wait=wait_exponential_jitter(
+            multiplier=RECONNECT_INITIAL_SECONDS, max=RECONNECT_MAX_SECONDS
+        ),
+        stop=lambda _state: relay.stopping.is_set(),
+        sleep=relay.pause,
         before_sleep=_log_unreachable,
         reraise=True,
     )
     try:
         await retrying(check)
     except StartRefusedError as refused:
-        if not (refused.unreachable and stopping.is_set()):
+        if not (refused.unreachable and relay.stopping.is_set()):
             raise
     finally:
         await engine.dispose()

@@ -1,14 +1,17 @@
-"""What the roots build from the settings, and the start-up checks the two services share.
+"""What the roots build from the settings, and the start-up the services share.
 
-The roots are ``main`` for the worker, ``relay_main`` for the relay, ``cli`` for the tools.
-The adapters take plain values or a small frozen options object, never :class:`Settings`; the
-translation that the roots share is written here once. So are the checks that stop a service's
-start (an old schema, a service that refuses or does not answer) and the exit codes they give.
+The roots are ``entrypoints.worker``, ``entrypoints.relay``, ``entrypoints.dispatcher`` and
+``entrypoints.cli`` for the tools. The adapters take plain values or a small frozen options
+object, never :class:`Settings`; the translation that the roots share is written here once.
+So are the checks that stop a service's start (an old schema, a service that refuses or does
+not answer) and the exit codes they give, and the run of a pump with its HTTP server
+(:func:`run_pump`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import ipaddress
@@ -16,14 +19,18 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, NoReturn
 
+import structlog
+import uvicorn
 import uvloop
+from prometheus_client import CollectorRegistry
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from fulfilment import __version__
 from fulfilment.adapters.postgres.engine import DatabaseOptions
 from fulfilment.adapters.postgres.errors import DatabaseRefusedError, DatabaseUnavailableError
 from fulfilment.adapters.postgres.errors import connection_failure as database_connection_failure
@@ -36,6 +43,9 @@ from fulfilment.adapters.rabbitmq.connection import (
 )
 from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.logging import configure_logging
+from fulfilment.observability.probes import ProbeServer, probe_app
+from fulfilment.observability.tracing import start_tracing
+from fulfilment.pump.leader import Pump
 from fulfilment.settings import Settings, SettingsError, load_settings
 
 
@@ -236,3 +246,62 @@ async def _ignoring_stop_signals_once_done(service: Coroutine[Any, Any, int]) ->
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
             signal.signal(signum, signal.SIG_IGN)
+
+
+async def run_pump(  # noqa: PLR0913 - what each program supplies, by name
+    pump: Pump,
+    *,
+    registry: CollectorRegistry,
+    host: str,
+    port: int,
+    port_variable: str,
+    start: Callable[[], Awaitable[None]],
+    **starting: object,
+) -> ExitCode:
+    """Run ``pump`` and its HTTP server until SIGTERM or SIGINT; return the exit code.
+
+    In order: the HTTP socket on ``host`` and ``port`` (taken: exit 1,
+    ``<name>.http_listen_failed``, naming ``port_variable``), tracing, the stop signals,
+    ``<name>.starting`` with the version and ``starting``'s fields, the HTTP server
+    (``/health/live``, ``/health/ready`` from :meth:`Pump.probe`, ``/metrics`` from
+    ``registry``), then ``start()`` (the program's start-up checks, which may watch
+    :attr:`Pump.stopping`), then :meth:`Pump.run`. A :class:`StartRefusedError` from
+    ``start`` is logged in one line and its exit code returned; after a stop, 0. The HTTP
+    server and tracing stop last.
+    """
+    name = pump.name
+    logger = structlog.get_logger(f"fulfilment.{name}")
+    try:
+        listening = listen(host, port, program=name, port_variable=port_variable)
+    except StartRefusedError as refused:
+        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
+        return refused.exit_code
+    tracing = start_tracing(registry, service_name=f"fulfilment-{name}", version=__version__)
+    http = ProbeServer(
+        uvicorn.Config(
+            probe_app(readiness=pump.probe, registry=registry),
+            host=host,
+            port=port,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+        )
+    )
+    loop = asyncio.get_running_loop()
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, pump.stop)
+    logger.info(pump.events.starting, version=__version__, **starting, http_port=port)
+    serving = asyncio.create_task(http.serve(sockets=[listening]))
+    try:
+        await start()
+        await pump.run()
+    except StartRefusedError as refused:
+        logger.error(refused.event, reason=str(refused))  # noqa: TRY400 - one line, no trace
+        return refused.exit_code
+    finally:
+        http.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        if tracing is not None:
+            await tracing.shutdown()
+    return ExitCode.OK

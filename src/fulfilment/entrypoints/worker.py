@@ -32,7 +32,7 @@ from fulfilment.adapters.postgres.retry import RETRY_LABELS, retry_label
 from fulfilment.adapters.postgres.warehouse import PostgresWarehouse
 from fulfilment.adapters.rabbitmq.connection import connection_failure as broker_connection_failure
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES, FailureClass
-from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
+from fulfilment.contracts.topology import SubscribedQueue
 from fulfilment.entrypoints.startup import (
     StartRefusedError,
     database_options,
@@ -45,6 +45,7 @@ from fulfilment.exit_codes import ExitCode
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.probes import ASGIApp, ProbeServer
 from fulfilment.observability.tracing import start_tracing
+from fulfilment.routes.table import OUTCOMES, ROUTES
 from fulfilment.settings import Settings
 from fulfilment.worker.consumer_control import (
     ConsumerPause,
@@ -60,12 +61,6 @@ from fulfilment.worker.monitors import (
     background,
     invariant_monitor,
     queue_monitor,
-)
-from fulfilment.worker.subscribers import (
-    OUTCOMES,
-    on_order_cancelled,
-    on_order_placed,
-    on_order_shipped,
 )
 from fulfilment.worker.topology import (
     Topology,
@@ -109,8 +104,8 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
 ) -> Worker:
     """Assemble the broker, a subscriber per event's queue, hooks and HTTP routes.
 
-    The subscribers are ``on_order_placed``, ``on_order_cancelled`` and ``on_order_shipped``,
-    one per queue of ``contracts.topology.SUBSCRIBED_QUEUES``.
+    One subscriber per route whose transport is a queue (``fulfilment.routes.table.ROUTES``):
+    its handler, bound to ``warehouse``, on its queue, under its event's name.
 
     Every subscriber goes through the one delivery policy (``worker.delivery``). Start-up
     declares the topology (refusing to start on a mismatch); shutdown first cancels the
@@ -149,12 +144,15 @@ def build_worker(  # noqa: PLR0913 - the composition root passes each dependency
     )
     orders = topology.orders_exchange()
     subscribers = tuple(
-        subscribe(policy, topology.queue(queue), orders, handler, name=queue.event)
-        for queue, handler in (
-            (ORDER_PLACED, partial(on_order_placed, warehouse=warehouse)),
-            (ORDER_CANCELLED, partial(on_order_cancelled, warehouse=warehouse)),
-            (ORDER_SHIPPED, partial(on_order_shipped, warehouse=warehouse)),
+        subscribe(
+            policy,
+            topology.queue(route.transport),
+            orders,
+            partial(route.handler, warehouse=warehouse),
+            name=route.event,
         )
+        for route in ROUTES
+        if isinstance(route.transport, SubscribedQueue)
     )
     consumer_pause.attach(subscribers)
 

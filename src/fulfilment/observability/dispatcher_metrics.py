@@ -1,22 +1,12 @@
-"""The dispatcher's Prometheus metrics, on a registry of its own (as the relay's).
+"""The dispatcher's Prometheus metrics: a pump's (``pump_metrics``) and its requests'.
 
 Labels are small and fixed: the request kind (2 values) and the class of answer (6 values),
-all bound at 0 so that ``rate()`` and the alerts see the zero. The backlog gauges are set by
-every replica, active or standing by, so the alerts on them fire when no dispatcher holds the
-lock; they are absent until the first read of the requests.
+all bound at 0 so that ``rate()`` and the alerts see the zero.
 """
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
+from prometheus_client import Counter, Gauge, Histogram
 
 from fulfilment.domain.handoff import (
     Accepted,
@@ -28,7 +18,7 @@ from fulfilment.domain.handoff import (
     RequestKind,
     Retry,
 )
-from fulfilment.observability.metrics import build_info
+from fulfilment.observability.pump_metrics import PumpMetrics
 
 ANSWER_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Send-to-answer buckets, 5 ms to the longest timeout a warehouse API should need."""
@@ -44,19 +34,29 @@ OUTCOMES: dict[type[Answer], str] = {
 """The ``outcome`` label of each class of answer."""
 
 
-class DispatcherMetrics:
+class DispatcherMetrics(PumpMetrics):
     """Collectors of one dispatcher process, registered on :attr:`registry` (a new one).
 
     Args:
-        version: the service's version, exported as ``fulfilment_build_info{version}`` = 1.
+        version: the service's version (``fulfilment_build_info``).
     """
 
     def __init__(self, *, version: str = "") -> None:
-        self.registry = CollectorRegistry()
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        self.build_info = build_info(self.registry, version)
+        super().__init__(
+            version=version,
+            active=(
+                "fulfilment_dispatcher_active",
+                "1 while this dispatcher holds the advisory lock and sends, 0 while it stands by.",
+            ),
+            backlog=(
+                "fulfilment_warehouse_requests_open",
+                "Requests to the warehouse system not yet answered (pending or sending).",
+            ),
+            oldest_age=(
+                "fulfilment_warehouse_oldest_open_request_age_seconds",
+                "Age of the oldest request not yet answered, in seconds; 0 when none.",
+            ),
+        )
         requests = Counter(
             "fulfilment_warehouse_requests",
             "Requests sent to the warehouse system, by kind and class of answer.",
@@ -77,16 +77,6 @@ class DispatcherMetrics:
         )
         for kind in RequestKind:
             self.answer_seconds.labels(kind=str(kind))
-        self.open_requests = Gauge(
-            "fulfilment_warehouse_requests_open",
-            "Requests to the warehouse system not yet answered (pending or sending).",
-            registry=self.registry,
-        )
-        self.oldest_open_age = Gauge(
-            "fulfilment_warehouse_oldest_open_request_age_seconds",
-            "Age of the oldest request not yet answered, in seconds; 0 when none.",
-            registry=self.registry,
-        )
         self.circuit_open = Gauge(
             "fulfilment_warehouse_circuit_open",
             "1 while the warehouse system looks down and only probes are sent, else 0.",
@@ -110,11 +100,6 @@ class DispatcherMetrics:
         self.expired = Counter(
             "fulfilment_warehouse_requests_expired",
             "Requests given up unanswered when their key's retention at the warehouse ended.",
-            registry=self.registry,
-        )
-        self.active = Gauge(
-            "fulfilment_dispatcher_active",
-            "1 while this dispatcher holds the advisory lock and sends, 0 while it stands by.",
             registry=self.registry,
         )
 

@@ -1,7 +1,7 @@
 """The HTTP endpoints every process of the service serves: liveness, readiness and metrics.
 
-The worker (``worker.health``) and the relay (``relay.health``) serve the same paths, so their
-Deployments probe alike; each says what "ready" means for it.
+The worker (``worker.health``), the relay and the dispatcher (``Pump.probe``) serve the same
+paths, so their Deployments probe alike; each says what "ready" means for it.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
-"""The relay's Prometheus metrics, on a registry of its own (as the worker's, ``metrics``).
+"""The relay's Prometheus metrics: a pump's (``pump_metrics``) and its publishes'.
 
 Counters are bound at 0 for every label value they can take (the routing keys of the result
-events, the failure reasons), so ``rate()`` and the alerts see the zero. The backlog gauges are
-set by every replica, active or standing by, so the alerts on them still fire when no relay
-holds the lock; they are absent until the first read of the outbox.
+events, the failure reasons), so ``rate()`` and the alerts see the zero.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-)
+from prometheus_client import Counter, Histogram
 
-from fulfilment.observability.metrics import build_info
+from fulfilment.observability.pump_metrics import PumpMetrics
 
 PUBLISH_LAG_BUCKETS_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 """Commit-to-confirm buckets, 10 ms to an hour: a broker outage holds events back for as long
@@ -35,31 +25,27 @@ CONNECTION = "connection"
 FAILURE_REASONS = (RETURNED, NACKED, CONNECTION)
 
 
-class RelayMetrics:
+class RelayMetrics(PumpMetrics):
     """Collectors of one relay process, registered on :attr:`registry` (a new one).
 
     Args:
         routing_keys: every routing key the relay publishes, bound at 0 in
             ``fulfilment_outbox_published_total``.
-        version: the service's version, exported as ``fulfilment_build_info{version}`` = 1,
-            as the worker exports it (``metrics.build_info``).
+        version: the service's version (``fulfilment_build_info``).
     """
 
     def __init__(self, routing_keys: Iterable[str], *, version: str = "") -> None:
-        self.registry = CollectorRegistry()
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
-        self.build_info = build_info(self.registry, version)
-        self.unpublished = Gauge(
-            "fulfilment_outbox_unpublished",
-            "Outbox rows not yet published (rows).",
-            registry=self.registry,
-        )
-        self.oldest_unpublished_age = Gauge(
-            "fulfilment_outbox_oldest_unpublished_age_seconds",
-            "Age of the oldest unpublished outbox row, in seconds; 0 when none.",
-            registry=self.registry,
+        super().__init__(
+            version=version,
+            active=(
+                "fulfilment_relay_active",
+                "1 while this relay holds the advisory lock and publishes, 0 while it stands by.",
+            ),
+            backlog=("fulfilment_outbox_unpublished", "Outbox rows not yet published (rows)."),
+            oldest_age=(
+                "fulfilment_outbox_oldest_unpublished_age_seconds",
+                "Age of the oldest unpublished outbox row, in seconds; 0 when none.",
+            ),
         )
         self.publish_lag = Histogram(
             "fulfilment_outbox_publish_lag_seconds",
@@ -81,11 +67,6 @@ class RelayMetrics:
             registry=self.registry,
         )
         self.failures = {reason: failures.labels(reason=reason) for reason in FAILURE_REASONS}
-        self.active = Gauge(
-            "fulfilment_relay_active",
-            "1 while this relay holds the advisory lock and publishes, 0 while it stands by.",
-            registry=self.registry,
-        )
 
     def record_published(self, marked: Iterable[tuple[str, float]]) -> None:
         """Count rows marked published: ``(routing_key, commit-to-confirm seconds)`` each."""

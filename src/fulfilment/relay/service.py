@@ -1,9 +1,10 @@
-"""The relay's loop: take the advisory lock, then publish the outbox in ``id`` order.
+"""The relay: a pump (``pump.leader``) that publishes the outbox in ``id`` order.
 
 One relay is active among its replicas: the one whose PostgreSQL session holds the advisory
-lock (``adapters.postgres.outbox.RELAY_LOCK_KEY``). The others stand by, trying the lock every
-``poll_seconds``, and take over when the holder's session ends (it exited, crashed, or lost its
-connection). A lock rather than partitioning the rows among replicas: per-order order needs
+lock (``adapters.postgres.advisory_lock.RELAY_LOCK_KEY``). The others stand by, trying the lock
+every ``poll_seconds`` and reading the backlog, and take over when the holder's session ends
+(it exited, crashed, or lost its connection). A lock rather than partitioning the rows among
+replicas: per-order order needs
 every row of an order to go through one publisher, and one publisher is also what keeps the
 ``id`` order of rows of different orders; a partition by order would need a rebalancing
 protocol where the lock needs none, and one relay publishes far faster than the service
@@ -23,19 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import ClassVar, cast
 
 import aiormq
 import asyncpg
 import structlog
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from fulfilment.adapters.postgres.advisory_lock import RELAY_LOCK_KEY
 from fulfilment.adapters.postgres.errors import SESSION_LOST_ERRORS
 from fulfilment.adapters.postgres.outbox import (
     NOTIFY_CHANNEL,
@@ -43,9 +43,8 @@ from fulfilment.adapters.postgres.outbox import (
     backlog,
     mark_published,
     next_batch,
-    try_relay_lock,
 )
-from fulfilment.backoff import Backoff
+from fulfilment.backoff import doubling_wait
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.observability.relay_metrics import CONNECTION, NACKED, RETURNED, RelayMetrics
 from fulfilment.observability.tracing import (
@@ -53,6 +52,7 @@ from fulfilment.observability.tracing import (
     records_children_of_traceparent,
     traceparent_of,
 )
+from fulfilment.pump.leader import LockOptions, Pump, PumpEvents, Role
 
 logger = structlog.get_logger("fulfilment.relay")
 tracer = trace.get_tracer("fulfilment.relay")
@@ -66,25 +66,6 @@ RECONNECT_ERRORS: tuple[type[Exception], ...] = (
 """What ends a relay's session and makes it connect again: the database's session lost
 (``adapters.postgres.errors.SESSION_LOST_ERRORS``), or a broker that is down, restarting or
 closed the connection or channel."""
-
-RECONNECT_INITIAL_SECONDS = 0.5
-"""First wait before connecting again (plus up to 1 s of jitter), after a failed attempt or
-the loss of a connected session."""
-
-RECONNECT_MAX_SECONDS = 10.0
-"""Longest wait between two attempts to connect; the relay tries until it is stopped."""
-
-
-class SessionLostError(Exception):
-    """A session connected to both services lost one of them; the message says how.
-
-    Not one of :data:`RECONNECT_ERRORS`: it ends a run of attempts, so that the next outage's
-    back-off starts again from :data:`RECONNECT_INITIAL_SECONDS`.
-    """
-
-    def __init__(self, lost: BaseException) -> None:
-        super().__init__(f"{type(lost).__name__}: {lost}")
-
 
 RETRY_FIRST_SECONDS = 1.0
 """Back-off before the rows of a batch the broker returned or refused are published again;
@@ -111,14 +92,6 @@ class BrokerConnection(aiormq.Connection):
     """
 
     FRAME_BUFFER_SIZE = 0
-
-
-class Role(enum.StrEnum):
-    """What a relay is doing: connecting, standing by for the lock, or publishing."""
-
-    CONNECTING = "connecting"
-    STANDBY = "standby"
-    ACTIVE = "active"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,27 +136,46 @@ class RelayHooks:
         """Called once the batch's publishes are done (confirmed or failed), before the marks."""
 
 
-class Relay:
-    """One relay process's loop; :meth:`run` until :meth:`stop`."""
+class Relay(Pump):
+    """One relay process: :meth:`run` until :meth:`stop` (``pump.leader``).
+
+    Its session to PostgreSQL holds the lock, and the active relay reads, marks and listens
+    on it, so it is not pinged beside (:attr:`Pump.pings`); a broker connection and a channel
+    with publisher confirms are opened beside it.
+    """
+
+    name: ClassVar[str] = "relay"
+    events: ClassVar[PumpEvents] = PumpEvents(
+        starting="relay.starting",
+        standing_by="relay.standing_by",
+        active="relay.active",
+        connection_lost="relay.connection_lost",
+        reconnecting="relay.reconnecting",
+        stopped="relay.stopped",
+    )
+    reconnect_errors: ClassVar[tuple[type[Exception], ...]] = RECONNECT_ERRORS
+    pings: ClassVar[bool] = False
 
     def __init__(
         self, options: RelayOptions, metrics: RelayMetrics, hooks: RelayHooks | None = None
     ) -> None:
         """A relay that does nothing until :meth:`run`; ``hooks`` default to doing nothing."""
+        super().__init__(
+            LockOptions(
+                database_url=options.database_url,
+                key=RELAY_LOCK_KEY,
+                connect_timeout_seconds=options.connect_timeout_seconds,
+                poll_seconds=options.poll_seconds,
+            ),
+            metrics.active,
+        )
         self._options = options
         self._metrics = metrics
         self._hooks = hooks or RelayHooks()
-        self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
         self._database: asyncpg.Connection | None = None
         self._broker: BrokerConnection | None = None
+        self._channel: aiormq.Channel | None = None
         self._backlog_read_at = float("-inf")
-        self.role = Role.CONNECTING
-
-    def stop(self) -> None:
-        """Ask :meth:`run` to return after the batch in flight (SIGTERM, SIGINT)."""
-        self._stopping.set()
-        self._wake.set()
 
     def readiness(self) -> dict[str, bool | str]:
         """``{"broker": connected, "database": connected, "role": "active"|"standby"|...}``."""
@@ -194,128 +186,77 @@ class Relay:
         }
 
     def ready(self) -> bool:
-        """Connected to both services, and either holding the lock or standing by."""
+        """Connected to both services, and either publishing or standing by for the lock.
+
+        A standby replica is ready: it is doing its job, which is to wait.
+        """
         checks = self.readiness()
         connected = bool(checks["broker"]) and bool(checks["database"])
         return connected and self.role is not Role.CONNECTING
 
-    async def run(self) -> None:
-        """Connect, stand by, publish; connect again after any loss, until stopped.
-
-        The wait between attempts doubles from :data:`RECONNECT_INITIAL_SECONDS` to
-        :data:`RECONNECT_MAX_SECONDS`, and starts again from the first after a session that
-        was connected to both services, so that a later outage is not met at the cap.
-
-        Raises only what no reconnection can mend (a programming error).
-        """
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(RECONNECT_ERRORS),
-            wait=wait_exponential_jitter(
-                initial=RECONNECT_INITIAL_SECONDS, max=RECONNECT_MAX_SECONDS
-            ),
-            sleep=self._pause,
-            before_sleep=_log_reconnect,
-            reraise=True,
-        )
-        while not self._stopping.is_set():
-            try:
-                # Each call begins with fresh statistics: attempt 1, the first wait.
-                await retrying(self._session)
-            except SessionLostError as lost:
-                logger.warning(
-                    "relay.connection_lost", error=str(lost), wait_seconds=RECONNECT_INITIAL_SECONDS
-                )
-                await self._pause(RECONNECT_INITIAL_SECONDS)
-            except RECONNECT_ERRORS:
-                if not self._stopping.is_set():
-                    raise
-        logger.info("relay.stopped")
-
-    async def _session(self) -> None:
-        """One database session and broker connection, from connecting to their loss or a stop.
+    @contextlib.asynccontextmanager
+    async def connected(self, session: asyncpg.Connection) -> AsyncIterator[None]:
+        """The broker connection and its confirming channel, for the time of ``session``.
 
         Raises:
-            RECONNECT_ERRORS: a service did not answer, or closed a connection being set up.
-            SessionLostError: a session connected to both services lost one of them.
+            RECONNECT_ERRORS: the broker did not answer, or closed the connection.
         """
-        if self._stopping.is_set():
-            return
         options = self._options
-        database = await asyncpg.connect(
-            options.database_url,
-            timeout=options.connect_timeout_seconds,
-            server_settings={"application_name": "fulfilment-relay"},
-        )
-        database.add_termination_listener(lambda _connection: self._wake.set())
+        broker = BrokerConnection(options.amqp_url)
         try:
-            broker = BrokerConnection(options.amqp_url)
-            try:
-                await asyncio.wait_for(broker.connect(), options.connect_timeout_seconds)
-                broker.closing.add_done_callback(lambda _closing: self._wake.set())
-                # aiormq 7.2.4's Connection.channel builds an aiormq.Channel, whose
-                # basic_publish takes the wait that AbstractChannel does not declare.
-                channel = cast(
-                    "aiormq.Channel",
-                    await broker.channel(publisher_confirms=True, on_return_raises=True),
-                )
-                await channel.exchange_declare(EVENTS_EXCHANGE, exchange_type="topic", durable=True)
-                self._database, self._broker = database, broker
-                self.role = Role.STANDBY
-                logger.info("relay.standing_by")
-                try:
-                    await self._serve(database, broker, channel)
-                except RECONNECT_ERRORS as error:
-                    raise SessionLostError(error) from error
-            finally:
-                self.role = Role.CONNECTING
-                self._metrics.active.set(0)
-                self._database = self._broker = None
-                await _quietly(broker.close())
+            await asyncio.wait_for(broker.connect(), options.connect_timeout_seconds)
+            broker.closing.add_done_callback(lambda _closing: self.wake())
+            # aiormq 7.2.4's Connection.channel builds an aiormq.Channel, whose
+            # basic_publish takes the wait that AbstractChannel does not declare.
+            channel = cast(
+                "aiormq.Channel",
+                await broker.channel(publisher_confirms=True, on_return_raises=True),
+            )
+            await channel.exchange_declare(EVENTS_EXCHANGE, exchange_type="topic", durable=True)
+            self._database, self._broker, self._channel = session, broker, channel
+            yield
         finally:
-            # Closing the session releases the lock at once for a standby.
-            await _quietly(database.close(timeout=options.connect_timeout_seconds))
+            self._database = self._broker = self._channel = None
+            await _quietly(broker.close())
 
-    async def _serve(
-        self, database: asyncpg.Connection, broker: BrokerConnection, channel: aiormq.Channel
-    ) -> None:
-        """Stand by until the lock is held, then publish; until stopped or a connection is lost."""
-        if await self._take_lock(database):
-            self.role = Role.ACTIVE
-            self._metrics.active.set(1)
-            logger.info("relay.active")
-            await database.add_listener(NOTIFY_CHANNEL, self._notified)
-            await self._publish_until_stopped(database, broker, channel)
+    async def stand_by(self, session: asyncpg.Connection) -> None:
+        """Read the backlog for its gauges (at most once per ``poll_seconds``)."""
+        await self._read_backlog(session)
 
-    async def _take_lock(self, database: asyncpg.Connection) -> bool:
-        """Wait for the advisory lock; True once held, False when stopped first."""
-        while not self._stopping.is_set():
-            if await try_relay_lock(database):
-                return True
-            await self._read_backlog(database)
-            await self._wait(self._options.poll_seconds)
-        return False
+    async def work(self, session: asyncpg.Connection, lost: asyncio.Event) -> None:
+        """Listen for the outbox's notifications and publish until stopped or a loss."""
+        del lost  # seen as an error of the session's next statement
+        broker, channel = self._broker, self._channel
+        assert broker is not None  # noqa: S101 - opened by connected()
+        assert channel is not None  # noqa: S101 - opened by connected()
+        await session.add_listener(NOTIFY_CHANNEL, self._notified)
+        await self._publish_until_stopped(session, broker, channel)
 
     async def _publish_until_stopped(
         self, database: asyncpg.Connection, broker: BrokerConnection, channel: aiormq.Channel
     ) -> None:
         # Not tenacity's AsyncRetrying: the session goes on between the tries, reading the
         # backlog and the next batch (fulfilment.backoff).
-        backoff = Backoff(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
-        while not self._stopping.is_set():
+        failed_batches = 0  # in a row
+        while not self.stopping.is_set():
             if broker.is_closed:
                 raise ConnectionError("the broker closed the relay's connection")  # noqa: EM101, TRY003 - a reconnect, logged by the retry
+            # A notification before this read is answered by it.
             self._wake.clear()
             await self._read_backlog(database)
             read_at = time.monotonic()
             batch = await next_batch(database, self._options.batch_size)
             if not batch:
-                await self._wait(self._options.poll_seconds)
+                await self.wait(self._options.poll_seconds)
                 continue
             confirmed = await self._publish(database, channel, batch)
             if len(confirmed) < len(batch):
-                await self._pause(backoff.next())
+                await self.pause(
+                    doubling_wait(failed_batches, first=RETRY_FIRST_SECONDS, cap=RETRY_MAX_SECONDS)
+                )
+                failed_batches += 1
                 continue
-            backoff.reset()
+            failed_batches = 0
             if len(batch) < self._options.batch_size:
                 # The worker commits every few milliseconds, each commit a notification: read
                 # at once, the relay would publish batches of a few rows, and each batch costs
@@ -326,7 +267,7 @@ class Relay:
                 # (docs/records/2026-12-04-end-to-end-at-prefetch-64.md).
                 left = self._options.batch_window_seconds - (time.monotonic() - read_at)
                 if left > 0:
-                    await self._pause(left)
+                    await self.pause(left)
 
     async def _publish(
         self, database: asyncpg.Connection, channel: aiormq.Channel, batch: list[OutboxRow]
@@ -400,29 +341,10 @@ class Relay:
         if time.monotonic() - self._backlog_read_at < self._options.poll_seconds:
             return
         self._backlog_read_at = time.monotonic()
-        rows, age = await backlog(database)
-        self._metrics.unpublished.set(rows)
-        self._metrics.oldest_unpublished_age.set(age)
+        self._metrics.set_backlog(*await backlog(database))
 
     def _notified(self, *_: object) -> None:
-        self._wake.set()
-
-    async def _wait(self, seconds: float) -> None:
-        """Wait ``seconds``, or less when notified, stopped, or a connection is lost."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self._wake.wait()
-        except TimeoutError:
-            pass
-        self._wake.clear()
-
-    async def _pause(self, seconds: float) -> None:
-        """Sleep ``seconds``, or less when stopped (a back-off that SIGTERM cuts short)."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self._stopping.wait()
-        except TimeoutError:
-            pass
+        self.wake()
 
 
 def message_properties(
@@ -482,16 +404,6 @@ def _end_publish_span(span: Span, publish: asyncio.Task[object]) -> None:
     elif (error := publish.exception()) is not None:
         span.set_status(StatusCode.ERROR, f"{type(error).__name__}: {error}")
     span.end()
-
-
-def _log_reconnect(state: RetryCallState) -> None:
-    error = state.outcome.exception() if state.outcome else None
-    logger.warning(
-        "relay.reconnecting",
-        attempt=state.attempt_number,
-        error=f"{type(error).__name__}: {error}",
-        wait_seconds=round(state.upcoming_sleep, 2),
-    )
 
 
 async def _quietly(closing: Awaitable[object]) -> None:

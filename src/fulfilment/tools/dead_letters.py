@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from fulfilment.adapters.postgres.dead_letter_audit import AuditAction, json_safe
 from fulfilment.adapters.rabbitmq.walk import WALK_HEADER
 from fulfilment.contracts.dead_letter import DeadLetterDescription, describe_dead_letter
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, ORDERS_EXCHANGE, SUBSCRIBED_QUEUES
+from fulfilment.contracts.topology import ORDERS_EXCHANGE
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage

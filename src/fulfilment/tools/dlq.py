@@ -59,7 +59,7 @@ from fulfilment.contracts.dead_letter import (
     replay_count,
     replay_headers,
 )
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
+from fulfilment.routes.table import DEAD_LETTER_QUEUES
 from fulfilment.tools.dead_letters import (
     DeadLetter,
     Group,

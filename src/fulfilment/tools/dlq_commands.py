@@ -20,7 +20,7 @@ from fulfilment.adapters.postgres.admin import warehouse_session
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
 from fulfilment.adapters.rabbitmq.connection import connect
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES
+from fulfilment.routes.table import DEAD_LETTER_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dead_letters import (
     DeadLetter,

@@ -2,7 +2,7 @@
 
 ``fulfilment reconcile`` reads the published files (``fulfilment.dataset.reconcile``), then
 checks their events here (:func:`reconcile`). Both read every queue of the topology
-(``contracts.topology.SUBSCRIBED_QUEUES``) and every dead-letter queue: the events of all
+(``routes.table.SUBSCRIBED_QUEUES``) and every dead-letter queue: the events of all
 three kinds (``OrderPlaced``, ``OrderCancelled``, ``OrderShipped``) share the inbox, and each
 kind has its own DLQ.
 """
@@ -24,8 +24,8 @@ from fulfilment.adapters.rabbitmq.inspection import (
     browse_dead_letters,
     queue_state,
 )
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.domain.handoff import RequestBacklog, RequestStatus
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.virtual_host import missing_queues_note
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from fulfilment.backoff import Backoff
+from fulfilment.backoff import doubling_wait
 from fulfilment.worker.faststream_internals import (
     broker_consumer_tags,
     consumed_queue,
@@ -164,9 +164,12 @@ class ConsumerPause:
             await subscriber.stop()  # waits for its in-flight deliveries to settle
         # Not tenacity's AsyncRetrying: the first look at the database comes after a wait,
         # not at once (fulfilment.backoff).
-        backoff = Backoff(FIRST_CHECK_SECONDS, MAX_CHECK_SECONDS)
+        checks = 0
         while True:
-            await asyncio.sleep(backoff.next())
+            await asyncio.sleep(
+                doubling_wait(checks, first=FIRST_CHECK_SECONDS, cap=MAX_CHECK_SECONDS)
+            )
+            checks += 1
             try:
                 await self._database_ping()
             except Exception as error:  # noqa: BLE001 - any failure means "still down"

@@ -26,7 +26,7 @@ import aiormq.exceptions
 
 from fulfilment import __version__
 from fulfilment.adapters.rabbitmq.publishing import resent
-from fulfilment.backoff import Backoff
+from fulfilment.backoff import doubling_wait
 from fulfilment.contracts import dead_letter as h
 from fulfilment.contracts.dead_letter import (
     BROKER_HEADER_PREFIXES,
@@ -279,7 +279,7 @@ async def publish_holding(
     started = loop.time()
     # Not tenacity's AsyncRetrying: the give-up is decided on the next wait, and logged with
     # it, before that wait is slept (fulfilment.backoff).
-    backoff = Backoff(DEAD_LETTER_RETRY_FIRST_SECONDS, DEAD_LETTER_RETRY_MAX_SECONDS)
+    refusals = 0
     held = False
     try:
         while True:
@@ -291,7 +291,12 @@ async def publish_holding(
                     held = True
                     metrics.dead_letters_held.inc()
                 held_seconds = loop.time() - started
-                wait = backoff.next()
+                wait = doubling_wait(
+                    refusals,
+                    first=DEAD_LETTER_RETRY_FIRST_SECONDS,
+                    cap=DEAD_LETTER_RETRY_MAX_SECONDS,
+                )
+                refusals += 1
                 give_up = held_seconds + wait > hold_seconds
                 refused(error, held_seconds, None if give_up else wait)
                 if give_up:

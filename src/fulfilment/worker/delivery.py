@@ -1,10 +1,10 @@
 """The delivery policy: what every subscriber does with a delivery, whatever its event.
 
-A handler (one per event, ``worker.subscribers``) is a plain function of the raw body, built
-from ``worker.handling``: it parses the body, calls its use case and returns what it made of
-the event (``Handled``). Everything else is the policy's, the same for every subscription
-made with :func:`subscribe`, and every delivery ends in exactly one of these (docs/events.md,
-"Outcomes and failures"):
+A handler (one per input event, in its route: ``routes.table``) is a plain function of the
+raw body, built from ``routes.handling``: it parses the body, calls its use case and returns
+what it made of the event (``Handled``). Everything else is the policy's, the same for every
+subscription made with :func:`subscribe`, and every delivery ends in exactly one of these
+(docs/events.md, "Outcomes and failures"):
 
 * handled (reserved, rejected, duplicate, ...): acknowledged;
 * a failure the service classifies (:class:`FailureClass`): published to the DLQ with its
@@ -77,6 +77,13 @@ from fulfilment.observability.metrics import (
     REQUEUED_TRANSIENT,
 )
 from fulfilment.observability.tracing import context_of, current_span, trace_context
+from fulfilment.routes.handling import (
+    EventRefusedError,
+    Handled,
+    Handler,
+    MalformedEventError,
+    check_body,
+)
 from fulfilment.worker.acknowledgements import ChannelAcks
 from fulfilment.worker.dead_lettering import (
     DeadLetterPublisher,
@@ -86,13 +93,6 @@ from fulfilment.worker.dead_lettering import (
     dead_letter_message,
     delivery_count,
     publish_holding,
-)
-from fulfilment.worker.handling import (
-    EventRefusedError,
-    Handled,
-    Handler,
-    MalformedEventError,
-    check_body,
 )
 
 if TYPE_CHECKING:

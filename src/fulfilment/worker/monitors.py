@@ -1,7 +1,7 @@
 """Background tasks of a worker, and the supervisor that keeps them running.
 
 - :func:`poll_queues`: depth and consumers of every subscribed queue and its DLQ
-  (``contracts.topology.SUBSCRIBED_QUEUES``), by a passive declare (cheap: no message is
+  (``routes.table.SUBSCRIBED_QUEUES``), by a passive declare (cheap: no message is
   touched), and the age of the oldest message of the DLQs.
 - :func:`check_invariants`: the stock invariants of ``fulfilment report``.
 - :func:`background`: runs every such task (and any later one: the consumer watchdog, a relay,
@@ -29,10 +29,10 @@ from sqlalchemy import text
 
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.rabbitmq.inspection import QueueState, peek_head, queue_state
-from fulfilment.backoff import Backoff
+from fulfilment.backoff import doubling_wait
 from fulfilment.contracts.dead_letter import describe_dead_letter
-from fulfilment.contracts.topology import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.observability.metrics import INVARIANTS
+from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -245,7 +245,7 @@ async def supervise(task: BackgroundTask, metrics: Metrics) -> None:
     :data:`FIRST_RESTART_SECONDS`, doubled for each failure in a row up to
     :data:`MAX_RESTART_SECONDS`. That is a plain loop rather than tenacity: a task is not
     one call retried until it succeeds but a loop that must be restarted whatever stopped it
-    (its waits are tenacity's, through ``fulfilment.backoff``),
+    (its waits are ``fulfilment.backoff``'s),
     and which errors it may fail with is exactly what cannot be listed (a ``RuntimeError``
     from aiormq's ``channel()`` on a closed connection once killed the queue monitor for
     good). ``CancelledError`` (shutdown) is not an ``Exception`` and ends it.
@@ -253,7 +253,7 @@ async def supervise(task: BackgroundTask, metrics: Metrics) -> None:
     loop = asyncio.get_running_loop()
     current = asyncio.current_task()
     assert current is not None  # noqa: S101 - a coroutine awaited by a task
-    backoff = Backoff(FIRST_RESTART_SECONDS, MAX_RESTART_SECONDS)
+    failures = 0  # in a row
     while True:
         started = loop.time()
         try:
@@ -264,8 +264,9 @@ async def supervise(task: BackgroundTask, metrics: Metrics) -> None:
                 # the worker from stopping. The stop hook logs the error.
                 raise
             if loop.time() - started >= MAX_RESTART_SECONDS:
-                backoff.reset()  # it ran well for a while: a new failure
-            wait = backoff.next()
+                failures = 0  # it ran well for a while: a new failure
+            wait = doubling_wait(failures, first=FIRST_RESTART_SECONDS, cap=MAX_RESTART_SECONDS)
+            failures += 1
             metrics.monitor_errors.labels(task.check).inc()
             task.forget()
             logger.warning(

@@ -10,7 +10,7 @@
 | ``<queue>.dlq``                  | quorum queue            | one per queue, bound with the       |
 |                                  |                         | queue's name; never consumed        |
 
-Every subscribed queue (``contracts.topology.SUBSCRIBED_QUEUES``) has the same arguments: the
+Every subscribed queue (``routes.table.SUBSCRIBED_QUEUES``) has the same arguments: the
 delivery limit, the dead-letter exchange, at-least-once dead-lettering, and its own name as
 the dead-letter routing key, so that its dead letters reach its own DLQ.
 
@@ -40,9 +40,9 @@ from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
     EVENTS_EXCHANGE,
     ORDERS_EXCHANGE,
-    SUBSCRIBED_QUEUES,
     SubscribedQueue,
 )
+from fulfilment.routes.table import SUBSCRIBED_QUEUES
 
 logger = structlog.get_logger("fulfilment.topology")
 

@@ -4,10 +4,10 @@ One transaction per event costs PostgreSQL a commit, a snapshot and the function
 for every event, and costs the worker a round trip. :class:`GroupCommit` lets at most
 ``pool_size`` transactions run at once; calls arriving while they run wait, and the next
 free slot takes the oldest waiting call and every call of the same kind waiting behind it, up
-to ``batch_max``, into one transaction of that kind (``place_orders()``,
-``cancel_orders()`` or ``ship_orders()``). Under light load a call finds no transaction
-running and commits alone, so nothing waits for a batch to fill; under load the batches grow
-by themselves (docs/performance.md).
+to ``batch_max``, into one transaction of that kind (one call of the SQL function its route
+names: ``place_orders()``, ``cancel_orders()``, ``ship_orders()``). Under light load a call
+finds no transaction running and commits alone, so nothing waits for a batch to fill; under
+load the batches grow by themselves (docs/performance.md).
 
 While one transaction runs, another starts only once a whole batch (``batch_max`` calls)
 waits: the calls behind a running transaction gather into the next one, as large as the

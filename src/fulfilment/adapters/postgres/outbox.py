@@ -11,10 +11,6 @@ from dataclasses import dataclass
 
 import asyncpg
 
-RELAY_LOCK_KEY = 0x66756C66696C6D
-"""Key of the session advisory lock that makes one relay active (``pg_try_advisory_lock``):
-``b"fulfilm"`` read as a number, so it does not collide with the migrations' lock."""
-
 NOTIFY_CHANNEL = "fulfilment_outbox"
 """The channel the SQL functions ``pg_notify`` after writing outbox rows."""
 
@@ -45,15 +41,6 @@ class OutboxRow:
     body: bytes
     traceparent: str | None
     age_seconds: float = 0.0
-
-
-async def try_relay_lock(connection: asyncpg.Connection) -> bool:
-    """Take the relay's session advisory lock if free; True when this session holds it.
-
-    Held until the session ends (the relay closes it, or the server or network drops it), so a
-    relay that dies frees it for a standby without any time-out of ours.
-    """
-    return bool(await connection.fetchval("SELECT pg_try_advisory_lock($1)", RELAY_LOCK_KEY))
 
 
 async def next_batch(connection: asyncpg.Connection, limit: int) -> list[OutboxRow]:

@@ -19,7 +19,9 @@ fails on one, so that a new table or function of a revision gets a decision befo
 
 The functions run with their caller's rights (PL/pgSQL's default, ``SECURITY INVOKER``), so
 the runtime role holds the table privileges the function bodies use
-(``migrations/sql/*/v<N>.sql``), verb by verb.
+(``migrations/sql/*/v<N>.sql``), verb by verb. Each input event's function gets ``EXECUTE``
+from its route (``fulfilment.routes.table.ROUTES``), so a new event needs no entry here
+unless its function writes a table of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Literal
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+
+from fulfilment.routes.table import ROUTES
 
 ObjectKind = Literal["table", "sequence", "function"]
 
@@ -157,15 +161,13 @@ RUNTIME_PRIVILEGES: Mapping[str, Decision] = {
         "the identity of warehouse_request_audit.id: an INSERT draws from it without USAGE",
     ),
     # --- functions ----------------------------------------------------------------------------
-    "place_orders": Decision("function", ("EXECUTE",), "the worker's OrderPlaced batches"),
-    "cancel_orders": Decision("function", ("EXECUTE",), "the worker's OrderCancelled batches"),
-    "ship_orders": Decision("function", ("EXECUTE",), "the worker's OrderShipped batches"),
-    "reserve_orders": Decision(
-        "function",
-        (),
-        "kept for the workers of the release before 0007, which ran with the owner's URL;"
-        " no worker of this release calls it",
-    ),
+    # Each input event's SQL function, from its route (fulfilment.routes.table.ROUTES).
+    **{
+        route.function.name: Decision(
+            "function", ("EXECUTE",), f"the worker's {route.model.__name__} batches"
+        )
+        for route in ROUTES
+    },
 }
 """Every table, sequence and function of the schema, by name: what the runtime role may do
 with it. Add an entry with each revision that creates an object (the migration refuses to

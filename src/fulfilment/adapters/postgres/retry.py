@@ -155,7 +155,7 @@ def retry_policy(
     """A fresh policy for one call (tenacity keeps per-call state on the policy object).
 
     Args:
-        operation: what is retried, for the logs (e.g. ``reserve``).
+        operation: what is retried, for the logs (e.g. ``place_orders``).
         budget_seconds: total time for all attempts and sleeps, in seconds. No sleep is started
             that would end past it, so the last attempt starts within the budget and the call
             ends at most one attempt later (an attempt is bounded by the server's

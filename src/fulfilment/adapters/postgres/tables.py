@@ -14,6 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from fulfilment.routes.table import ROUTES
+
 metadata = sa.MetaData()
 """Every table of the service."""
 
@@ -42,20 +44,9 @@ stock_levels = sa.Table(
 """Units per SKU: ``on_hand`` in the warehouse, ``reserved`` of them promised to orders, and
 ``shipped``, the units that left with shipments (migration 0008)."""
 
-INBOX_OUTCOMES = (
-    "reserved",
-    "rejected",
-    "duplicate_order",
-    "released",
-    "partially_released",
-    "tombstoned",
-    "cancel_ignored",
-    "cancel_after_ship",
-    "cancel_requested",
-    "shipped",
-    "ship_ignored",
-)
-"""Every ``inbox_messages.outcome``: an ``OrderPlaced`` was ``reserved``, ``rejected`` or a
+INBOX_OUTCOMES = tuple(outcome for route in ROUTES for outcome in route.function.inbox_outcomes)
+"""Every ``inbox_messages.outcome``, each route's (``BatchFunction.inbox_outcomes``), in the
+routes' order: an ``OrderPlaced`` was ``reserved``, ``rejected`` or a
 ``duplicate_order``; an ``OrderCancelled`` ``released`` or ``partially_released`` stock, left
 a tombstone (``tombstoned``), changed nothing (``cancel_ignored``), came after the shipment
 (``cancel_after_ship``) or waits for the warehouse system's answer (``cancel_requested``,
@@ -91,7 +82,7 @@ inbox_messages = sa.Table(
     sa.CheckConstraint(_one_of("outcome", INBOX_OUTCOMES), name="inbox_messages_outcome_valid"),
 )
 """One row per processed event and consumer, of every kind: the idempotency record of
-``reserve``, ``cancel`` and ``ship``."""
+``Warehouse.apply``."""
 
 reservations = sa.Table(
     "reservations",

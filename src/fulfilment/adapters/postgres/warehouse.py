@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cache, partial
 from typing import Any
 from uuid import UUID
 
@@ -14,37 +15,24 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
-from fulfilment.adapters.postgres.group_commit import GroupCommit, UnreadableOutcomesError
+from fulfilment.adapters.postgres.group_commit import (
+    CommitBatch,
+    GroupCommit,
+    UnreadableOutcomesError,
+)
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
-from fulfilment.application.ports import Warehouse
-from fulfilment.domain.lifecycle import (
-    CancelKind,
-    CancelOrder,
-    CancelOutcome,
-    OrderStatus,
-    ShipKind,
-    ShipOrder,
-    ShipOutcome,
-)
-from fulfilment.domain.model import (
-    DuplicateOf,
-    OrderLine,
-    OutcomeKind,
-    RejectionReason,
-    ReservationOutcome,
-    ReserveStock,
-    StockLevel,
-)
+from fulfilment.application.ports import OutcomeT, Warehouse
+from fulfilment.domain.model import Command, StockLevel
 from fulfilment.observability.tracing import current_span, current_traceparent, traceparent_of
+from fulfilment.routes.route import BatchFunction
+from fulfilment.routes.table import FUNCTIONS
 
 __all__ = [
     "MAX_ON_HAND",
     "PostgresWarehouse",
     "StockBelowReservedError",
-    "cancel_orders_statement",
-    "reserve_orders_statement",
-    "ship_orders_statement",
+    "apply_statement",
 ]
 
 MAX_ON_HAND = INTEGER_MAX
@@ -60,71 +48,29 @@ DEFAULT_BATCH_MAX = 64
 
 tracer = trace.get_tracer("fulfilment.postgres")
 
-_BATCH_FUNCTIONS = {"reserve": "place_orders", "cancel": "cancel_orders", "ship": "ship_orders"}
-"""The SQL function of each batch operation, the name of its database span."""
-
 _TEXT_ARRAY = postgresql.ARRAY(sa.Text)
 _INTEGER_ARRAY = postgresql.ARRAY(sa.Integer)
 
-_PLACE_ORDERS = sa.text(
-    "SELECT ordinal, outcome, reason, skus FROM place_orders(:consumer, :event_ids, :order_ids,"
-    " :placed_at, :line_orders, :line_skus, :line_quantities, :traceparents, :handoff)"
-).bindparams(
-    sa.bindparam("consumer", type_=sa.Text),
-    sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("order_ids", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("placed_at", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
-    sa.bindparam("line_orders", type_=_INTEGER_ARRAY),
-    sa.bindparam("line_skus", type_=_TEXT_ARRAY),
-    sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
-    sa.bindparam("traceparents", type_=_TEXT_ARRAY),
-    sa.bindparam("handoff", type_=sa.Boolean),
-)
-"""One statement, one round trip (``migrations/sql/place_orders/``), through the engine."""
 
-_PLACE_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, reason, skus FROM place_orders($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-)
-"""The same call on the asyncpg pool: the hot path (asyncpg prepares it once per connection)."""
+@cache
+def _on_pool(function: str, count: int) -> str:
+    """The call of ``function`` with ``count`` positional parameters, for the asyncpg pool.
 
-_CANCEL_ORDERS = sa.text(
-    "SELECT ordinal, outcome, status, skus, quantities FROM cancel_orders(:consumer,"
-    " :event_ids, :order_ids, :cancelled_at, :whole, :line_orders, :line_skus, :line_quantities,"
-    " :traceparents, :handoff)"
-).bindparams(
-    sa.bindparam("consumer", type_=sa.Text),
-    sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("order_ids", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("cancelled_at", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
-    sa.bindparam("whole", type_=postgresql.ARRAY(sa.Boolean)),
-    sa.bindparam("line_orders", type_=_INTEGER_ARRAY),
-    sa.bindparam("line_skus", type_=_TEXT_ARRAY),
-    sa.bindparam("line_quantities", type_=_INTEGER_ARRAY),
-    sa.bindparam("traceparents", type_=_TEXT_ARRAY),
-    sa.bindparam("handoff", type_=sa.Boolean),
-)
-"""A batch of cancels in one statement (``migrations/sql/cancel_orders/``), through the engine."""
+    The hot path: asyncpg prepares it once per connection.
+    """
+    placeholders = ", ".join(f"${number}" for number in range(1, count + 1))
+    return f"SELECT * FROM {function}({placeholders})"  # noqa: S608 - a route's name, not input
 
-_CANCEL_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, status, skus, quantities"
-    " FROM cancel_orders($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-)
 
-_SHIP_ORDERS = sa.text(
-    "SELECT ordinal, outcome, status, skus, quantities"
-    " FROM ship_orders(:consumer, :event_ids, :order_ids, :shipped_at, :traceparents)"
-).bindparams(
-    sa.bindparam("consumer", type_=sa.Text),
-    sa.bindparam("event_ids", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("order_ids", type_=postgresql.ARRAY(sa.Uuid)),
-    sa.bindparam("shipped_at", type_=postgresql.ARRAY(sa.DateTime(timezone=True))),
-    sa.bindparam("traceparents", type_=_TEXT_ARRAY),
-)
-"""A batch of shipments in one statement (``migrations/sql/ship_orders/``), through the engine."""
+@cache
+def _on_engine(function: str, names: tuple[str, ...]) -> sa.TextClause:
+    """The same call with named parameters, for a connection of the engine.
 
-_SHIP_ORDERS_ON_POOL = (
-    "SELECT ordinal, outcome, status, skus, quantities FROM ship_orders($1, $2, $3, $4, $5)"
-)
+    The server types each parameter from the function's signature.
+    """
+    parameters = ", ".join(":" + name for name in names)
+    return sa.text(f"SELECT * FROM {function}({parameters})")  # noqa: S608 - a route's name, not input
+
 
 # The column keeps the name message_key although it holds the event id (as text, the form
 # both releases write): workers of the previous release still write it under that name during
@@ -168,13 +114,11 @@ class PostgresWarehouse(Warehouse):
         retry_budget_seconds: total time each call may spend retrying transient errors
             (``FULFILMENT_RETRY_BUDGET_SECONDS``); see ``adapters.postgres.retry``.
         on_retry: called with the error before each retry, e.g. to count retries in a metric.
-        pool: the asyncpg pool of :meth:`reserve`, :meth:`cancel` and :meth:`ship`
-            (``adapters.postgres.engine.create_pool``), not owned; without one, they take a
-            connection of ``engine``. Either way a batch of events is one call of
-            ``place_orders()``, ``cancel_orders()`` or ``ship_orders()`` in autocommit; the
-            pool skips SQLAlchemy's execution machinery (16 % of the worker's CPU in a
-            profile).
-        pool_size: most such transactions running at once, of the three kinds together, each
+        pool: the asyncpg pool of :meth:`apply` (``adapters.postgres.engine.create_pool``),
+            not owned; without one, it takes a connection of ``engine``. Either way a batch of
+            commands is one call of their kind's SQL function in autocommit; the pool skips
+            SQLAlchemy's execution machinery (16 % of the worker's CPU in a profile).
+        pool_size: most such transactions running at once, of every kind together, each
             on a connection of its own: the size of ``pool``
             (``FULFILMENT_DATABASE_POOL_SIZE``).
         batch_max: most events one transaction applies
@@ -203,43 +147,65 @@ class PostgresWarehouse(Warehouse):
         self._engine = engine
         self._handoff = handoff
         self._pool = pool
-        # A single autocommit statement: the place_orders function body is the transaction,
+        # A single autocommit statement: the SQL function's body is the transaction,
         # and no BEGIN/COMMIT round trips surround it.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._consumer = consumer
         self._retry_budget_seconds = retry_budget_seconds
         self._on_retry = on_retry
         self._group_commit = GroupCommit(pool_size=pool_size, batch_max=batch_max)
+        # One function per kind, made once: the group commit batches the calls passing the
+        # same one.
+        self._commit_batches: dict[type[Any], CommitBatch[Any, Any]] = {
+            command: partial(self._commit_batch, function)
+            for command, function in FUNCTIONS.items()
+        }
+
+    async def _commit_batch(
+        self,
+        function: BatchFunction[Any, Any],
+        commands: Sequence[Command[Any]],
+        spans: Sequence[SpanContext],
+    ) -> list[Any]:
+        """Apply ``commands``, of one kind, in one call of ``function`` (see ``group_commit``).
+
+        Raises ``UnreadableOutcomesError`` when a row cannot be read as its command's outcome.
+        """
+        arguments = _arguments(
+            function, self._consumer, commands, _traceparents(spans), handoff=self._handoff
+        )
+        rows = await self._batch_rows(function, arguments, size=len(commands))
+        try:
+            return [
+                function.outcome(command, row[1:])
+                for command, row in zip(commands, rows, strict=True)
+            ]
+        except ValueError as error:  # an outcome, reason, status or line this code does not know
+            raise UnreadableOutcomesError(str(error)) from error
 
     async def _batch_rows(
-        self,
-        on_pool: str,
-        statement: sa.TextClause,
-        parameters: dict[str, Any],
-        *,
-        operation: str,
-        size: int,
+        self, function: BatchFunction[Any, Any], parameters: dict[str, Any], *, size: int
     ) -> Sequence[Sequence[Any]]:
-        """One call of a batch function under the retry policy: its rows, one per event.
+        """One call of a batch function under the retry policy: its rows, one per command.
 
         Each attempt is a ``CLIENT`` span (``SELECT <function>``, OpenTelemetry's database
         conventions) in the current one, the group commit's.
 
         Raises ``UnreadableOutcomesError`` unless the rows are ordinals 1 to ``size``.
         """
-        function = _BATCH_FUNCTIONS[operation]
+        name = function.name
 
         async def attempt() -> Sequence[Sequence[Any]]:
             with current_span(
                 tracer,
-                f"SELECT {function}",
+                f"SELECT {name}",
                 kind=SpanKind.CLIENT,
                 attributes=lambda: {
                     "db.system": "postgresql",
                     "db.system.name": "postgresql",
                     "db.operation.name": "SELECT",
-                    "db.stored_procedure.name": function,
-                    "db.query.summary": f"SELECT {function}",
+                    "db.stored_procedure.name": name,
+                    "db.query.summary": f"SELECT {name}",
                     "db.operation.batch.size": size,
                 },
             ):
@@ -250,7 +216,7 @@ class PostgresWarehouse(Warehouse):
                 async with self._pool.acquire(timeout=self._retry_budget_seconds) as connection:
                     try:
                         rows: list[Sequence[Any]] = await connection.fetch(
-                            on_pool, *parameters.values()
+                            _on_pool(name, len(parameters)), *parameters.values()
                         )
                     except (asyncpg.InterfaceError, OSError, asyncpg.ReadOnlySQLTransactionError):
                         # The connection, not the server, failed (a failover kills connections
@@ -262,12 +228,12 @@ class PostgresWarehouse(Warehouse):
                         raise
                     return rows
             async with self._autocommit.connect() as connection:
-                result = await connection.execute(statement, parameters)
+                result = await connection.execute(_on_engine(name, tuple(parameters)), parameters)
                 return result.all()
 
         rows = await call_with_retry(
             attempt,
-            operation=operation,
+            operation=name,
             budget_seconds=self._retry_budget_seconds,
             on_retry=self._on_retry,
         )
@@ -276,81 +242,6 @@ class PostgresWarehouse(Warehouse):
             msg = f"ordinals {ordinals[:10]} for {size} events"
             raise UnreadableOutcomesError(msg)
         return rows
-
-    async def _reserve_batch(
-        self, commands: Sequence[ReserveStock], spans: Sequence[SpanContext]
-    ) -> list[ReservationOutcome]:
-        """Reserve ``commands`` in one ``place_orders()`` call (see ``group_commit``)."""
-        rows = await self._batch_rows(
-            _PLACE_ORDERS_ON_POOL,
-            _PLACE_ORDERS,
-            _arguments(self._consumer, commands, _traceparents(spans), handoff=self._handoff),
-            operation="reserve",
-            size=len(commands),
-        )
-        try:
-            return [
-                _to_outcome(command, outcome, reason, skus)
-                for command, (_, outcome, reason, skus) in zip(commands, rows, strict=True)
-            ]
-        except ValueError as error:  # an outcome, reason or SKU list this code does not know
-            raise UnreadableOutcomesError(str(error)) from error
-
-    async def _cancel_batch(
-        self, commands: Sequence[CancelOrder], spans: Sequence[SpanContext]
-    ) -> list[CancelOutcome]:
-        """Apply ``commands`` in one ``cancel_orders()`` call (see ``group_commit``)."""
-        rows = await self._batch_rows(
-            _CANCEL_ORDERS_ON_POOL,
-            _CANCEL_ORDERS,
-            _cancel_arguments(
-                self._consumer, commands, _traceparents(spans), handoff=self._handoff
-            ),
-            operation="cancel",
-            size=len(commands),
-        )
-        try:
-            return [
-                CancelOutcome(
-                    CancelKind(outcome),
-                    command.order_id,
-                    command.event_id,
-                    _lines(skus, quantities),
-                    None if status is None else OrderStatus(status),
-                )
-                for command, (_, outcome, status, skus, quantities) in zip(
-                    commands, rows, strict=True
-                )
-            ]
-        except ValueError as error:  # an outcome, status or line this code does not know
-            raise UnreadableOutcomesError(str(error)) from error
-
-    async def _ship_batch(
-        self, commands: Sequence[ShipOrder], spans: Sequence[SpanContext]
-    ) -> list[ShipOutcome]:
-        """Apply ``commands`` in one ``ship_orders()`` call (see ``group_commit``)."""
-        rows = await self._batch_rows(
-            _SHIP_ORDERS_ON_POOL,
-            _SHIP_ORDERS,
-            _ship_arguments(self._consumer, commands, _traceparents(spans)),
-            operation="ship",
-            size=len(commands),
-        )
-        try:
-            return [
-                ShipOutcome(
-                    ShipKind(outcome),
-                    command.order_id,
-                    command.event_id,
-                    _lines(skus, quantities),
-                    None if status is None else OrderStatus(status),
-                )
-                for command, (_, outcome, status, skus, quantities) in zip(
-                    commands, rows, strict=True
-                )
-            ]
-        except ValueError as error:  # an outcome, status or line this code does not know
-            raise UnreadableOutcomesError(str(error)) from error
 
     async def count_redelivery(self, event_id: UUID) -> int:
         """Record one more redelivery of ``event_id``; return the redeliveries so far (>= 1).
@@ -377,53 +268,35 @@ class PostgresWarehouse(Warehouse):
         """The engine this warehouse runs on (for the command line's reports and chores)."""
         return self._engine
 
-    async def reserve(self, command: ReserveStock) -> ReservationOutcome:
-        """Reserve ``command``'s demand in a ``place_orders()`` transaction (group commit).
+    async def apply(self, command: Command[OutcomeT]) -> OutcomeT:
+        """Apply ``command`` in a transaction of its kind's SQL function (group commit).
 
-        The orders reserved at the same moment share the transaction (``group_commit``); each
-        gets the outcome it would get in a transaction of its own after the calls before it.
+        The function is the one the command's route names (``place_orders()``,
+        ``cancel_orders()``, ``ship_orders()``: ``fulfilment.routes.table.FUNCTIONS``, found
+        by the command's type). The commands of one kind waiting at the same moment share the
+        transaction (``group_commit``); each gets the outcome it would get in a transaction of
+        its own after the calls before it.
 
-        When a connection drops after the function committed but before its answer arrived, the
-        retry finds the inbox rows and answers ``duplicate:event`` for every order of the
-        batch, rejected ones too: each was still applied exactly once, but its outcome label
-        (and metric) says duplicate, and the real outcome is in ``reservations``.
-
-        Raises:
-            TransientError: a transient database error outlasted the retry budget.
-            ValueError: the command has no lines.
-        """
-        if not command.lines:
-            msg = f"order {command.order_id} has no lines"
-            raise ValueError(msg)
-        return await self._group_commit.run(self._reserve_batch, command)
-
-    async def cancel(self, command: CancelOrder) -> CancelOutcome:
-        """Cancel ``command``'s order in a ``cancel_orders()`` transaction (group commit).
-
-        The cancels waiting at the same moment share the transaction, as reservations do
-        (``group_commit``); each gets the outcome it would get in a transaction of its own
-        after the calls before it. A dropped connection after the commit makes the retry
-        answer ``duplicate``, as for :meth:`reserve`.
+        When a connection drops after the function committed but before its answer arrived,
+        the retry finds the inbox rows and answers ``duplicate`` for every command of the
+        batch, a rejected order too: each was still applied exactly once, but its outcome
+        label (and metric) says duplicate, and the real outcome is in ``reservations``. A
+        ``not_reserved`` shipment leaves no inbox row, so a retry (or a replay) decides it
+        again.
 
         Raises:
             TransientError: a transient database error outlasted the retry budget.
-            ValueError: the command cancels lines, but names none.
+            ValueError: the function refuses the command (``BatchFunction.check``: an order
+                without lines, a cancel of lines that names none).
+            LookupError: no route's command is of the command's type.
         """
-        if command.lines is not None and not command.lines:
-            msg = f"the cancel of order {command.order_id} names no lines"
-            raise ValueError(msg)
-        return await self._group_commit.run(self._cancel_batch, command)
-
-    async def ship(self, command: ShipOrder) -> ShipOutcome:
-        """Ship ``command``'s order in a ``ship_orders()`` transaction (group commit).
-
-        Batched like :meth:`cancel`. A ``not_reserved`` shipment leaves no inbox row, so a
-        retry (or a replay) decides it again.
-
-        Raises:
-            TransientError: a transient database error outlasted the retry budget.
-        """
-        return await self._group_commit.run(self._ship_batch, command)
+        commit_batch = self._commit_batches.get(type(command))
+        if commit_batch is None:
+            msg = f"no route applies a {type(command).__name__}"
+            raise LookupError(msg)
+        FUNCTIONS[type(command)].check(command)
+        outcome: OutcomeT = await self._group_commit.run(commit_batch, command)
+        return outcome
 
     async def put_stock(self, on_hand: Mapping[str, int]) -> None:
         """Upsert ``on_hand`` per SKU in one transaction; ``reserved`` is never changed.
@@ -481,142 +354,49 @@ class PostgresWarehouse(Warehouse):
         )
 
 
-def reserve_orders_statement(
-    consumer: str, commands: Sequence[ReserveStock], *, handoff: bool = False
+def apply_statement(
+    consumer: str, commands: Sequence[Command[Any]], *, handoff: bool = False
 ) -> tuple[sa.TextClause, dict[str, Any]]:
-    """``place_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
+    """The SQL function call applying ``commands`` for ``consumer``: statement and arguments.
 
-    For a connection of the engine (``connection.execute(statement, arguments)``), in a
-    transaction of the caller's; every command must have at least one line. ``handoff`` as
-    for :class:`PostgresWarehouse`. The result events (and the warehouse requests) carry the
-    current span's trace context.
+    ``commands`` are of one kind, at least one; the function is their route's, as for
+    :meth:`PostgresWarehouse.apply`. For a connection of the engine
+    (``connection.execute(statement, arguments)``), in a transaction of the caller's, without
+    the function's check. ``handoff`` as for :class:`PostgresWarehouse` (for the functions
+    that take it). The result events (and the warehouse requests) carry the current span's
+    trace context.
+
+    Raises:
+        LookupError: no route's command is of their type.
     """
-    return _PLACE_ORDERS, _arguments(
-        consumer, commands, [current_traceparent()] * len(commands), handoff=handoff
+    kind = type(commands[0])
+    function = FUNCTIONS.get(kind)
+    if function is None:
+        msg = f"no route applies a {kind.__name__}"
+        raise LookupError(msg)
+    arguments = _arguments(
+        function, consumer, commands, [current_traceparent()] * len(commands), handoff=handoff
     )
-
-
-def cancel_orders_statement(
-    consumer: str, commands: Sequence[CancelOrder], *, handoff: bool = False
-) -> tuple[sa.TextClause, dict[str, Any]]:
-    """``cancel_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
-
-    As :func:`reserve_orders_statement`; a command that cancels lines must name at least one.
-    """
-    return _CANCEL_ORDERS, _cancel_arguments(
-        consumer, commands, [current_traceparent()] * len(commands), handoff=handoff
-    )
-
-
-def ship_orders_statement(
-    consumer: str, commands: Sequence[ShipOrder]
-) -> tuple[sa.TextClause, dict[str, Any]]:
-    """``ship_orders()`` of ``commands`` for ``consumer``: the statement and its arguments.
-
-    As :func:`reserve_orders_statement`.
-    """
-    return _SHIP_ORDERS, _ship_arguments(
-        consumer, commands, [current_traceparent()] * len(commands)
-    )
+    return _on_engine(function.name, tuple(arguments)), arguments
 
 
 def _arguments(
+    function: BatchFunction[Any, Any],
     consumer: str,
-    commands: Sequence[ReserveStock],
+    commands: Sequence[Command[Any]],
     traceparents: Sequence[str | None],
     *,
     handoff: bool,
 ) -> dict[str, Any]:
-    """The arguments of ``place_orders()``, by name and in its order."""
-    line_orders: list[int] = []
-    line_skus: list[str] = []
-    line_quantities: list[int] = []
-    # reserve() has refused orders without lines, so every ordinal gets at least one.
-    for ordinal, command in enumerate(commands, start=1):
-        demand = command.demand()
-        line_orders.extend([ordinal] * len(demand))
-        line_skus.extend(demand)
-        line_quantities.extend(demand.values())
-    return {
-        "consumer": consumer,
-        "event_ids": [command.event_id for command in commands],
-        "order_ids": [command.order_id for command in commands],
-        "placed_at": [command.placed_at for command in commands],
-        "line_orders": line_orders,
-        "line_skus": line_skus,
-        "line_quantities": line_quantities,
-        "traceparents": list(traceparents),
-        "handoff": handoff,
-    }
-
-
-def _cancel_arguments(
-    consumer: str,
-    commands: Sequence[CancelOrder],
-    traceparents: Sequence[str | None],
-    *,
-    handoff: bool,
-) -> dict[str, Any]:
-    """The arguments of ``cancel_orders()``, by name and in its order."""
-    line_orders: list[int] = []
-    line_skus: list[str] = []
-    line_quantities: list[int] = []
-    for ordinal, command in enumerate(commands, start=1):
-        cancelled = command.cancelled() or {}
-        line_orders.extend([ordinal] * len(cancelled))
-        line_skus.extend(cancelled)
-        line_quantities.extend(cancelled.values())
-    return {
-        "consumer": consumer,
-        "event_ids": [command.event_id for command in commands],
-        "order_ids": [command.order_id for command in commands],
-        "cancelled_at": [command.cancelled_at for command in commands],
-        "whole": [command.lines is None for command in commands],
-        "line_orders": line_orders,
-        "line_skus": line_skus,
-        "line_quantities": line_quantities,
-        "traceparents": list(traceparents),
-        "handoff": handoff,
-    }
-
-
-def _ship_arguments(
-    consumer: str, commands: Sequence[ShipOrder], traceparents: Sequence[str | None]
-) -> dict[str, Any]:
-    """The arguments of ``ship_orders()``, by name and in its order."""
-    return {
-        "consumer": consumer,
-        "event_ids": [command.event_id for command in commands],
-        "order_ids": [command.order_id for command in commands],
-        "shipped_at": [command.shipped_at for command in commands],
-        "traceparents": list(traceparents),
-    }
+    """The arguments of ``function``, by name and in its order (:class:`BatchFunction`)."""
+    arguments: dict[str, Any] = {"consumer": consumer}
+    arguments.update(function.arguments(commands))
+    arguments["traceparents"] = list(traceparents)
+    if function.handoff:
+        arguments["handoff"] = handoff
+    return arguments
 
 
 def _traceparents(spans: Sequence[SpanContext]) -> list[str | None]:
     """Per command, the ``traceparent`` its result events carry: the span that wrote them."""
     return [traceparent_of(span) for span in spans]
-
-
-def _lines(skus: Sequence[str], quantities: Sequence[int]) -> tuple[OrderLine, ...]:
-    return tuple(OrderLine(sku, quantity) for sku, quantity in zip(skus, quantities, strict=True))
-
-
-def _to_outcome(
-    command: ReserveStock, outcome: str, reason: str | None, skus: Sequence[str] | None
-) -> ReservationOutcome:
-    kind = OutcomeKind(outcome)
-    if kind is OutcomeKind.DUPLICATE:
-        return ReservationOutcome(
-            kind=kind,
-            order_id=command.order_id,
-            event_id=command.event_id,
-            duplicate_of=DuplicateOf(str(reason)),
-        )
-    return ReservationOutcome(
-        kind=kind,
-        order_id=command.order_id,
-        event_id=command.event_id,
-        reason=None if reason is None else RejectionReason(reason),
-        skus=tuple(skus or ()),
-    )

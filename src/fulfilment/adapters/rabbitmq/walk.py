@@ -20,7 +20,7 @@ import aiormq.exceptions
 from fulfilment.adapters.rabbitmq.inspection import queue_state
 from fulfilment.adapters.rabbitmq.publishing import publish_confirmed, resent
 from fulfilment.contracts.dead_letter import DEAD_LETTER_TTL_SECONDS, describe_dead_letter
-from fulfilment.contracts.topology import route_to
+from fulfilment.routes.table import route_to
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -302,7 +302,7 @@ async def walk_queue(
     exclusive queue, and drops it when its connection closes, so a walker that dies frees
     it); the lock is deleted at the end.
 
-    Kept messages go back to its tail by :func:`~fulfilment.contracts.topology.route_to`,
+    Kept messages go back to its tail by :func:`~fulfilment.routes.table.route_to`,
     with what ``ttl_seconds`` (the DLQ's ``message-ttl``, ``FULFILMENT_DEAD_LETTER_TTL_SECONDS``)
     leaves of their time (:meth:`QueueWalk._time_left`); None keeps no expiration. Every
     message not settled by the end goes back to the head of the queue.

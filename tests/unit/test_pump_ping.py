@@ -6,8 +6,28 @@ import asyncio
 
 import asyncpg
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
 
-from fulfilment.dispatcher.leadership import Leadership
+from fulfilment.pump.leader import LockOptions, Pump, PumpEvents
+
+
+class _Idle(Pump):
+    """A pump with nothing of its own to do: the machine alone."""
+
+    name = "idle"
+    events = PumpEvents(*(f"idle.{event}" for event in PumpEvents.__slots__))
+
+    def readiness(self) -> dict[str, bool | str]:
+        return {"role": str(self.role)}
+
+    def ready(self) -> bool:
+        return True
+
+    async def stand_by(self, session: asyncpg.Connection) -> None:
+        pass
+
+    async def work(self, session: asyncpg.Connection, lost: asyncio.Event) -> None:
+        pass
 
 
 class _Connection:
@@ -41,11 +61,12 @@ class _Connection:
     ids=lambda error: type(error).__name__,
 )
 async def test_a_ping_that_fails_marks_the_session_lost_and_stops_pinging(error):
-    leadership = Leadership("postgresql://unused", connect_timeout_seconds=1, poll_seconds=0.01)
+    lock = LockOptions("postgresql://unused", key=1, connect_timeout_seconds=1, poll_seconds=0.01)
+    pump = _Idle(lock, Gauge("idle_active", "", registry=CollectorRegistry()))
     connection = _Connection(error)
-    lost, stopping = asyncio.Event(), asyncio.Event()
+    lost = asyncio.Event()
 
-    await asyncio.wait_for(leadership._ping(connection, lost, stopping), 2)  # type: ignore[arg-type]
+    await asyncio.wait_for(pump._ping(connection, lost), 2)  # type: ignore[arg-type]
 
     assert lost.is_set()
     assert connection.pings == [("SELECT 1", 1)]  # once, within the connect timeout

@@ -1,10 +1,11 @@
-"""What a handler imports: how it parses a body, what it returns, and what it raises.
+"""What a route's handler uses: how it parses a body, what it returns, and what it raises.
 
-A handler (one per event, ``worker.subscribers``) is a plain function of the raw body: it
-parses the body (:func:`parse_event`), calls its use case and returns what it made of the
-event (:class:`Handled`), or raises :class:`MalformedEventError` or
-:class:`EventRefusedError`. The delivery policy (``worker.delivery``), which runs every
-handler the same way, imports these too; a handler never imports the policy.
+A handler (one per input event, in its route: ``fulfilment.routes.table``) is a plain function
+of the raw body: it parses the body (:func:`parse_event`), applies the event's command and
+returns what it made of the event (:class:`Handled`), or raises :class:`MalformedEventError`
+or :class:`EventRefusedError`. These are the transport's to act on: the worker's delivery
+policy (``fulfilment.worker.delivery``), which runs every handler the same way, imports them
+too; a handler never imports the policy.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Handled:
     ``outcome`` is the log line's label (``reserved``, ``rejected:unknown_sku``,
     ``duplicate:event``); ``labels`` are the ``(outcome, reason)`` of
     ``fulfilment_events_total`` (its ``event`` label is the subscription's name), from the
-    handler's fixed list (``worker.subscribers``), bound at 0 by ``observability.metrics``;
+    route's fixed list (``Route.outcomes``), bound at 0 by ``observability.metrics``;
     ``latency_since`` is the moment the event happened, from which the end-to-end latency is
     observed, or None to observe none (a duplicate); ``log_fields`` are more fields of the log
     line, such as the SKUs an order was rejected for.
