@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -439,6 +440,23 @@ def test_ctrl_c_before_the_command_starts_closes_it_unstarted(monkeypatch, capsy
     assert capsys.readouterr().err == "fulfilment: interrupted (Ctrl-C)\n"
 
 
+def _wait_for_guard(pid: int, timeout: float = 30) -> None:
+    """Return once the program ``pid`` loads the command line's dependencies.
+
+    Before its entry point runs, the interpreter is still starting, and a Ctrl-C then is the
+    interpreter's to answer (it dies of SIGINT), not the program's. On a loaded machine that
+    start alone can outlast a fixed delay; a compiled module of the environment's packages
+    mapped into the process (``/proc/<pid>/maps``) says the entry point's guard is up, since
+    only the command line, imported inside it, loads one.
+    """
+    packages = sysconfig.get_paths()["purelib"]
+    deadline = time.monotonic() + timeout
+    maps = Path(f"/proc/{pid}/maps")
+    while packages not in maps.read_text():
+        assert time.monotonic() < deadline, "the program loaded none of its packages"
+        time.sleep(0.01)
+
+
 @pytest.mark.usefixtures("ctrl_c_not_ignored")
 @pytest.mark.parametrize("after_seconds", [0.3, 0.6])
 def test_a_command_interrupted_as_it_starts_exits_130_with_one_line(after_seconds):
@@ -459,6 +477,7 @@ def test_a_command_interrupted_as_it_starts_exits_130_with_one_line(after_second
             stderr=subprocess.PIPE,
         )
         time.sleep(after_seconds)
+        _wait_for_guard(started.pid)
         started.send_signal(signal.SIGINT)
         _, stderr = started.communicate(timeout=30)
 

@@ -496,18 +496,35 @@ async def test_a_dead_letter_refused_past_the_hold_sends_the_delivery_back_to_it
 
 @pytest.mark.usefixtures("quick_retries")
 async def test_a_held_redelivery_does_not_hold_up_the_other_deliveries(monkeypatch) -> None:
-    async for harness in _harness(failing(KeyError("bug")), monkeypatch, delivery_limit=10):
+    buggy = a_ping()
+    bug = failing(KeyError("bug"))
+
+    async def handler(body: bytes) -> Handled:
+        return await (bug if body == buggy else handled)(body)
+
+    async for harness in _harness(handler, monkeypatch, delivery_limit=10):
+        # The DLQ refuses every dead letter until the end, so the redelivery stays held
+        # whatever the other delivery takes under load (no race with its next try).
         harness.dlq.refusals = None
-        held = asyncio.create_task(harness.deliver(a_ping(), redelivered=True))
-        await asyncio.sleep(0.05)
+        held = asyncio.create_task(harness.deliver(buggy, redelivered=True))
+        while not harness.dlq.tries:
+            assert not held.done()
+            await asyncio.sleep(0)
         assert harness.value("fulfilment_dead_letters_held") == 1
 
-        harness.dlq.refusals = 0
-        await asyncio.wait_for(harness.deliver(a_ping()), timeout=1)
+        other = asyncio.create_task(harness.deliver(a_ping()))
+        # Were the redelivery's gate kept while it is held, the other delivery would wait
+        # for the hold to end (60 s), after the held one.
+        done, _ = await asyncio.wait({held, other}, return_when=asyncio.FIRST_COMPLETED)
 
-        assert harness.settled == ["ack"]  # the first delivery went past the held one
+        assert done == {other}
+        await other
+        assert harness.settled == ["ack"]  # the other delivery went past the held one
+        assert harness.value("fulfilment_dead_letters_held") == 1
+        harness.dlq.refusals = 0
         await held
         assert harness.settled == ["ack", "ack"]
+        assert harness.outcomes() == ["reserved:", "dead_lettered:unexpected"]
 
 
 async def test_a_cancelled_delivery_is_neither_acknowledged_nor_rejected(monkeypatch) -> None:

@@ -1,15 +1,14 @@
 """The ``fulfilment`` program's entry point: the command line of :mod:`fulfilment.entrypoints.cli`.
 
-A module of its own, importing nothing heavy, so that a Ctrl-C while the command line's
-modules load (its first few tenths of a second) is answered as one during a command is: one
-line and exit 130 (``ExitCode.INTERRUPTED``), not a ``KeyboardInterrupt`` traceback.
+A module of its own that imports nothing before its guard (nor do the packages above it), so
+that a Ctrl-C while the command line's modules load (its first few tenths of a second) is
+answered as one during a command is: one line and exit 130 (``ExitCode.INTERRUPTED``), not a
+``KeyboardInterrupt`` traceback.
 """
 
 from __future__ import annotations
 
 import sys
-
-from fulfilment.exit_codes import ExitCode
 
 INTERRUPTED_AT_START = "fulfilment: interrupted (Ctrl-C) before the command started\n"
 
@@ -19,6 +18,9 @@ def main() -> None:
     try:
         from fulfilment.entrypoints.cli import app  # noqa: PLC0415 - imported inside the interrupt's guard
     except KeyboardInterrupt:
+        # Imported here: before the guard, the import would widen the unguarded moment.
+        from fulfilment.exit_codes import ExitCode  # noqa: PLC0415
+
         sys.stderr.write(INTERRUPTED_AT_START)
         sys.exit(ExitCode.INTERRUPTED)
     app()
