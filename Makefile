@@ -137,8 +137,11 @@ check-deploy: install ## Lint and validate the Dockerfile, compose stack, Kubern
 	elif [ "$${CI:-}" = true ]; then echo "promtool is missing (Debian package prometheus)" >&2; exit 1; \
 	else echo "skipped: promtool check config (apt-get install prometheus)"; fi
 
-typecheck: install ## mypy --strict
+# The benchmark scripts import the suite's helpers (tests.support, tests.e2e) from the
+# repository's root, hence its folder on mypy's path for them.
+typecheck: install ## mypy --strict, the service and the benchmark scripts
 	$(UV) run mypy
+	MYPYPATH=. $(UV) run mypy bench
 
 format: install ## Format and fix what ruff can
 	$(UV) run ruff format src tests bench simulator

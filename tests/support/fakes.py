@@ -477,7 +477,7 @@ class FakeWarehouseRequests(WarehouseRequests):
             claimed = []
             for request in due:
                 if request.body is None:
-                    lines = request.lines
+                    lines: Mapping[str, int] | None = request.lines
                     if request.kind is RequestKind.CANCELLATION:
                         reservation = self.stock.reservations.get(request.order_id)
                         to_send = cancellation_to_send(
