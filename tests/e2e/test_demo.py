@@ -101,6 +101,20 @@ async def demo_queue_depth(amqp_url: str) -> int:
         await connection.close()
 
 
+async def demo_queue_exists(amqp_url: str) -> bool:
+    """Whether the vhost holds the demo's queue (and so its ``#`` binding, which goes with it)."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        try:
+            await channel.declare_queue(RESULT_EVENTS_QUEUE, passive=True)
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            return False
+        return True
+    finally:
+        await connection.close()
+
+
 WAREHOUSE_DAY = re.compile(
     r"^(?P<day>\d{4}-\d\d-\d\d): warehouse received (?P<orders>\d+) fulfilment orders for"
     r" (?P<reserved>\d+) reservations, cancellations accepted (?P<accepted>\d+),"
@@ -304,6 +318,7 @@ async def test_reset_refuses_a_database_that_is_not_the_demo_s_until_it_is_named
     # Another team's stock level, in a database the demo did not make or find empty.
     await db.execute(f'COMMENT ON DATABASE "{name}" IS NULL')
     await db.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('NOT-THE-DEMO', 7)")
+    assert not await demo_queue_exists(amqp_url)
 
     refused = demo(worker_env, "--reset", data=one_day)
     misnamed = demo(worker_env, "--reset", "--confirm-reset", "fulfilment", data=one_day)
@@ -319,6 +334,8 @@ async def test_reset_refuses_a_database_that_is_not_the_demo_s_until_it_is_named
         f" FULFILMENT_DATABASE_URL, '{name}': nothing was emptied\n"
     )
     assert await db.fetchval("SELECT on_hand FROM stock_levels WHERE sku = 'NOT-THE-DEMO'") == 7
+    # Nor the broker: no durable queue left bound with `#`, taking every result event.
+    assert not await demo_queue_exists(amqp_url)
 
     named = demo(worker_env, "--reset", "--confirm-reset", name, data=one_day)
 
@@ -388,7 +405,7 @@ def test_on_the_whole_data_set_the_demo_queue_receives_every_kind_of_result_even
 
 
 def test_reset_refuses_another_application_s_database_before_migrating_it(
-    worker_env: dict[str, str],
+    worker_env: dict[str, str], amqp_url: str
 ) -> None:
     with throwaway_database("fulfilment_other_app") as url:
 
@@ -429,3 +446,4 @@ def test_reset_refuses_another_application_s_database_before_migrating_it(
                 await connection.close()
 
         assert asyncio.run(tables()) == ["invoices"]  # not migrated: nothing changed
+        assert not asyncio.run(demo_queue_exists(amqp_url))  # nor declared on the broker

@@ -1,16 +1,17 @@
 """``fulfilment demo``: the main job on real data, from an empty database to a reconciled report.
 
-Steps: create and migrate the database; declare the demo's own queue on the result events'
-exchange (:data:`RESULT_EVENTS_QUEUE`); plan stock from the data and load it for the SKUs that
-have no stock level yet; start the relay and the worker as child processes and wait until each
-is ready; play the data day by day (``fulfilment.dataset.retail_lifecycle``): each day's orders
-and mapped cancellations in time order, one run of one kind at a time, each run settled before
-the next is sent, then the ``OrderShipped`` of every order of the day still reserved, settled
-too; stop the worker with SIGTERM (it finishes in-flight work and exits 0); wait until the
-relay has published every outbox row the run wrote, read the demo's queue and check what it
-received against those rows (``demo.result_events``), and stop the relay with SIGTERM;
-then reconcile every published event of the three kinds against the inbox and the dead-letter
-queues and print the report.
+Steps: create and migrate the database (``--reset`` is refused before the migration); plan
+stock from the data and load it for the SKUs that have no stock level yet; declare the demo's
+own queue on the result events' exchange (:data:`RESULT_EVENTS_QUEUE`), only now, so that a
+refused run leaves the broker as it was; start the relay and the worker as child processes and
+wait until each is ready; play the data day by day (``fulfilment.dataset.retail_lifecycle``):
+each day's orders and mapped cancellations in time order, one run of one kind at a time, each
+run settled before the next is sent, then the ``OrderShipped`` of every order of the day still
+reserved, settled too; stop the worker with SIGTERM (it finishes in-flight work and exits 0);
+wait until the relay has published every outbox row the run wrote, read the demo's queue and
+check what it received against those rows (``demo.result_events``), and stop the relay with
+SIGTERM; then reconcile every published event of the three kinds against the inbox and the
+dead-letter queues and print the report.
 
 Its jobs are modules of their own: the player (``demo.player``: the days, each run settled),
 the child processes (``demo.children``: started, waited for, stopped, their logs in one
@@ -131,15 +132,6 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
 ) -> int:
     started = time.monotonic()
     database_url = options.database.url
-    amqp_url = options.amqp_url
-    async with connect(amqp_url) as connection:
-        # Before anything is published, so that it receives every result event of the run.
-        await declare_bound_queue(
-            connection,
-            RESULT_EVENTS_QUEUE,
-            exchange=EVENTS_EXCHANGE,
-            binding_key=RESULT_EVENTS_BINDING,
-        )
     created = await ensure_database(database_url)
     if created:
         echo("created the database")
@@ -172,6 +164,15 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
         f"loaded {loaded} planned stock levels"
         + (f"; {kept} SKUs kept the level they had (--reset starts from the plan)" if kept else "")
     )
+    # After every check that may refuse the run, so that a refusal leaves the broker as it
+    # was; before the relay starts, so that the queue receives every result event of the run.
+    async with connect(options.amqp_url) as connection:
+        await declare_bound_queue(
+            connection,
+            RESULT_EVENTS_QUEUE,
+            exchange=EVENTS_EXCHANGE,
+            binding_key=RESULT_EVENTS_BINDING,
+        )
     echo(
         f"result events: the relay publishes them to {EVENTS_EXCHANGE}, where the demo's"
         f" queue {RESULT_EVENTS_QUEUE} (bound with {RESULT_EVENTS_BINDING}) receives them"
