@@ -1,8 +1,8 @@
 """The relay's composition root (``fulfilment relay``): settings, logging, the relay, its HTTP.
 
-A process of its own beside the worker's root (``main``), so that publishing never takes
-event-loop time from the deliveries (docs/design.md, "Result events and the relay"). Nothing
-is built at import time.
+A process of its own beside the worker's root (``entrypoints.worker``), so that publishing
+never takes event-loop time from the deliveries (docs/design.md, "Result events and the
+relay"). Nothing is built at import time.
 """
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ async def run_relay(settings: Settings, *, hooks: RelayHooks | None = None) -> E
 async def wait_for_start(settings: Settings, relay: Pump) -> None:
     """Return once the database is at this build's migration and both services accept the relay.
 
-    The worker's checks (``composition``): the schema first, on a connection of its own, then
-    a broker connection opened and closed. A service that does not answer is waited for, with
-    the relay's back-off (``pump.leader.RECONNECT_*``; a ``relay.<service>_unreachable``
-    warning per try), until it answers or ``relay`` is stopped; then this returns at once.
+    The worker's checks (``entrypoints.startup``): the schema first, on a connection of its
+    own, then a broker connection opened and closed. A service that does not answer is waited
+    for, with the relay's back-off (``pump.leader.RECONNECT_*``; a
+    ``relay.<service>_unreachable`` warning per try), until it answers or ``relay`` is
+    stopped; then this returns at once.
 
     Raises:
         StartRefusedError: the schema is not current (exit 1), or a service refused the

@@ -296,7 +296,7 @@ async def run_worker(
     0 after a clean shutdown; 3 when RabbitMQ or PostgreSQL did not answer at start, 4 when
     one refused the user or has no such virtual host or database; 1 when another start-up
     check failed (topology mismatch, schema behind, a broken subscriber, a taken HTTP port:
-    ``composition.listen``, before any connection) or the consumer was
+    ``entrypoints.startup.listen``, before any connection) or the consumer was
     lost for good (``ConsumerWatchdog``), so the orchestrator restarts the pod with back-off.
     The HTTP server runs beside the broker from the start, so liveness answers during start-up.
     """
