@@ -46,7 +46,7 @@ from pydantic import SecretStr
 
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
-from fulfilment.settings import Settings
+from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from tests.e2e.harness import FAST_SETTINGS, WorkerProcess, put_stock, queue_depth
 from tests.e2e.relay_harness import RelayProcess, bind_events_queue, take_events, unpublished
 from tests.e2e.warehouse_harness import (
@@ -394,7 +394,10 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
         outcome = await compare_with_the_in_order_sequence(
             await without_refused_cancels(db, plan),
             db,
-            Settings(database_url=SecretStr(upgrade_database), amqp_url=SecretStr(amqp_url)),
+            Settings(
+                database=DatabaseSettings(url=SecretStr(upgrade_database)),
+                broker=BrokerSettings(amqp_url=SecretStr(amqp_url)),
+            ),
         )
         run.handoff = await handoff_figures(
             db, simulator, reserved_before=fleet.reserved_without_handoff()

@@ -93,7 +93,9 @@ class Settings(BaseModel):
     statement timeout within the retry budget, is checked here.
     """
 
-    model_config = ConfigDict(frozen=True)
+    # A keyword that is no group (a flat ``database_url=`` of the settings before they were
+    # grouped) would otherwise be dropped in silence, and the defaults used instead.
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     database: DatabaseSettings = Field(default_factory=DatabaseSettings, title="Database")
     broker: BrokerSettings = Field(default_factory=BrokerSettings, title="Broker")
