@@ -658,7 +658,9 @@ class Handoff:
     window_seconds: tuple[int, ...] = ()
 
 
-async def handoff_of_drain(plan: Plan, start: float, end: float, stock: dict[str, Any]) -> Handoff:
+async def handoff_of_drain(
+    plan: Plan, start: float, end: float, warehouse: dict[str, Any]
+) -> Handoff:
     """The dispatcher's figures between ``start`` and ``end`` (epoch seconds).
 
     ``warehouse`` is the simulator's ``/_simulator/stats``, read at the window's end.
@@ -681,14 +683,14 @@ async def handoff_of_drain(plan: Plan, start: float, end: float, stock: dict[str
         answered_per_second=row["answered"] / (end - start),
         cap_per_second=float(plan.env.get("FULFILMENT_WAREHOUSE_RATE_PER_SECOND", "nan")),
         open_at_end=row["open"],
-        requests=int(stock["requests_total"]),
-        max_requests_per_second=int(stock["max_requests_per_second"]),
-        connections=int(stock["connections"]),
+        requests=int(warehouse["requests_total"]),
+        max_requests_per_second=int(warehouse["max_requests_per_second"]),
+        connections=int(warehouse["connections"]),
         window_seconds=tuple(
             int(count)
             for second, count in sorted(
                 (int(second), count)
-                for second, count in stock.get("requests_per_second", {}).items()
+                for second, count in warehouse.get("requests_per_second", {}).items()
             )
             if start <= second and second + 1 <= end
         ),
@@ -1036,7 +1038,9 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
             rss.by_orders[len(orders)] = rss.now()
             worker_rss = rss.by_orders[len(orders)]["worker"]
             simulator = _by_name(beside).get("warehouse", [])
-            stock = json.loads(simulator[0].get("/_simulator/stats") or "{}") if simulator else {}
+            warehouse = (
+                json.loads(simulator[0].get("/_simulator/stats") or "{}") if simulator else {}
+            )
         finally:
             for process in [*consumers, *beside]:
                 process.stop()
@@ -1051,7 +1055,7 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
     def per_1000(cpu: dict[str, float]) -> dict[str, float]:
         return {group: seconds / counted * 1000 for group, seconds in cpu.items()}
 
-    handoff = await handoff_of_drain(plan, start, counted_end, stock) if stock else None
+    handoff = await handoff_of_drain(plan, start, counted_end, warehouse) if warehouse else None
 
     return Drain(
         kind=kind,
@@ -1759,11 +1763,11 @@ def plans_of(
     env = dict(item.split("=", 1) for item in args.env)
     if args.worker_src is not None:
         env["PYTHONPATH"] = str(args.worker_src.resolve())
-    if args.stock and args.no_relay:
+    if args.warehouse and args.no_relay:
         msg = "--warehouse needs the relay: drop --no-relay"
         raise ValueError(msg)
     beside: tuple[ServiceProcess, ...] = () if args.no_relay else SERVICE_PROCESSES
-    if args.stock:
+    if args.warehouse:
         env, beside = with_warehouse(env, beside)
     plan = Plan(services, logs, args.prefetch, args.workers, env, beside_worker=beside)
     plans = [plan, *(variant_plan(text, plan, sink) for text in args.variant)]
