@@ -1233,7 +1233,7 @@ def check_dispatcher(stack: Stack) -> list[str]:
         for endpoint in monitor["podMetricsEndpoints"]
         if ports.get(endpoint["port"]) != settings.http.dispatcher_port
     )
-    if container.get("args") != ["dispatcher"] or settings.stock.url is None:
+    if container.get("args") != ["dispatcher"] or settings.warehouse.url is None:
         problems.append("k8s dispatcher: must run [dispatcher] with FULFILMENT_WAREHOUSE_URL set")
     service = stack.compose["services"]["dispatcher"]
     compose = effective_settings(compose_environment(stack, "dispatcher"))
@@ -1247,7 +1247,7 @@ def check_dispatcher(stack: Stack) -> list[str]:
         problems.append(
             f"docker-compose.yml dispatcher: expose is not [{compose.http.dispatcher_port}]"
         )
-    if service.get("command") != ["dispatcher"] or compose.stock.url is None:
+    if service.get("command") != ["dispatcher"] or compose.warehouse.url is None:
         problems.append(
             "docker-compose.yml dispatcher: must run [dispatcher] with FULFILMENT_WAREHOUSE_URL set"
         )

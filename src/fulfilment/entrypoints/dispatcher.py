@@ -52,26 +52,26 @@ EXPIRE_INTERVAL_SECONDS = 60.0
 """How often the active dispatcher expires requests past their key's retention."""
 
 
-def client_options(stock: WarehouseSettings) -> WarehouseClientOptions:
+def client_options(warehouse: WarehouseSettings) -> WarehouseClientOptions:
     """The warehouse client's options from ``warehouse`` (its URL must be set)."""
     return WarehouseClientOptions(
-        url=stock.url or "",
-        token=stock.token.get_secret_value(),
-        timeout_seconds=stock.timeout_seconds,
-        ca_file=stock.ca_file,
-        max_connections=stock.concurrency,
+        url=warehouse.url or "",
+        token=warehouse.token.get_secret_value(),
+        timeout_seconds=warehouse.timeout_seconds,
+        ca_file=warehouse.ca_file,
+        max_connections=warehouse.concurrency,
         user_agent=f"fulfilment/{__version__}",
     )
 
 
-def dispatcher_options(stock: WarehouseSettings) -> DispatcherOptions:
+def dispatcher_options(warehouse: WarehouseSettings) -> DispatcherOptions:
     """The loop's caps and intervals from ``warehouse``."""
     return DispatcherOptions(
-        rate_per_second=stock.rate_per_second,
-        concurrency=stock.concurrency,
-        timeout_seconds=stock.timeout_seconds,
+        rate_per_second=warehouse.rate_per_second,
+        concurrency=warehouse.concurrency,
+        timeout_seconds=warehouse.timeout_seconds,
         poll_seconds=POLL_SECONDS,
-        key_retention_seconds=stock.key_retention_seconds,
+        key_retention_seconds=warehouse.key_retention_seconds,
         expire_interval_seconds=EXPIRE_INTERVAL_SECONDS,
     )
 
@@ -90,14 +90,14 @@ async def run_dispatcher(settings: Settings) -> int:
     """
     # httpx logs each request at INFO; the dispatcher's own dispatcher.answer line says more.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if settings.stock.url is None:
+    if settings.warehouse.url is None:
         sys.stderr.write(
             "fulfilment: invalid settings: FULFILMENT_WAREHOUSE_URL is not set: without the"
             " warehouse system's URL there is no hand-off and no dispatcher to run\n"
         )
         return ExitCode.BAD_INPUT
     try:
-        http_client = build_http_client(client_options(settings.stock))
+        http_client = build_http_client(client_options(settings.warehouse))
     except (OSError, ssl.SSLError) as error:
         sys.stderr.write(
             "fulfilment: invalid settings: FULFILMENT_WAREHOUSE_CA_FILE: cannot be read as a"
@@ -121,8 +121,8 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         PostgresWarehouseRequests(
             engine, retry_budget_seconds=settings.deadlines.retry_budget_seconds
         ),
-        WarehouseClient(http_client, timeout_seconds=settings.stock.timeout_seconds),
-        dispatcher_options(settings.stock),
+        WarehouseClient(http_client, timeout_seconds=settings.warehouse.timeout_seconds),
+        dispatcher_options(settings.warehouse),
         metrics,
     )
     try:
@@ -135,9 +135,9 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
             start=lambda: require_current_schema(
                 engine, settings.database.url.get_secret_value(), program="dispatcher"
             ),
-            warehouse_url=settings.stock.url,
-            rate_per_second=settings.stock.rate_per_second,
-            concurrency=settings.stock.concurrency,
+            warehouse_url=settings.warehouse.url,
+            rate_per_second=settings.warehouse.rate_per_second,
+            concurrency=settings.warehouse.concurrency,
         )
     finally:
         await engine.dispose()

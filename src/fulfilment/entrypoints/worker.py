@@ -329,7 +329,7 @@ async def run_worker(
         pool_size=settings.database.pool_size,
         batch_max=settings.worker.reservation_batch_max,
         # The worker records the requests; only the dispatcher ever calls the stock store system.
-        handoff=settings.stock.url is not None,
+        handoff=settings.warehouse.url is not None,
     )
     stock: Stock = postgres if wrap_stock is None else wrap_stock(postgres)
 

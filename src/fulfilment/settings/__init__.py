@@ -102,7 +102,7 @@ class Settings(BaseModel):
     deadlines: DeadlineSettings = Field(default_factory=DeadlineSettings, title="Deadlines")
     worker: WorkerSettings = Field(default_factory=WorkerSettings, title="Worker")
     relay: RelaySettings = Field(default_factory=RelaySettings, title="Relay")
-    stock: WarehouseSettings = Field(
+    warehouse: WarehouseSettings = Field(
         default_factory=WarehouseSettings, title="Warehouse system and dispatcher"
     )
     http: HttpSettings = Field(default_factory=HttpSettings, title="Health and metrics endpoints")

@@ -75,7 +75,7 @@ def report(
             tool_options(settings),
             as_json=as_json,
             echo=typer.echo,
-            handoff=settings.stock.url is not None,
+            handoff=settings.warehouse.url is not None,
         )
     )
 
