@@ -25,6 +25,7 @@ from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
 from tests.cluster.rabbit_cluster import ClusterError, RabbitCluster, missing_tools
 from tests.e2e.harness import FAST_SETTINGS
 from tests.faults.faultlib import Cluster
+from tests.support.markers import run_only_when_named
 from tests.support.services import service_unavailable
 
 FOLDER = Path(__file__).parent
@@ -32,16 +33,7 @@ FOLDER = Path(__file__).parent
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark this folder's tests ``cluster``; leave them out unless ``-m`` names the marker."""
-    chosen = "cluster" in (config.getoption("markexpr") or "")
-    left_out = []
-    for item in items:
-        if FOLDER in item.path.parents:
-            item.add_marker(pytest.mark.cluster)
-            if not chosen:
-                left_out.append(item)
-    if left_out:
-        config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if item not in left_out]
+    run_only_when_named("cluster", FOLDER, config, items)
 
 
 STARTED_IN: list[float] = []

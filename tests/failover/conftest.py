@@ -25,6 +25,7 @@ from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from tests.e2e.harness import FAST_SETTINGS
 from tests.failover.postgres_pair import PairError, PostgresPair, connect_primary, missing_tools
 from tests.faults.faultlib import Cluster
+from tests.support.markers import run_only_when_named
 from tests.support.services import service_unavailable
 
 FOLDER = Path(__file__).parent
@@ -39,16 +40,7 @@ TABLES = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark this folder's tests ``failover``; leave them out unless ``-m`` names the marker."""
-    chosen = "failover" in (config.getoption("markexpr") or "")
-    left_out = []
-    for item in items:
-        if FOLDER in item.path.parents:
-            item.add_marker(pytest.mark.failover)
-            if not chosen:
-                left_out.append(item)
-    if left_out:
-        config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if item not in left_out]
+    run_only_when_named("failover", FOLDER, config, items)
 
 
 @pytest.fixture(scope="session")

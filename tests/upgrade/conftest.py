@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from tests.e2e.warehouse_harness import SimulatorProcess
+from tests.support.markers import run_only_when_named
 from tests.support.services import admin_execute, service_unavailable, throwaway_database
 from tests.upgrade.upgradelib import (
     TABLES,
@@ -33,16 +34,7 @@ FOLDER = Path(__file__).parent
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark this folder's tests ``upgrade``; leave them out unless ``-m`` names the marker."""
-    chosen = "upgrade" in (config.getoption("markexpr") or "")
-    left_out = []
-    for item in items:
-        if FOLDER in item.path.parents:
-            item.add_marker(pytest.mark.upgrade)
-            if not chosen:
-                left_out.append(item)
-    if left_out:
-        config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if item not in left_out]
+    run_only_when_named("upgrade", FOLDER, config, items)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
