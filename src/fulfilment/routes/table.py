@@ -17,7 +17,7 @@ policies, KEDA triggers and per-queue alert rules (``scripts/render-deploy``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fulfilment.application.ports import Stock
@@ -99,23 +99,29 @@ def _refuse_no_lines(command: PlaceOrder) -> None:
 
 def _place_arguments(commands: Sequence[PlaceOrder]) -> dict[str, list[Any]]:
     """The arrays of ``place_orders()``: the orders', then their lines' (merged per SKU)."""
-    line_orders: list[int] = []
-    line_skus: list[str] = []
-    line_quantities: list[int] = []
     # The check has refused orders without lines, so every ordinal gets at least one.
-    for ordinal, command in enumerate(commands, start=1):
-        demand = command.demand()
-        line_orders.extend([ordinal] * len(demand))
-        line_skus.extend(demand)
-        line_quantities.extend(demand.values())
     return {
         "event_ids": [command.event_id for command in commands],
         "order_ids": [command.order_id for command in commands],
         "placed_at": [command.placed_at for command in commands],
-        "line_orders": line_orders,
-        "line_skus": line_skus,
-        "line_quantities": line_quantities,
+        **_line_arrays(command.demand() for command in commands),
     }
+
+
+def _line_arrays(lines_per_command: Iterable[Mapping[str, int]]) -> dict[str, list[Any]]:
+    """``line_orders``, ``line_skus``, ``line_quantities``: each command's lines, flattened.
+
+    ``line_orders`` holds the 1-based ordinal of the command a line belongs to, as the batch
+    functions join lines to their command by it.
+    """
+    line_orders: list[int] = []
+    line_skus: list[str] = []
+    line_quantities: list[int] = []
+    for ordinal, lines in enumerate(lines_per_command, start=1):
+        line_orders.extend([ordinal] * len(lines))
+        line_skus.extend(lines)
+        line_quantities.extend(lines.values())
+    return {"line_orders": line_orders, "line_skus": line_skus, "line_quantities": line_quantities}
 
 
 def _placement(command: PlaceOrder, row: Sequence[Any]) -> ReservationOutcome:
@@ -173,22 +179,12 @@ def _refuse_no_cancelled_lines(command: CancelOrder) -> None:
 
 def _cancel_arguments(commands: Sequence[CancelOrder]) -> dict[str, list[Any]]:
     """The arrays of ``cancel_orders()``: the cancels', then their lines' (merged per SKU)."""
-    line_orders: list[int] = []
-    line_skus: list[str] = []
-    line_quantities: list[int] = []
-    for ordinal, command in enumerate(commands, start=1):
-        cancelled = command.cancelled() or {}
-        line_orders.extend([ordinal] * len(cancelled))
-        line_skus.extend(cancelled)
-        line_quantities.extend(cancelled.values())
     return {
         "event_ids": [command.event_id for command in commands],
         "order_ids": [command.order_id for command in commands],
         "cancelled_at": [command.cancelled_at for command in commands],
         "whole": [command.lines is None for command in commands],
-        "line_orders": line_orders,
-        "line_skus": line_skus,
-        "line_quantities": line_quantities,
+        **_line_arrays(command.cancelled() or {} for command in commands),
     }
 
 
