@@ -32,7 +32,6 @@ from fulfilment.demo.handoff import (
     check_day,
     read_warehouse,
 )
-from fulfilment.demo.player import SETTLE_POLL_SECONDS
 from fulfilment.domain.handoff import RequestStatus
 
 if TYPE_CHECKING:
@@ -48,6 +47,11 @@ without looking for the script on the ``PATH`` (the demo may not import the disp
 SIMULATOR_PATH = Path(__file__).resolve().parents[3] / "simulator"
 """The checkout's ``simulator/`` folder, which holds ``warehouse_simulator`` (a test and demo
 tool, in neither the wheel nor the image)."""
+
+HANDOFF_POLL_SECONDS = 0.05
+"""Interval between two counts of the open warehouse requests while the day's hand-off settles:
+the dispatcher answers a request in milliseconds at the demo's caps."""
+
 HANDOFF_STALL_SECONDS = 60.0
 """The demo fails if the dispatcher gets none of the open warehouse requests answered for this
 long."""
@@ -99,7 +103,7 @@ class Handoff:
                     f" answered for {HANDOFF_STALL_SECONDS:g} s (log: {self.dispatcher.log})"
                 )
                 raise DemoError(msg)
-            await asyncio.sleep(SETTLE_POLL_SECONDS)
+            await asyncio.sleep(HANDOFF_POLL_SECONDS)
 
     async def check(
         self,
