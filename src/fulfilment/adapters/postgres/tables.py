@@ -375,8 +375,9 @@ per-order sending order; ``idempotency_key`` is minted with the row and never ch
 cancellation of the whole order); ``body`` is the exact bytes sent, frozen at the first
 attempt (so NULL exactly while ``attempts`` is 0). At most one fulfilment order per order.
 ``released_order`` is true on the cancellation whose application (accepted, or applied
-locally once its fulfilment order failed) left its order ``released``: the invariant check
-(``outcomes``) counts it as the event that released the order. ``news_at`` (migration 0014)
+locally once its fulfilment order failed) left its order holding nothing (``released``, or
+``shipped`` when the warehouse had shipped some of it): the invariant check (``outcomes``)
+counts it as the event that ended the order. ``news_at`` (migration 0014)
 is the last time a shipment or cancellation of the warehouse was recorded for the order of a
 fulfilment order, ``polled_at`` the dispatcher's last ``GET`` of it; the poll reads the
 accepted fulfilment orders by ``greatest(news_at, polled_at, answered_at)``, the last time it
