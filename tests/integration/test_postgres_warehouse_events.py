@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.outcomes import outcome_report
-from fulfilment.adapters.postgres.stock import PostgresStock
+from fulfilment.adapters.postgres.stock import PostgresStock, apply_statement
 from fulfilment.contracts.result_events import (
     STOCK_RELEASED_ROUTING_KEY,
     STOCK_SHIPPED_ROUTING_KEY,
@@ -224,9 +224,7 @@ async def test_a_partial_shipment_leaves_the_order_reserved_holding_the_rest(loa
     assert statuses == ["reserved", "shipped"]
 
 
-async def test_a_shipment_of_more_than_held_takes_what_is_held_and_keeps_the_rest(
-    loaded, engine
-):
+async def test_a_shipment_of_more_than_held_takes_what_is_held_and_keeps_the_rest(loaded, engine):
     order_id = await _reserved(loaded, ("85123A", 4))
     command = shipped(order_id, ("85123A", 6), ("22423", 1))
 
@@ -288,9 +286,7 @@ async def test_a_shipment_of_an_order_not_reserved_is_a_discrepancy(loaded, engi
     assert await loaded.levels_of(["85123A"]) == {"85123A": StockLevel(10, 0)}
 
 
-async def test_a_shipment_of_an_order_the_upstream_event_shipped_is_already_shipped(
-    loaded, engine
-):
+async def test_a_shipment_of_an_order_the_upstream_event_shipped_is_already_shipped(loaded, engine):
     order_id = await _reserved(loaded, ("85123A", 2))
     assert (await loaded.apply(shipment(order_id))).kind is ShipKind.SHIPPED
     command = shipped(order_id, ("85123A", 2))
@@ -378,15 +374,25 @@ async def test_a_polled_shipment_records_no_webhook_and_a_later_webhook_of_it_is
     assert [outcome for _, outcome in (await _inbox(engine)).values()] == ["duplicate"]
 
 
-async def test_one_batch_with_a_shipment_twice_applies_it_once(loaded, engine):
+async def test_one_call_with_a_shipment_twice_and_its_resend_applies_it_once(loaded, engine):
     order_id = await _reserved(loaded, ("85123A", 4))
     command = shipped(order_id, ("85123A", 2))
     resent = shipped(order_id, ("85123A", 2), shipment_id=command.shipment_id)
+    statement, arguments = apply_statement("fulfilment", [command, command, resent])
 
-    outcomes = await asyncio.gather(*(loaded.apply(c) for c in (command, command, resent)))
+    async with engine.begin() as connection:
+        rows = (await connection.execute(statement, arguments)).all()
 
-    assert [o.label for o in outcomes] == ["shipped", "duplicate:webhook", "duplicate:change"]
+    assert [(row.outcome, row.duplicate_by) for row in rows] == [
+        ("shipped", None),
+        ("duplicate", "webhook"),
+        ("duplicate", "change"),
+    ]
     assert await loaded.levels_of(["85123A"]) == {"85123A": StockLevel(8, 2)}
+    assert await _inbox(engine) == {
+        command.webhook_id: ("shipment.shipped", "shipped"),
+        resent.webhook_id: ("shipment.shipped", "duplicate"),
+    }
 
 
 # --- the warehouse's cancellations ---------------------------------------------------------------
@@ -506,7 +512,7 @@ async def test_a_cancellation_of_a_shipped_order_is_ignored(loaded, engine):
     assert await _discrepancies(engine, command.cancellation_id) == []
 
 
-async def test_a_cancellation_twice_by_webhook_and_by_id_is_applied_once(loaded, engine):
+async def test_a_cancellation_twice_by_webhook_and_by_id_is_applied_once(loaded):
     order_id = await _reserved(loaded, ("85123A", 4))
     command = cancelled_by_warehouse(order_id, ("85123A", 1))
     await loaded.apply(command)
@@ -520,9 +526,7 @@ async def test_a_cancellation_twice_by_webhook_and_by_id_is_applied_once(loaded,
     assert await loaded.levels_of(["85123A"]) == {"85123A": StockLevel(10, 3)}
 
 
-async def test_the_shops_cancel_after_a_partial_shipment_releases_only_what_is_held(
-    loaded, engine
-):
+async def test_the_shops_cancel_after_a_partial_shipment_releases_only_what_is_held(loaded, engine):
     order_id = await _reserved(loaded, ("85123A", 4))
     await loaded.apply(shipped(order_id, ("85123A", 3)))
 
