@@ -42,6 +42,7 @@ from fulfilment.domain.warehouse_events import (
     warehouse_event_id,
 )
 from fulfilment.entrypoints.startup import database_options
+from fulfilment.routes.table import WEBHOOK_ROUTES
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from tests.support.builders import cancellation, order, shipment
 
@@ -392,6 +393,50 @@ async def test_one_call_with_a_shipment_twice_and_its_resend_applies_it_once(loa
     assert await _inbox(engine) == {
         command.webhook_id: ("shipment.shipped", "shipped"),
         resent.webhook_id: ("shipment.shipped", "duplicate"),
+    }
+
+
+async def test_the_webhook_routes_apply_the_data_of_a_webhook(loaded, engine):
+    order_id = await _reserved(loaded, ("85123A", 4))
+    data = json.dumps(
+        {
+            "shipment_id": "SHP-81723",
+            "fulfilment_order_id": "FO-1",
+            "reference": str(order_id),
+            "shipped_at": "2026-12-06T09:58:00Z",
+            "carrier": "DHL",
+            "tracking_numbers": ["JD014600003828392019"],
+            "lines": [{"sku": "85123A", "quantity": 4}],
+        }
+    ).encode()
+    cancelled = json.dumps(
+        {
+            "cancellation_id": "CXL-1120",
+            "fulfilment_order_id": "FO-1",
+            "reference": str(order_id),
+            "cancelled_at": "2026-12-06T10:00:00Z",
+            "reason": "unfulfillable",
+        }
+    ).encode()
+
+    handled = await WEBHOOK_ROUTES["shipment.shipped"].handler(
+        data, stock=loaded, webhook_id="msg_1", source=Source.WEBHOOK
+    )
+    found = await WEBHOOK_ROUTES["shipment.shipped"].handler(
+        data, stock=loaded, webhook_id=None, source=Source.POLL
+    )
+    late = await WEBHOOK_ROUTES["fulfilment_order.cancelled"].handler(
+        cancelled, stock=loaded, webhook_id="msg_2", source=Source.WEBHOOK
+    )
+
+    assert (handled.outcome, handled.labels) == ("shipped", ("shipped", ""))
+    assert handled.event_id == warehouse_event_id("shipment", "SHP-81723")
+    assert handled.order_id == order_id
+    assert (found.outcome, found.labels) == ("duplicate:change", ("duplicate", "change"))
+    assert (late.outcome, late.log_fields["status"]) == ("ignored", OrderStatus.SHIPPED)
+    assert await _inbox(engine) == {
+        "msg_1": ("shipment.shipped", "shipped"),
+        "msg_2": ("fulfilment_order.cancelled", "ignored"),
     }
 
 
