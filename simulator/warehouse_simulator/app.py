@@ -154,13 +154,16 @@ class WarehouseSimulator:
         ``shipments`` and ``cancellations``: every one made (the webhooks' ``data``), sent or
         not; ``webhooks``: every webhook with its ``cause``, ``fate`` and attempts (each with
         its ``webhook-timestamp`` and the answer's status or error); ``counts``: webhooks by
-        fate, and attempts.
+        fate, and attempts; ``work_pending`` and ``in_flight``: steps of work not done yet and
+        webhooks not finished (both 0: the warehouse has settled).
         """
         return {
             "shipments": self.floor.shipments,
             "cancellations": self.floor.cancellations,
             "webhooks": self.webhooks.document(),
             "counts": self.webhooks.counts(),
+            "work_pending": self.floor.pending,
+            "in_flight": self.webhooks.in_flight,
         }
 
     def max_requests_per_second(self) -> int:

@@ -31,6 +31,7 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -149,7 +150,7 @@ class WebhookSender:
         """The record as JSON: every webhook and its attempts."""
         return [asdict(webhook) for webhook in self.webhooks]
 
-    def _spawn(self, work: Any) -> None:  # noqa: ANN401 - a coroutine of this class
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

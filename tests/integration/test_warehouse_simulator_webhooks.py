@@ -360,7 +360,7 @@ async def test_shipments_leave_an_interval_apart_and_the_order_is_partially_ship
     server: SimulatorServer, http: httpx.AsyncClient
 ) -> None:
     server.simulator.faults.update(
-        {"split_rate": 1.0, "max_shipments": 2, "shipment_interval_seconds": 1.0}
+        {"split_rate": 1.0, "max_shipments": 2, "shipment_interval_seconds": 2.0}
     )
     order_id = await create(http, [("85123A", 6)])
     await asyncio.sleep(0.3)
@@ -439,6 +439,7 @@ async def test_the_record_is_served_to_the_demo_and_the_tests(
     assert webhook["subject"] == shipment["shipment_id"]
     assert webhook["attempts"][0]["status"] == 204
     assert document["counts"] == {"attempts": 1, "delivered": 1}
+    assert (document["work_pending"], document["in_flight"]) == (0, 0)
     assert (stats["shipments_made"], stats["webhooks"]["delivered"]) == (1, 1)
 
 
