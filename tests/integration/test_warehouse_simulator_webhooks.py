@@ -356,6 +356,27 @@ async def test_splits_and_cancellations_never_take_more_than_the_order_has(
     assert len(receiver.verified()) == len(made["shipments"]) + len(made["cancellations"])
 
 
+async def test_what_the_shop_cancelled_before_the_work_is_never_shipped(
+    server: SimulatorServer, http: httpx.AsyncClient, receiver: WebhookReceiver
+) -> None:
+    server.simulator.faults.update({"ship_delay_seconds": 0.5, "split_rate": 1.0})
+    order_id = await create(http, [("85123A", 6), ("22423", 2)])
+    cancelled = await http.post(
+        f"/fulfilment-orders/{order_id}/cancellations",
+        content=b'{"lines":[{"sku":"85123A","quantity":4},{"sku":"22423","quantity":2}]}',
+        headers={"Idempotency-Key": str(uuid.uuid4())},
+    )
+    await server.simulator.settled()
+
+    assert cancelled.status_code == 201
+    shipped = Counter[str]()
+    for request in receiver.verified():
+        shipped.update(
+            {line.sku: line.quantity for line in shipment_of(request.document["data"]).lines}
+        )
+    assert shipped == Counter({"85123A": 2})
+
+
 async def test_shipments_leave_an_interval_apart_and_the_order_is_partially_shipped_between(
     server: SimulatorServer, http: httpx.AsyncClient
 ) -> None:
