@@ -288,7 +288,7 @@ def cancel_with_handoff(
     if request is RequestStatus.PENDING:
         if cancellation.kind is CancelKind.RELEASED:
             return HandoffCancellation(cancellation, withdrawn=True)
-        return HandoffCancellation(cancellation, fulfilment_lines=dict(cancellation.state.lines))
+        return HandoffCancellation(cancellation, fulfilment_lines=cancellation.state.held)
     return HandoffCancellation(cancellation)
 
 
