@@ -8,11 +8,8 @@ from datetime import datetime
 
 import pytest
 import sqlalchemy as sa
-from pydantic import SecretStr
 
-from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
-from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import CancelKind, OrderStatus, ShipKind
 from fulfilment.domain.model import (
@@ -22,64 +19,9 @@ from fulfilment.domain.model import (
     RejectionReason,
     StockLevel,
 )
-from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from tests.support.builders import cancellation, in_trace, order, shipment
 from tests.support.fakes import FakeStock, RecordedEvent, result_body
 from tests.support.warehouse_rows import requests_of
-
-
-@pytest.fixture
-def memory_stock():
-    return FakeStock()
-
-
-@pytest.fixture
-async def postgres_stock(clean_database):
-    engine = create_engine(
-        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
-    )
-    try:
-        yield PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0)
-    finally:
-        await engine.dispose()
-
-
-@pytest.fixture(
-    params=[
-        "memory_stock",
-        pytest.param("postgres_stock", marks=pytest.mark.postgres),
-    ]
-)
-def stock(request):
-    return request.getfixturevalue(request.param)
-
-
-@pytest.fixture
-async def postgres_handoff_stock(clean_database):
-    engine = create_engine(
-        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
-    )
-    try:
-        yield PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True)
-    finally:
-        await engine.dispose()
-
-
-@pytest.fixture
-def memory_handoff_stock():
-    return FakeStock(handoff=True)
-
-
-@pytest.fixture(
-    params=[
-        "memory_handoff_stock",
-        pytest.param("postgres_handoff_stock", marks=pytest.mark.postgres),
-    ]
-)
-def handoff_stock(request):
-    """A stock store with the hand-off to the warehouse system on."""
-    return request.getfixturevalue(request.param)
 
 
 async def test_reserving_an_order_takes_its_units_from_what_is_available(stock):
