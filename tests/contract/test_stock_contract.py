@@ -20,7 +20,13 @@ from fulfilment.domain.model import (
     StockLevel,
 )
 from tests.support.builders import cancellation, in_trace, order, shipment
-from tests.support.fakes import FakeStock, RecordedEvent, result_body
+from tests.support.fakes import (
+    SHOP_RELEASE,
+    UPSTREAM_SHIPMENT,
+    FakeStock,
+    RecordedEvent,
+    result_body,
+)
 from tests.support.warehouse_rows import requests_of
 
 
@@ -731,11 +737,12 @@ async def test_a_partial_cancel_and_the_last_one_write_stock_released_with_the_s
     assert (await result_events(stock))[1:] == [
         RecordedEvent(
             "stock.released",
-            result_body(partial, lines=lines(("B", 2)), order_status="reserved"),
+            result_body(partial, lines=lines(("B", 2)), order_status="reserved", **SHOP_RELEASE),
             TRACEPARENT,
         ),
         RecordedEvent(
-            "stock.released", result_body(whole, lines=lines(("A", 3)), order_status="released")
+            "stock.released",
+            result_body(whole, lines=lines(("A", 3)), order_status="released", **SHOP_RELEASE),
         ),
     ]
 
@@ -806,7 +813,14 @@ async def test_a_shipment_writes_stock_shipped_with_what_left_and_nothing_after(
 
     assert (await result_events(stock))[2:] == [
         RecordedEvent(
-            "stock.shipped", result_body(first, lines=lines(("A", 2), ("B", 2))), TRACEPARENT
+            "stock.shipped",
+            result_body(
+                first,
+                lines=lines(("A", 2), ("B", 2)),
+                **UPSTREAM_SHIPMENT,
+                order_status="shipped",
+            ),
+            TRACEPARENT,
         )
     ]
 

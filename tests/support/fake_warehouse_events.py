@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 from fulfilment.contracts.warehouse_events import FULFILMENT_ORDER_CANCELLED, SHIPMENT_SHIPPED
+from fulfilment.domain.handoff import RequestKind, RequestStatus
 from fulfilment.domain.lifecycle import OrderStatus, as_lines, released, shipped
 from fulfilment.domain.warehouse_events import (
     DuplicateBy,
@@ -124,6 +125,18 @@ class WarehouseEventsInMemory:
         if request is not None:
             request.news_at = datetime.now(UTC)
 
+    def _nothing_left_to_cancel(self, order_id: UUID) -> None:
+        """The order holds nothing now: a cancellation request of the shop's for it that was
+        never sent is ``withdrawn`` (product contract, "Hearing back from the warehouse")."""
+        for request in self.stock.requests:
+            if (
+                request.order_id == order_id
+                and request.kind is RequestKind.CANCELLATION
+                and request.status is RequestStatus.PENDING
+            ):
+                request.status = RequestStatus.WITHDRAWN
+                request.answered_at = datetime.now(UTC)
+
     def _keep(
         self, found: tuple[Discrepancy, ...], source: str, source_id: str, order_id: UUID
     ) -> None:
@@ -146,6 +159,8 @@ class WarehouseEventsInMemory:
                 self.stock.levels[sku] = shipped(self.stock.levels[sku], taken)
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
+                if result.taken and not result.state.held:
+                    self._nothing_left_to_cancel(command.order_id)
             self.shipments[command.shipment_id] = StoredShipment(
                 command.shipment_id,
                 command.order_id,
@@ -211,6 +226,8 @@ class WarehouseEventsInMemory:
                 self.stock.levels[sku] = released(self.stock.levels[sku], units)
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
+                if result.released and not result.state.held:
+                    self._nothing_left_to_cancel(command.order_id)
             lines = (
                 {sku: (units, units) for sku, units in result.released.items()}
                 if asked is None

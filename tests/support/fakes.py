@@ -80,6 +80,19 @@ SHIP_INBOX_OUTCOMES = {ShipKind.SHIPPED: "shipped", ShipKind.IGNORED: "ship_igno
 (``not_reserved`` is not recorded)."""
 
 
+UPSTREAM_SHIPMENT: Mapping[str, Any] = {
+    "shipment_id": None,
+    "carrier": None,
+    "tracking_numbers": [],
+    "tracking_url": None,
+}
+"""The fields of a warehouse's shipment in the ``stock.shipped`` of an upstream ``OrderShipped``,
+which has none of them."""
+
+SHOP_RELEASE: Mapping[str, Any] = {"reason": "cancelled", "warehouse_reason": None}
+"""The ``reason`` fields of a ``stock.released`` that the shop's ``OrderCancelled`` caused."""
+
+
 @dataclass(frozen=True)
 class RecordedEvent:
     """A result event as the outbox holds it, less what is minted with the row.
@@ -360,6 +373,7 @@ class FakeStock(Stock):
                     command,
                     lines=as_lines(cancellation.lines),
                     order_status=str(cancellation.state.status),
+                    **SHOP_RELEASE,
                 )
             return CancelOutcome(
                 cancellation.kind,
@@ -385,7 +399,13 @@ class FakeStock(Stock):
                 self.reservations[command.order_id] = existing.after(shipment.state)
             self.inbox[key] = SHIP_INBOX_OUTCOMES[shipment.kind]
             if shipment.lines:
-                self.record_result("stock.shipped", command, lines=as_lines(shipment.lines))
+                self.record_result(
+                    "stock.shipped",
+                    command,
+                    lines=as_lines(shipment.lines),
+                    **UPSTREAM_SHIPMENT,
+                    order_status=str(status),
+                )
             return ShipOutcome(
                 shipment.kind,
                 command.order_id,
@@ -627,6 +647,7 @@ class FakeWarehouseRequests(WarehouseRequests):
                         for line in as_lines(cancellation.lines)
                     ],
                     "order_status": str(cancellation.state.status),
+                    **SHOP_RELEASE,
                 },
                 cancel.traceparent,
             )

@@ -32,7 +32,10 @@ A cancel that would release nothing (``ignored``) records nothing either. Then:
 - it refuses (``too_late``): nothing is released, the order stays ``reserved`` and will ship;
   a ``stock.cancel_refused`` event says so;
 - the fulfilment order fails: its order's waiting cancellations are applied at once, in the
-  order they were recorded (:func:`fulfilment_order_failed`), and are ``withdrawn``.
+  order they were recorded (:func:`fulfilment_order_failed`), and are ``withdrawn``;
+- a shipment or a cancellation of the warehouse leaves the order holding nothing
+  (``fulfilment.domain.warehouse_lifecycle``): nothing is left to cancel, and its
+  cancellations not sent yet are ``withdrawn``.
 
 The in-memory stock store of the tests runs these functions; ``cancel_orders()`` v3
 (``migrations/sql/cancel_orders/v3.sql``) implements them for a batch, and the property tests
