@@ -248,6 +248,7 @@ def test_every_equivalent_arrival_order_ends_on_postgresql_with_the_in_order_sto
     assert levels == in_order.levels
     assert settled(rows) == settled(asyncio.run(order_lines(in_order)))
     assert_stock_exact(stock, levels, rows, taken_units(outcomes))
+    _count_kinds(outcomes)
 
 
 @PROPERTY
