@@ -222,6 +222,17 @@ def test_cancelled_whole_on_a_partly_shipped_order_leaves_it_shipped_with_what_l
     assert cancellation.state == OrderState(OrderStatus.SHIPPED, {"A": 1}, shipped={"A": 1})
 
 
+def test_an_order_whose_lines_shipped_none_is_released_when_it_gives_back_the_last():
+    state = OrderState(OrderStatus.RESERVED, {"A": 2}, shipped={"A": 0})
+
+    cancellation = apply_cancelled(state, None)
+
+    assert (cancellation.kind, cancellation.state.status) == (
+        CancelKind.RELEASED,
+        OrderStatus.RELEASED,
+    )
+
+
 def test_cancelling_a_sku_that_shipped_in_full_changes_nothing():
     state = OrderState(OrderStatus.RESERVED, {"A": 1, "B": 2}, shipped={"A": 1})
 

@@ -204,7 +204,8 @@ class OrderState:
         after = OrderState(OrderStatus.RESERVED, lines, self.tombstone, self.shipped)
         if after.held:
             return after
-        status = OrderStatus.SHIPPED if self.shipped else OrderStatus.RELEASED
+        shipped_some = any(units > 0 for units in self.shipped.values())
+        status = OrderStatus.SHIPPED if shipped_some else OrderStatus.RELEASED
         return OrderState(status, lines, self.tombstone, self.shipped)
 
 
