@@ -638,3 +638,20 @@ async def test_a_shipment_takes_units_while_the_shops_cancel_waits_at_the_wareho
         "A": StockLevel(7),
         "B": StockLevel(10, 2),
     }
+
+
+@pytest.mark.parametrize("request_status", [RequestStatus.PENDING, RequestStatus.SENDING])
+async def test_a_shipment_before_the_warehouses_answer_is_recorded_applies_by_reference(
+    handoff_stock, request_status
+):
+    # The warehouse accepted the fulfilment order, but its answer was lost: the dispatcher
+    # still sees it pending or sending when the shipment comes.
+    placed = await reserved_order(handoff_stock, ("A", 3))
+    if request_status is RequestStatus.SENDING:
+        await move_on(handoff_stock, placed.order_id, request_status)
+
+    outcome = await handoff_stock.apply(warehouse_shipment(placed.order_id, ("A", 3)))
+
+    assert (outcome.kind, outcome.status) == (ShipmentKind.SHIPPED, OrderStatus.SHIPPED)
+    assert await handoff_stock.levels_of(["A"]) == {"A": StockLevel(7)}
+    assert await news_at(handoff_stock, placed.order_id) is not None
