@@ -1,4 +1,4 @@
-"""What the warehouse tells the service: its shipments and its own cancellations.
+"""What the warehouse tells the service: its shipments, its own cancellations, its adjustments.
 
 The warehouse pushes them as signed webhooks and answers for them when polled (docs/design.md,
 "Hearing back from the warehouse"); both become the commands of this module, applied through
@@ -25,9 +25,9 @@ WAREHOUSE_EVENTS_NAMESPACE = UUID("6f1d3c52-55a4-4d0e-9a51-6a0f0a8c2b7e")
 def warehouse_event_id(kind: str, warehouse_id: str) -> UUID:
     """The ``event_id`` of the warehouse's change ``warehouse_id`` of ``kind``.
 
-    ``kind`` is ``shipment`` or ``cancellation``; the same pair always gives the same UUID
-    (version 5), and two kinds never share one, so a shipment re-sent under a new webhook id,
-    or found again by the poll, is the same event.
+    ``kind`` is ``shipment``, ``cancellation`` or ``adjustment``; the same pair always gives
+    the same UUID (version 5), and two kinds never share one, so a shipment re-sent under a new
+    webhook id, or found again by the poll, is the same event.
     """
     return uuid5(WAREHOUSE_EVENTS_NAMESPACE, f"{kind}:{warehouse_id}")
 
@@ -39,6 +39,8 @@ class Source(StrEnum):
     """Pushed to ``POST /webhooks/warehouse``."""
     POLL = "poll"
     """Listed by ``GET /fulfilment-orders/{id}`` when the dispatcher asked."""
+    OPERATOR = "operator"
+    """Recorded by an operator (``fulfilment stock adjust``); adjustments only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,111 @@ class WarehouseCancellationOutcome:
     lines: tuple[OrderLine, ...] = ()
     status: OrderStatus | None = None
     duplicate_by: DuplicateBy | None = None
+
+    @property
+    def label(self) -> str:
+        """Short fixed label for logs and metrics: the kind, or ``duplicate:<by>``."""
+        if self.duplicate_by is not None:
+            return f"{self.kind}:{self.duplicate_by}"
+        return str(self.kind)
+
+
+class AdjustmentReason(StrEnum):
+    """Why ``on_hand`` of a SKU changed (product contract, "Hearing back from the warehouse").
+
+    The warehouse sends one of these; an operator's adjustment (``fulfilment stock adjust``)
+    names one too, and says the rest in its comment.
+    """
+
+    RECEIVED = "received"
+    RETURNED = "returned"
+    FOUND = "found"
+    COUNTED = "counted"
+    DAMAGED = "damaged"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorIdentity:
+    """Who recorded an operator's adjustment, as ``fulfilment dlq replay`` records a replay.
+
+    ``operator`` is the name given (``--operator``, else the OS user), ``comment`` the why,
+    ``os_user`` and ``host`` where the command ran (None when unknown).
+    """
+
+    operator: str
+    comment: str | None
+    os_user: str | None
+    host: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordAdjustment(Command["AdjustmentOutcome"]):
+    """Command: ``on_hand`` of ``sku`` changed by ``delta`` in the warehouse.
+
+    Attributes:
+        event_id: :func:`warehouse_event_id` of ``("adjustment", adjustment_id)``.
+        adjustment_id: the warehouse's id of the adjustment (an operator's: ``op-<uuid>``),
+            its idempotency key.
+        webhook_id: the ``webhook-id`` that brought it; None for an operator's.
+        sku: the SKU; one unknown to the service is created by a positive delta.
+        delta: units, non-zero; negative for units that left the shelf other than by shipment.
+        reason: why.
+        occurred_at: when it happened in the warehouse, timezone-aware.
+        source: ``webhook`` or ``operator``.
+        operator: who recorded it, for ``operator`` adjustments only.
+    """
+
+    event_id: UUID
+    adjustment_id: str
+    webhook_id: str | None
+    sku: str
+    delta: int
+    reason: AdjustmentReason
+    occurred_at: datetime
+    source: Source
+    operator: OperatorIdentity | None = None
+
+
+class AdjustmentKind(StrEnum):
+    """How the processing of one adjustment ended."""
+
+    ADJUSTED = "adjusted"
+    """``on_hand`` changed by the applied units (all of ``delta``, or down to 0 with the rest
+    a ``more_than_on_hand`` discrepancy); ``stock.adjusted`` says so."""
+    DUPLICATE = "duplicate"
+    """This adjustment (or this webhook) was applied before; nothing changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdjustmentOutcome:
+    """Result of ``Stock.apply`` of a :class:`RecordAdjustment`.
+
+    Attributes:
+        kind: how it ended.
+        sku: the SKU it named.
+        event_id: the command's event id.
+        on_hand: the SKU's ``on_hand`` after it (0 for a duplicate: not looked at).
+        reserved: the SKU's ``reserved`` after it (0 for a duplicate).
+        applied: the units ``on_hand`` changed by: ``delta``, or ``-on_hand`` when a loss
+            was larger than the shelf.
+        discrepancy: the units of a loss beyond ``on_hand`` (``applied - delta``), >= 0.
+        duplicate_by: what a ``duplicate`` repeated; None otherwise.
+    """
+
+    kind: AdjustmentKind
+    sku: str
+    event_id: UUID
+    on_hand: int = 0
+    reserved: int = 0
+    applied: int = 0
+    discrepancy: int = 0
+    duplicate_by: DuplicateBy | None = None
+
+    @property
+    def short(self) -> int:
+        """Units the SKU is short by after it: ``reserved - on_hand`` when positive, else 0."""
+        return max(0, self.reserved - self.on_hand)
 
     @property
     def label(self) -> str:

@@ -57,6 +57,9 @@ class DiscrepancyKind(StrEnum):
     """A shipment named more of a SKU than the order holds of it; ``quantity`` is the excess."""
     SKU_NOT_HELD = "sku_not_held"
     """A shipment named a SKU the order has no line of (never held, or released it all)."""
+    MORE_THAN_ON_HAND = "more_than_on_hand"
+    """An adjustment took more units than on hand (``fulfilment.domain.adjustments``);
+    ``quantity`` is the units it could not take, and it names no order."""
 
 
 @dataclass(frozen=True, slots=True)
