@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from http import HTTPStatus
 
+from pydantic import ValidationError
+
+from fulfilment.contracts.warehouse_events import FulfilmentOrderV1
 from fulfilment.domain.handoff import (
     Accepted,
     Answer,
@@ -25,6 +28,14 @@ from fulfilment.domain.handoff import (
     RequestKind,
     Retry,
 )
+from fulfilment.domain.polls import (
+    FulfilmentOrderToPoll,
+    NotFound,
+    PollAnswer,
+    Polled,
+    WarehouseChange,
+)
+from fulfilment.domain.warehouse_events import RecordShipment, Source
 
 DEFAULT_RATE_LIMIT_SECONDS = 1.0
 """The wait after a 429 without a readable ``Retry-After``: the API promises one, and a second
@@ -109,6 +120,67 @@ def classify(  # noqa: PLR0911, PLR0913 - one return per row of the API's table;
         return _conflict(kind, text, document, headers, now)
     reason = error_name if isinstance(error_name, str) and error_name else f"http_{status_code}"
     return Failed(reason=reason, answer=text, status_code=status_code)
+
+
+def classify_poll(  # noqa: PLR0913 - classify()'s arguments and the order asked about
+    order: FulfilmentOrderToPoll,
+    status_code: int | None,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    error: Exception | None = None,
+    *,
+    now: datetime | None = None,
+) -> PollAnswer:
+    """The class of the warehouse's answer to ``GET {base}/fulfilment-orders/{id}`` about ``order``.
+
+    The other arguments are as :func:`classify`'s.
+
+    - 200 with a :class:`~fulfilment.contracts.warehouse_events.FulfilmentOrderV1` of that id
+      and reference: ``Polled``, its shipments and cancellations as commands (``source``
+      ``poll``, no webhook id) in the order they happened; any other 200 ``Failed``
+      (``unexpected_answer``, the body kept);
+    - 404: ``NotFound``; 401, 403: ``CredentialsRefused``; 429: ``RateLimited``; 5xx, a
+      timeout, a connection error: ``Retry``, as for a request; every other status ``Failed``.
+    """
+    if status_code == HTTPStatus.OK:
+        return _polled(order, body or b"")
+    if status_code == HTTPStatus.NOT_FOUND:
+        return NotFound(answer=(body or b"").decode("utf-8", errors="replace")[:ANSWER_CHARS])
+    answer = classify(RequestKind.FULFILMENT_ORDER, status_code, body, headers, error, now=now)
+    if isinstance(answer, Retry | RateLimited | CredentialsRefused | Failed):
+        return answer
+    # A 201 or a 409 is no answer a GET can get.
+    return Failed(reason="unexpected_answer", answer=answer.answer, status_code=status_code)
+
+
+def _polled(order: FulfilmentOrderToPoll, body: bytes) -> Polled | Failed:
+    """A 200's body: the fulfilment order asked about, or ``Failed`` (``unexpected_answer``)."""
+    text = body.decode("utf-8", errors="replace")[:ANSWER_CHARS]
+    try:
+        polled = FulfilmentOrderV1.model_validate_json(body)
+    except ValidationError as error:
+        reason = f"{text} ({error.error_count()} errors: {error.errors()[0]['msg']})"
+        return Failed(
+            reason="unexpected_answer", answer=reason[:ANSWER_CHARS], status_code=HTTPStatus.OK
+        )
+    if polled.id != order.warehouse_id or polled.reference != order.order_id:
+        return Failed(reason="unexpected_answer", answer=text, status_code=HTTPStatus.OK)
+    changes: list[WarehouseChange] = [
+        shipment.to_command(webhook_id=None, source=Source.POLL) for shipment in polled.shipments
+    ]
+    changes.extend(
+        cancellation.to_command(webhook_id=None, source=Source.POLL)
+        for cancellation in polled.cancellations
+    )
+    changes.sort(key=_happened)
+    return Polled(status_code=HTTPStatus.OK, status=polled.status, changes=tuple(changes))
+
+
+def _happened(change: WarehouseChange) -> tuple[datetime, int]:
+    """When ``change`` happened, a shipment before a cancellation of the same instant."""
+    if isinstance(change, RecordShipment):
+        return change.shipped_at, 0
+    return change.cancelled_at, 1
 
 
 def _success(

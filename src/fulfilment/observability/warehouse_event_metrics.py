@@ -1,0 +1,94 @@
+"""The warehouse's events applied, counted the same way by whichever program applied them.
+
+A shipment or a cancellation of the warehouse reaches the service by webhook (the intake) or by
+the poll (the dispatcher); each program counts what it applied on its own registry, under the
+same names, so that a sum over the programs is every event applied:
+``fulfilment_warehouse_events_total{event, source, outcome}`` and
+``fulfilment_warehouse_discrepancies_total{kind}``. Labels are bound at 0: ``event`` 2 values,
+``source`` 2, ``outcome`` the command's kinds (4 each), ``kind`` 4.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+from fulfilment.domain.lifecycle import OrderStatus
+from fulfilment.domain.warehouse_events import (
+    ShipmentKind,
+    ShipmentOutcome,
+    Source,
+    WarehouseCancellationKind,
+    WarehouseCancellationOutcome,
+)
+
+WarehouseEventOutcome = ShipmentOutcome | WarehouseCancellationOutcome
+"""The outcome of applying a shipment or a cancellation of the warehouse."""
+
+EVENT_OUTCOMES: dict[str, tuple[str, ...]] = {
+    "shipment": tuple(str(kind) for kind in ShipmentKind),
+    "cancellation": tuple(str(kind) for kind in WarehouseCancellationKind),
+}
+"""The ``outcome`` values of each ``event``: the kinds of its command's outcome."""
+
+DISCREPANCY_KINDS = ("unknown_order", "order_not_reserved", "more_than_held", "sku_not_held")
+"""The ``kind`` of a discrepancy, as ``warehouse_discrepancies.kind`` records it."""
+
+
+def discrepancy_kinds(outcome: WarehouseEventOutcome) -> list[str]:
+    """The discrepancies ``outcome`` recorded, one kind each (docs/design.md's kinds).
+
+    An order unknown (no status) or not reserved is one discrepancy of the event; a shipment
+    of a reserved order has one per SKU it could not take in full: ``more_than_held`` when it
+    took some of that SKU, else ``sku_not_held``. An ``already_shipped`` shipment and a
+    ``duplicate`` record none.
+    """
+    is_discrepancy = outcome.kind in {
+        ShipmentKind.DISCREPANCY,
+        WarehouseCancellationKind.DISCREPANCY,
+    }
+    if is_discrepancy and outcome.status is None:
+        return ["unknown_order"]
+    if is_discrepancy and outcome.status is not OrderStatus.RESERVED:
+        return ["order_not_reserved"]
+    if isinstance(outcome, ShipmentOutcome):
+        taken = {line.sku for line in outcome.lines}
+        return [
+            "more_than_held" if line.sku in taken else "sku_not_held" for line in outcome.unmatched
+        ]
+    return []
+
+
+class WarehouseEventMetrics:
+    """The two counters of the warehouse's events, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        events = Counter(
+            "fulfilment_warehouse_events",
+            "Shipments and cancellations of the warehouse applied, by how they arrived and"
+            " how their processing ended (duplicate: applied before, nothing changed).",
+            ["event", "source", "outcome"],
+            registry=registry,
+        )
+        self.events = {
+            (event, str(source), outcome): events.labels(
+                event=event, source=str(source), outcome=outcome
+            )
+            for event, outcomes in EVENT_OUTCOMES.items()
+            for source in Source
+            for outcome in outcomes
+        }
+        discrepancies = Counter(
+            "fulfilment_warehouse_discrepancies",
+            "What the warehouse reported that the service could not apply, kept as a"
+            " discrepancy, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.discrepancies = {kind: discrepancies.labels(kind=kind) for kind in DISCREPANCY_KINDS}
+
+    def count(self, outcome: WarehouseEventOutcome, source: Source) -> None:
+        """Count one applied event by ``source`` and its outcome's kind, and its discrepancies."""
+        event = "shipment" if isinstance(outcome, ShipmentOutcome) else "cancellation"
+        self.events[event, str(source), str(outcome.kind)].inc()
+        for kind in discrepancy_kinds(outcome):
+            self.discrepancies[kind].inc()
