@@ -3,7 +3,9 @@
 docs/design.md, "The API it calls" gives the table; :func:`classify` is it, written once, so that
 the dispatcher acts on a class of answer (``domain.handoff.Answer``) and never on a status
 code. A 2xx whose body is not what the API says is ``Failed`` (kept for an operator), not
-``Accepted``: the service cannot record a warehouse id it did not get.
+``Accepted``: the service cannot record a warehouse id it did not get. :func:`classify_poll`
+does the same for the poll's ``GET {base}/fulfilment-orders/{id}`` (``domain.polls.PollAnswer``),
+and turns what a 200 lists into the commands a webhook would bring.
 """
 
 from __future__ import annotations
@@ -122,6 +124,12 @@ def classify(  # noqa: PLR0911, PLR0913 - one return per row of the API's table;
     return Failed(reason=reason, answer=text, status_code=status_code)
 
 
+_AS_A_REQUEST = frozenset(
+    {HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN, HTTPStatus.TOO_MANY_REQUESTS}
+)
+"""The statuses a poll's answer means as a request's: credentials refused, rate limited."""
+
+
 def classify_poll(  # noqa: PLR0913 - classify()'s arguments and the order asked about
     order: FulfilmentOrderToPoll,
     status_code: int | None,
@@ -142,15 +150,17 @@ def classify_poll(  # noqa: PLR0913 - classify()'s arguments and the order asked
     - 404: ``NotFound``; 401, 403: ``CredentialsRefused``; 429: ``RateLimited``; 5xx, a
       timeout, a connection error: ``Retry``, as for a request; every other status ``Failed``.
     """
+    text = (body or b"").decode("utf-8", errors="replace")[:ANSWER_CHARS]
     if status_code == HTTPStatus.OK:
         return _polled(order, body or b"")
     if status_code == HTTPStatus.NOT_FOUND:
-        return NotFound(answer=(body or b"").decode("utf-8", errors="replace")[:ANSWER_CHARS])
-    answer = classify(RequestKind.FULFILMENT_ORDER, status_code, body, headers, error, now=now)
-    if isinstance(answer, Retry | RateLimited | CredentialsRefused | Failed):
-        return answer
-    # A 201 or a 409 is no answer a GET can get.
-    return Failed(reason="unexpected_answer", answer=answer.answer, status_code=status_code)
+        return NotFound(answer=text)
+    if status_code is None or status_code in _AS_A_REQUEST or status_code >= 500:  # noqa: PLR2004 - a 5xx
+        answer = classify(RequestKind.FULFILMENT_ORDER, status_code, body, headers, error, now=now)
+        if isinstance(answer, Retry | RateLimited | CredentialsRefused):
+            return answer
+    # A 201 or a 409 (in flight, say) is no answer a GET gets: the API's contract is broken.
+    return Failed(reason=f"http_{status_code}", answer=text, status_code=status_code)
 
 
 def _polled(order: FulfilmentOrderToPoll, body: bytes) -> Polled | Failed:
