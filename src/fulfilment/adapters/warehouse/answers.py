@@ -171,10 +171,12 @@ def _polled(order: FulfilmentOrderToPoll, body: bytes) -> Polled | Failed:
     except ValidationError as error:
         reason = f"{text} ({error.error_count()} errors: {error.errors()[0]['msg']})"
         return Failed(
-            reason="unexpected_answer", answer=reason[:ANSWER_CHARS], status_code=HTTPStatus.OK
+            reason="unexpected_answer",
+            answer=reason[:ANSWER_CHARS],
+            status_code=HTTPStatus.OK.value,
         )
     if polled.id != order.warehouse_id or polled.reference != order.order_id:
-        return Failed(reason="unexpected_answer", answer=text, status_code=HTTPStatus.OK)
+        return Failed(reason="unexpected_answer", answer=text, status_code=HTTPStatus.OK.value)
     changes: list[WarehouseChange] = [
         shipment.to_command(webhook_id=None, source=Source.POLL) for shipment in polled.shipments
     ]
@@ -183,7 +185,7 @@ def _polled(order: FulfilmentOrderToPoll, body: bytes) -> Polled | Failed:
         for cancellation in polled.cancellations
     )
     changes.sort(key=_happened)
-    return Polled(status_code=HTTPStatus.OK, status=polled.status, changes=tuple(changes))
+    return Polled(status_code=HTTPStatus.OK.value, status=polled.status, changes=tuple(changes))
 
 
 def _happened(change: WarehouseChange) -> tuple[datetime, int]:

@@ -1,0 +1,560 @@
+"""The dispatcher's poll of fulfilment orders with no news, against PostgreSQL and the simulator.
+
+The orders are placed through ``PostgresStock`` with the hand-off on and sent to the warehouse
+simulator (a real HTTP server on a port) by the dispatcher itself; the simulator's orders are
+then given shipments and cancellations that no webhook ever brought, which only the poll
+(``GET /fulfilment-orders/{id}``) finds. A reconcile interval of a second or so keeps the
+tests short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from fulfilment.adapters.postgres.engine import create_engine
+from fulfilment.adapters.postgres.stock import PostgresStock
+from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
+from fulfilment.adapters.warehouse.client import WarehouseClient
+from fulfilment.dispatcher import service
+from fulfilment.dispatcher.poll import Poller, PollOptions
+from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt, read_backlog
+from fulfilment.domain.handoff import Answer, WarehouseRequest
+from fulfilment.domain.polls import FulfilmentOrderToPoll, PollAnswer
+from fulfilment.entrypoints.startup import database_options
+from fulfilment.observability.dispatcher_metrics import POLL_OUTCOMES, DispatcherMetrics
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
+from tests.support.builders import order, shipment
+from tests.support.simulated_warehouse import TOKEN, a_client
+from warehouse_simulator import Faults, SimulatorServer, WarehouseSimulator
+
+pytestmark = pytest.mark.postgres
+
+STOCK = {"A": 100, "B": 100}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[SimulatorServer]:
+    async with SimulatorServer(WarehouseSimulator(Faults(token=TOKEN), seed=1)) as running:
+        yield running
+
+
+@pytest.fixture
+async def engine(clean_database: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+@dataclass
+class Stores:
+    engine: AsyncEngine
+    stock: PostgresStock
+    requests: PostgresWarehouseRequests
+
+    async def placed(self, *lines: tuple[str, int]) -> uuid.UUID:
+        """An order placed (reserved, its fulfilment order pending): its id."""
+        command = order(*lines)
+        await self.stock.apply(command)
+        return command.order_id
+
+    async def scalar(self, sql: str, **parameters: Any) -> Any:
+        async with self.engine.connect() as connection:
+            return (await connection.execute(sa.text(sql), parameters)).scalar()
+
+    async def execute(self, sql: str, **parameters: Any) -> None:
+        async with self.engine.begin() as connection:
+            await connection.execute(sa.text(sql), parameters)
+
+    async def status_of(self, order_id: uuid.UUID) -> str:
+        return str(
+            await self.scalar("SELECT status FROM reservations WHERE order_id = :id", id=order_id)
+        )
+
+    async def shipped_units(self, order_id: uuid.UUID) -> int:
+        return int(
+            await self.scalar(
+                "SELECT coalesce(sum(shipped), 0) FROM reservation_lines WHERE order_id = :id",
+                id=order_id,
+            )
+        )
+
+    async def on_hand(self, sku: str) -> int:
+        return int(await self.scalar("SELECT on_hand FROM stock_levels WHERE sku = :s", s=sku))
+
+    async def reserved(self, sku: str) -> int:
+        return int(await self.scalar("SELECT reserved FROM stock_levels WHERE sku = :s", s=sku))
+
+    async def polled_at(self, order_id: uuid.UUID) -> Any:
+        return await self.scalar(
+            "SELECT polled_at FROM warehouse_requests"
+            " WHERE order_id = :id AND kind = 'fulfilment_order'",
+            id=order_id,
+        )
+
+    async def accepted_count(self) -> int:
+        return int(
+            await self.scalar(
+                "SELECT count(*) FROM warehouse_requests"
+                " WHERE kind = 'fulfilment_order' AND status = 'accepted'"
+            )
+        )
+
+    async def last_heard(self, seconds_ago: float, order_ids: list[uuid.UUID]) -> None:
+        """Move the acceptance of ``order_ids``' fulfilment orders ``seconds_ago`` back."""
+        await self.execute(
+            "UPDATE warehouse_requests"
+            " SET answered_at = now() - make_interval(secs => :seconds)"
+            " WHERE order_id = ANY(:ids) AND kind = 'fulfilment_order'",
+            seconds=seconds_ago,
+            ids=order_ids,
+        )
+
+
+@pytest.fixture
+async def stores(engine: AsyncEngine) -> Stores:
+    stock = PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True)
+    await stock.put_stock(STOCK)
+    return Stores(engine, stock, PostgresWarehouseRequests(engine, retry_budget_seconds=2.0))
+
+
+class CountingClient(WarehouseClient):
+    """The real client, which also notes each call (``("send", order_id)``/``("poll", ...)``,
+    in the order made) and each poll's outcome."""
+
+    def __init__(self, inner: WarehouseClient) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, uuid.UUID]] = []
+        self.polled: list[tuple[uuid.UUID, str]] = []
+
+    async def send(self, request: WarehouseRequest) -> tuple[Answer, float]:
+        self.calls.append(("send", request.order_id))
+        return await self._inner.send(request)
+
+    async def fetch(self, order: FulfilmentOrderToPoll) -> tuple[PollAnswer, float]:
+        self.calls.append(("poll", order.order_id))
+        answer, seconds = await self._inner.fetch(order)
+        self.polled.append((order.order_id, POLL_OUTCOMES[type(answer)]))
+        return answer, seconds
+
+    def polls_of(self, order_id: uuid.UUID, outcome: str | None = None) -> int:
+        return sum(
+            1 for polled, got in self.polled if polled == order_id and outcome in {None, got}
+        )
+
+
+class Running:
+    """A dispatcher with its poller, running in a task until :meth:`stop`."""
+
+    def __init__(
+        self,
+        stores: Stores,
+        server: SimulatorServer,
+        *,
+        after: float,
+        rate: float,
+        concurrency: int,
+    ) -> None:
+        inner, self._http = a_client(server.url, timeout_seconds=2.0, max_connections=concurrency)
+        self.client = CountingClient(inner)
+        self.metrics = DispatcherMetrics()
+        self.poller = Poller(
+            stores.requests,
+            stores.stock,
+            PollOptions(reconcile_after_seconds=after, concurrency=concurrency),
+            self.metrics,
+        )
+        self.dispatcher = Dispatcher(
+            stores.requests,
+            self.client,
+            DispatcherOptions(
+                rate_per_second=rate,
+                concurrency=concurrency,
+                timeout_seconds=2.0,
+                poll_seconds=0.05,
+            ),
+            self.metrics,
+            poller=self.poller,
+        )
+        self.task = asyncio.create_task(self.dispatcher.run())
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels)
+        assert value is not None, (name, labels)
+        return value
+
+    def polls(self, outcome: str) -> float:
+        return self.metric("fulfilment_warehouse_polls_total", outcome=outcome)
+
+    def events(self, event: str, outcome: str) -> float:
+        return self.metric(
+            "fulfilment_warehouse_events_total", event=event, source="poll", outcome=outcome
+        )
+
+    async def stop(self) -> None:
+        self.dispatcher.stop()
+        await asyncio.wait_for(self.task, 10)
+        await self._http.aclose()
+
+
+@pytest.fixture
+async def dispatching(
+    stores: Stores, server: SimulatorServer
+) -> AsyncIterator[Callable[..., Running]]:
+    """Start a dispatcher with its poller (interval ``after`` seconds); stopped at the end."""
+    started: list[Running] = []
+
+    def start(*, after: float = 1.0, rate: float = 50.0, concurrency: int = 4) -> Running:
+        running = Running(stores, server, after=after, rate=rate, concurrency=concurrency)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        if not running.task.done():
+            await running.stop()
+
+
+async def until(
+    condition: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float, what: str
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        met = condition()
+        if not isinstance(met, bool):
+            met = await met
+        if met:
+            return
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+def ship(
+    server: SimulatorServer, order_id: uuid.UUID, shipment_id: str, *lines: tuple[str, int]
+) -> None:
+    """The warehouse ships ``lines`` of ``order_id``'s fulfilment order; no webhook says so."""
+    warehouse_order = server.simulator.order_by_reference(str(order_id))
+    assert warehouse_order is not None
+    warehouse_order.shipments.append(
+        {
+            "shipment_id": shipment_id,
+            "fulfilment_order_id": warehouse_order.id,
+            "reference": str(order_id),
+            "shipped_at": "2026-12-06T10:00:00Z",
+            "carrier": "DHL",
+            "tracking_numbers": [f"JD{shipment_id}"],
+            "tracking_url": None,
+            "lines": [{"sku": sku, "quantity": quantity} for sku, quantity in lines],
+        }
+    )
+    for sku, quantity in lines:
+        warehouse_order.remaining[sku] -= quantity
+
+
+def cancel(server: SimulatorServer, order_id: uuid.UUID, cancellation_id: str) -> None:
+    """The warehouse cancels all that is left of ``order_id``; no webhook says so."""
+    warehouse_order = server.simulator.order_by_reference(str(order_id))
+    assert warehouse_order is not None
+    warehouse_order.cancellations.append(
+        {
+            "cancellation_id": cancellation_id,
+            "fulfilment_order_id": warehouse_order.id,
+            "reference": str(order_id),
+            "cancelled_at": "2026-12-06T10:01:00Z",
+            "reason": "unfulfillable",
+        }
+    )
+    warehouse_order.remaining.clear()
+
+
+async def test_an_order_with_no_news_past_the_interval_is_polled_and_its_shipments_applied_once(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    order_id = await stores.placed(("A", 5), ("B", 2))
+    running = dispatching(after=1.0)
+    await until(lambda: bool(server.simulator.orders), 10, "the fulfilment order sent")
+    ship(server, order_id, "SHP-1", ("A", 2))
+    ship(server, order_id, "SHP-2", ("A", 3), ("B", 2))
+
+    await until(lambda: _shipped(stores, order_id), 15, "shipped by the poll")
+    await running.stop()
+
+    assert await stores.shipped_units(order_id) == 7
+    assert (await stores.on_hand("A"), await stores.reserved("A")) == (95, 0)
+    assert (await stores.on_hand("B"), await stores.reserved("B")) == (98, 0)
+    assert (
+        await stores.scalar(
+            "SELECT array_agg(shipment_id || ':' || source || ':' || outcome ORDER BY shipment_id)"
+            " FROM warehouse_shipments"
+        )
+    ) == ["SHP-1:poll:shipped", "SHP-2:poll:shipped"]
+    assert await stores.scalar("SELECT count(*) FROM webhook_inbox") == 0
+    assert running.events("shipment", "shipped") == 2
+    assert running.polls("answered") >= 1
+    # Shipped in whole, it holds nothing: it is not asked about again.
+    assert running.client.polls_of(order_id) == running.polls("answered")
+
+
+async def _shipped(stores: Stores, order_id: uuid.UUID) -> bool:
+    return await stores.status_of(order_id) == "shipped"
+
+
+async def test_a_second_poll_of_what_was_applied_changes_nothing(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    order_id = await stores.placed(("A", 5))
+    running = dispatching(after=0.5)
+    await until(lambda: bool(server.simulator.orders), 10, "the fulfilment order sent")
+    ship(server, order_id, "SHP-1", ("A", 2))
+    await until(lambda: running.events("shipment", "shipped") == 1, 10, "the first poll applied")
+    outbox = await stores.scalar("SELECT count(*) FROM outbox")
+
+    await until(lambda: running.client.polls_of(order_id) >= 3, 10, "two polls more")
+    await running.stop()
+
+    assert await stores.status_of(order_id) == "reserved"
+    assert await stores.shipped_units(order_id) == 2
+    assert (await stores.on_hand("A"), await stores.reserved("A")) == (98, 3)
+    assert await stores.scalar("SELECT count(*) FROM warehouse_shipments") == 1
+    assert await stores.scalar("SELECT count(*) FROM outbox") == outbox
+    assert running.events("shipment", "shipped") == 1
+    assert running.events("shipment", "duplicate") >= 2
+    assert running.metric("fulfilment_warehouse_discrepancies_total", kind="more_than_held") == 0
+
+
+async def test_a_cancellation_found_by_the_poll_releases_what_the_order_still_holds(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    order_id = await stores.placed(("A", 5))
+    running = dispatching(after=0.5)
+    await until(lambda: bool(server.simulator.orders), 10, "the fulfilment order sent")
+    ship(server, order_id, "SHP-1", ("A", 2))
+    cancel(server, order_id, "CXL-1")
+
+    await until(lambda: _shipped(stores, order_id), 10, "settled by the poll")
+    await running.stop()
+
+    assert (await stores.on_hand("A"), await stores.reserved("A")) == (98, 0)
+    assert running.events("shipment", "shipped") == 1
+    assert running.events("cancellation", "released") == 1
+    assert await stores.scalar("SELECT source FROM warehouse_cancellations") == "poll"
+
+
+async def test_an_order_with_recent_news_is_not_polled(
+    stores: Stores, dispatching: Callable[..., Running]
+) -> None:
+    quiet = await stores.placed(("A", 1))
+    heard = await stores.placed(("A", 2))
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 2), 10, "sent")
+    await sending.stop()
+    await stores.last_heard(60, [quiet, heard])
+    await stores.execute(
+        "UPDATE warehouse_requests SET news_at = now() - interval '1 second' WHERE order_id = :id",
+        id=heard,
+    )
+
+    running = dispatching(after=30)
+    await until(lambda: running.client.polls_of(quiet) == 1, 10, "the quiet order polled")
+    await asyncio.sleep(1.0)
+    await running.stop()
+
+    assert running.client.polls_of(heard) == 0
+    assert await stores.polled_at(heard) is None
+    assert await stores.polled_at(quiet) is not None
+    # Asked about once: the next poll is an interval (30 s) later.
+    assert running.client.polls_of(quiet) == 1
+
+
+async def _accepted(stores: Stores, count: int) -> bool:
+    return await stores.accepted_count() == count
+
+
+async def test_polls_wait_behind_the_sends_and_hold_the_rate_cap(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    due = [await stores.placed(("A", 1)) for _ in range(6)]
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 6), 10, "the first orders sent")
+    await sending.stop()
+    await stores.last_heard(60, due)
+    later = [await stores.placed(("B", 1)) for _ in range(8)]
+    server.simulator.requests_per_second.clear()
+
+    running = dispatching(after=30, rate=4, concurrency=4)
+    await until(
+        lambda: all(running.client.polls_of(order_id) == 1 for order_id in due), 20, "all polled"
+    )
+    await running.stop()
+
+    kinds = [kind for kind, _ in running.client.calls]
+    # Every request due was sent before the first poll.
+    assert kinds[: len(later)] == ["send"] * len(later)
+    assert set(kinds[len(later) :]) == {"poll"}
+    assert server.simulator.max_requests_per_second() <= 4
+    assert running.polls("answered") == 6
+
+
+async def test_a_429_to_a_poll_holds_every_request_until_its_retry_after(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    due = [await stores.placed(("A", 1)) for _ in range(10)]
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 10), 10, "sent")
+    await sending.stop()
+    await stores.last_heard(60, due)
+    server.simulator.faults.update({"rate_limit_per_second": 3, "retry_after_seconds": 1})
+
+    running = dispatching(after=30, rate=20, concurrency=4)
+    await until(
+        lambda: (
+            all(running.client.polls_of(order_id) >= 1 for order_id in due)
+            and running.polls("answered") == 10
+        ),
+        20,
+        "all answered",
+    )
+    await running.stop()
+
+    assert running.polls("rate_limited") >= 1
+    assert server.simulator.statuses[429] == running.polls("rate_limited")
+    assert server.simulator.early_requests == 0
+    # A poll answered 429 was not recorded: it was asked again once the gate opened.
+    assert all([await stores.polled_at(order_id) is not None for order_id in due])
+
+
+async def test_a_warehouse_down_opens_the_circuit_for_the_polls_and_they_resume_after(
+    stores: Stores,
+    server: SimulatorServer,
+    dispatching: Callable[..., Running],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    due = [await stores.placed(("A", 1)) for _ in range(10)]
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 10), 10, "sent")
+    await sending.stop()
+    await stores.last_heard(60, due)
+    monkeypatch.setattr(service, "CIRCUIT_THRESHOLD", 3)
+    outage = 4.0
+    server.simulator.go_down(outage)
+    before = server.simulator.requests_total
+
+    running = dispatching(after=1.0, rate=50, concurrency=4)
+    await until(lambda: running.dispatcher.halt is Halt.CIRCUIT_OPEN, 5, "the circuit open")
+    await asyncio.sleep(outage - 1.5)
+    during = server.simulator.requests_total - before
+    assert running.dispatcher.halt is Halt.CIRCUIT_OPEN
+    await until(
+        lambda: all(running.client.polls_of(order_id, "answered") for order_id in due),
+        30,
+        "every order answered after",
+    )
+    await running.stop()
+
+    # Up to the threshold (and the polls in flight beside them), then a probe at a time.
+    assert during <= 3 + 2 + 3
+    assert running.polls("retry") >= 3
+    assert running.dispatcher.readiness()["halt"] == "none"
+
+
+async def test_refused_credentials_halt_the_polls_until_a_probe_is_answered(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    due = [await stores.placed(("A", 1)) for _ in range(4)]
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 4), 10, "sent")
+    await sending.stop()
+    await stores.last_heard(60, due)
+    server.simulator.faults.token = "rotated"  # noqa: S105 - the simulator's token
+
+    running = dispatching(after=30, rate=50, concurrency=4)
+    await until(
+        lambda: running.dispatcher.halt is Halt.CREDENTIALS_REFUSED, 5, "the credentials halt"
+    )
+    await asyncio.sleep(1.5)
+    refused = server.simulator.statuses[403]
+    assert all([await stores.polled_at(order_id) is None for order_id in due])
+    server.simulator.faults.token = TOKEN
+    await until(lambda: running.polls("answered") == 4, 20, "every order asked about")
+    await running.stop()
+
+    # The polls in flight when the first 403 came, then a probe at a time.
+    assert refused <= 2 + 3
+    assert running.polls("credentials_refused") == refused
+    assert running.dispatcher.readiness()["halt"] == "none"
+
+
+async def test_a_404_is_counted_asked_again_an_interval_later_and_the_dispatcher_goes_on(
+    stores: Stores, dispatching: Callable[..., Running]
+) -> None:
+    lost = await stores.placed(("A", 1))
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 1), 10, "sent")
+    await sending.stop()
+    await stores.execute(
+        "UPDATE warehouse_requests SET warehouse_id = 'WH-NOWHERE',"
+        " answered_at = now() - interval '1 minute' WHERE order_id = :id",
+        id=lost,
+    )
+
+    running = dispatching(after=1.0)
+    await until(lambda: running.polls("not_found") >= 1, 10, "the 404")
+    later = await stores.placed(("B", 1))
+    await until(lambda: _accepted(stores, 2), 10, "a request sent after it")
+    await until(lambda: running.polls("not_found") >= 2, 10, "asked again")
+    assert not running.task.done()
+    await running.stop()
+
+    assert await stores.polled_at(lost) is not None
+    assert await stores.status_of(lost) == "reserved"
+    assert running.client.calls.count(("send", later)) == 1
+
+
+async def test_the_gauge_counts_the_accepted_orders_holding_units_with_no_news(
+    stores: Stores, dispatching: Callable[..., Running]
+) -> None:
+    # _recent: accepted now, and left so.
+    old, _recent, heard, polled, done = [await stores.placed(("A", 1)) for _ in range(5)]
+    pending = await stores.placed(("A", 1))
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 6), 10, "sent")
+    await sending.stop()
+    await stores.execute(
+        "UPDATE warehouse_requests SET status = 'pending', answered_at = NULL,"
+        " warehouse_id = NULL WHERE order_id = :id",
+        id=pending,
+    )
+    await stores.last_heard(600, [old, heard, polled, done, pending])
+    await stores.execute(
+        "UPDATE warehouse_requests SET news_at = now() WHERE order_id = :id", id=heard
+    )
+    await stores.execute(
+        "UPDATE warehouse_requests SET polled_at = now() WHERE order_id = :id", id=polled
+    )
+    await stores.stock.apply(shipment(done))
+    metrics = DispatcherMetrics()
+    poller = Poller(
+        stores.requests,
+        stores.stock,
+        PollOptions(reconcile_after_seconds=60, concurrency=4),
+        metrics,
+    )
+
+    await read_backlog(stores.requests, metrics, poller)
+
+    # old, and polled (a poll that found nothing is no news); not recent (accepted now),
+    # heard (a shipment recorded now), done (holds nothing), pending (not accepted).
+    assert metrics.registry.get_sample_value("fulfilment_warehouse_orders_without_news") == 2
