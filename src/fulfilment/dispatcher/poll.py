@@ -114,6 +114,14 @@ class Poller:
         count = await self._polls.orders_without_news(self.options.reconcile_after_seconds)
         self._metrics.orders_without_news.set(count)
 
+    async def postpone(self, order: FulfilmentOrderToPoll) -> None:
+        """Ask about ``order`` again an interval from now, whatever came of this poll.
+
+        Raises:
+            TransientError: the store failed.
+        """
+        await self._polls.record_polls([order.request_id])
+
     async def settle(self, order: FulfilmentOrderToPoll, answer: PollAnswer) -> None:
         """Apply, count and log the warehouse's ``answer`` about ``order``.
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import math
 import time
@@ -327,22 +328,28 @@ class Dispatcher:
             for _ in range(free):
                 self._slots.release()
             return
-        if len(self._ready) < free:
-            claimed_at = self._clock()
-            batch = await self._requests.claim(
-                free - len(self._ready) + self._options.concurrency,
-                lease_seconds=self._options.lease_seconds,
-            )
-            self._ready.extend((request, claimed_at) for request in batch)
-        taken = min(free, len(self._ready))
-        for _ in range(taken):
-            request, claimed_at = self._ready.popleft()
-            self._start(self._send(request, probe=False, claimed_at=claimed_at))
-        # No request is due now: the slots left may ask about fulfilment orders.
-        polled = await self._start_polls(free - taken) if taken < free else 0
-        for _ in range(free - taken - polled):
-            self._slots.release()
-        if taken + polled < free:
+        used = 0
+        try:
+            if len(self._ready) < free:
+                claimed_at = self._clock()
+                batch = await self._requests.claim(
+                    free - len(self._ready) + self._options.concurrency,
+                    lease_seconds=self._options.lease_seconds,
+                )
+                self._ready.extend((request, claimed_at) for request in batch)
+            while used < free and self._ready:
+                request, claimed_at = self._ready.popleft()
+                self._start(self._send(request, probe=False, claimed_at=claimed_at))
+                used += 1
+            if used < free:
+                # No request is due now: the slots left may ask about fulfilment orders.
+                used += await self._start_polls(free - used)
+        finally:
+            # The slots nothing took, also when the store failed: a slot lost would be lost
+            # for good.
+            for _ in range(free - used):
+                self._slots.release()
+        if used < free:
             await self._wait(self._options.poll_seconds)
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
@@ -495,6 +502,13 @@ class Dispatcher:
             logger.warning(
                 "dispatcher.poll_store_failed", order_id=str(order.order_id), error=str(error)
             )
+        except Exception:
+            # A poll that cannot be applied (a bug, a change the database refuses) must stop
+            # neither the loop nor the other polls: logged whole, asked again an interval
+            # later rather than at every turn.
+            logger.exception("dispatcher.poll_failed", order_id=str(order.order_id))
+            with contextlib.suppress(TransientError):
+                await poller.postpone(order)
         finally:
             free_slot()
             self._polling.discard(order.request_id)
