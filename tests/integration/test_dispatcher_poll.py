@@ -25,10 +25,12 @@ from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.warehouse.client import WarehouseClient
+from fulfilment.application.ports import OutcomeT, Stock
 from fulfilment.dispatcher import service
 from fulfilment.dispatcher.poll import Poller, PollOptions
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt, read_backlog
 from fulfilment.domain.handoff import Answer, WarehouseRequest
+from fulfilment.domain.model import Command
 from fulfilment.domain.polls import FulfilmentOrderToPoll, PollAnswer
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.dispatcher_metrics import POLL_OUTCOMES, DispatcherMetrics
@@ -167,13 +169,14 @@ class Running:
         after: float,
         rate: float,
         concurrency: int,
+        stock: Stock | None = None,
     ) -> None:
         inner, self._http = a_client(server.url, timeout_seconds=2.0, max_connections=concurrency)
         self.client = CountingClient(inner)
         self.metrics = DispatcherMetrics()
         self.poller = Poller(
             stores.requests,
-            stores.stock,
+            stock or stores.stock,
             PollOptions(reconcile_after_seconds=after, concurrency=concurrency),
             self.metrics,
         )
@@ -217,8 +220,16 @@ async def dispatching(
     """Start a dispatcher with its poller (interval ``after`` seconds); stopped at the end."""
     started: list[Running] = []
 
-    def start(*, after: float = 1.0, rate: float = 50.0, concurrency: int = 4) -> Running:
-        running = Running(stores, server, after=after, rate=rate, concurrency=concurrency)
+    def start(
+        *,
+        after: float = 1.0,
+        rate: float = 50.0,
+        concurrency: int = 4,
+        stock: Stock | None = None,
+    ) -> Running:
+        running = Running(
+            stores, server, after=after, rate=rate, concurrency=concurrency, stock=stock
+        )
         started.append(running)
         return running
 
@@ -521,6 +532,42 @@ async def test_a_404_is_counted_asked_again_an_interval_later_and_the_dispatcher
     assert await stores.polled_at(lost) is not None
     assert await stores.status_of(lost) == "reserved"
     assert running.client.calls.count(("send", later)) == 1
+
+
+class BrokenStock(PostgresStock):
+    """A stock store whose ``apply`` fails as a bug would, not as a database outage."""
+
+    async def apply(self, command: Command[OutcomeT]) -> OutcomeT:
+        msg = f"cannot apply {type(command).__name__}"
+        raise RuntimeError(msg)
+
+
+async def test_a_poll_that_cannot_be_applied_is_asked_again_an_interval_later_and_stops_nothing(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    broken = await stores.placed(("A", 1))
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 1), 10, "sent")
+    await sending.stop()
+    await stores.last_heard(60, [broken])
+    ship(server, broken, "SHP-BROKEN", ("A", 1))
+    stock = BrokenStock(
+        stores.engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True
+    )
+
+    running = dispatching(after=1.0, stock=stock)
+    await until(lambda: running.client.polls_of(broken) >= 1, 10, "the first poll")
+    later = await stores.placed(("B", 1))
+    await until(lambda: _accepted(stores, 2), 10, "a request sent after it")
+    await asyncio.sleep(1.5)
+    assert not running.task.done()
+    await running.stop()
+
+    assert await stores.polled_at(broken) is not None
+    # An interval apart (a second), not at every turn of the loop (every 50 ms).
+    assert running.client.polls_of(broken) <= 4
+    assert running.client.calls.count(("send", later)) == 1
+    assert await stores.status_of(broken) == "reserved"
 
 
 async def test_the_gauge_counts_the_accepted_orders_holding_units_with_no_news(
