@@ -21,7 +21,7 @@ import structlog
 from fulfilment.application.ports import FulfilmentOrderPolls, Stock
 from fulfilment.domain.handoff import CredentialsRefused, RateLimited
 from fulfilment.domain.polls import FulfilmentOrderToPoll, PollAnswer, Polled, WarehouseChange
-from fulfilment.domain.warehouse_events import RecordShipment, Source
+from fulfilment.domain.warehouse_events import RecordShipment
 from fulfilment.observability.dispatcher_metrics import POLL_OUTCOMES, DispatcherMetrics
 from fulfilment.observability.warehouse_event_metrics import (
     WarehouseEventOutcome,
@@ -144,7 +144,7 @@ class Poller:
         if isinstance(answer, Polled):
             for change in answer.changes:
                 outcome = await _apply(self._stock, change)
-                self._metrics.warehouse_events.count(outcome, Source.POLL)
+                self._metrics.warehouse_events.count(outcome)
                 label = str(outcome.kind)
                 applied[label] = applied.get(label, 0) + 1
                 discrepancies.extend(discrepancy_kinds(outcome))

@@ -20,6 +20,7 @@ from fulfilment.domain.handoff import (
     Retry,
 )
 from fulfilment.domain.polls import NotFound, PollAnswer, Polled
+from fulfilment.domain.warehouse_events import Source
 from fulfilment.observability.pump_metrics import PumpMetrics
 from fulfilment.observability.warehouse_event_metrics import WarehouseEventMetrics
 
@@ -128,7 +129,7 @@ class DispatcherMetrics(PumpMetrics):
             " cancellation for FULFILMENT_WAREHOUSE_RECONCILE_AFTER_SECONDS.",
             registry=self.registry,
         )
-        self.warehouse_events = WarehouseEventMetrics(self.registry)
+        self.warehouse_events = WarehouseEventMetrics(self.registry, Source.POLL)
 
     def record_answer(self, kind: RequestKind, answer: Answer, seconds: float) -> None:
         """Count one answer (or failure to get one) and its latency in seconds."""

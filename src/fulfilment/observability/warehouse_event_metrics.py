@@ -5,7 +5,8 @@ the poll (the dispatcher); each program counts what it applied on its own regist
 same names, so that a sum over the programs is every event applied:
 ``fulfilment_warehouse_events_total{event, source, outcome}`` and
 ``fulfilment_warehouse_discrepancies_total{kind}``. Labels are bound at 0: ``event`` 2 values,
-``source`` 2, ``outcome`` the command's kinds (4 each), ``kind`` 4.
+``outcome`` the command's kinds (4 each), ``kind`` 4; ``source`` is the program's own
+(``webhook`` for the intake, ``poll`` for the dispatcher).
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def discrepancy_kinds(outcome: WarehouseEventOutcome) -> list[str]:
 
 
 class WarehouseEventMetrics:
-    """The two counters of the warehouse's events, registered on ``registry``."""
+    """The two counters of the warehouse's events that ``source`` brought, on ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, source: Source) -> None:
+        self.source = source
         events = Counter(
             "fulfilment_warehouse_events",
             "Shipments and cancellations of the warehouse applied, by how they arrived and"
@@ -70,11 +72,8 @@ class WarehouseEventMetrics:
             registry=registry,
         )
         self.events = {
-            (event, str(source), outcome): events.labels(
-                event=event, source=str(source), outcome=outcome
-            )
+            (event, outcome): events.labels(event=event, source=str(source), outcome=outcome)
             for event, outcomes in EVENT_OUTCOMES.items()
-            for source in Source
             for outcome in outcomes
         }
         discrepancies = Counter(
@@ -86,9 +85,9 @@ class WarehouseEventMetrics:
         )
         self.discrepancies = {kind: discrepancies.labels(kind=kind) for kind in DISCREPANCY_KINDS}
 
-    def count(self, outcome: WarehouseEventOutcome, source: Source) -> None:
-        """Count one applied event by ``source`` and its outcome's kind, and its discrepancies."""
+    def count(self, outcome: WarehouseEventOutcome) -> None:
+        """Count one applied event by its outcome's kind, and the discrepancies it recorded."""
         event = "shipment" if isinstance(outcome, ShipmentOutcome) else "cancellation"
-        self.events[event, str(source), str(outcome.kind)].inc()
+        self.events[event, str(outcome.kind)].inc()
         for kind in discrepancy_kinds(outcome):
             self.discrepancies[kind].inc()
