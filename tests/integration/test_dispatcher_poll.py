@@ -291,32 +291,66 @@ def cancel(server: SimulatorServer, order_id: uuid.UUID, cancellation_id: str) -
     warehouse_order.remaining.clear()
 
 
-async def test_an_order_with_no_news_past_the_interval_is_polled_and_its_shipments_applied_once(
+async def test_what_no_webhook_brought_is_found_by_the_poll_and_applied_once(
     stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
 ) -> None:
-    order_id = await stores.placed(("A", 5), ("B", 2))
-    running = dispatching(after=1.0)
-    await until(lambda: bool(server.simulator.orders), 10, "the fulfilment order sent")
-    ship(server, order_id, "SHP-1", ("A", 2))
-    ship(server, order_id, "SHP-2", ("A", 3), ("B", 2))
+    # The warehouse ships (in one to three shipments) and cancels some units on its own, and
+    # sends no webhook: only the poll hears of it.
+    server.simulator.faults.update(
+        {"ship_delay_seconds": 0.2, "split_rate": 0.6, "max_shipments": 3, "cancel_rate": 0.3}
+    )
+    placed = [await stores.placed(("A", 1 + i % 4), ("B", 2)) for i in range(8)]
+    running = dispatching(after=0.5)
 
-    await until(lambda: _shipped(stores, order_id), 15, "shipped by the poll")
+    await until(lambda: _none_reserved(stores, placed), 30, "every order settled by the poll")
+    await server.simulator.settled()
+    polls = [running.client.polls_of(order_id) for order_id in placed]
+    await asyncio.sleep(1.5)  # three intervals
     await running.stop()
 
-    assert await stores.shipped_units(order_id) == 7
-    assert (await stores.on_hand("A"), await stores.reserved("A")) == (95, 0)
-    assert (await stores.on_hand("B"), await stores.reserved("B")) == (98, 0)
-    assert (
-        await stores.scalar(
-            "SELECT array_agg(shipment_id || ':' || source || ':' || outcome ORDER BY shipment_id)"
-            " FROM warehouse_shipments"
+    record = server.simulator.record()
+    assert record["webhooks"] == []
+    made = {shipment["shipment_id"]: shipment for shipment in record["shipments"]}
+    async with stores.engine.connect() as connection:
+        rows = (
+            await connection.execute(
+                sa.text("SELECT shipment_id, source, outcome, webhook_id FROM warehouse_shipments")
+            )
+        ).all()
+        cancelled = set(
+            (
+                await connection.execute(
+                    sa.text("SELECT cancellation_id FROM warehouse_cancellations")
+                )
+            ).scalars()
         )
-    ) == ["SHP-1:poll:shipped", "SHP-2:poll:shipped"]
+    assert sorted(row.shipment_id for row in rows) == sorted(made)
+    assert {(row.source, row.outcome, row.webhook_id) for row in rows} == {
+        ("poll", "shipped", None)
+    }
+    assert cancelled == {c["cancellation_id"] for c in record["cancellations"]}
+    for sku, loaded in STOCK.items():
+        units = sum(
+            line["quantity"] for s in made.values() for line in s["lines"] if line["sku"] == sku
+        )
+        assert (await stores.on_hand(sku), await stores.reserved(sku)) == (loaded - units, 0)
+    shipped_orders = {shipment["reference"] for shipment in made.values()}
+    assert [await stores.status_of(order_id) for order_id in placed] == [
+        "shipped" if str(order_id) in shipped_orders else "released" for order_id in placed
+    ]
     assert await stores.scalar("SELECT count(*) FROM webhook_inbox") == 0
-    assert running.events("shipment", "shipped") == 2
-    assert running.polls("answered") >= 1
-    # Shipped in whole, it holds nothing: it is not asked about again.
-    assert running.client.polls_of(order_id) == running.polls("answered")
+    assert await stores.scalar("SELECT count(*) FROM warehouse_discrepancies") == 0
+    assert running.events("shipment", "shipped") == len(made)
+    assert running.events("cancellation", "released") == len(cancelled)
+    # Once it holds nothing, an order is not asked about again.
+    assert [running.client.polls_of(order_id) for order_id in placed] == polls
+
+
+async def _none_reserved(stores: Stores, order_ids: list[uuid.UUID]) -> bool:
+    return not await stores.scalar(
+        "SELECT count(*) FROM reservations WHERE order_id = ANY(:ids) AND status = 'reserved'",
+        ids=order_ids,
+    )
 
 
 async def _shipped(stores: Stores, order_id: uuid.UUID) -> bool:
@@ -332,8 +366,9 @@ async def test_a_second_poll_of_what_was_applied_changes_nothing(
     ship(server, order_id, "SHP-1", ("A", 2))
     await until(lambda: running.events("shipment", "shipped") == 1, 10, "the first poll applied")
     outbox = await stores.scalar("SELECT count(*) FROM outbox")
+    applied_by = running.client.polls_of(order_id)
 
-    await until(lambda: running.client.polls_of(order_id) >= 3, 10, "two polls more")
+    await until(lambda: running.client.polls_of(order_id) >= applied_by + 2, 10, "two more")
     await running.stop()
 
     assert await stores.status_of(order_id) == "reserved"
