@@ -640,3 +640,46 @@ async def test_the_gauge_counts_the_accepted_orders_holding_units_with_no_news(
     # old, and polled (a poll that found nothing is no news); not recent (accepted now),
     # heard (a shipment recorded now), done (holds nothing), pending (not accepted).
     assert metrics.registry.get_sample_value("fulfilment_warehouse_orders_without_news") == 2
+
+
+async def test_the_due_orders_are_the_longest_unheard_of_first_by_the_latest_of_their_times(
+    stores: Stores, dispatching: Callable[..., Running]
+) -> None:
+    first, second, third, heard, polled = [await stores.placed(("A", 1)) for _ in range(5)]
+    sending = dispatching(after=3600)
+    await until(lambda: _accepted(stores, 5), 10, "sent")
+    await sending.stop()
+    for order_id, seconds in ((first, 300), (second, 200), (third, 100)):
+        await stores.last_heard(seconds, [order_id])
+    # Accepted long ago, but heard of (a shipment) or asked about (a poll) lately.
+    await stores.last_heard(900, [heard, polled])
+    await stores.execute(
+        "UPDATE warehouse_requests SET news_at = now() - interval '10 seconds'"
+        " WHERE order_id = :id",
+        id=heard,
+    )
+    await stores.execute(
+        "UPDATE warehouse_requests SET polled_at = now() - interval '10 seconds'"
+        " WHERE order_id = :id",
+        id=polled,
+    )
+
+    def ids(due: list[FulfilmentOrderToPoll]) -> list[uuid.UUID]:
+        return [order.order_id for order in due]
+
+    everything = await stores.requests.due_polls(10, after_seconds=60)
+    two = await stores.requests.due_polls(2, after_seconds=60)
+    first_id = everything[0].request_id
+    but_the_first = await stores.requests.due_polls(10, after_seconds=60, excluding=[first_id])
+    longer = await stores.requests.due_polls(10, after_seconds=150)
+    await stores.requests.record_polls([first_id])
+    after_a_poll = await stores.requests.due_polls(10, after_seconds=60)
+
+    assert ids(everything) == [first, second, third]
+    assert ids(two) == [first, second]
+    assert ids(but_the_first) == [second, third]
+    assert ids(longer) == [first, second]
+    assert ids(after_a_poll) == [second, third]
+    assert all(order.warehouse_id.startswith("WH-") for order in everything)
+    with pytest.raises(ValueError, match="limit"):
+        await stores.requests.due_polls(0, after_seconds=60)
