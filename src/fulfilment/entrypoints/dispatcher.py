@@ -130,6 +130,7 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         engine,
         consumer=settings.worker.consumer_name,
         retry_budget_seconds=settings.deadlines.retry_budget_seconds,
+        pool_size=settings.database.pool_size,
         handoff=True,
     )
     pump = DispatcherPump(
