@@ -10,6 +10,10 @@ A process of its own, not a part of the relay's, for three reasons:
 - its scaling differs: the warehouse account's rate cap (requests per second) bounds it, not
   the outbox's throughput, so it runs one active replica per database whatever the relay does.
 
+The same process polls the fulfilment orders with no news (``dispatcher.poll``), within the
+same rate cap, and applies what it finds through a ``PostgresStock`` of its own, as the
+webhook intake does.
+
 Without ``FULFILMENT_WAREHOUSE_URL`` there is no hand-off and nothing to dispatch: the command
 exits 2 (invalid settings) with one line naming the variable. Nothing is built at import time.
 """
