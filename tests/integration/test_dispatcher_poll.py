@@ -272,7 +272,8 @@ def ship(
         }
     )
     for sku, quantity in lines:
-        warehouse_order.remaining[sku] -= quantity
+        # A warehouse in error may ship more than it was asked for.
+        warehouse_order.remaining[sku] = max(0, warehouse_order.remaining.get(sku, 0) - quantity)
 
 
 def cancel(server: SimulatorServer, order_id: uuid.UUID, cancellation_id: str) -> None:
@@ -397,6 +398,38 @@ async def test_a_cancellation_found_by_the_poll_releases_what_the_order_still_ho
     assert running.events("shipment", "shipped") == 1
     assert running.events("cancellation", "released") == 1
     assert await stores.scalar("SELECT source FROM warehouse_cancellations") == "poll"
+
+
+async def test_what_a_polled_shipment_could_not_take_is_kept_and_counted_as_discrepancies(
+    stores: Stores, server: SimulatorServer, dispatching: Callable[..., Running]
+) -> None:
+    order_id = await stores.placed(("A", 2))
+    running = dispatching(after=0.5)
+    await until(lambda: bool(server.simulator.orders), 10, "the fulfilment order sent")
+    # More of A than the order holds, and B, which it never held.
+    ship(server, order_id, "SHP-OVER", ("A", 3), ("B", 1))
+
+    await until(lambda: _shipped(stores, order_id), 10, "shipped by the poll")
+    await running.stop()
+
+    async with stores.engine.connect() as connection:
+        kept = (
+            await connection.execute(
+                sa.text(
+                    "SELECT kind, sku, quantity, source, source_id FROM warehouse_discrepancies"
+                    " ORDER BY sku"
+                )
+            )
+        ).all()
+    assert [tuple(row) for row in kept] == [
+        ("more_than_held", "A", 1, "shipment", "SHP-OVER"),
+        ("sku_not_held", "B", 1, "shipment", "SHP-OVER"),
+    ]
+    assert (await stores.on_hand("A"), await stores.on_hand("B")) == (98, 100)
+    assert running.events("shipment", "shipped") == 1
+    discrepancies = "fulfilment_warehouse_discrepancies_total"
+    assert running.metric(discrepancies, kind="more_than_held") == 1
+    assert running.metric(discrepancies, kind="sku_not_held") == 1
 
 
 async def test_an_order_with_recent_news_is_not_polled(

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.domain.model import OrderLine
+from fulfilment.domain.polls import WarehouseChange
 from fulfilment.domain.warehouse_events import (
     DuplicateBy,
+    RecordShipment,
+    RecordWarehouseCancellation,
     ShipmentKind,
     ShipmentOutcome,
     Source,
@@ -26,6 +30,37 @@ from fulfilment.observability.warehouse_event_metrics import (
 
 ORDER = uuid.uuid4()
 EVENT = uuid.uuid4()
+AT = datetime(2026, 12, 6, 10, tzinfo=UTC)
+
+
+def shipment(*lines: tuple[str, int]) -> RecordShipment:
+    return RecordShipment(
+        event_id=EVENT,
+        shipment_id="SHP-1",
+        webhook_id=None,
+        fulfilment_order_id="WH-1",
+        order_id=ORDER,
+        shipped_at=AT,
+        carrier=None,
+        tracking_numbers=(),
+        tracking_url=None,
+        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
+        source=Source.POLL,
+    )
+
+
+def cancellation(*lines: tuple[str, int]) -> RecordWarehouseCancellation:
+    return RecordWarehouseCancellation(
+        event_id=EVENT,
+        cancellation_id="CXL-1",
+        webhook_id=None,
+        fulfilment_order_id="WH-1",
+        order_id=ORDER,
+        cancelled_at=AT,
+        reason="unfulfillable",
+        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines) or None,
+        source=Source.POLL,
+    )
 
 
 def shipped(
@@ -37,97 +72,78 @@ def shipped(
     return ShipmentOutcome(kind, ORDER, EVENT, lines=lines, unmatched=unmatched, status=status)
 
 
+def cancelled(
+    kind: WarehouseCancellationKind, status: OrderStatus | None
+) -> WarehouseCancellationOutcome:
+    return WarehouseCancellationOutcome(kind, ORDER, EVENT, status=status)
+
+
+A2, A1, B3 = OrderLine("A", 2), OrderLine("A", 1), OrderLine("B", 3)
+
+
 @pytest.mark.parametrize(
-    ("outcome", "kinds"),
+    ("change", "outcome", "kinds"),
     [
-        (shipped(ShipmentKind.SHIPPED, OrderStatus.SHIPPED, (OrderLine("A", 2),)), []),
+        (shipment(("A", 2)), shipped(ShipmentKind.SHIPPED, OrderStatus.SHIPPED, (A2,)), []),
         (
-            shipped(
-                ShipmentKind.SHIPPED,
-                OrderStatus.SHIPPED,
-                (OrderLine("A", 2),),
-                (OrderLine("A", 1), OrderLine("B", 3)),
-            ),
+            shipment(("A", 3), ("B", 3)),
+            shipped(ShipmentKind.SHIPPED, OrderStatus.SHIPPED, (A2,), (A1, B3)),
             ["more_than_held", "sku_not_held"],
         ),
         (
-            shipped(ShipmentKind.DISCREPANCY, OrderStatus.RESERVED, (), (OrderLine("Z", 1),)),
+            shipment(("B", 3)),
+            shipped(ShipmentKind.DISCREPANCY, OrderStatus.RESERVED, (), (B3,)),
             ["sku_not_held"],
         ),
-        (shipped(ShipmentKind.DISCREPANCY, None, (), (OrderLine("A", 1),)), ["unknown_order"]),
         (
-            shipped(ShipmentKind.DISCREPANCY, OrderStatus.RELEASED, (), (OrderLine("A", 1),)),
+            shipment(("A", 1), ("B", 3)),
+            shipped(ShipmentKind.DISCREPANCY, None, (), (A1, B3)),
+            ["unknown_order", "unknown_order"],
+        ),
+        (
+            shipment(("A", 1)),
+            shipped(ShipmentKind.DISCREPANCY, OrderStatus.RELEASED, (), (A1,)),
             ["order_not_reserved"],
         ),
-        (shipped(ShipmentKind.ALREADY_SHIPPED, OrderStatus.SHIPPED), []),
+        (shipment(("A", 1)), shipped(ShipmentKind.ALREADY_SHIPPED, OrderStatus.SHIPPED), []),
         (
+            shipment(("A", 1)),
             ShipmentOutcome(ShipmentKind.DUPLICATE, ORDER, EVENT, duplicate_by=DuplicateBy.CHANGE),
             [],
         ),
+        (cancellation(), cancelled(WarehouseCancellationKind.DISCREPANCY, None), ["unknown_order"]),
         (
-            WarehouseCancellationOutcome(WarehouseCancellationKind.DISCREPANCY, ORDER, EVENT),
-            ["unknown_order"],
+            cancellation(("A", 1), ("B", 1)),
+            cancelled(WarehouseCancellationKind.DISCREPANCY, OrderStatus.REJECTED),
+            ["order_not_reserved", "order_not_reserved"],
         ),
         (
-            WarehouseCancellationOutcome(
-                WarehouseCancellationKind.DISCREPANCY, ORDER, EVENT, status=OrderStatus.REJECTED
-            ),
-            ["order_not_reserved"],
-        ),
-        (
-            WarehouseCancellationOutcome(
-                WarehouseCancellationKind.RELEASED,
-                ORDER,
-                EVENT,
-                lines=(OrderLine("A", 1),),
-                status=OrderStatus.RELEASED,
-            ),
+            cancellation(("A", 1)),
+            cancelled(WarehouseCancellationKind.RELEASED, OrderStatus.RELEASED),
             [],
         ),
+        (cancellation(), cancelled(WarehouseCancellationKind.IGNORED, OrderStatus.SHIPPED), []),
     ],
 )
-def test_each_outcome_records_the_discrepancies_of_its_kind(
-    outcome: WarehouseEventOutcome, kinds: list[str]
+def test_each_outcome_counts_the_discrepancy_rows_it_kept(
+    change: WarehouseChange, outcome: WarehouseEventOutcome, kinds: list[str]
 ) -> None:
-    assert discrepancy_kinds(outcome) == kinds
+    assert discrepancy_kinds(change, outcome) == kinds
 
 
 def test_every_label_of_its_source_is_bound_at_zero_and_an_outcome_counts_once() -> None:
     registry = CollectorRegistry()
     metrics = WarehouseEventMetrics(registry, Source.POLL)
 
-    metrics.count(shipped(ShipmentKind.DISCREPANCY, None, (), (OrderLine("A", 1),)))
+    metrics.count(shipment(("A", 1)), shipped(ShipmentKind.DISCREPANCY, None, (), (A1,)))
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
 
-    assert (
-        value(
-            "fulfilment_warehouse_events_total",
-            event="shipment",
-            source="poll",
-            outcome="discrepancy",
-        )
-        == 1
-    )
-    assert (
-        value(
-            "fulfilment_warehouse_events_total",
-            event="shipment",
-            source="webhook",
-            outcome="discrepancy",
-        )
-        is None
-    )
-    assert (
-        value(
-            "fulfilment_warehouse_events_total",
-            event="cancellation",
-            source="poll",
-            outcome="ignored",
-        )
-        == 0
-    )
+    events = "fulfilment_warehouse_events_total"
+    assert value(events, event="shipment", source="poll", outcome="discrepancy") == 1
+    assert value(events, event="shipment", source="webhook", outcome="discrepancy") is None
+    assert value(events, event="cancellation", source="poll", outcome="ignored") == 0
     assert value("fulfilment_warehouse_discrepancies_total", kind="unknown_order") == 1
     assert [
         value("fulfilment_warehouse_discrepancies_total", kind=kind)

@@ -144,10 +144,10 @@ class Poller:
         if isinstance(answer, Polled):
             for change in answer.changes:
                 outcome = await _apply(self._stock, change)
-                self._metrics.warehouse_events.count(outcome)
+                self._metrics.warehouse_events.count(change, outcome)
                 label = str(outcome.kind)
                 applied[label] = applied.get(label, 0) + 1
-                discrepancies.extend(discrepancy_kinds(outcome))
+                discrepancies.extend(discrepancy_kinds(change, outcome))
         if not isinstance(answer, RateLimited | CredentialsRefused):
             await self._polls.record_polls([order.request_id])
         _log_poll(order, answer, applied, discrepancies)

@@ -14,7 +14,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter
 
 from fulfilment.domain.lifecycle import OrderStatus
+from fulfilment.domain.polls import WarehouseChange
 from fulfilment.domain.warehouse_events import (
+    RecordShipment,
     ShipmentKind,
     ShipmentOutcome,
     Source,
@@ -35,28 +37,36 @@ DISCREPANCY_KINDS = ("unknown_order", "order_not_reserved", "more_than_held", "s
 """The ``kind`` of a discrepancy, as ``warehouse_discrepancies.kind`` records it."""
 
 
-def discrepancy_kinds(outcome: WarehouseEventOutcome) -> list[str]:
-    """The discrepancies ``outcome`` recorded, one kind each (docs/design.md's kinds).
+def discrepancy_kinds(change: WarehouseChange, outcome: WarehouseEventOutcome) -> list[str]:
+    """The kinds of the discrepancies that applying ``change`` with ``outcome`` kept, a row each.
 
-    An order unknown (no status) or not reserved is one discrepancy of the event; a shipment
-    of a reserved order has one per SKU it could not take in full: ``more_than_held`` when it
-    took some of that SKU, else ``sku_not_held``. An ``already_shipped`` shipment and a
-    ``duplicate`` record none.
+    As ``fulfilment.domain.warehouse_lifecycle`` keeps them: an order unknown or not reserved
+    is a row per SKU the change named (one for a cancellation of the whole order); a shipment
+    of a reserved order a row per SKU it could not take in full, ``more_than_held`` when it
+    took some of that SKU, else ``sku_not_held``. The outcome does not say whether the order
+    once held a SKU it took none of, so a SKU whose held units all shipped or were released
+    before counts as ``sku_not_held`` here where its row says ``more_than_held``. An
+    ``already_shipped`` shipment, an ``ignored`` cancellation and a ``duplicate`` keep none.
     """
-    is_discrepancy = outcome.kind in {
-        ShipmentKind.DISCREPANCY,
-        WarehouseCancellationKind.DISCREPANCY,
-    }
-    if is_discrepancy and outcome.status is None:
-        return ["unknown_order"]
-    if is_discrepancy and outcome.status is not OrderStatus.RESERVED:
-        return ["order_not_reserved"]
+    if outcome.kind in {ShipmentKind.DISCREPANCY, WarehouseCancellationKind.DISCREPANCY}:
+        if outcome.status is None:
+            return ["unknown_order" for _ in _named(change)]
+        if outcome.status is not OrderStatus.RESERVED:
+            return ["order_not_reserved" for _ in _named(change)]
     if isinstance(outcome, ShipmentOutcome):
         taken = {line.sku for line in outcome.lines}
         return [
             "more_than_held" if line.sku in taken else "sku_not_held" for line in outcome.unmatched
         ]
     return []
+
+
+def _named(change: WarehouseChange) -> list[str | None]:
+    """The SKUs ``change`` named, merged; ``[None]`` for a cancellation of the whole order."""
+    if isinstance(change, RecordShipment):
+        return list(change.shipped())
+    cancelled = change.cancelled()
+    return [None] if cancelled is None else list(cancelled)
 
 
 class WarehouseEventMetrics:
@@ -85,9 +95,9 @@ class WarehouseEventMetrics:
         )
         self.discrepancies = {kind: discrepancies.labels(kind=kind) for kind in DISCREPANCY_KINDS}
 
-    def count(self, outcome: WarehouseEventOutcome) -> None:
-        """Count one applied event by its outcome's kind, and the discrepancies it recorded."""
+    def count(self, change: WarehouseChange, outcome: WarehouseEventOutcome) -> None:
+        """Count ``change`` applied by its outcome's kind, and the discrepancies it kept."""
         event = "shipment" if isinstance(outcome, ShipmentOutcome) else "cancellation"
         self.events[event, str(outcome.kind)].inc()
-        for kind in discrepancy_kinds(outcome):
+        for kind in discrepancy_kinds(change, outcome):
             self.discrepancies[kind].inc()
