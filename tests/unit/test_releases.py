@@ -28,7 +28,7 @@ def test_the_releases_are_recorded_oldest_first_each_with_its_whole_commit() -> 
 
 
 def test_this_tree_is_a_version_after_the_last_release() -> None:
-    # Between releases the version is the next one's development release (0.2.0.dev0), so
+    # Between releases the version is the next one's development release (0.3.0.dev0), so
     # that `--version`, the start-up lines and fulfilment_build_info tell it from the release.
     last = recorded_releases()[-1]
 
