@@ -25,11 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 import structlog
-from pydantic import ValidationError
 
 from fulfilment.adapters.postgres.invalid_webhooks import InvalidWebhook
 from fulfilment.application.ports import Stock, TransientError
-from fulfilment.contracts.warehouse_webhooks import TAKEN, AnyWebhook, TakenWebhook, type_label
+from fulfilment.contracts.warehouse_webhooks import (
+    OTHER_TYPE,
+    TAKEN,
+    AnyWebhook,
+    TakenWebhook,
+    type_label,
+)
 from fulfilment.domain.warehouse_events import (
     RecordShipment,
     RecordWarehouseCancellation,
@@ -142,13 +147,13 @@ class WebhookReceiver:
         body = await read_body(chunks, self._max_body_bytes)
         self._verifier.verify(signed, body)
         try:
-            webhook_type = AnyWebhook.model_validate_json(body).type
-        except ValidationError:
-            webhook_type = None
-        label = type_label(webhook_type)
-        fields["type"] = label
-        model = TAKEN.get(webhook_type or "")
-        if webhook_type is not None and model is None:
+            webhook_type = parse_event(AnyWebhook, body).type
+        except MalformedEventError as error:
+            fields["type"] = OTHER_TYPE
+            return await self._invalid(signed.webhook_id, None, headers, body, error, fields)
+        label = fields["type"] = type_label(webhook_type)
+        model = TAKEN.get(webhook_type)
+        if model is None:
             fields["outcome"] = TYPE_NOT_TAKEN
             self._metrics.received.labels(type=label, outcome=TYPE_NOT_TAKEN).inc()
             return Answer(204)
@@ -157,23 +162,23 @@ class WebhookReceiver:
             outcome = await self._bounded(self._stock.apply(command))
         except (MalformedEventError, ValueError) as error:
             # ValueError: the stock store refuses the command as it is (BatchFunction.check).
-            fields["outcome"] = INVALID
-            reason = await self._keep(signed.webhook_id, webhook_type, headers, body, error)
-            self._metrics.received.labels(type=label, outcome=INVALID).inc()
-            return Answer(422, {"error": "invalid_event", "reason": reason})
+            return await self._invalid(
+                signed.webhook_id, webhook_type, headers, body, error, fields
+            )
         fields["outcome"] = outcome.label
         self._metrics.count_applied(label, outcome)
         return Answer(204)
 
-    async def _keep(
+    async def _invalid(  # noqa: PLR0913 - the request's parts, by name
         self,
         webhook_id: str,
         webhook_type: str | None,
         headers: dict[bytes, bytes],
         body: bytes,
         error: Exception,
-    ) -> str:
-        """Keep the invalid webhook (once per webhook id); return the reason it was kept with."""
+        fields: dict[str, Any],
+    ) -> Answer:
+        """Keep the invalid webhook (once per webhook id), count it, and answer 422."""
         # PostgreSQL's text cannot hold a NUL, which a JSON string (a type, a quoted key) can.
         reason = str(error).replace("\x00", "\\x00")[:MAX_REASON_LENGTH]
         invalid = InvalidWebhook(
@@ -184,7 +189,9 @@ class WebhookReceiver:
             reason=reason,
         )
         await self._bounded(self._keep_invalid(invalid))
-        return reason
+        fields["outcome"] = INVALID
+        self._metrics.received.labels(type=fields["type"], outcome=INVALID).inc()
+        return Answer(422, {"error": "invalid_event", "reason": reason})
 
     async def _bounded(self, call: Awaitable[T]) -> T:
         """``call``'s result, awaited at most the database wait.
@@ -201,16 +208,13 @@ class WebhookReceiver:
 
 
 def _command(
-    model: type[TakenWebhook] | None, body: bytes, webhook_id: str
+    model: type[TakenWebhook], body: bytes, webhook_id: str
 ) -> RecordShipment | RecordWarehouseCancellation:
-    """The command of a signed ``body`` of a taken type (``model``; None: the body has none).
+    """The command of a signed ``body`` of a taken type, whose model is ``model``.
 
     Raises:
-        MalformedEventError: the body is no valid event of its type, or has no type.
+        MalformedEventError: the body is no valid event of its type.
     """
-    if model is None:
-        msg = "not a JSON object with a string type"
-        raise MalformedEventError(msg)
     event = parse_event(model, body)
     return event.data.to_command(webhook_id=webhook_id, source=Source.WEBHOOK)
 
