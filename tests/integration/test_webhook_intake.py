@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -27,7 +26,7 @@ from tests.support.webhooks import (
     UNKNOWN_SECRET,
     IntakeProcess,
     cancellation_body,
-    intake_env,
+    running_intake,
     shipment_body,
     signed_headers,
 )
@@ -38,13 +37,10 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture(scope="module")
 def intake(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[IntakeProcess]:
     """The module's intake process on the session database, knowing two secrets."""
-    log = Path(tmp_path_factory.mktemp("intake")) / "intake.log"
-    process = IntakeProcess(
-        intake_env(database_url, FULFILMENT_WEBHOOKS_MAX_BODY_BYTES="4096"), log
-    )
-    process.start()
-    yield process
-    process.stop_quietly()
+    with running_intake(
+        database_url, tmp_path_factory.mktemp("intake"), FULFILMENT_WEBHOOKS_MAX_BODY_BYTES="4096"
+    ) as process:
+        yield process
 
 
 @pytest.fixture

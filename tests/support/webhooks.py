@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -184,3 +185,16 @@ class IntakeProcess:
 
     def log_tail(self, count: int = 8) -> str:
         return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-count:])
+
+
+@contextlib.contextmanager
+def running_intake(
+    database_url: str, log_folder: Path, name: str = "intake", **env: str
+) -> Iterator[IntakeProcess]:
+    """An intake process on ``database_url`` (more ``env`` beside), killed on exit."""
+    process = IntakeProcess(intake_env(database_url, **env), log_folder / f"{name}.log")
+    try:
+        process.start()
+        yield process
+    finally:
+        process.stop_quietly()
