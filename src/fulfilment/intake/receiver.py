@@ -150,7 +150,14 @@ class WebhookReceiver:
             webhook_type = parse_event(AnyWebhook, body).type
         except MalformedEventError as error:
             fields["type"] = OTHER_TYPE
-            return await self._invalid(signed.webhook_id, None, headers, body, error, fields)
+            return await self._invalid(
+                webhook_id=signed.webhook_id,
+                webhook_type=None,
+                headers=headers,
+                body=body,
+                error=error,
+                fields=fields,
+            )
         label = fields["type"] = type_label(webhook_type)
         model = TAKEN.get(webhook_type)
         if model is None:
@@ -163,7 +170,12 @@ class WebhookReceiver:
         except (MalformedEventError, ValueError) as error:
             # ValueError: the stock store refuses the command as it is (BatchFunction.check).
             return await self._invalid(
-                signed.webhook_id, webhook_type, headers, body, error, fields
+                webhook_id=signed.webhook_id,
+                webhook_type=webhook_type,
+                headers=headers,
+                body=body,
+                error=error,
+                fields=fields,
             )
         fields["outcome"] = outcome.label
         self._metrics.count_applied(label, outcome)
@@ -171,6 +183,7 @@ class WebhookReceiver:
 
     async def _invalid(  # noqa: PLR0913 - the request's parts, by name
         self,
+        *,
         webhook_id: str,
         webhook_type: str | None,
         headers: dict[bytes, bytes],
