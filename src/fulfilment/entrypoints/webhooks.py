@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import sys
 
@@ -180,7 +181,7 @@ def _server(app: ASGIApp, settings: Settings) -> ProbeServer:
             lifespan="off",
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=int(settings.deadlines.graceful_timeout_seconds),
+            timeout_graceful_shutdown=math.ceil(settings.deadlines.graceful_timeout_seconds),
         )
     )
 
