@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from fulfilment.adapters.postgres.invalid_webhooks import InvalidWebhook
 from fulfilment.application.ports import TransientError
@@ -25,7 +26,7 @@ from fulfilment.domain.warehouse_events import (
     WarehouseCancellationKind,
     WarehouseCancellationOutcome,
 )
-from fulfilment.intake.receiver import Answer, WebhookReceiver
+from fulfilment.intake.receiver import Answer, SenderGoneError, WebhookReceiver
 from fulfilment.intake.signatures import Refusal, WebhookVerifier
 from fulfilment.observability.intake_metrics import IntakeMetrics, discrepancy_kinds
 from tests.support.webhooks import SECRET, shipment_body, signed_headers
@@ -242,3 +243,36 @@ async def test_a_type_with_a_nul_is_kept_without_its_type() -> None:
 )
 def test_the_discrepancies_an_outcome_counts(outcome, kinds) -> None:
     assert discrepancy_kinds(outcome) == kinds
+
+
+async def test_a_bug_is_a_500_with_its_trace_logged_and_the_answer_still_counted() -> None:
+    async def broken(command: RecordShipment) -> ShipmentOutcome:
+        raise RuntimeError(str(command.event_id))
+
+    intake, metrics = receiver(StandInStock(broken))
+
+    with capture_logs() as logs:
+        result = await send(intake, shipment_body(uuid.uuid4(), [("A", 2)]))
+
+    assert result == Answer(500, {"error": "internal_error"})
+    assert [log["event"] for log in logs] == ["webhooks.failed", "webhooks.answered"]
+    assert logs[0]["exc_info"] is True
+    assert value(metrics, "fulfilment_webhook_answer_seconds_count", status="500") == 1
+
+
+async def test_a_sender_gone_mid_body_is_answered_for_no_one_and_nothing_is_recorded() -> None:
+    stock = StandInStock(None)
+    keeper = Keeper()
+    intake, _ = receiver(stock, keeper)
+    body = shipment_body(uuid.uuid4(), [("A", 2)])
+
+    async def cut_off() -> AsyncIterator[bytes]:
+        yield body[:50]
+        raise SenderGoneError
+
+    raw = [(name.encode(), value.encode()) for name, value in signed_headers(body).items()]
+    result = await intake.receive(raw, cut_off())
+
+    assert result.status == 400
+    assert stock.commands == []
+    assert keeper.kept == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,7 +31,7 @@ from fulfilment.contracts.warehouse_webhooks import (
     ShipmentShippedWebhook,
 )
 from fulfilment.exit_codes import ExitCode
-from fulfilment.intake.receiver import RETRY_AFTER_SECONDS, WebhookReceiver
+from fulfilment.intake.receiver import RETRY_AFTER_SECONDS, SenderGoneError, WebhookReceiver
 from fulfilment.intake.signatures import MAX_TIMESTAMP_DIGITS, MAX_WEBHOOK_ID_LENGTH, Refusal
 
 WEBHOOK_PATH: Final = "/webhooks/warehouse"
@@ -162,14 +163,19 @@ router = APIRouter()
 async def receive_warehouse_webhook(request: Request) -> Response:
     """Answer one webhook (``intake.receiver``); the receiver is the app's ``state.receiver``."""
     receiver: WebhookReceiver = request.app.state.receiver
-    try:
-        answer = await receiver.receive(request.headers.raw, request.stream())
-    except ClientDisconnect:
-        # The sender went away mid-body: no one reads this answer, and nothing was recorded.
-        return Response(status_code=400)
+    answer = await receiver.receive(request.headers.raw, _chunks(request))
     if answer.body is None:
         return Response(status_code=answer.status, headers=answer.headers)
     return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+
+
+async def _chunks(request: Request) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive; a sender gone mid-body is ``SenderGoneError``."""
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect as gone:
+        raise SenderGoneError from gone
 
 
 def intake_app(receiver: WebhookReceiver | None) -> FastAPI:

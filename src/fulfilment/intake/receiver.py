@@ -68,6 +68,10 @@ logger = structlog.get_logger("fulfilment.webhooks")
 T = TypeVar("T")
 
 
+class SenderGoneError(Exception):
+    """The sender closed the connection before its body was whole: nothing was recorded."""
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """The HTTP answer to one webhook.
@@ -118,8 +122,9 @@ class WebhookReceiver:
     ) -> Answer:
         """Answer one request from its raw ASGI headers and its body's chunks as they come.
 
-        Never raises for anything the request holds; an error of the service itself (a bug)
-        propagates, and the framework answers 500.
+        Never raises: a sender gone mid-body (``SenderGoneError`` from ``body``) is answered
+        400 for no one to read; an error of the service itself (a bug) is logged with its
+        trace (``webhooks.failed``) and answered 500, and the sender retries.
         """
         started = time.perf_counter()
         fields: dict[str, Any] = {}
@@ -129,6 +134,12 @@ class WebhookReceiver:
             self._metrics.refusals.labels(reason=refused.reason).inc()
             fields["refused"] = str(refused.reason)
             answer = _refusal(refused.reason)
+        except SenderGoneError:
+            fields["refused"] = "sender_gone"
+            answer = Answer(400, {"error": "sender_gone"})
+        except Exception:  # a bug: answered 500, its trace logged
+            logger.exception("webhooks.failed", **fields)
+            answer = Answer(500, {"error": "internal_error"})
         seconds = time.perf_counter() - started
         self._metrics.answer_seconds.labels(status=str(answer.status)).observe(seconds)
         logger.info(

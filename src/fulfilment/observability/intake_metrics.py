@@ -45,8 +45,9 @@ RECEIVED_OUTCOMES: dict[str, tuple[str, ...]] = {
 }
 """The ``(type, outcome)`` series of ``fulfilment_webhooks_received_total`` bound at 0."""
 
-ANSWER_STATUSES = ("204", "401", "413", "422", "500", "503")
-"""The status codes the endpoint answers with, bound at 0."""
+ANSWER_STATUSES = ("204", "401", "413", "422", "503")
+"""The status codes of the answer table, bound at 0 (a 400 to a sender gone mid-body and the
+500 of a bug appear when they happen)."""
 
 WAREHOUSE_EVENT_OUTCOMES: dict[str, tuple[str, ...]] = {
     "shipment": tuple(str(kind) for kind in ShipmentKind),
