@@ -20,7 +20,7 @@ from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.domain.model import OutcomeKind
 from tests.support.builders import order
 from tests.support.simulated_warehouse import TOKEN, order_body
-from tests.support.webhooks import SECOND_SECRET, SECRET, IntakeProcess, running_intake
+from tests.support.webhooks import SECOND_SECRET, IntakeProcess, running_intake
 from warehouse_simulator import Faults, SimulatorServer, WarehouseSimulator
 
 pytestmark = pytest.mark.postgres
@@ -58,7 +58,7 @@ async def simulator(intake: IntakeProcess) -> AsyncIterator[SimulatorServer]:
 
 
 async def test_every_change_of_the_simulator_is_applied_once_whatever_its_webhooks_did(
-    intake, simulator, stock: PostgresStock, db
+    simulator, stock: PostgresStock, db
 ) -> None:
     skus = ["85123A", "71053", "22423"]
     await stock.put_stock(dict.fromkeys(skus, LOADED))
