@@ -25,7 +25,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final
@@ -81,7 +81,7 @@ class SignedHeaders:
 
     webhook_id: str
     timestamp: int
-    signatures: bytes
+    signatures: bytes = field(repr=False)
 
 
 class WebhookVerifier:
