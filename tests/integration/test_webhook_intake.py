@@ -158,6 +158,22 @@ async def test_a_shipment_of_an_unknown_order_is_a_204_kept_as_a_discrepancy(
     assert [(row["kind"], row["order_id"]) for row in kinds] == [("unknown_order", unknown)]
 
 
+async def test_a_shipment_of_an_order_shipped_already_is_a_204_recorded_as_already_shipped(
+    intake, client, db, reserved
+) -> None:
+    whole = await post(client, intake, shipment_body(reserved, [("A", 4), ("B", 2)]))
+
+    late = await post(client, intake, shipment_body(reserved, [("A", 1)], shipment_id="SHP-late"))
+
+    assert (whole.status_code, late.status_code) == (204, 204)
+    outcome = await db.fetchval(
+        "SELECT outcome FROM warehouse_shipments WHERE shipment_id = 'SHP-late'"
+    )
+    assert outcome == "already_shipped"
+    assert await db.fetchval("SELECT count(*) FROM warehouse_discrepancies") == 0
+    assert await db.fetchval("SELECT on_hand FROM stock_levels WHERE sku = 'A'") == 6
+
+
 async def test_a_cancellation_by_the_warehouse_is_applied_before_the_204(
     intake, client, db, reserved
 ) -> None:
