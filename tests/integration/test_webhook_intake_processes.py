@@ -13,18 +13,27 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
+from typer.testing import CliRunner
 
+from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.domain.model import OutcomeKind
+from fulfilment.entrypoints.cli import app
+from fulfilment.entrypoints.startup import database_options
+from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from tests.support.builders import order
+from tests.support.services import admin_execute, throwaway_database
 from tests.support.webhooks import (
     IntakeProcess,
+    cancellation_body,
     intake_env,
     shipment_body,
     signed_headers,
@@ -253,3 +262,85 @@ async def test_a_database_that_does_not_answer_at_the_start_is_exit_3(tmp_path) 
         with pytest.raises(pytest.fail.Exception, match="exited with 3"):
             await asyncio.to_thread(process.start)
     assert "webhooks.database_unreachable" in process.log_path.read_text()
+
+
+def _migrate_as(owner_url: str, runtime_role: str) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["migrate"],
+        env={
+            "FULFILMENT_DATABASE_URL": owner_url,
+            "FULFILMENT_DATABASE_RUNTIME_ROLE": runtime_role,
+        },
+    )
+    assert result.exit_code == 0, result.stderr
+
+
+def _as(url: str, user: str, driver: str = "postgresql+asyncpg") -> str:
+    return (
+        make_url(url)
+        .set(drivername=driver, username=user, password=None)
+        .render_as_string(hide_password=False)
+    )
+
+
+@pytest.fixture
+def runtime_database(database_url: str) -> Iterator[tuple[str, str]]:
+    """A database of its own owned by a new role, migrated granting a second one the runtime
+    privileges: ``(owner URL, runtime URL)``. ``database_url`` only ensures PostgreSQL answers."""
+    del database_url
+    suffix = uuid.uuid4().hex[:10]
+    owner, runtime = f"fulfilment_owner_{suffix}", f"fulfilment_runtime_{suffix}"
+    asyncio.run(admin_execute(f"CREATE ROLE {owner} LOGIN"))
+    try:
+        asyncio.run(admin_execute(f"CREATE ROLE {runtime} LOGIN"))
+        with throwaway_database("fulfilment_intake_roles", f"OWNER {owner}") as url:
+            _migrate_as(_as(url, owner), runtime)
+            yield _as(url, owner), _as(url, runtime)
+    finally:
+        asyncio.run(admin_execute(f"DROP ROLE IF EXISTS {runtime}"))
+        asyncio.run(admin_execute(f"DROP ROLE IF EXISTS {owner}"))
+
+
+async def test_the_intake_does_its_whole_job_as_the_runtime_role(
+    runtime_database, intakes, tmp_path
+) -> None:
+    owner_url, runtime_url = runtime_database
+    stock = PostgresStock(
+        create_engine(
+            database_options(DatabaseSettings(url=SecretStr(owner_url)), DeadlineSettings())
+        ),
+        consumer="fulfilment",
+        retry_budget_seconds=2.0,
+    )
+    try:
+        await stock.put_stock({"A": 10})
+        placed, cancelled = order(("A", 2)), order(("A", 3))
+        for placement in (placed, cancelled):
+            assert (await stock.apply(placement)).kind is OutcomeKind.RESERVED
+    finally:
+        await stock.engine.dispose()
+    intake = await start_intake(intakes, runtime_url, tmp_path)
+    answers = []
+    async with httpx.AsyncClient(timeout=10) as client:
+        for body in (
+            shipment_body(placed.order_id, [("A", 2)]),
+            cancellation_body(cancelled.order_id, None),
+            b'{"type": "shipment.shipped"}',
+        ):
+            answer = await client.post(intake.url, content=body, headers=signed_headers(body))
+            answers.append(answer.status_code)
+    intake.terminate()
+    owner_db = await asyncpg.connect(owner_url.replace("postgresql+asyncpg", "postgresql"))
+    try:
+        recorded = [
+            await owner_db.fetchval(f"SELECT count(*) FROM {table}")  # noqa: S608
+            for table in ("warehouse_shipments", "warehouse_cancellations", "invalid_webhooks")
+        ]
+        level = await owner_db.fetchrow("SELECT on_hand, reserved FROM stock_levels")
+    finally:
+        await owner_db.close()
+
+    assert answers == [204, 204, 422]
+    assert recorded == [1, 1, 1]
+    assert dict(level) == {"on_hand": 8, "reserved": 0}
