@@ -23,6 +23,7 @@ from fulfilment.domain.warehouse_events import (
     WarehouseCancellationKind,
     WarehouseCancellationOutcome,
 )
+from fulfilment.domain.warehouse_lifecycle import DiscrepancyKind
 
 WarehouseEventOutcome = ShipmentOutcome | WarehouseCancellationOutcome
 """The outcome of applying a shipment or a cancellation of the warehouse."""
@@ -33,7 +34,7 @@ EVENT_OUTCOMES: dict[str, tuple[str, ...]] = {
 }
 """The ``outcome`` values of each ``event``: the kinds of its command's outcome."""
 
-DISCREPANCY_KINDS = ("unknown_order", "order_not_reserved", "more_than_held", "sku_not_held")
+DISCREPANCY_KINDS = tuple(str(kind) for kind in DiscrepancyKind)
 """The ``kind`` of a discrepancy, as ``warehouse_discrepancies.kind`` records it."""
 
 
