@@ -5,8 +5,8 @@ Prints one line with the URL to give the service (``FULFILMENT_WAREHOUSE_URL``) 
 ``POST /_simulator/faults`` (a JSON object of knobs, e.g. ``{"error_rate": 0.1}``). With
 ``--ship-delay-seconds`` it ships and cancels on its own, with ``--receipts-per-second`` and the
 like it adjusts the stock of the SKUs given a level (``POST /_simulator/inventory``), and with
-``--webhook-url`` it tells the service by signed webhooks (the secret: ``--webhook-secret``, repeated to sign with several;
-the simulator's default otherwise).
+``--webhook-url`` it tells the service by signed webhooks (the secret: ``--webhook-secret``,
+repeated to sign with several; the simulator's default otherwise).
 """
 
 from __future__ import annotations
