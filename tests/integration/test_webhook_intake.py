@@ -25,6 +25,7 @@ from tests.support.webhooks import (
     SECRET,
     UNKNOWN_SECRET,
     IntakeProcess,
+    adjustment_body,
     cancellation_body,
     running_intake,
     shipment_body,
@@ -184,7 +185,38 @@ async def test_a_cancellation_by_the_warehouse_is_applied_before_the_204(
     assert await db.fetchval("SELECT count(*) FROM warehouse_cancellations") == 1
 
 
-@pytest.mark.parametrize("webhook_type", ["inventory.adjusted", "order.created", "x" * 200])
+@pytest.mark.usefixtures("reserved")
+async def test_an_adjustment_is_applied_once_before_the_204_and_counted(intake, client, db) -> None:
+    # 4 of the 10 A are held: losing 7 leaves the SKU short by 1.
+    body = adjustment_body("A", -7, "damaged")
+
+    first = await post(client, intake, body)
+    again = await post(client, intake, body)
+
+    assert (first.status_code, again.status_code) == (204, 204)
+    assert await db.fetchval("SELECT on_hand FROM stock_levels WHERE sku = 'A'") == 3
+    assert await db.fetchval("SELECT count(*) FROM warehouse_adjustments") == 1
+    assert [
+        tuple(row) for row in await db.fetch("SELECT routing_key, sku FROM outbox WHERE sku = 'A'")
+    ] == [("stock.shortage", "A"), ("stock.adjusted", "A")]
+    metrics = intake.metrics()
+    assert (
+        'fulfilment_webhooks_received_total{outcome="adjusted",type="inventory.adjusted"} 1.0'
+        in (metrics)
+    )
+    assert 'fulfilment_stock_adjustments_total{reason="damaged"} 1.0' in metrics
+    assert 'fulfilment_stock_adjusted_units_total{direction="out",reason="damaged"} 7.0' in metrics
+
+
+async def test_an_adjustment_of_no_units_is_a_422_kept_for_an_operator(intake, client, db) -> None:
+    answer = await post(client, intake, adjustment_body("A", 0))
+
+    assert answer.status_code == 422
+    assert "delta" in answer.json()["reason"]
+    assert await db.fetchval("SELECT type FROM invalid_webhooks") == "inventory.adjusted"
+
+
+@pytest.mark.parametrize("webhook_type", ["order.created", "x" * 200])
 async def test_a_type_not_taken_is_a_204_counted_and_not_kept(
     intake, client, db, webhook_type
 ) -> None:
@@ -194,9 +226,8 @@ async def test_a_type_not_taken_is_a_204_counted_and_not_kept(
 
     assert answer.status_code == 204
     assert await recorded(db) == NOTHING
-    label = webhook_type if webhook_type == "inventory.adjusted" else "other"
     assert (
-        f'fulfilment_webhooks_received_total{{outcome="type_not_taken",type="{label}"}}'
+        'fulfilment_webhooks_received_total{outcome="type_not_taken",type="other"}'
         in intake.metrics()
     )
 

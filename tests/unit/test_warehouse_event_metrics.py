@@ -149,4 +149,4 @@ def test_every_label_of_its_source_is_bound_at_zero_and_an_outcome_counts_once()
         value("fulfilment_warehouse_discrepancies_total", kind=kind)
         for kind in DISCREPANCY_KINDS
         if kind != "unknown_order"
-    ] == [0, 0, 0]
+    ] == [0, 0, 0, 0]

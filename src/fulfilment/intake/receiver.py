@@ -37,6 +37,7 @@ from fulfilment.contracts.warehouse_webhooks import (
     type_label,
 )
 from fulfilment.domain.warehouse_events import (
+    RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
     Source,
@@ -241,7 +242,7 @@ class WebhookReceiver:
 
 def _command(
     model: type[TakenWebhook], body: bytes, webhook_id: str
-) -> RecordShipment | RecordWarehouseCancellation:
+) -> RecordShipment | RecordWarehouseCancellation | RecordAdjustment:
     """The command of a signed ``body`` of a taken type, whose model is ``model``.
 
     Raises:
