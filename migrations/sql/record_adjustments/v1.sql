@@ -28,8 +28,9 @@
 --     (stock_shortage_event(), migration 0016) writes stock.shortage in this transaction;
 --     the adjustment's row keeps what it applied and the level after it;
 -- (e) record 'adjusted' in the webhook_inbox row of each new adjustment;
--- (f) write the result event (stock.adjusted) of every new adjustment to the outbox, keyed by
---     its SKU (outbox.sku: published in order per SKU), and notify the relay on the channel
+-- (f) write the result event (stock.adjusted) of every new adjustment to the outbox right
+--     after its change (after the trigger's stock.shortage of the same change), keyed by its
+--     SKU (outbox.sku: published in order per SKU), and notify the relay on the channel
 --     fulfilment_outbox.
 --
 -- Locks: webhook_inbox, then warehouse_adjustments (each a primary key), then stock in
@@ -73,6 +74,7 @@ DECLARE
     v_level_on_hand integer;
     v_level_reserved integer;
     v_locked integer;
+    v_event_id uuid;
 BEGIN
     IF p_consumer IS NULL OR v_count = 0
         OR cardinality(p_adjustment_ids) IS DISTINCT FROM v_count
@@ -216,23 +218,23 @@ BEGIN
                 VALUES ('more_than_on_hand', 'adjustment', p_adjustment_ids[v_o], NULL,
                         p_skus[v_o], v_missing[v_o], NULL);
             END IF;
+            -- (f) Its result event, right after the change it reports, so that the rows of a
+            -- SKU (this one, and the trigger's stock.shortage) are in the order of the changes
+            -- (outbox.id is the relay's publishing order). occurred_at is the transaction's
+            -- time.
+            v_event_id := gen_random_uuid();
+            INSERT INTO outbox (event_id, order_id, sku, routing_key, body, traceparent)
+            VALUES (v_event_id, NULL, p_skus[v_o], 'stock.adjusted',
+                    jsonb_build_object(
+                        'version', 1, 'event_id', v_event_id, 'causation_id', p_event_ids[v_o],
+                        'occurred_at', now(), 'adjustment_id', p_adjustment_ids[v_o],
+                        'sku', p_skus[v_o], 'delta', p_deltas[v_o], 'applied', v_applied[v_o],
+                        'reason', p_reasons[v_o], 'source', p_sources[v_o],
+                        'on_hand', v_on_hand[v_o], 'reserved', v_reserved[v_o],
+                        'available', greatest(0, v_on_hand[v_o] - v_reserved[v_o])),
+                    p_traceparents[v_o]);
         END LOOP;
 
-        -- (f) The result events, in arrival order (outbox.id is the relay's publishing
-        -- order). Each row's event_id is minted once in the inner SELECT, whose volatile
-        -- gen_random_uuid() keeps it from being merged into the outer one.
-        INSERT INTO outbox (event_id, order_id, sku, routing_key, body, traceparent)
-        SELECT e.event_id, NULL, p_skus[e.o], 'stock.adjusted',
-               jsonb_build_object(
-                   'version', 1, 'event_id', e.event_id, 'causation_id', p_event_ids[e.o],
-                   'occurred_at', now(), 'adjustment_id', p_adjustment_ids[e.o],
-                   'sku', p_skus[e.o], 'delta', p_deltas[e.o], 'applied', v_applied[e.o],
-                   'reason', p_reasons[e.o], 'source', p_sources[e.o],
-                   'on_hand', v_on_hand[e.o], 'reserved', v_reserved[e.o],
-                   'available', greatest(0, v_on_hand[e.o] - v_reserved[e.o])),
-               p_traceparents[e.o]
-          FROM (SELECT f.o, gen_random_uuid() AS event_id FROM unnest(v_fresh) AS f(o)) AS e
-         ORDER BY e.o;
         PERFORM pg_notify('fulfilment_outbox', '');
     END IF;
 
