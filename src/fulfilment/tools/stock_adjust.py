@@ -5,7 +5,7 @@ The same rule and result event as the warehouse's ``inventory.adjusted`` webhook
 the adjustment is kept in ``warehouse_adjustments`` with who recorded it (the stated name,
 the OS user and host, the database's session role) and why, as ``fulfilment dlq replay``
 records a replay. ``fulfilment stock load`` stays the first load of absolute levels
-(docs/operations.md says when to use which).
+(docs/design.md, "Stock that follows the warehouse", says when to use which).
 """
 
 from __future__ import annotations

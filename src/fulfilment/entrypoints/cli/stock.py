@@ -70,7 +70,8 @@ def stock_adjust(  # noqa: PLR0913 - the command's arguments and options
     loss is kept as a discrepancy), a positive DELTA of an unknown SKU creates it, and a loss
     below what orders hold leaves the SKU short (no new order reserves it). It writes
     stock.adjusted (and stock.shortage when the shortfall changes). Use `stock load` for the
-    first load of absolute levels, this for a change found afterwards (docs/operations.md).
+    first load of absolute levels, this for a change found afterwards (docs/design.md, "Stock
+    that follows the warehouse").
     """
     from fulfilment.tools.stock_adjust import adjust_command  # noqa: PLC0415 - see the module's text
 
