@@ -178,15 +178,21 @@ def check_day(  # noqa: PLR0913 - what the check compares, by name
     }
     for cancellation in cancellations:
         _check_cancellation(
-            cancellation, by_key, written, statuses, counts, cancelled_by_warehouse
+            cancellation,
+            by_key,
+            written,
+            statuses=statuses,
+            counts=counts,
+            cancelled_by_warehouse=cancelled_by_warehouse,
         )
     return counts
 
 
-def _check_cancellation(
+def _check_cancellation(  # noqa: PLR0913 - what the check compares, by name
     cancellation: Mapping[str, Any],
     by_key: Mapping[str, RequestRecord],
     written: Collection[tuple[UUID, str]],
+    *,
     statuses: Mapping[UUID, OrderStatus],
     counts: HandoffCounts,
     cancelled_by_warehouse: Collection[str],

@@ -41,6 +41,7 @@ from fulfilment.adapters.postgres.admin import (
 from fulfilment.adapters.postgres.warehouse_news import (
     order_lines,
     outbox_units_after,
+    recorded_shipments,
     stock_by_sku,
 )
 from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
@@ -394,9 +395,10 @@ async def played_before(
 ) -> str:
     """Whether the database played these events before, from its inbox, in a line.
 
-    Every event the demo can send counts: the orders, the mapped cancellations and a shipment
-    of each order (sent only for those reserved). A new user reads there which of the README's
-    two endings to expect, or that the run lies between them.
+    Every event the demo can send counts: the orders, the mapped cancellations; and the
+    shipments of each order, the warehouse's (recorded in ``warehouse_shipments``) or the
+    shop's ``OrderShipped`` (in the inbox). A new user reads there which of the README's two
+    endings to expect, or that the run lies between them.
     """
     kinds = (
         [order.event_id for order in orders],
@@ -404,17 +406,24 @@ async def played_before(
         [shipment_event_id_for(order.invoice_no) for order in orders],
     )
     seen = await processed_event_ids(stock, consumer, [i for ids in kinds for i in ids])
-    placed, cancelled, shipped = (sum(i in seen for i in ids) for ids in kinds)
+    placed, cancelled, _ = (sum(i in seen for i in ids) for ids in kinds)
+    by_warehouse = {
+        s.order_id for s in await recorded_shipments(stock, [o.order_id for o in orders])
+    }
+    shipped = sum(
+        order.order_id in by_warehouse or shipment_event_id_for(order.invoice_no) in seen
+        for order in orders
+    )
     count = len(match.cancellations)
     cancellations = f"{count} cancellation{'' if count == 1 else 's'}"
-    if not seen:
+    if not seen and not shipped:
         return (
             f"none of these events is in this database's inbox yet ({len(orders)} orders,"
             f" {cancellations}, their shipments): a first run"
         )
     return (
         f"played before: this database's inbox already holds {placed} of these {len(orders)}"
-        f" orders, {cancelled} of the {cancellations} and the shipments of {shipped} orders;"
+        f" orders, {cancelled} of the {cancellations}, and {shipped} of the orders shipped;"
         " those are answered as duplicates and change nothing, any other is applied (--reset,"
         " or make demo RESET=1, plays them all afresh)"
     )
