@@ -22,6 +22,7 @@ from fulfilment.demo.warehouse_news import (
     check_news,
     check_stock,
     outstanding,
+    parse_made,
 )
 from fulfilment.domain.lifecycle import OrderStatus
 
@@ -260,3 +261,51 @@ def test_stock_that_does_not_follow_the_shipments_is_a_mismatch(
 ) -> None:
     with pytest.raises(NewsMismatchError, match=why):
         check_stock({"A": 10, "B": 5}, {"A": 3}, now)
+
+
+def test_the_simulator_s_record_is_read_with_its_unsent_webhooks_and_those_in_flight() -> None:
+    orders = {
+        "orders": [
+            {
+                "id": "WH-000002",
+                "reference": str(SPLIT),
+                "lines": [{"sku": "A", "quantity": 1}, {"sku": "B", "quantity": 3}],
+                "remaining": {"B": 0},
+                "shipments": [
+                    {"shipment_id": "SHP-2", "lines": [{"sku": "A", "quantity": 1}]},
+                    {
+                        "shipment_id": "SHP-3",
+                        "tracking_numbers": ["T4"],
+                        "lines": [{"sku": "B", "quantity": 1}, {"sku": "B", "quantity": 2}],
+                    },
+                ],
+                "cancellations": [{"cancellation_id": "CXL-1", "lines": None}],
+            }
+        ],
+        "cancellations": [],
+    }
+    webhooks = {
+        "webhooks": [
+            {"subject": "SHP-2", "fate": "delivered"},
+            {"subject": "SHP-2", "fate": "sending"},  # its duplicate
+            {"subject": "SHP-3", "fate": "never_sent"},
+            {"subject": "CXL-1", "fate": "held"},
+        ]
+    }
+
+    made = parse_made(orders, webhooks)
+
+    assert made.in_flight == 2
+    assert made.orders == {
+        SPLIT: WarehouseOrder(
+            SPLIT,
+            "WH-000002",
+            {"A": 1, "B": 3},
+            {},
+            (
+                MadeShipment("SHP-2", {"A": 1}, (), sent=True),
+                MadeShipment("SHP-3", {"B": 3}, ("T4",), sent=False),
+            ),
+            (MadeCancellation("CXL-1", None, sent=True),),
+        )
+    }

@@ -5,7 +5,8 @@ its pick delay it ships each accepted order in one or several shipments with tra
 cancels a few lines on its own, and tells the service by signed webhooks to ``fulfilment
 webhooks``; a few of those webhooks are never sent, and the dispatcher's poll finds them. The
 simulator keeps a record of everything it made (``GET /_simulator/orders``: per order, its
-shipments and cancellations, what is left, and whether each webhook went out), which this module
+shipments and cancellations and what is left; ``GET /_simulator/webhooks``: each webhook and
+its fate, ``never_sent`` for those only the poll finds), which this module
 reads (:func:`read_made`) and compares with what the service recorded (:func:`check_news`):
 
 - every shipment and cancellation the warehouse made of the day's orders is recorded once
@@ -115,20 +116,38 @@ def _merged(lines: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(merged)
 
 
-def parse_made(document: Mapping[str, Any]) -> dict[UUID, WarehouseOrder]:
-    """The simulator's orders by reference, from its ``GET /_simulator/orders`` document.
+IN_FLIGHT = frozenset({"held", "waiting", "sending"})
+"""The simulator's fates of a webhook not delivered, given up or dropped yet."""
 
-    The document's ``unsent_webhooks`` lists the ids (``shipment_id`` / ``cancellation_id``)
-    whose webhook the simulator never sent.
+
+@dataclass(frozen=True, slots=True)
+class Made:
+    """The simulator's record: its orders by reference, and its webhooks still in flight."""
+
+    orders: dict[UUID, WarehouseOrder]
+    in_flight: int
+    """Webhooks waiting, held back or being sent (a duplicate of a delivered one included)."""
+
+
+def parse_made(orders: Mapping[str, Any], webhooks: Mapping[str, Any]) -> Made:
+    """The simulator's record from its ``GET /_simulator/orders`` and ``/_simulator/webhooks``.
+
+    A shipment or cancellation whose first webhook's fate is ``never_sent`` is one only the
+    poll can find.
 
     Raises:
-        KeyError, ValueError: the document is not the simulator's.
+        KeyError, ValueError: the documents are not the simulator's.
     """
-    unsent = {str(change_id) for change_id in document.get("unsent_webhooks", ())}
-    orders = {}
-    for order in document["orders"]:
+    unsent = {
+        str(webhook["subject"])
+        for webhook in webhooks["webhooks"]
+        if webhook["fate"] == "never_sent"
+    }
+    in_flight = sum(webhook["fate"] in IN_FLIGHT for webhook in webhooks["webhooks"])
+    made = {}
+    for order in orders["orders"]:
         order_id = UUID(str(order["reference"]))
-        orders[order_id] = WarehouseOrder(
+        made[order_id] = WarehouseOrder(
             order_id=order_id,
             warehouse_id=str(order["id"]),
             ordered=_merged(order["lines"]),
@@ -153,17 +172,20 @@ def parse_made(document: Mapping[str, Any]) -> dict[UUID, WarehouseOrder]:
                 for cancellation in order.get("cancellations", ())
             ),
         )
-    return orders
+    return Made(made, in_flight)
 
 
-def read_made(admin_url: str) -> dict[UUID, WarehouseOrder]:
+def read_made(admin_url: str) -> Made:
     """Read the simulator's record from ``admin_url`` (``.../_simulator``): :func:`parse_made`.
 
     Raises:
         OSError: the simulator does not answer.
     """
-    with urllib.request.urlopen(f"{admin_url}/orders", timeout=10) as response:  # noqa: S310 - the demo's simulator on loopback
-        return parse_made(json.loads(response.read()))
+    documents = []
+    for name in ("orders", "webhooks"):
+        with urllib.request.urlopen(f"{admin_url}/{name}", timeout=10) as response:  # noqa: S310 - the demo's simulator on loopback
+            documents.append(json.loads(response.read()))
+    return parse_made(*documents)
 
 
 def outstanding(

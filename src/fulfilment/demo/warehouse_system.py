@@ -75,8 +75,8 @@ DISPATCHER_COMMAND = ("-c", "from fulfilment.entrypoints.dispatcher import main;
 without looking for the script on the ``PATH`` (the demo may not import the dispatcher's root)."""
 WEBHOOKS_COMMAND = ("-c", "from fulfilment.entrypoints.webhooks import main; main()")
 """``fulfilment webhooks`` (the intake) run by this interpreter, as the dispatcher is."""
-WEBHOOKS_READY_PATH = "/health"
-"""The intake's health endpoint, on its HTTP port (``FULFILMENT_WEBHOOKS_HTTP_PORT``)."""
+WEBHOOKS_READY_PATH = "/health/ready"
+"""The intake's readiness (its database answers), on ``FULFILMENT_WEBHOOKS_HTTP_PORT``."""
 WEBHOOK_PATH = "/webhooks/warehouse"
 """The intake's endpoint, on ``FULFILMENT_WEBHOOKS_PORT``, where the simulator sends."""
 SIMULATOR_PATH = Path(__file__).resolve().parents[3] / "simulator"
@@ -88,16 +88,23 @@ RECONCILE_AFTER_SECONDS = 3.0
 default is an hour): an accepted order still holding units and with no news for this long is
 polled. Longer than the pick delay, so that the orders whose webhooks come are not polled for
 nothing; short, so that a day waits a few seconds for what only the poll finds."""
+SHIPMENT_INTERVAL_SECONDS = 0.2
+"""Seconds between the shipments of one order in the demo."""
 SIMULATOR_KNOBS: Mapping[str, object] = {
-    "split_shipments_max": 3,
-    "own_cancellation_rate": 0.05,
-    "never_send_rate": 0.03,
-    "duplicate_rate": 0.05,
+    "ship_delay_seconds": PICK_DELAY_SECONDS,
+    "shipment_interval_seconds": SHIPMENT_INTERVAL_SECONDS,
+    "split_rate": 0.3,
+    "max_shipments": 3,
+    "cancel_rate": 0.003,
+    "webhook_never_rate": 0.03,
+    "webhook_duplicate_rate": 0.05,
 }
-"""The simulator's knobs for the demo, besides its pick delay and its webhooks' target: an
-order ships in one to three shipments, 5 % of the orders have lines the warehouse cancels on
-its own, 3 % of the webhooks are never sent (only the poll finds them), 5 % are sent twice
-(the intake answers the second one as a duplicate)."""
+"""The simulator's knobs for the demo, besides its webhooks' target and secret: the warehouse
+works on an order when it picks it (a shop's cancellation is refused ``too_late`` from then
+on), ships 30 % of the orders in two or three shipments, cancels on its own 1 to all the units
+of 0.3 % of the order lines (a few cancellations per day), never sends 3 % of its webhooks
+(only the poll finds them) and sends 5 % of the delivered ones twice (the intake answers the
+second as a duplicate)."""
 SIMULATOR_SEED = 36
 """The seed of the simulator's choices: a run ships and cancels the same way each time, up to
 the order in which the dispatcher's requests reach it."""
@@ -223,13 +230,15 @@ class Handoff:
         last, changed = -1, time.monotonic()
         while True:
             made = await asyncio.to_thread(read_made, self.simulator_admin)
-            orders = {order_id: made[order_id] for order_id in wanted & made.keys()}
+            orders = {order_id: made.orders[order_id] for order_id in wanted & made.orders.keys()}
             news = DayNews(
                 orders,
                 await recorded_shipments(stock, orders.keys()),
                 await recorded_cancellations(stock, orders.keys()),
             )
-            left = outstanding(orders.values(), news.shipments, news.cancellations)
+            # The webhooks in flight too (a duplicate of one delivered): the intake answers
+            # them before the day ends, so the run's counts are whole.
+            left = made.in_flight + outstanding(orders.values(), news.shipments, news.cancellations)
             if not left:
                 return news
             self._exited(day, f"{left} of the warehouse's shipments and cancellations awaited")
@@ -386,7 +395,7 @@ async def _start_simulator(webhook_url: str, secret: str) -> Child:
         env={"PYTHONPATH": python_path},
     )
     await wait_ready(simulator, "/_simulator/stats")
-    knobs = {**SIMULATOR_KNOBS, "webhook_url": webhook_url, "webhook_secret": secret}
+    knobs = {**SIMULATOR_KNOBS, "webhook_url": webhook_url, "webhook_secrets": [secret]}
     await asyncio.to_thread(_set_knobs, simulator, knobs)
     return simulator
 
