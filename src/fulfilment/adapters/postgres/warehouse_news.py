@@ -14,7 +14,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from uuid import UUID
 
-from sqlalchemy import Integer, bindparam, func, select, true
+from sqlalchemy import Integer, bindparam, column, func, select, true
+from sqlalchemy.dialects import postgresql
 
 from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.tables import (
@@ -236,7 +237,11 @@ async def outbox_units_after(stock: PostgresStock, after_id: int) -> dict[tuple[
     ``""`` when it has none. Read from the rows written, not from the stock levels, so that
     what the warehouse does meanwhile is told apart from what the shop's events did.
     """
-    line = func.jsonb_array_elements(outbox.c.body["lines"]).table_valued("value").alias("line")
+    line = (
+        func.jsonb_array_elements(outbox.c.body["lines"])
+        .table_valued(column("value", postgresql.JSONB))
+        .alias("line")
+    )
     query = (
         select(
             outbox.c.routing_key,
