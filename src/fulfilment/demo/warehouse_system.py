@@ -15,17 +15,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import os
 import secrets
 import time
-import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -373,13 +371,13 @@ def intake_received(port: int) -> str:
 async def _start_simulator(webhook_url: str, secret: str) -> Child:
     """Start the simulator on a free port, its webhooks to ``webhook_url`` signed with ``secret``.
 
-    Raises:
-        DemoError: it did not get ready, or refused a knob.
+    Its knobs are its command line's options (:data:`SIMULATOR_KNOBS`); it is not waited for.
     """
     python_path = os.pathsep.join(
         p for p in (str(SIMULATOR_PATH), os.environ.get("PYTHONPATH", "")) if p
     )
-    simulator = await start_child(
+    knobs = {**SIMULATOR_KNOBS, "webhook_url": webhook_url, "webhook_secret": secret}
+    return await start_child(
         "warehouse-simulator",
         (
             "-m",
@@ -390,29 +388,11 @@ async def _start_simulator(webhook_url: str, secret: str) -> Child:
             f"{PICK_DELAY_SECONDS:g}",
             "--seed",
             str(SIMULATOR_SEED),
+            *(f"--{name.replace('_', '-')}={value}" for name, value in knobs.items()),
         ),
         None,
         env={"PYTHONPATH": python_path},
     )
-    await wait_ready(simulator, "/_simulator/stats")
-    knobs = {**SIMULATOR_KNOBS, "webhook_url": webhook_url, "webhook_secrets": [secret]}
-    await asyncio.to_thread(_set_knobs, simulator, knobs)
-    return simulator
-
-
-def _set_knobs(simulator: Child, knobs: Mapping[str, Any]) -> None:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{simulator.port}/_simulator/faults",
-        data=json.dumps(knobs).encode(),
-        headers={"content-type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10):  # noqa: S310 - as above
-            pass
-    except urllib.error.HTTPError as error:
-        msg = f"the warehouse simulator refused the demo's knobs: {error.read().decode()}"
-        raise DemoError(msg) from error
 
 
 @contextlib.asynccontextmanager
@@ -446,7 +426,6 @@ async def warehouse_system(stop_grace_seconds: float, echo: Echo) -> AsyncIterat
             },
         )
         stack.push_async_callback(stopped, intake)
-        await wait_ready(intake, WEBHOOKS_READY_PATH)
         webhook_url = f"http://127.0.0.1:{webhooks_port}{WEBHOOK_PATH}"
         simulator = await _start_simulator(webhook_url, secret)
         stack.push_async_callback(stopped, simulator)
@@ -464,6 +443,10 @@ async def warehouse_system(stop_grace_seconds: float, echo: Echo) -> AsyncIterat
             f" log {intake.log}), dispatcher started ({dispatcher.describe()}, polls orders"
             f" with no news for {RECONCILE_AFTER_SECONDS:g} s)"
         )
+        # The three start side by side: the simulator sends nothing before the worker reserves,
+        # and the dispatcher retries a warehouse that does not answer yet.
+        await wait_ready(intake, WEBHOOKS_READY_PATH)
+        await wait_ready(simulator, "/_simulator/stats")
         await wait_ready(dispatcher)
         yield handoff
         await stopped(dispatcher)
