@@ -35,10 +35,11 @@ from fulfilment.contracts.result_events import (
 from fulfilment.domain.handoff import RequestKind, RequestRecord, RequestStatus
 from fulfilment.domain.lifecycle import OrderStatus
 
-PICK_DELAY_SECONDS = 2.0
-"""The simulator picks an order this long after it received it; a cancellation that reaches it
-later is refused ``too_late``. Short, so that some of the data's same-day cancellations come
-too late: which ones depends on the machine's speed."""
+PICK_DELAY_SECONDS = 1.0
+"""The simulator picks an order this long after it received it, and ships it; a cancellation
+that reaches it later is refused ``too_late``. Short, so that some of the data's same-day
+cancellations come too late (which ones depends on the machine's speed), and so that a day
+waits little for its shipments."""
 SIMULATOR_TOKEN = "demo-token"  # noqa: S105 - the simulator's, for a local demo; not a secret
 """The Bearer token the demo's simulator accepts and its dispatcher sends."""
 RATE_PER_SECOND = 200.0

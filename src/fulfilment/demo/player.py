@@ -21,7 +21,7 @@ import asyncio
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,18 +87,21 @@ PROGRESS_SECONDS = 5.0
 """A run that takes longer than this to settle says so, then again at this interval."""
 
 
-async def play_days(
+async def play_days(  # noqa: PLR0913 - what the play needs, by name
     options: ToolOptions,
     days: Sequence[RetailDay],
     handoff: Handoff,
     *,
+    others_ready: Callable[[], Awaitable[None]],
     stop_grace_seconds: float,
     echo: Echo,
 ) -> tuple[Player, int]:
     """Start the worker, play ``days`` through it, stop it; the player and its exit code.
 
     The worker records a warehouse request per reservation (``FULFILMENT_WAREHOUSE_URL`` is
-    the demo's simulator), which ``handoff``'s dispatcher sends.
+    the demo's simulator), which ``handoff``'s dispatcher sends. ``others_ready`` waits until
+    the demo's other children are ready: called once the worker is started, so that they all
+    start side by side.
 
     Raises:
         DemoError: the worker did not get ready, exited, or stalled (it is stopped all the same);
@@ -109,6 +112,7 @@ async def play_days(
     )
     echo(f"worker started ({worker.describe()})")
     try:
+        await others_ready()
         await wait_ready(worker)
         async with (
             connect(options.amqp_url) as connection,

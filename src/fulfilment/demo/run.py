@@ -190,10 +190,19 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     relay = await start_child("relay", RELAY_COMMAND, "FULFILMENT_RELAY_HTTP_PORT")
     echo(f"relay started ({relay.describe()})")
     try:
-        await wait_ready(relay)
         async with warehouse_system(stop_grace_seconds, echo) as handoff:
+
+            async def others_ready() -> None:
+                await wait_ready(relay)
+                await handoff.ready()
+
             player, code = await play_days(
-                options, days, handoff, stop_grace_seconds=stop_grace_seconds, echo=echo
+                options,
+                days,
+                handoff,
+                others_ready=others_ready,
+                stop_grace_seconds=stop_grace_seconds,
+                echo=echo,
             )
         tally = await _received_result_events(options, baseline, relay, echo)
         echo("\n".join(tally.lines(RESULT_EVENTS_QUEUE)))

@@ -81,26 +81,26 @@ SIMULATOR_PATH = Path(__file__).resolve().parents[3] / "simulator"
 """The checkout's ``simulator/`` folder, which holds ``warehouse_simulator`` (a test and demo
 tool, in neither the wheel nor the image)."""
 
-RECONCILE_AFTER_SECONDS = 3.0
+RECONCILE_AFTER_SECONDS = 1.5
 """``FULFILMENT_WAREHOUSE_RECONCILE_AFTER_SECONDS`` of the demo's dispatcher (the service's
 default is an hour): an accepted order still holding units and with no news for this long is
 polled. Longer than the pick delay, so that the orders whose webhooks come are not polled for
 nothing; short, so that a day waits a few seconds for what only the poll finds."""
-SHIPMENT_INTERVAL_SECONDS = 0.2
+SHIPMENT_INTERVAL_SECONDS = 0.1
 """Seconds between the shipments of one order in the demo."""
 SIMULATOR_KNOBS: Mapping[str, object] = {
     "ship_delay_seconds": PICK_DELAY_SECONDS,
     "shipment_interval_seconds": SHIPMENT_INTERVAL_SECONDS,
     "split_rate": 0.3,
     "max_shipments": 3,
-    "cancel_rate": 0.003,
-    "webhook_never_rate": 0.03,
+    "cancel_rate": 0.004,
+    "webhook_never_rate": 0.05,
     "webhook_duplicate_rate": 0.05,
 }
 """The simulator's knobs for the demo, besides its webhooks' target and secret: the warehouse
 works on an order when it picks it (a shop's cancellation is refused ``too_late`` from then
 on), ships 30 % of the orders in two or three shipments, cancels on its own 1 to all the units
-of 0.3 % of the order lines (a few cancellations per day), never sends 3 % of its webhooks
+of 0.4 % of the order lines (a few cancellations per day), never sends 5 % of its webhooks
 (only the poll finds them) and sends 5 % of the delivered ones twice (the intake answers the
 second as a duplicate)."""
 SIMULATOR_SEED = 36
@@ -169,6 +169,20 @@ class Handoff:
     def env(self) -> dict[str, str]:
         """The settings of the hand-off, for the worker (and the dispatcher)."""
         return _handoff_env(self.simulator)
+
+    async def ready(self) -> None:
+        """Wait until the intake, the simulator and the dispatcher are ready.
+
+        They start side by side, with the relay and the worker: the simulator sends nothing
+        before the worker reserves, and the dispatcher retries a warehouse that does not
+        answer yet.
+
+        Raises:
+            DemoError: one exited, or was not ready in time (its log named).
+        """
+        await wait_ready(self.intake, WEBHOOKS_READY_PATH)
+        await wait_ready(self.simulator, "/_simulator/stats")
+        await wait_ready(self.dispatcher)
 
     @property
     def children(self) -> tuple[Child, ...]:
@@ -399,11 +413,12 @@ async def _start_simulator(webhook_url: str, secret: str) -> Child:
 async def warehouse_system(stop_grace_seconds: float, echo: Echo) -> AsyncIterator[Handoff]:
     """Start the intake, the simulator and the dispatcher; yield them; stop them; echo the sum.
 
-    None is left running, whatever happens: the dispatcher is stopped first, then the
-    simulator, then the intake (the simulator's webhooks in flight get their answers).
+    They are not waited for (:meth:`Handoff.ready`). None is left running, whatever happens:
+    the dispatcher is stopped first, then the simulator, then the intake (the simulator's
+    webhooks in flight get their answers).
 
     Raises:
-        DemoError: the simulator is not in this checkout, or a child did not get ready.
+        DemoError: the simulator is not in this checkout.
     """
     if not (SIMULATOR_PATH / "warehouse_simulator").is_dir():
         msg = f"the warehouse simulator is not in this checkout ({SIMULATOR_PATH})"
@@ -443,11 +458,6 @@ async def warehouse_system(stop_grace_seconds: float, echo: Echo) -> AsyncIterat
             f" log {intake.log}), dispatcher started ({dispatcher.describe()}, polls orders"
             f" with no news for {RECONCILE_AFTER_SECONDS:g} s)"
         )
-        # The three start side by side: the simulator sends nothing before the worker reserves,
-        # and the dispatcher retries a warehouse that does not answer yet.
-        await wait_ready(intake, WEBHOOKS_READY_PATH)
-        await wait_ready(simulator, "/_simulator/stats")
-        await wait_ready(dispatcher)
         yield handoff
         await stopped(dispatcher)
         received = await asyncio.to_thread(read_warehouse, handoff.simulator_admin)
