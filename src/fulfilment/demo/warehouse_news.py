@@ -116,17 +116,14 @@ def _merged(lines: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     return dict(merged)
 
 
-IN_FLIGHT = frozenset({"held", "waiting", "sending"})
-"""The simulator's fates of a webhook not delivered, given up or dropped yet."""
-
-
 @dataclass(frozen=True, slots=True)
 class Made:
     """The simulator's record: its orders by reference, and its webhooks still in flight."""
 
     orders: dict[UUID, WarehouseOrder]
     in_flight: int
-    """Webhooks waiting, held back or being sent (a duplicate of a delivered one included)."""
+    """The simulator's work not done yet, and its webhooks waiting, held back or being sent (a
+    duplicate of a delivered one included): its record's ``work_pending`` and ``in_flight``."""
 
 
 def parse_made(orders: Mapping[str, Any], webhooks: Mapping[str, Any]) -> Made:
@@ -143,7 +140,7 @@ def parse_made(orders: Mapping[str, Any], webhooks: Mapping[str, Any]) -> Made:
         for webhook in webhooks["webhooks"]
         if webhook["fate"] == "never_sent"
     }
-    in_flight = sum(webhook["fate"] in IN_FLIGHT for webhook in webhooks["webhooks"])
+    in_flight = int(webhooks["work_pending"]) + int(webhooks["in_flight"])
     made = {}
     for order in orders["orders"]:
         order_id = UUID(str(order["reference"]))
