@@ -160,7 +160,7 @@ def assert_warehouse_system_stopped(out: str) -> None:
     """The demo's simulator, intake and dispatcher are gone: their pids and their ports."""
     started = re.search(
         r"^warehouse system: simulator at http://127\.0\.0\.1:(?P<port>\d+)/api/v1 \(pid"
-        r" (?P<simulator>\d+), pick delay 2 s, log \S+\), webhooks to"
+        r" (?P<simulator>\d+), pick delay 1 s, log \S+\), webhooks to"
         r" http://127\.0\.0\.1:(?P<intake_port>\d+)/webhooks/warehouse \(intake pid"
         r" (?P<intake>\d+), log \S+\), dispatcher started \(pid (?P<dispatcher>\d+), ",
         out,
@@ -296,7 +296,7 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
     assert all(orders == reserved for orders, reserved, _, _ in handed.values())
     assert sum(orders for orders, _, _, _ in handed.values()) == 132
     assert re.search(
-        r"^warehouse system \(simulator, pick delay 2 s\): received 132 fulfilment orders for 132"
+        r"^warehouse system \(simulator, pick delay 1 s\): received 132 fulfilment orders for 132"
         r" reservations, cancellations accepted 0, refused 0; sent shipments \d+ .*; each checked"
         r" against the reservations and the simulator's record; dispatcher stopped with exit"
         r" code 0$",
@@ -342,7 +342,7 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
     assert set(warehouse_days(second.stdout).values()) == {(0, 0, 0, 0)}
     assert all(not any(counts.values()) for counts in news_days(second.stdout).values())
     assert (
-        "warehouse system (simulator, pick delay 2 s): received 0 fulfilment orders for 0"
+        "warehouse system (simulator, pick delay 1 s): received 0 fulfilment orders for 0"
         " reservations, cancellations accepted 0, refused 0;"
     ) in second.stdout
     assert_warehouse_system_stopped(second.stdout)
