@@ -2,9 +2,11 @@
 
 :func:`play_days` starts the worker and plays the data day by day
 (``fulfilment.dataset.retail_lifecycle``): each day's orders and mapped cancellations in time
-order, one run of one kind at a time, each run settled before the next is sent, then the
-``OrderShipped`` of every order of the day still reserved, settled too; then it stops the
-worker with SIGTERM (it finishes in-flight work and exits 0).
+order, one run of one kind at a time, each run settled before the next is sent; then it waits
+until the warehouse has shipped or cancelled the day's orders it received and the service
+recorded it (``demo.warehouse_system``), checks that and the stock, and sends the
+``OrderShipped`` of any order of the day still reserved (one the warehouse never received),
+settled too; then it stops the worker with SIGTERM (it finishes in-flight work and exits 0).
 
 Settled means that the worker has answered every delivery of the run: its
 ``fulfilment_events_total`` for that event (``/metrics``) grew by as many since the run was
@@ -79,12 +81,12 @@ SETTLE_POLL_SECONDS = 0.05
 """Interval between two looks at the worker's metrics while a run settles: a run of a few
 events takes the worker a few milliseconds, and the demo waits for about 220 runs on the 20
 days."""
-WAREHOUSE_CANCELLED = "warehouse_cancelled"
-"""The ``reason`` of a ``stock.released`` that a cancellation of the warehouse's own wrote."""
 SETTLE_STALL_SECONDS = 120.0
 """The demo fails if the worker answers nothing more of a run for this long."""
 PROGRESS_SECONDS = 5.0
 """A run that takes longer than this to settle says so, then again at this interval."""
+WAREHOUSE_CANCELLED = "warehouse_cancelled"
+"""The ``reason`` of a ``stock.released`` that a cancellation of the warehouse's own wrote."""
 
 
 async def play_days(  # noqa: PLR0913 - what the play needs, by name
