@@ -97,8 +97,8 @@ def reconcile(
         bool,
         typer.Option(
             "--shipments",
-            help="Also the OrderShipped of each order now reserved or shipped, as `demo`"
-            " sends them at the end of each day.",
+            help="Also the OrderShipped of each order now reserved or shipped that no"
+            " shipment of the warehouse shipped, as `demo` sends them at the end of each day.",
         ),
     ] = False,
 ) -> None:
