@@ -80,7 +80,7 @@ test-failover: install services ## The failover suite: workers, a relay and a di
 # The previous release of releases.toml, built from its commit (the clone needs the whole
 # history) and installed with uv from its own lock file, runs beside this tree's through the
 # migration and a rolling update under load; prints the table of figures. About 2 to 3 minutes.
-test-upgrade: install services ## The upgrade suite: the previous release's workers and relay beside this tree's, migrated and replaced one by one under load; prints the table
+test-upgrade: install services ## The upgrade suite: the previous release's workers, relay and dispatcher beside this tree's, migrated and replaced one by one under load; prints the table
 	$(UV) run pytest tests/upgrade -m upgrade
 
 RABBITMQ4_FIGURES ?= rabbitmq4-figures.jsonl
