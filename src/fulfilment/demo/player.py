@@ -52,6 +52,7 @@ from fulfilment.contracts.result_events import (
     STOCK_RELEASED_ROUTING_KEY,
     STOCK_RESERVED_ROUTING_KEY,
     STOCK_SHIPPED_ROUTING_KEY,
+    ReleaseReason,
 )
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.dataset.online_retail import RetailOrder, shipment_event_id_for
@@ -85,7 +86,7 @@ SETTLE_STALL_SECONDS = 120.0
 """The demo fails if the worker answers nothing more of a run for this long."""
 PROGRESS_SECONDS = 5.0
 """A run that takes longer than this to settle says so, then again at this interval."""
-WAREHOUSE_CANCELLED = "warehouse_cancelled"
+WAREHOUSE_CANCELLED: ReleaseReason = "warehouse_cancelled"
 """The ``reason`` of a ``stock.released`` that a cancellation of the warehouse's own wrote."""
 
 
