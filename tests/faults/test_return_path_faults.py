@@ -271,7 +271,7 @@ async def test_the_return_path_under_kill_9_applies_every_answered_webhook_once(
     assert min(answers) > 0, answers  # both replicas served
     record_return_path_figures(
         "return path: webhooks and the poll under kill -9",
-        f"SIGKILL of an intake replica twice during the burst ({intakes.kills} kills, each"
+        f"SIGKILL of each intake replica during the burst ({intakes.kills} kills, each"
         " restarted), of a worker and of the dispatcher; webhooks duplicated, resent, reordered,"
         " never sent (found by the poll), signed wrong or stale; shop cancels and upstream"
         " OrderShipped in the mix",
