@@ -108,10 +108,8 @@ class SimulatorProcess:
     def stats(self) -> dict[str, Any]:
         return self._admin("stats")
 
-    def webhooks(self) -> dict[str, Any]:
-        """What the warehouse did and said (``GET /_simulator/webhooks``): its ``shipments``
-        and ``cancellations``, every webhook with its attempts, ``work_pending`` and
-        ``in_flight``."""
+    def record(self) -> dict[str, Any]:
+        """What the warehouse did and said: its shipments, cancellations and webhooks."""
         return self._admin("webhooks")
 
 

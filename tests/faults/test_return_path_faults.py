@@ -161,7 +161,7 @@ def simulator_options(webhook_url: str) -> list[str]:
 
 
 async def delivered(simulator: SimulatorProcess) -> int:
-    record = await asyncio.to_thread(simulator.webhooks)
+    record = await asyncio.to_thread(simulator.record)
     return int(record["counts"].get("delivered", 0))
 
 
@@ -235,7 +235,7 @@ async def test_the_return_path_under_kill_9_applies_every_answered_webhook_once(
         shipped_upstream = await settle(
             cluster, db, broker, simulator, intakes, expected=len(orders) + extra_events
         )
-        record = await asyncio.to_thread(simulator.webhooks)
+        record = await asyncio.to_thread(simulator.record)
         outbox_ids = {
             str(row["event_id"])
             for row in await db.fetch(
@@ -348,7 +348,7 @@ async def settle(
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
         cluster.restart_dead()
-        record = await asyncio.to_thread(simulator.webhooks)
+        record = await asyncio.to_thread(simulator.record)
         made = {s["shipment_id"] for s in record["shipments"]} | {
             c["cancellation_id"] for c in record["cancellations"]
         }
