@@ -50,7 +50,7 @@ class RoundRobin:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
         """Listen on :attr:`port` (waits until it does, 10 s at most)."""
@@ -64,6 +64,9 @@ class RoundRobin:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -112,13 +112,12 @@ class Intakes:
         self.kills += 1
 
     def answers(self) -> list[int]:
-        """Webhooks answered, per replica, over all its starts (from the logs)."""
+        """Requests answered, per replica, over all its starts (``webhooks.answered`` lines
+        of its logs)."""
         return [
             sum(
-                1
+                path.read_text(errors="replace").count('"event": "webhooks.answered"')
                 for path in self.tmp_path.glob(f"intake-{index}-*.log")
-                for line in IntakeProcess({}, path).log_lines()
-                if line.get("event") == "webhooks.answered"
             )
             for index in range(len(self.replicas))
         ]
