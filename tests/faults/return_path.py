@@ -17,7 +17,7 @@ import os
 import threading
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,7 @@ class RoundRobin:
         """Balance over ``targets`` (ports on 127.0.0.1); nothing listens until :meth:`start`."""
         self.port = free_port()
         self.targets = list(targets)
-        self.connections: Counter[int] = Counter()
-        """Connections forwarded, per target port."""
-        self.unserved = 0
-        """Connections closed unanswered: every target refused them."""
+        self._waiting: Counter[int] = Counter()
         self._turn = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -64,6 +61,10 @@ class RoundRobin:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+
+    def waiting(self, target: int) -> int:
+        """Connections to ``target`` whose last bytes went to it: a request not answered yet."""
+        return self._waiting[target]
 
     def _run(self) -> None:
         asyncio.run(self._serve())
@@ -87,22 +88,47 @@ class RoundRobin:
                 target_reader, target_writer = await asyncio.open_connection("127.0.0.1", port)
             except OSError:
                 continue
-            self.connections[port] += 1
-            await asyncio.gather(
-                _pipe(client_reader, target_writer), _pipe(target_reader, client_writer)
-            )
+            exchange = _Exchange(port, self._waiting)
+            try:
+                await asyncio.gather(
+                    _pipe(client_reader, target_writer, exchange.asked),
+                    _pipe(target_reader, client_writer, exchange.answered),
+                )
+            finally:
+                exchange.answered()
             return
-        self.unserved += 1
         client_writer.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy ``reader`` to ``writer`` until either end closes; then close ``writer``, so that
-    the other side learns that its peer went away."""
+class _Exchange:
+    """Whether a connection waits for its target's answer, counted per target."""
+
+    def __init__(self, target: int, waiting: Counter[int]) -> None:
+        self._target = target
+        self._waiting = waiting
+        self._asked = False
+
+    def asked(self) -> None:
+        if not self._asked:
+            self._asked = True
+            self._waiting[self._target] += 1
+
+    def answered(self) -> None:
+        if self._asked:
+            self._asked = False
+            self._waiting[self._target] -= 1
+
+
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: Callable[[], None]
+) -> None:
+    """Copy ``reader`` to ``writer``, calling ``moved`` after each chunk, until either end
+    closes; then close ``writer``, so that the other side learns that its peer went away."""
     with contextlib.suppress(OSError):
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
+            moved()
     writer.close()
 
 

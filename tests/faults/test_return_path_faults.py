@@ -76,15 +76,16 @@ def order_id(order: Order) -> uuid.UUID:
 
 
 class Intakes:
-    """The intake's replicas on fixed ports (``ports``, the endpoint's; the probes' are free
-    ones), so that one killed comes back where the round-robin sends; each start logs to a
-    file of its own."""
+    """The intake's replicas behind ``balancer``, each on one of its target ports (the
+    probes' are free ones), so that one killed comes back where the round-robin sends; each
+    start logs to a file of its own."""
 
-    def __init__(self, env: dict[str, str], tmp_path: Path, *, ports: list[int]) -> None:
+    def __init__(self, env: dict[str, str], tmp_path: Path, *, balancer: RoundRobin) -> None:
         self.env = env
         self.tmp_path = tmp_path
-        self.ports = [(port, free_port()) for port in ports]
-        self.replicas: list[IntakeProcess | None] = [None] * len(ports)
+        self.balancer = balancer
+        self.ports = [(port, free_port()) for port in balancer.targets]
+        self.replicas: list[IntakeProcess | None] = [None] * len(self.ports)
         self.starts = 0
         self.kills = 0
 
@@ -100,6 +101,17 @@ class Intakes:
         self.starts += 1
         replica.start()
         self.replicas[index] = replica
+
+    async def kill_while_answering(self, index: int) -> None:
+        """SIGKILL replica ``index`` as soon as a request sent to it waits for its answer
+        (10 s at most), so that the kill leaves at least one attempt unanswered."""
+        deadline = time.monotonic() + 10
+        # Polled: the round-robin counts in a thread of its own.
+        while time.monotonic() < deadline:
+            if self.balancer.waiting(self.ports[index][0]):
+                break
+            await asyncio.sleep(0.001)
+        self.kill(index)
 
     def kill(self, index: int) -> None:
         """SIGKILL replica ``index``: no answer to what it was handling."""
@@ -218,7 +230,7 @@ async def test_the_return_path_under_kill_9_applies_every_answered_webhook_once(
                 "FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS": SECRET,
             },
             tmp_path,
-            ports=balancer.targets,
+            balancer=balancer,
         )
         # Bound to every key: the relay holds back an event no queue takes (mandatory).
         events = await bind_events_queue(broker)
@@ -315,7 +327,7 @@ async def run_the_burst(
             extra_events += 1
         if wave == 1:
             await wait_until_delivered(simulator, 20)
-            intakes.kill(0)
+            await intakes.kill_while_answering(0)
         elif wave == 2:
             await asyncio.to_thread(intakes.start, 0)
             rng.choice(cluster.alive()).kill()
@@ -325,7 +337,7 @@ async def run_the_burst(
             await asyncio.sleep(0.5)
             start_dispatcher(dispatchers, cluster.env, tmp_path)
         elif wave == 5:
-            intakes.kill(1)
+            await intakes.kill_while_answering(1)
         elif wave == 6:
             await asyncio.to_thread(intakes.start, 1)
     return extra_events
