@@ -1311,7 +1311,7 @@ def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checkl
         problems.append("k8s webhooks: FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS is not set")
     if _database_user(k8s_environment(stack, pod)) != settings.database.runtime_role:
         problems.append("k8s webhooks: must connect as the runtime role")
-    if deployment["spec"].get("replicas", 1) < 2:  # noqa: PLR2004 - several replicas
+    if deployment["spec"].get("replicas", 1) < 2:
         problems.append("k8s webhooks: run several replicas (every one serves)")
     grace = pod.get("terminationGracePeriodSeconds", 30)
     pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
@@ -1339,7 +1339,9 @@ def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checkl
     for host, _, _, backend in paths:
         if backend["name"] != "fulfilment-webhooks" or backend["port"].get("name") not in forwarded:
             problems.append(f"k8s webhooks Ingress: backend {backend} is not the Service's port")
-        if not any(host in tls.get("hosts", []) and tls.get("secretName") for tls in ingress.get("tls", [])):
+        if not any(
+            host in tls.get("hosts", []) and tls.get("secretName") for tls in ingress.get("tls", [])
+        ):
             problems.append(f"k8s webhooks Ingress: no TLS certificate for {host}")
     budget = stack.resource("PodDisruptionBudget", "fulfilment-webhooks")["spec"]
     if budget["selector"]["matchLabels"] != selector or budget.get("maxUnavailable") != 1:
@@ -1350,7 +1352,12 @@ def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checkl
         for endpoint in monitor["podMetricsEndpoints"]
         if ports.get(endpoint["port"]) != settings.webhooks.http_port
     )
+    return problems + _compose_webhooks_problems(stack)
 
+
+def _compose_webhooks_problems(stack: Stack) -> list[str]:
+    """:func:`check_webhooks`' rules of the compose service and its scrape."""
+    problems = []
     compose_service = stack.compose["services"]["webhooks"]
     compose = effective_settings(compose_environment(stack, "webhooks"))
     if compose_service.get("command") != ["webhooks"]:
@@ -1363,9 +1370,8 @@ def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checkl
     health = " ".join(compose_service["healthcheck"]["test"])
     found = re.search(r"http://127\.0\.0\.1:(\d+)/health'", health)
     if found is None or int(found[1]) != compose.webhooks.http_port:
-        problems.append(
-            f"docker-compose.yml webhooks: healthcheck is not /health on {compose.webhooks.http_port}"
-        )
+        port = compose.webhooks.http_port
+        problems.append(f"docker-compose.yml webhooks: healthcheck is not /health on {port}")
     scraped = [
         sd["port"]
         for job in stack.prometheus["scrape_configs"]

@@ -308,9 +308,9 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "one intake replica": lambda s: s.resource("Deployment", "fulfilment-webhooks")["spec"].update(
         replicas=1
     ),
-    "the intake probed on its endpoint's port": lambda s: _webhooks_container(s)[
-        "readinessProbe"
-    ]["httpGet"].update(port="webhooks"),
+    "the intake probed on its endpoint's port": lambda s: _webhooks_container(s)["readinessProbe"][
+        "httpGet"
+    ].update(port="webhooks"),
     "the intake as the owner role": lambda s: _webhooks_container(s)["env"][0]["valueFrom"][
         "secretKeyRef"
     ].update(name="fulfilment-owner"),
