@@ -6,7 +6,9 @@ Not part of the service's package: the tests, the compose stack and the demo run
 on a real socket.
 """
 
-from warehouse_simulator.app import Cancellation, Faults, Order, WarehouseSimulator
+from warehouse_simulator.app import WarehouseSimulator
+from warehouse_simulator.knobs import Faults
+from warehouse_simulator.orders import Cancellation, Order
 from warehouse_simulator.server import SimulatorServer
 
 __all__ = ["Cancellation", "Faults", "Order", "SimulatorServer", "WarehouseSimulator"]

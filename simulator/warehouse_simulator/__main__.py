@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 
-from warehouse_simulator.app import Faults, WarehouseSimulator
+from warehouse_simulator.app import WarehouseSimulator
+from warehouse_simulator.knobs import Faults
 from warehouse_simulator.server import SimulatorServer
 
 

@@ -1,8 +1,10 @@
 """The simulated warehouse: its orders, its idempotency keys, its faults, and its ASGI app.
 
 It speaks the API of docs/design.md's "The API it calls" (``POST {base}/fulfilment-orders``,
-``POST {base}/fulfilment-orders/{id}/cancellations``) with the semantics of the IETF draft "The
-Idempotency-Key HTTP Header Field":
+``POST {base}/fulfilment-orders/{id}/cancellations``, and ``GET {base}/fulfilment-orders/{id}``,
+the order with its shipments and the warehouse's own cancellations, 404 for an id it does not
+hold) behind the same token, rate cap and faults; its POSTs have the semantics of the IETF draft
+"The Idempotency-Key HTTP Header Field":
 
 - a key is bound to the fingerprint of its first request (method, path and body bytes); the
   same key with another fingerprint is answered 422 ``idempotency_key_reused``;
@@ -14,7 +16,8 @@ Idempotency-Key HTTP Header Field":
 
 A reference (the service's order id) already created under another key is answered 409
 ``duplicate_reference`` with the warehouse's id. An order is "picked" ``pick_delay_seconds``
-after it was created; from then on a cancellation is answered 409 ``too_late``.
+after it was created; from then on (or once the warehouse began shipping it) a cancellation is
+answered 409 ``too_late``.
 
 The admin endpoints under ``/_simulator/`` (no token) let a test or an operator read the orders
 and the counts and change the knobs at run time; :class:`WarehouseSimulator` is the same for
@@ -32,8 +35,11 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
+
+from warehouse_simulator.knobs import Faults
+from warehouse_simulator.orders import Cancellation, Order
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -48,135 +54,6 @@ ADMIN_PATH = "/_simulator"
 EARLY_GRACE_SECONDS = 0.05
 """A request that arrives within this long after a 429 was sent is not counted as sent before
 its ``Retry-After`` ended: the client may have sent it before the 429 reached it."""
-
-
-@dataclass
-class Faults:
-    """The knobs, all off by default; each can be changed at run time.
-
-    Attributes:
-        error_rate: fraction (0 to 1) of requests answered 503 ``unavailable`` without doing
-            anything.
-        latency_seconds: time every answer of the API takes, besides the work.
-        stall_after_commit_rate: fraction (0 to 1) of requests that do their work and store
-            their answer, then stall for ``stall_seconds`` before answering (a client's timeout
-            sees nothing; its retry is answered as a replay).
-        stall_seconds: how long such a request stalls.
-        work_seconds: how long the work of a key's first request takes, while the key is in
-            flight (a request with the same key meanwhile is answered 409 ``in_flight``).
-        rate_limit_per_second: most requests of the API answered per sliding second; the
-            others get 429 with ``Retry-After``. None: no limit.
-        retry_after_seconds: the ``Retry-After`` of a 429; until it ends every request is 429.
-        retry_after_format: ``seconds`` (a number) or ``http-date`` (RFC 9110's IMF-fixdate).
-        down_until: ``time.monotonic()`` until which the API is down. Set it with
-            :meth:`WarehouseSimulator.go_down` or ``down_for_seconds`` of the admin endpoint.
-        down_mode: ``503`` (answers 503 ``unavailable``) or ``refuse`` (the server closes its
-            listening socket: connections are refused; needs :class:`~.server.SimulatorServer`).
-        pick_delay_seconds: how long after its creation an order is picked, after which a
-            cancellation is refused ``too_late``. None: never picked.
-        token: the Bearer token the API accepts; another one is answered 403, none 401.
-        refused_skus: SKUs the warehouse does not stock: an order with one is answered 422.
-    """
-
-    error_rate: float = 0.0
-    latency_seconds: float = 0.0
-    stall_after_commit_rate: float = 0.0
-    stall_seconds: float = 30.0
-    work_seconds: float = 0.0
-    rate_limit_per_second: float | None = None
-    retry_after_seconds: float = 1.0
-    retry_after_format: Literal["seconds", "http-date"] = "seconds"
-    down_until: float = 0.0
-    down_mode: Literal["503", "refuse"] = "503"
-    pick_delay_seconds: float | None = None
-    token: str = "simulator-token"  # noqa: S105 - the simulator's default, not a secret
-    refused_skus: frozenset[str] = frozenset()
-
-    def update(self, changes: dict[str, Any]) -> None:
-        """Set the knobs named in ``changes`` (``down_for_seconds`` sets ``down_until``).
-
-        Raises:
-            ValueError: a name that is no knob, or a value of the wrong kind.
-        """
-        names = {f.name for f in fields(self)}
-        for name, value in changes.items():
-            if name == "down_for_seconds":
-                self.down_until = time.monotonic() + _checked("down_until", value)
-            elif name == "refused_skus":
-                self.refused_skus = frozenset(str(sku) for sku in value)
-            elif name not in names:
-                msg = f"no knob {name!r}; knobs: {', '.join(sorted(names))}, down_for_seconds"
-                raise ValueError(msg)
-            else:
-                setattr(self, name, _checked(name, value))
-
-    def document(self) -> dict[str, Any]:
-        """The knobs as JSON (``down_for_seconds``: what is left of the outage)."""
-        document = asdict(self)
-        document["refused_skus"] = sorted(self.refused_skus)
-        document["down_for_seconds"] = max(0.0, self.down_until - time.monotonic())
-        del document["down_until"]
-        return document
-
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "retry_after_format": ("seconds", "http-date"),
-    "down_mode": ("503", "refuse"),
-}
-"""The knobs that take one of a few words."""
-
-OPTIONAL_NUMBERS = frozenset({"rate_limit_per_second", "pick_delay_seconds"})
-"""The knobs that take a number or null (off)."""
-
-
-def _checked(name: str, value: Any) -> Any:  # noqa: ANN401 - a knob's value, checked here
-    """``value`` if knob ``name`` can take it.
-
-    Raises:
-        ValueError: a value of the wrong kind, or a negative number.
-    """
-    if name in CHOICES:
-        if value not in CHOICES[name]:
-            msg = f"{name} must be one of {', '.join(CHOICES[name])}"
-            raise ValueError(msg)
-        return value
-    if name == "token":
-        if not isinstance(value, str):
-            msg = "token must be a string"
-            raise ValueError(msg)
-        return value
-    if value is None and name in OPTIONAL_NUMBERS:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        msg = f"{name} must be a number >= 0" + (" or null" if name in OPTIONAL_NUMBERS else "")
-        raise ValueError(msg)
-    return float(value)
-
-
-@dataclass
-class Order:
-    """A fulfilment order the warehouse holds; ``remaining`` is what is left after cancels."""
-
-    id: str
-    reference: str
-    lines: list[dict[str, Any]]
-    idempotency_key: str
-    created_at: float
-    """``time.monotonic()`` at its creation."""
-    traceparent: str | None
-    """The W3C trace context the request carried, if any."""
-    remaining: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class Cancellation:
-    """A cancellation the warehouse answered, accepted or refused."""
-
-    order_id: str
-    lines: list[dict[str, Any]] | None
-    idempotency_key: str
-    status: str
-    """``cancelled``, ``partially_cancelled`` or ``too_late``."""
 
 
 @dataclass
@@ -272,7 +149,7 @@ class WarehouseSimulator:
 
     # -- the API ------------------------------------------------------------------------------
 
-    async def handle(  # noqa: PLR0911 - one return per row of the draft's answers
+    async def handle(  # noqa: PLR0911 - one return per refusal, then one per route
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> Reply:
         """Answer one API request (``headers`` with lower-case names)."""
@@ -289,8 +166,21 @@ class WarehouseSimulator:
         if refused is not None:
             return refused
         route = self._route(path)
-        if method != "POST" or route is None:
-            return _reply(404 if route is None else 405, {"error": "not_found"})
+        if route is None:
+            return _reply(404, {"error": "not_found"})
+        kind, order_id = route
+        if kind == "order":
+            if method != "GET":
+                return _reply(405, {"error": "method_not_allowed"})
+            return self._show(order_id)
+        if method != "POST":
+            return _reply(405, {"error": "method_not_allowed"})
+        return await self._post(method, path, headers, body, order_id)
+
+    async def _post(
+        self, method: str, path: str, headers: dict[str, str], body: bytes, order_id: str
+    ) -> Reply:
+        """A creation (``order_id`` empty) or a cancellation, under its idempotency key."""
         key = headers.get("idempotency-key", "")
         if not key:
             return _reply(400, {"error": "idempotency_key_missing"})
@@ -302,7 +192,19 @@ class WarehouseSimulator:
             if stored.status is None:
                 return _reply(409, {"error": "in_flight"})
             return Reply(200 if stored.status == 201 else stored.status, stored.body)  # noqa: PLR2004 - a replay of a creation is 200
-        return await self._first(key, Stored(fingerprint), route, body, headers)
+        return await self._first(key, Stored(fingerprint), order_id, body, headers)
+
+    def _show(self, order_id: str) -> Reply:
+        """``GET {base}/fulfilment-orders/{id}``: the order, its shipments and cancellations."""
+        order = self.orders.get(order_id)
+        if order is None:
+            return _reply(404, {"error": "not_found"})
+        return _reply(200, order.document(picked=self.picked(order)))
+
+    def picked(self, order: Order) -> bool:
+        """Whether ``order`` was picked: ``pick_delay_seconds`` passed since its creation."""
+        pick_delay = self.faults.pick_delay_seconds
+        return pick_delay is not None and time.monotonic() - order.created_at >= pick_delay
 
     def _refusal(self, now: float, headers: dict[str, str]) -> Reply | None:
         """401/403 for the token, 429 above the rate, an injected 503; None: go on."""
@@ -319,7 +221,7 @@ class WarehouseSimulator:
         return None
 
     async def _first(
-        self, key: str, stored: Stored, route: str, body: bytes, headers: dict[str, str]
+        self, key: str, stored: Stored, order_id: str, body: bytes, headers: dict[str, str]
     ) -> Reply:
         """Do the work of a key's first request, store its answer, and answer."""
         self._keys[key] = stored
@@ -327,10 +229,10 @@ class WarehouseSimulator:
             # The work yields at least once, as a real warehouse's would, so that a second
             # request with the same key can find it in flight.
             await asyncio.sleep(self.faults.work_seconds)
-            if route == "":
+            if not order_id:
                 reply = self._create(key, body, headers.get("traceparent"))
             else:
-                reply = self._cancel(key, route, body)
+                reply = self._cancel(key, order_id, body)
         except BaseException:
             del self._keys[key]
             raise
@@ -339,16 +241,20 @@ class WarehouseSimulator:
             await asyncio.sleep(self.faults.stall_seconds)
         return reply
 
-    def _route(self, path: str) -> str | None:
-        """``""`` for the orders, the order's id for its cancellations, None for another path."""
+    def _route(self, path: str) -> tuple[str, str] | None:
+        """``("orders", "")``, ``("order", id)``, ``("cancellations", id)``; None: no route."""
         rest = path.removeprefix(self.base_path)
         if rest == path and self.base_path:
             return None
         if rest == ORDERS_PATH:
-            return ""
-        prefix, _, tail = rest.removeprefix(ORDERS_PATH + "/").partition("/")
-        if rest.startswith(ORDERS_PATH + "/") and tail == "cancellations" and prefix:
-            return prefix
+            return ("orders", "")
+        if not rest.startswith(ORDERS_PATH + "/"):
+            return None
+        parts = rest.removeprefix(ORDERS_PATH + "/").split("/")
+        if len(parts) == 1 and parts[0]:
+            return ("order", parts[0])
+        if len(parts) == 2 and parts[0] and parts[1] == "cancellations":  # noqa: PLR2004 - {id}/cancellations
+            return ("cancellations", parts[0])
         return None
 
     def _rate_limited(self, now: float) -> Reply | None:
@@ -408,8 +314,7 @@ class WarehouseSimulator:
         lines = None if asked is None else _lines(asked)
         if asked is not None and not lines:
             return _reply(422, {"error": "invalid_cancellation"})
-        pick_delay = self.faults.pick_delay_seconds
-        if pick_delay is not None and time.monotonic() - order.created_at >= pick_delay:
+        if self.picked(order) or order.started:
             self.cancellations.append(Cancellation(order_id, lines, key, "too_late"))
             return _reply(409, {"error": "too_late"})
         if lines is None:

@@ -98,8 +98,9 @@ def test_migrate_as_the_owner_grants_the_runtime_role_its_list_and_says_so(roles
     assert first.splitlines() == [
         "database migrated to head",
         (
-            f"granted runtime role {roles.runtime}: privileges on 15 objects, none on 4"
-            " (sequence dead_letter_audit_id_seq, sequence outbox_id_seq,"
+            f"granted runtime role {roles.runtime}: privileges on 23 objects, none on 6"
+            " (sequence dead_letter_audit_id_seq, sequence invalid_webhook_audit_id_seq,"
+            " sequence outbox_id_seq, sequence warehouse_discrepancies_id_seq,"
             " sequence warehouse_request_audit_id_seq, sequence warehouse_requests_id_seq)"
         ),
     ]

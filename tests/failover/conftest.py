@@ -33,7 +33,10 @@ DATABASE = "fulfilment"
 
 TABLES = (
     "inbox_messages, inbox_pruned, reservation_lines, reservations, stock_levels,"
-    " tombstone_lines, delivery_attempts, outbox, warehouse_requests, warehouse_request_audit"
+    " tombstone_lines, delivery_attempts, outbox, warehouse_requests, warehouse_request_audit,"
+    " webhook_inbox, warehouse_shipments, warehouse_shipment_lines, warehouse_cancellations,"
+    " warehouse_cancellation_lines, warehouse_discrepancies, invalid_webhooks,"
+    " invalid_webhook_audit"
 )
 """Every table a scenario fills (``tests/conftest.py``'s ``clean_database`` empties the same)."""
 

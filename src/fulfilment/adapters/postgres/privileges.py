@@ -2,10 +2,11 @@
 
 Two roles use the database (docs/security.md, "Least privilege"). The **owner** runs ``fulfilment
 migrate``: it owns every table and function the migrations create, and the operator commands
-that empty, delete or load run as it. The **runtime** role runs ``fulfilment worker`` and
-``fulfilment relay`` (and the read-only and dead-letter tools): it owns nothing, and may do
-only what :data:`RUNTIME_PRIVILEGES` lists, so that a leaked worker secret cannot drop a
-table, truncate the inbox, or rewrite the dead-letter audit.
+that empty, delete or load run as it. The **runtime** role runs ``fulfilment worker``,
+``fulfilment relay``, ``fulfilment dispatcher`` and ``fulfilment webhooks`` (and the read-only,
+dead-letter and warehouse tools): it owns nothing, and may do only what
+:data:`RUNTIME_PRIVILEGES` lists, so that a leaked worker secret cannot drop a table, truncate
+the inbox, or rewrite the dead-letter audit.
 
 :data:`RUNTIME_PRIVILEGES` is the one list of those decisions, one entry per object of the
 schema, each with the reason. ``fulfilment migrate`` applies it after upgrading, in the
@@ -82,7 +83,8 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
     "reservation_lines": Grant(
         "table",
         ("SELECT", "INSERT", "UPDATE", "DELETE"),
-        "place_orders inserts an order's lines; cancel_orders shrinks and deletes them",
+        "place_orders inserts an order's lines; cancel_orders shrinks and deletes them;"
+        " ship_orders and record_shipments raise their shipped units",
     ),
     "tombstone_lines": Grant(
         "table",
@@ -134,6 +136,53 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
         "re-sending a warehouse request records who did it in the same transaction;"
         " append-only, like dead_letter_audit",
     ),
+    "webhook_inbox": Grant(
+        "table",
+        ("SELECT", "INSERT", "UPDATE"),
+        "record_shipments/record_warehouse_cancellations, run by the intake (`fulfilment"
+        " webhooks`), insert each webhook id (ON CONFLICT ... RETURNING) and set its outcome."
+        " Not DELETE: pruning it is the owner's",
+    ),
+    "warehouse_shipments": Grant(
+        "table",
+        ("SELECT", "INSERT"),
+        "record_shipments, run by the intake and the dispatcher's poll, inserts each shipment"
+        " once (ON CONFLICT DO NOTHING); operator commands read them. Append-only",
+    ),
+    "warehouse_shipment_lines": Grant(
+        "table",
+        ("SELECT", "INSERT"),
+        "record_shipments inserts a shipment's lines with it; append-only",
+    ),
+    "warehouse_cancellations": Grant(
+        "table",
+        ("SELECT", "INSERT"),
+        "record_warehouse_cancellations, run by the intake and the dispatcher's poll, inserts"
+        " each cancellation once (ON CONFLICT DO NOTHING). Append-only",
+    ),
+    "warehouse_cancellation_lines": Grant(
+        "table",
+        ("SELECT", "INSERT"),
+        "record_warehouse_cancellations inserts a cancellation's lines with it; append-only",
+    ),
+    "warehouse_discrepancies": Grant(
+        "table",
+        ("SELECT", "INSERT"),
+        "the two functions record what they could not apply; `fulfilment warehouse"
+        " discrepancies` and `report` read them. Append-only",
+    ),
+    "invalid_webhooks": Grant(
+        "table",
+        ("SELECT", "INSERT", "UPDATE"),
+        "the intake keeps a signed but invalid webhook (ON CONFLICT DO NOTHING);"
+        " `fulfilment warehouse replay-webhook` marks it replayed. Never deleted by the runtime",
+    ),
+    "invalid_webhook_audit": Grant(
+        "table",
+        ("SELECT", "INSERT"),
+        "replaying a kept invalid webhook records who did it in the same transaction;"
+        " append-only, like dead_letter_audit",
+    ),
     "alembic_version": Grant(
         "table",
         ("SELECT",),
@@ -159,6 +208,16 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
         "sequence",
         (),
         "the identity of warehouse_request_audit.id: an INSERT draws from it without USAGE",
+    ),
+    "warehouse_discrepancies_id_seq": Grant(
+        "sequence",
+        (),
+        "the identity of warehouse_discrepancies.id: an INSERT draws from it without USAGE",
+    ),
+    "invalid_webhook_audit_id_seq": Grant(
+        "sequence",
+        (),
+        "the identity of invalid_webhook_audit.id: an INSERT draws from it without USAGE",
     ),
     # --- functions ----------------------------------------------------------------------------
     # Each input event's SQL function, from its route (fulfilment.routes.table.ROUTES).

@@ -14,6 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from fulfilment.contracts.warehouse_events import FULFILMENT_ORDER_CANCELLED, SHIPMENT_SHIPPED
+from fulfilment.domain.warehouse_events import ShipmentKind, Source, WarehouseCancellationKind
 from fulfilment.routes.table import ROUTES
 
 metadata = sa.MetaData()
@@ -144,13 +146,20 @@ reservation_lines = sa.Table(
     sa.Column("order_id", sa.Uuid, primary_key=True),
     sa.Column("sku", sa.Text, primary_key=True),
     sa.Column("quantity", sa.Integer, nullable=False),
+    sa.Column("shipped", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.PrimaryKeyConstraint("order_id", "sku", name="reservation_lines_pkey"),
     sa.CheckConstraint("quantity > 0", name="reservation_lines_quantity_positive"),
+    sa.CheckConstraint(
+        "0 <= shipped AND shipped <= quantity", name="reservation_lines_shipped_within_quantity"
+    ),
 )
-"""The lines of each order per SKU (lines of the same SKU summed), by its status: what a
-``reserved`` order holds (partial cancels shrink them, and drop a line that reaches 0), what a
-``shipped`` one shipped, what a ``rejected`` one asked for (after its tombstone); none for a
-``released`` or ``cancelled`` order.
+"""The lines of each order per SKU (lines of the same SKU summed). ``quantity`` is the units
+the line holds plus those it shipped (``shipped``, migration 0014), so it holds
+``quantity - shipped``: a ``reserved`` order holds units of some line (partial cancels shrink
+``quantity`` by what they release, and drop a line left with nothing held or shipped), a
+``shipped`` one holds none (``shipped = quantity``, the units that left), a ``rejected`` one's
+lines are what it asked for (after its tombstone); none for a ``released`` or ``cancelled``
+order.
 
 No foreign key to ``reservations`` (dropped by migration 0005, which says why): the
 reservation functions write an order's reservation and its lines in one transaction."""
@@ -319,6 +328,8 @@ warehouse_requests = sa.Table(
         server_default=sa.text("now()"),
     ),
     sa.Column("released_order", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("news_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("polled_at", sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint("id", name="warehouse_requests_pkey"),
     sa.UniqueConstraint("idempotency_key", name="warehouse_requests_idempotency_key_key"),
     sa.CheckConstraint(_one_of("kind", REQUEST_KINDS), name="warehouse_requests_kind_valid"),
@@ -349,6 +360,12 @@ warehouse_requests = sa.Table(
         unique=True,
         postgresql_where=sa.text("kind = 'fulfilment_order'"),
     ),
+    sa.Index(
+        "warehouse_requests_without_news_idx",
+        sa.text("greatest(news_at, polled_at, answered_at)"),
+        "id",
+        postgresql_where=sa.text("kind = 'fulfilment_order' AND status = 'accepted'"),
+    ),
 )
 """One row per request to the warehouse system (migration 0011), recorded by
 ``place_orders()``/``cancel_orders()`` v3 in the transaction of the change that caused it, and
@@ -359,7 +376,12 @@ cancellation of the whole order); ``body`` is the exact bytes sent, frozen at th
 attempt (so NULL exactly while ``attempts`` is 0). At most one fulfilment order per order.
 ``released_order`` is true on the cancellation whose application (accepted, or applied
 locally once its fulfilment order failed) left its order ``released``: the invariant check
-(``outcomes``) counts it as the event that released the order."""
+(``outcomes``) counts it as the event that released the order. ``news_at`` (migration 0014)
+is the last time a shipment or cancellation of the warehouse was recorded for the order of a
+fulfilment order, ``polled_at`` the dispatcher's last ``GET`` of it; the poll reads the
+accepted fulfilment orders by ``greatest(news_at, polled_at, answered_at)``, the last time it
+heard of the order (``greatest`` skips NULLs; a poll that found nothing new moves it on), the
+expression of ``warehouse_requests_without_news_idx``."""
 
 REQUEST_AUDIT_ACTIONS = ("resent",)
 """Every ``warehouse_request_audit.action``."""
@@ -389,3 +411,249 @@ warehouse_request_audit = sa.Table(
 (failed or expired, sent again with the same key and body), the status it had, who did it
 (``operator``, and the session's role as the database sees it). ``dead_letter_audit`` does
 not fit: its rows are messages (headers, body, failure class), these are rows of a table."""
+
+WEBHOOK_TYPES = (SHIPMENT_SHIPPED, FULFILMENT_ORDER_CANCELLED)
+"""Every ``webhook_inbox.type``: the webhooks the service applies."""
+
+WEBHOOK_OUTCOMES = tuple(
+    dict.fromkeys([*map(str, ShipmentKind), *map(str, WarehouseCancellationKind)])
+)
+"""Every ``webhook_inbox.outcome``: how the shipment or cancellation it brought ended
+(``ShipmentKind``, ``WarehouseCancellationKind``); ``duplicate`` for a change applied before
+under another webhook id."""
+
+webhook_inbox = sa.Table(
+    "webhook_inbox",
+    metadata,
+    sa.Column("consumer", sa.Text, primary_key=True),
+    sa.Column("webhook_id", sa.Text, primary_key=True),
+    sa.Column("type", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column(
+        "received_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("consumer", "webhook_id", name="webhook_inbox_pkey"),
+    sa.CheckConstraint(_one_of("type", WEBHOOK_TYPES), name="webhook_inbox_type_valid"),
+    sa.CheckConstraint(_one_of("outcome", WEBHOOK_OUTCOMES), name="webhook_inbox_outcome_valid"),
+)
+"""One row per webhook id applied, per consumer (migration 0014): the inbox of the warehouse's
+webhooks, whose ids are the sender's strings (``inbox_messages`` keys UUIDs). A webhook whose
+id is here is a duplicate (the sender's retry) and changes nothing. A change found by the
+dispatcher's poll has no webhook id and no row."""
+
+SOURCES = tuple(map(str, Source))
+"""Every ``source`` of a shipment or cancellation: how it reached the service."""
+
+SHIPMENT_OUTCOMES = tuple(str(kind) for kind in ShipmentKind if kind is not ShipmentKind.DUPLICATE)
+"""Every ``warehouse_shipments.outcome``: a duplicate is not recorded again."""
+
+warehouse_shipments = sa.Table(
+    "warehouse_shipments",
+    metadata,
+    sa.Column("shipment_id", sa.Text, primary_key=True),
+    sa.Column("order_id", sa.Uuid, nullable=False),
+    sa.Column("fulfilment_order_id", sa.Text, nullable=False),
+    sa.Column("webhook_id", sa.Text, nullable=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("shipped_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("carrier", sa.Text, nullable=True),
+    sa.Column("tracking_numbers", postgresql.ARRAY(sa.Text), nullable=False),
+    sa.Column("tracking_url", sa.Text, nullable=True),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column(
+        "recorded_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("shipment_id", name="warehouse_shipments_pkey"),
+    sa.CheckConstraint(_one_of("source", SOURCES), name="warehouse_shipments_source_valid"),
+    sa.CheckConstraint(
+        "(webhook_id IS NULL) = (source = 'poll')",
+        name="warehouse_shipments_webhook_id_unless_polled",
+    ),
+    sa.CheckConstraint(
+        _one_of("outcome", SHIPMENT_OUTCOMES), name="warehouse_shipments_outcome_valid"
+    ),
+    sa.Index("warehouse_shipments_order_idx", "order_id"),
+)
+"""One row per shipment of the warehouse applied (migration 0014), keyed by its
+``shipment_id`` whichever webhook (``webhook_id``) or poll (``source``) brought it first: who
+carries it, its tracking numbers (one per package, possibly none), and how it ended
+(``outcome``). Its lines are in ``warehouse_shipment_lines``."""
+
+warehouse_shipment_lines = sa.Table(
+    "warehouse_shipment_lines",
+    metadata,
+    sa.Column("shipment_id", sa.Text, primary_key=True),
+    sa.Column("sku", sa.Text, primary_key=True),
+    sa.Column("quantity", sa.Integer, nullable=False),
+    sa.Column("taken", sa.Integer, nullable=False),
+    sa.PrimaryKeyConstraint("shipment_id", "sku", name="warehouse_shipment_lines_pkey"),
+    sa.CheckConstraint(
+        "0 < quantity AND 0 <= taken AND taken <= quantity",
+        name="warehouse_shipment_lines_taken_within_quantity",
+    ),
+)
+"""The lines of each shipment in ``warehouse_shipments``: ``quantity`` as the warehouse sent
+it (lines of the same SKU summed), ``taken`` the units taken from the order (what it held of
+the SKU, never more; the rest is a discrepancy). No foreign key, like ``reservation_lines``."""
+
+CANCELLATION_OUTCOMES = tuple(
+    str(kind)
+    for kind in WarehouseCancellationKind
+    if kind is not WarehouseCancellationKind.DUPLICATE
+)
+"""Every ``warehouse_cancellations.outcome``: a duplicate is not recorded again."""
+
+warehouse_cancellations = sa.Table(
+    "warehouse_cancellations",
+    metadata,
+    sa.Column("cancellation_id", sa.Text, primary_key=True),
+    sa.Column("order_id", sa.Uuid, nullable=False),
+    sa.Column("fulfilment_order_id", sa.Text, nullable=False),
+    sa.Column("webhook_id", sa.Text, nullable=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("cancelled_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("whole", sa.Boolean, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column(
+        "recorded_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("cancellation_id", name="warehouse_cancellations_pkey"),
+    sa.CheckConstraint(_one_of("source", SOURCES), name="warehouse_cancellations_source_valid"),
+    sa.CheckConstraint(
+        "(webhook_id IS NULL) = (source = 'poll')",
+        name="warehouse_cancellations_webhook_id_unless_polled",
+    ),
+    sa.CheckConstraint(
+        _one_of("outcome", CANCELLATION_OUTCOMES), name="warehouse_cancellations_outcome_valid"
+    ),
+    sa.Index("warehouse_cancellations_order_idx", "order_id"),
+)
+"""One row per cancellation by the warehouse applied (migration 0014), keyed by its
+``cancellation_id`` as shipments are by theirs: the warehouse's ``reason`` as it sent it,
+``whole`` when it named no lines (everything the order still held), and how it ended. Its lines
+are in ``warehouse_cancellation_lines``."""
+
+warehouse_cancellation_lines = sa.Table(
+    "warehouse_cancellation_lines",
+    metadata,
+    sa.Column("cancellation_id", sa.Text, primary_key=True),
+    sa.Column("sku", sa.Text, primary_key=True),
+    sa.Column("quantity", sa.Integer, nullable=False),
+    sa.Column("released", sa.Integer, nullable=False),
+    sa.PrimaryKeyConstraint("cancellation_id", "sku", name="warehouse_cancellation_lines_pkey"),
+    sa.CheckConstraint(
+        "0 < quantity AND 0 <= released AND released <= quantity",
+        name="warehouse_cancellation_lines_released_within_quantity",
+    ),
+)
+"""The lines of each cancellation in ``warehouse_cancellations``: ``quantity`` as sent (summed
+per SKU), ``released`` the units it gave back (what the order still held, never more). A
+cancellation of the whole order keeps as its lines what it released (``quantity =
+released``). No foreign key, like ``reservation_lines``."""
+
+DISCREPANCY_KINDS = ("unknown_order", "order_not_reserved", "more_than_held", "sku_not_held")
+"""Every ``warehouse_discrepancies.kind``: no order of that reference; an order that is not
+``reserved`` (rejected, released, a tombstone); more units than the order held of the SKU
+(``quantity`` the excess); a SKU the order never held."""
+
+DISCREPANCY_SOURCES = ("shipment", "cancellation")
+"""Every ``warehouse_discrepancies.source``: what named the units."""
+
+warehouse_discrepancies = sa.Table(
+    "warehouse_discrepancies",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("source_id", sa.Text, nullable=False),
+    sa.Column("order_id", sa.Uuid, nullable=False),
+    sa.Column("sku", sa.Text, nullable=True),
+    sa.Column("quantity", sa.Integer, nullable=True),
+    sa.Column("order_status", sa.Text, nullable=True),
+    sa.Column(
+        "detected_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("id", name="warehouse_discrepancies_pkey"),
+    sa.CheckConstraint(
+        _one_of("kind", DISCREPANCY_KINDS), name="warehouse_discrepancies_kind_valid"
+    ),
+    sa.CheckConstraint(
+        _one_of("source", DISCREPANCY_SOURCES), name="warehouse_discrepancies_source_valid"
+    ),
+    sa.CheckConstraint(
+        "quantity IS NULL OR quantity > 0", name="warehouse_discrepancies_quantity_positive"
+    ),
+    sa.Index("warehouse_discrepancies_source_idx", "source", "source_id"),
+)
+"""What a shipment or a cancellation of the warehouse named that the order did not hold
+(migration 0014), one row per kind and SKU (``sku`` and ``quantity`` NULL for a whole order:
+``unknown_order``, ``order_not_reserved``), recorded in the transaction that applied it;
+``source_id`` is its ``shipment_id`` or ``cancellation_id``, ``order_status`` the order's
+status then (NULL when unknown). A shipment of an order already ``shipped`` is not one (its
+outcome ``already_shipped`` says so)."""
+
+invalid_webhooks = sa.Table(
+    "invalid_webhooks",
+    metadata,
+    sa.Column("webhook_id", sa.Text, primary_key=True),
+    sa.Column("type", sa.Text, nullable=True),
+    sa.Column(
+        "received_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.Column("headers", postgresql.JSONB, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("replayed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("replay_outcome", sa.Text, nullable=True),
+    sa.PrimaryKeyConstraint("webhook_id", name="invalid_webhooks_pkey"),
+    sa.CheckConstraint(
+        "(replayed_at IS NULL) = (replay_outcome IS NULL)",
+        name="invalid_webhooks_replay_outcome_iff_replayed",
+    ),
+)
+"""A signed webhook that is not a valid event of its type (answered 422), kept once per
+webhook id (migration 0014; a retry of it changes nothing): its ``type`` when the envelope
+could be read, the request's headers without ``webhook-signature``, the raw body and the
+reason; ``replayed_at`` and ``replay_outcome`` once an operator replayed it."""
+
+invalid_webhook_audit = sa.Table(
+    "invalid_webhook_audit",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("webhook_id", sa.Text, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("operator", sa.Text, nullable=False),
+    sa.Column("comment", sa.Text, nullable=True),
+    sa.Column("os_user", sa.Text, nullable=True),
+    sa.Column("host", sa.Text, nullable=True),
+    sa.Column("database_user", sa.Text, nullable=False, server_default=sa.text("session_user")),
+    sa.Column(
+        "performed_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("id", name="invalid_webhook_audit_pkey"),
+    sa.CheckConstraint("action IN ('replayed')", name="invalid_webhook_audit_action_valid"),
+    sa.Index("invalid_webhook_audit_webhook_id_idx", "webhook_id"),
+)
+"""One row per operator action on a kept invalid webhook (migration 0014): a ``replayed`` one,
+how it ended, who did it (``operator``, the machine's user and host, and the session's role as
+the database sees it), like ``dead_letter_audit``."""
