@@ -60,13 +60,6 @@ HEADERS = {
 }
 """What the intake keeps of a request's headers: all but ``webhook-signature``."""
 
-OTHER_TABLES = (
-    "invalid_webhooks, invalid_webhook_audit, warehouse_discrepancies, webhook_inbox,"
-    " warehouse_shipments, warehouse_shipment_lines, warehouse_cancellations,"
-    " warehouse_cancellation_lines"
-)
-
-
 def shipment_body(order_id: uuid.UUID, *, shipment_id: str = "SHP-81723", **data: Any) -> bytes:
     """A ``shipment.shipped`` webhook's body of 4 units of 85123A of ``order_id``."""
     fields: dict[str, Any] = {
@@ -153,8 +146,6 @@ def options(clean_database: str) -> ToolOptions:
 async def warehouse(options: ToolOptions) -> AsyncIterator[Warehouse]:
     engine = create_engine(options.database)
     try:
-        async with engine.begin() as connection:
-            await connection.execute(sa.text(f"TRUNCATE {OTHER_TABLES}"))
         stock = PostgresStock(engine, consumer=options.consumer, retry_budget_seconds=2.0)
         await stock.put_stock({"85123A": 20, "71053": 5})
         placed = order(("85123A", 10))

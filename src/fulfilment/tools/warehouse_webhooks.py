@@ -194,21 +194,25 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
             echo(f"replay (dry run): {webhook_id}  {_describe(command)}")
             echo("dry run: nothing changed (add --yes to do it)")
             return ReplayResult(webhook_id, command)
-        outcome = await stock.apply(command)
+        # One branch per command: Stock.apply's outcome type follows its command's.
+        if isinstance(command, RecordShipment):
+            outcome = (await stock.apply(command)).label
+        else:
+            outcome = (await stock.apply(command)).label
         replayed_at = await record_replay(
             stock.engine,
             webhook_id,
-            outcome=outcome.label,
+            outcome=outcome,
             operator=operator_identity(operator),
             comment=comment,
         )
     if replayed_at is None:
         # Another operator's replay marked it between the read and now: theirs is the audit
         # row; this apply was answered as a duplicate of theirs or took effect once.
-        msg = f"webhook {webhook_id} was replayed by someone else meanwhile ({outcome.label})"
+        msg = f"webhook {webhook_id} was replayed by someone else meanwhile ({outcome})"
         raise CommandError(msg)
-    echo(f"replayed: {webhook_id}  {_describe(command)}: {outcome.label}")
-    return ReplayResult(webhook_id, command, outcome.label, replayed_at)
+    echo(f"replayed: {webhook_id}  {_describe(command)}: {outcome}")
+    return ReplayResult(webhook_id, command, outcome, replayed_at)
 
 
 async def discrepancies_command(

@@ -162,7 +162,7 @@ async def record_replay(
         .returning(invalid_webhooks.c.replayed_at)
     )
     async with engine.begin() as connection:
-        replayed_at = (await connection.execute(mark)).scalar_one_or_none()
+        replayed_at: datetime | None = (await connection.execute(mark)).scalar_one_or_none()
         if replayed_at is None:
             return None
         await connection.execute(
@@ -332,7 +332,7 @@ async def _grouped(connection: AsyncConnection, table: sa.Table, column: str) ->
     return dict(sorted((str(value), int(count)) for value, count in rows))
 
 
-def _invalid_webhook(row: Mapping[str, Any]) -> InvalidWebhook:
+def _invalid_webhook(row: sa.RowMapping) -> InvalidWebhook:
     return InvalidWebhook(
         webhook_id=row["webhook_id"],
         type=row["type"],
