@@ -60,6 +60,7 @@ HEADERS = {
 }
 """What the intake keeps of a request's headers: all but ``webhook-signature``."""
 
+
 def shipment_body(order_id: uuid.UUID, *, shipment_id: str = "SHP-81723", **data: Any) -> bytes:
     """A ``shipment.shipped`` webhook's body of 4 units of 85123A of ``order_id``."""
     fields: dict[str, Any] = {

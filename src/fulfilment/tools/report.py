@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import processed_event_ids, stock_session
-from fulfilment.adapters.postgres.invalid_webhooks import WarehouseCounts, warehouse_counts
+from fulfilment.adapters.postgres.warehouse_event_reads import WarehouseCounts, warehouse_counts
 from fulfilment.adapters.postgres.outcomes import outcome_report
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.rabbitmq.connection import connect
@@ -92,7 +92,7 @@ async def collect_report(
     poll), the orders its shipments took units from that still hold some (in part) or none
     (in whole), the discrepancies kept by kind, the invalid webhooks waiting for a replay and
     replayed, and the accepted fulfilment orders still holding units with no news for
-    ``reconcile_after_seconds`` (``adapters.postgres.invalid_webhooks.warehouse_counts``).
+    ``reconcile_after_seconds`` (``adapters.postgres.warehouse_event_reads.warehouse_counts``).
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.

@@ -23,9 +23,9 @@ from datetime import datetime
 from typing import Any
 
 from fulfilment.adapters.postgres.admin import stock_session
-from fulfilment.adapters.postgres.invalid_webhooks import (
+from fulfilment.adapters.postgres.warehouse_event_reads import (
     Discrepancy,
-    InvalidWebhook,
+    KeptWebhook,
     find_discrepancies,
     find_invalid_webhooks,
     get_invalid_webhook,
@@ -165,7 +165,7 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
     command goes through ``Stock.apply`` (its webhook id recorded in ``webhook_inbox`` in the
     same transaction, so a webhook applied before under that id is answered as a duplicate),
     then the row is marked replayed with the outcome and the audit row written, in one
-    transaction (``adapters.postgres.invalid_webhooks.record_replay``). ``operator`` is the
+    transaction (``adapters.postgres.warehouse_event_reads.record_replay``). ``operator`` is the
     stated name (``--operator``), recorded beside the OS user and host.
 
     Raises:
@@ -253,7 +253,7 @@ async def discrepancies_command(
     echo(f"{len(found)} of {total} discrepancies, newest first")
 
 
-def webhook_document(webhook: InvalidWebhook, *, body: bool = True) -> dict[str, Any]:
+def webhook_document(webhook: KeptWebhook, *, body: bool = True) -> dict[str, Any]:
     """``webhook`` as JSON: every column; times ISO 8601.
 
     ``body`` is the raw body as text (``body_base64`` instead if it is not UTF-8), and
@@ -276,7 +276,7 @@ def webhook_document(webhook: InvalidWebhook, *, body: bool = True) -> dict[str,
     return document
 
 
-def render_webhook(webhook: InvalidWebhook) -> str:
+def render_webhook(webhook: KeptWebhook) -> str:
     """``webhook`` for people: one field a line, the headers, then the body as received."""
     document = webhook_document(webhook)
     lines = [

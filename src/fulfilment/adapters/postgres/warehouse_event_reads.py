@@ -40,8 +40,8 @@ from fulfilment.domain.lifecycle import OrderStatus
 
 
 @dataclass(frozen=True, slots=True)
-class InvalidWebhook:
-    """One kept webhook (a row of ``invalid_webhooks``).
+class KeptWebhook:
+    """One kept webhook (a row of ``invalid_webhooks``; the intake writes it).
 
     Attributes:
         webhook_id: the sender's ``webhook-id``, the row's key.
@@ -92,7 +92,7 @@ class Discrepancy:
 
 async def find_invalid_webhooks(
     engine: AsyncEngine, *, limit: int, replayed: bool
-) -> tuple[list[InvalidWebhook], int]:
+) -> tuple[list[KeptWebhook], int]:
     """At most ``limit`` kept webhooks, oldest first, and how many match in all.
 
     ``replayed`` False: those still waiting (``replayed_at`` null); True: every kept one.
@@ -115,7 +115,7 @@ async def find_invalid_webhooks(
     return [_invalid_webhook(row) for row in rows], int(count)
 
 
-async def get_invalid_webhook(engine: AsyncEngine, webhook_id: str) -> InvalidWebhook | None:
+async def get_invalid_webhook(engine: AsyncEngine, webhook_id: str) -> KeptWebhook | None:
     """The kept webhook of ``webhook_id``, or None.
 
     Raises:
@@ -332,8 +332,8 @@ async def _grouped(connection: AsyncConnection, table: sa.Table, column: str) ->
     return dict(sorted((str(value), int(count)) for value, count in rows))
 
 
-def _invalid_webhook(row: sa.RowMapping) -> InvalidWebhook:
-    return InvalidWebhook(
+def _invalid_webhook(row: sa.RowMapping) -> KeptWebhook:
+    return KeptWebhook(
         webhook_id=row["webhook_id"],
         type=row["type"],
         received_at=row["received_at"],
