@@ -16,8 +16,8 @@ from typing import Any
 from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import processed_event_ids, stock_session
-from fulfilment.adapters.postgres.warehouse_event_reads import WarehouseCounts, warehouse_counts
 from fulfilment.adapters.postgres.outcomes import outcome_report
+from fulfilment.adapters.postgres.warehouse_event_reads import WarehouseCounts, warehouse_counts
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.rabbitmq.connection import connect
 from fulfilment.adapters.rabbitmq.inspection import (
