@@ -91,24 +91,24 @@ async def collect_report(
     "orders_without_news"}``: the warehouse's shipments and cancellations recorded (webhook or
     poll), the orders its shipments took units from that still hold some (in part) or none
     (in whole), the discrepancies kept by kind, the invalid webhooks waiting for a replay and
-    replayed, and the accepted fulfilment orders still holding units with no news for
-    ``reconcile_after_seconds`` (``adapters.postgres.warehouse_event_reads.warehouse_counts``).
+    replayed (``adapters.postgres.warehouse_event_reads.warehouse_counts``), and the accepted
+    fulfilment orders still holding units with no news for ``reconcile_after_seconds``, as the
+    dispatcher's gauge ``fulfilment_warehouse_orders_without_news`` counts them.
 
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     async with stock_session(options.database, consumer=options.consumer) as stock:
         outcomes = await outcome_report(stock.engine)
-        backlog = await PostgresWarehouseRequests(
+        requests = PostgresWarehouseRequests(
             stock.engine, retry_budget_seconds=options.database.retry_budget_seconds
-        ).backlog()
-        heard = (
-            None
-            if reconcile_after_seconds is None
-            else await warehouse_counts(
-                stock.engine, reconcile_after_seconds=reconcile_after_seconds
-            )
         )
+        backlog = await requests.backlog()
+        heard = None
+        if reconcile_after_seconds is not None:
+            # The dispatcher's own count, which its gauge reports.
+            without_news = await requests.orders_without_news(reconcile_after_seconds)
+            heard = (await warehouse_counts(stock.engine), without_news)
     by_reason: list[dict[str, Any]] = []
     dead_by_queue: dict[str, int] = {}
     pending: dict[str, dict[str, int]] = {}
@@ -164,12 +164,12 @@ async def collect_report(
     }
     if handoff or backlog.by_kind_and_status:
         document["warehouse_requests"] = _requests_document(backlog)
-    if heard is not None and (handoff or heard.any_recorded):
-        document["warehouse"] = _warehouse_document(heard)
+    if heard is not None and (handoff or heard[0].any_recorded or heard[1]):
+        document["warehouse"] = _warehouse_document(*heard)
     return document
 
 
-def _warehouse_document(counts: WarehouseCounts) -> dict[str, Any]:
+def _warehouse_document(counts: WarehouseCounts, without_news: int) -> dict[str, Any]:
     return {
         "shipments": {
             "by_source": counts.shipments_by_source,
@@ -188,7 +188,7 @@ def _warehouse_document(counts: WarehouseCounts) -> dict[str, Any]:
             "kept": counts.invalid_webhooks_kept,
             "replayed": counts.invalid_webhooks_replayed,
         },
-        "orders_without_news": counts.orders_without_news,
+        "orders_without_news": without_news,
     }
 
 

@@ -11,7 +11,7 @@
 - ``warehouse_discrepancies``: what a shipment or a cancellation of the warehouse named that
   its order did not hold;
 - :func:`warehouse_counts`: the shipments, cancellations, discrepancies and kept webhooks
-  counted, and the fulfilment orders with no news past the reconcile interval.
+  counted.
 """
 
 from __future__ import annotations
@@ -32,10 +32,8 @@ from fulfilment.adapters.postgres.tables import (
     reservations,
     warehouse_cancellations,
     warehouse_discrepancies,
-    warehouse_requests,
     warehouse_shipments,
 )
-from fulfilment.domain.handoff import RequestKind, RequestStatus
 from fulfilment.domain.lifecycle import OrderStatus
 
 
@@ -221,9 +219,6 @@ class WarehouseCounts:
         discrepancies_by_kind: discrepancies kept, by kind.
         invalid_webhooks_kept: kept webhooks waiting for an operator.
         invalid_webhooks_replayed: kept webhooks an operator replayed.
-        orders_without_news: accepted fulfilment orders whose order still holds units and
-            that had no news (no shipment, no cancellation) since the reconcile interval,
-            counted from the warehouse's answer until the first news.
     """
 
     shipments_by_source: dict[str, int] = field(default_factory=dict)
@@ -235,7 +230,6 @@ class WarehouseCounts:
     discrepancies_by_kind: dict[str, int] = field(default_factory=dict)
     invalid_webhooks_kept: int = 0
     invalid_webhooks_replayed: int = 0
-    orders_without_news: int = 0
 
     @property
     def any_recorded(self) -> bool:
@@ -246,18 +240,11 @@ class WarehouseCounts:
             or self.discrepancies_by_kind
             or self.invalid_webhooks_kept
             or self.invalid_webhooks_replayed
-            or self.orders_without_news
         )
 
 
-async def warehouse_counts(
-    engine: AsyncEngine, *, reconcile_after_seconds: float
-) -> WarehouseCounts:
+async def warehouse_counts(engine: AsyncEngine) -> WarehouseCounts:
     """:class:`WarehouseCounts`, read in one repeatable-read snapshot.
-
-    ``reconcile_after_seconds`` is ``FULFILMENT_WAREHOUSE_RECONCILE_AFTER_SECONDS``: the
-    interval after which the dispatcher asks the warehouse about a fulfilment order, the same
-    bound as the gauge ``fulfilment_warehouse_orders_without_news``.
 
     Raises:
         sqlalchemy.exc.DBAPIError: the database refused or failed a query.
@@ -272,22 +259,6 @@ async def warehouse_counts(
         )
         .where(warehouse_shipments.c.outcome == "shipped")
         .group_by(reservations.c.status)
-    )
-    last_news = sa.func.coalesce(warehouse_requests.c.news_at, warehouse_requests.c.answered_at)
-    without_news = (
-        sa.select(sa.func.count())
-        .select_from(
-            warehouse_requests.join(
-                reservations, reservations.c.order_id == warehouse_requests.c.order_id
-            )
-        )
-        .where(
-            warehouse_requests.c.kind == str(RequestKind.FULFILMENT_ORDER),
-            warehouse_requests.c.status == str(RequestStatus.ACCEPTED),
-            reservations.c.status == str(OrderStatus.RESERVED),
-            last_news
-            < sa.func.now() - sa.func.make_interval(0, 0, 0, 0, 0, 0, sa.bindparam("after")),
-        )
     )
     kept = sa.select(
         sa.func.count().filter(invalid_webhooks.c.replayed_at.is_(None)),
@@ -308,9 +279,6 @@ async def warehouse_counts(
             )
             discrepancies = await _grouped(connection, warehouse_discrepancies, "kind")
             waiting, replayed = (await connection.execute(kept)).one()
-            stale = (
-                await connection.execute(without_news, {"after": reconcile_after_seconds})
-            ).scalar_one()
     return WarehouseCounts(
         shipments_by_source=shipments_by_source,
         shipments_by_outcome=shipments_by_outcome,
@@ -321,7 +289,6 @@ async def warehouse_counts(
         discrepancies_by_kind=discrepancies,
         invalid_webhooks_kept=int(waiting),
         invalid_webhooks_replayed=int(replayed),
-        orders_without_news=int(stale),
     )
 
 
