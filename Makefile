@@ -9,6 +9,7 @@ RESET ?=
 CONFIRM_RESET ?=
 
 WAREHOUSE_PORT ?= 8090
+WAREHOUSE_ARGS ?=
 
 .PHONY: help warehouse-simulator asyncapi deploy-files docs demo test test-faults test-cluster test-failover test-upgrade test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
 
@@ -36,8 +37,8 @@ deploy-files: install ## Write the deployment files' per-queue parts from the ro
 docs: install ## Write the references generated from the code: docs/configuration.md's table and .env.example (the Settings docstrings), docs/cli.md's (the typer app)
 	$(UV) run python scripts/render-docs
 
-warehouse-simulator: install ## Serve the simulated warehouse system on WAREHOUSE_PORT (8090) until Ctrl-C; prints its FULFILMENT_WAREHOUSE_URL and token
-	PYTHONPATH=simulator $(UV) run python -m warehouse_simulator --port $(WAREHOUSE_PORT)
+warehouse-simulator: install ## Serve the simulated warehouse system on WAREHOUSE_PORT (8090) until Ctrl-C, with WAREHOUSE_ARGS (its options); prints its FULFILMENT_WAREHOUSE_URL and token
+	PYTHONPATH=simulator $(UV) run python -m warehouse_simulator --port $(WAREHOUSE_PORT) $(WAREHOUSE_ARGS)
 
 services: ## Start RabbitMQ and PostgreSQL if they are down (local install or docker compose)
 	@scripts/ensure-services

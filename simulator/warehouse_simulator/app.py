@@ -27,23 +27,30 @@ in-process use.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
 import hashlib
-import json
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from warehouse_simulator.asgi import (
+    Receive,
+    Reply,
+    Scope,
+    Send,
+    json_object,
+    lifespan,
+    order_lines,
+    read_body,
+    reply,
+)
 from warehouse_simulator.knobs import Faults
 from warehouse_simulator.orders import Cancellation, Order
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+from warehouse_simulator.shipping import Floor
+from warehouse_simulator.webhooks import WebhookSender
 
 ORDERS_PATH = "/fulfilment-orders"
 """Path of the orders, under the base path (``--base-path``, ``/api/v1`` by default)."""
@@ -65,19 +72,6 @@ class Stored:
     body: bytes = b""
 
 
-@dataclass(frozen=True)
-class Reply:
-    """An answer of the API: status, JSON body, extra headers."""
-
-    status: int
-    body: bytes
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-
-
-def _reply(status: int, document: dict[str, Any], *headers: tuple[bytes, bytes]) -> Reply:
-    return Reply(status, json.dumps(document, separators=(",", ":")).encode(), headers)
-
-
 class WarehouseSimulator:
     """The warehouse's state and its ASGI app (:meth:`__call__`).
 
@@ -85,11 +79,17 @@ class WarehouseSimulator:
         faults: the knobs (a new :class:`Faults` when None).
         base_path: where the API lives, e.g. ``/api/v1`` (the service's
             ``FULFILMENT_WAREHOUSE_URL`` is the server's address plus this).
-        seed: seed of the random choices of the fault knobs.
+        seed: seed of the random choices of the fault knobs, the splits and the carriers.
+        webhook_concurrency: most webhook attempts in flight at once.
     """
 
     def __init__(
-        self, faults: Faults | None = None, *, base_path: str = "/api/v1", seed: int | None = None
+        self,
+        faults: Faults | None = None,
+        *,
+        base_path: str = "/api/v1",
+        seed: int | None = None,
+        webhook_concurrency: int = 8,
     ) -> None:
         self.faults = faults or Faults()
         self.base_path = base_path.rstrip("/")
@@ -113,6 +113,10 @@ class WarehouseSimulator:
         self.requests_total = 0
         self.on_refuse: Callable[[float], None] | None = None
         """Called with the seconds of an outage in ``refuse`` mode (set by the server)."""
+        self.webhooks = WebhookSender(self.faults, self._random, concurrency=webhook_concurrency)
+        """The sender of the webhooks, and their record."""
+        self.floor = Floor(self.faults, self.orders, self._random, self.webhooks.emit)
+        """The warehouse's work: its shipments and cancellations, and their record."""
 
     # -- in-process API -----------------------------------------------------------------------
 
@@ -127,6 +131,40 @@ class WarehouseSimulator:
         """The order created for ``reference`` (the service's order id), or None."""
         order_id = self._by_reference.get(reference)
         return self.orders[order_id] if order_id else None
+
+    async def close(self) -> None:
+        """Stop the warehouse's work and its webhooks (what is not done yet stays undone)."""
+        await self.floor.close()
+        await self.webhooks.close()
+
+    async def settled(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109 - a test's wait
+        """Wait until the warehouse has no work due and no webhook in flight.
+
+        Raises:
+            TimeoutError: it still has after ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            while self.floor.pending or self.webhooks.in_flight:
+                await self.floor.idle()
+                await self.webhooks.drained()
+
+    def record(self) -> dict[str, Any]:
+        """What the warehouse did and said: ``GET /_simulator/webhooks``.
+
+        ``shipments`` and ``cancellations``: every one made (the webhooks' ``data``), sent or
+        not; ``webhooks``: every webhook with its ``cause``, ``fate`` and attempts (each with
+        its ``webhook-timestamp`` and the answer's status or error); ``counts``: webhooks by
+        fate, and attempts; ``work_pending`` and ``in_flight``: steps of work not done yet and
+        webhooks not finished (both 0: the warehouse has settled).
+        """
+        return {
+            "shipments": self.floor.shipments,
+            "cancellations": self.floor.cancellations,
+            "webhooks": self.webhooks.document(),
+            "counts": self.webhooks.counts(),
+            "work_pending": self.floor.pending,
+            "in_flight": self.webhooks.in_flight,
+        }
 
     def max_requests_per_second(self) -> int:
         """The most API requests that arrived within one whole second (0 before any)."""
@@ -145,6 +183,9 @@ class WarehouseSimulator:
             "early_requests": self.early_requests,
             "orders": len(self.orders),
             "cancellations": len(self.cancellations),
+            "shipments_made": len(self.floor.shipments),
+            "warehouse_cancellations": len(self.floor.cancellations),
+            "webhooks": self.webhooks.counts(),
         }
 
     # -- the API ------------------------------------------------------------------------------
@@ -159,7 +200,7 @@ class WarehouseSimulator:
         if now < self._retry_after_until and now > self._retry_after_sent_at + EARLY_GRACE_SECONDS:
             self.early_requests += 1
         if now < self.faults.down_until:
-            return _reply(503, {"error": "unavailable"})
+            return reply(503, {"error": "unavailable"})
         if self.faults.latency_seconds > 0:
             await asyncio.sleep(self.faults.latency_seconds)
         refused = self._refusal(now, headers)
@@ -167,14 +208,14 @@ class WarehouseSimulator:
             return refused
         route = self._route(path)
         if route is None:
-            return _reply(404, {"error": "not_found"})
+            return reply(404, {"error": "not_found"})
         kind, order_id = route
         if kind == "order":
             if method != "GET":
-                return _reply(405, {"error": "method_not_allowed"})
+                return reply(405, {"error": "method_not_allowed"})
             return self._show(order_id)
         if method != "POST":
-            return _reply(405, {"error": "method_not_allowed"})
+            return reply(405, {"error": "method_not_allowed"})
         return await self._post(method, path, headers, body, order_id)
 
     async def _post(
@@ -183,14 +224,14 @@ class WarehouseSimulator:
         """A creation (``order_id`` empty) or a cancellation, under its idempotency key."""
         key = headers.get("idempotency-key", "")
         if not key:
-            return _reply(400, {"error": "idempotency_key_missing"})
+            return reply(400, {"error": "idempotency_key_missing"})
         fingerprint = hashlib.sha256(f"{method} {path}\n".encode() + body).hexdigest()
         stored = self._keys.get(key)
         if stored is not None:
             if stored.fingerprint != fingerprint:
-                return _reply(422, {"error": "idempotency_key_reused"})
+                return reply(422, {"error": "idempotency_key_reused"})
             if stored.status is None:
-                return _reply(409, {"error": "in_flight"})
+                return reply(409, {"error": "in_flight"})
             return Reply(200 if stored.status == 201 else stored.status, stored.body)  # noqa: PLR2004 - a replay of a creation is 200
         return await self._first(key, Stored(fingerprint), order_id, body, headers)
 
@@ -198,8 +239,8 @@ class WarehouseSimulator:
         """``GET {base}/fulfilment-orders/{id}``: the order, its shipments and cancellations."""
         order = self.orders.get(order_id)
         if order is None:
-            return _reply(404, {"error": "not_found"})
-        return _reply(200, order.document(picked=self.picked(order)))
+            return reply(404, {"error": "not_found"})
+        return reply(200, order.document(picked=self.picked(order)))
 
     def picked(self, order: Order) -> bool:
         """Whether ``order`` was picked: ``pick_delay_seconds`` passed since its creation."""
@@ -210,14 +251,14 @@ class WarehouseSimulator:
         """401/403 for the token, 429 above the rate, an injected 503; None: go on."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
-            return _reply(401, {"error": "unauthenticated"}, (b"www-authenticate", b"Bearer"))
+            return reply(401, {"error": "unauthenticated"}, (b"www-authenticate", b"Bearer"))
         if token != self.faults.token:
-            return _reply(403, {"error": "forbidden"})
+            return reply(403, {"error": "forbidden"})
         limited = self._rate_limited(now)
         if limited is not None:
             return limited
         if self._random.random() < self.faults.error_rate:
-            return _reply(503, {"error": "unavailable"})
+            return reply(503, {"error": "unavailable"})
         return None
 
     async def _first(
@@ -230,16 +271,16 @@ class WarehouseSimulator:
             # request with the same key can find it in flight.
             await asyncio.sleep(self.faults.work_seconds)
             if not order_id:
-                reply = self._create(key, body, headers.get("traceparent"))
+                answer = self._create(key, body, headers.get("traceparent"))
             else:
-                reply = self._cancel(key, order_id, body)
+                answer = self._cancel(key, order_id, body)
         except BaseException:
             del self._keys[key]
             raise
-        stored.status, stored.body = reply.status, reply.body
+        stored.status, stored.body = answer.status, answer.body
         if self._random.random() < self.faults.stall_after_commit_rate:
             await asyncio.sleep(self.faults.stall_seconds)
-        return reply
+        return answer
 
     def _route(self, path: str) -> tuple[str, str] | None:
         """``("orders", "")``, ``("order", id)``, ``("cancellations", id)``; None: no route."""
@@ -275,104 +316,106 @@ class WarehouseSimulator:
             value = email.utils.formatdate(time.time() + left + 1, usegmt=True)
         else:
             value = f"{max(left, 0.001):.3f}".rstrip("0").rstrip(".")
-        return _reply(429, {"error": "rate_limited"}, (b"retry-after", value.encode()))
+        return reply(429, {"error": "rate_limited"}, (b"retry-after", value.encode()))
 
     def _create(self, key: str, body: bytes, traceparent: str | None) -> Reply:
-        document = _json(body)
+        document = json_object(body)
         if document is None:
-            return _reply(400, {"error": "malformed_json"})
+            return reply(400, {"error": "malformed_json"})
         reference = document.get("reference")
-        lines = _lines(document.get("lines"))
+        lines = order_lines(document.get("lines"))
         if not isinstance(reference, str) or not reference or not lines:
-            return _reply(422, {"error": "invalid_order"})
+            return reply(422, {"error": "invalid_order"})
         if not isinstance(document.get("requested_at"), str):
-            return _reply(422, {"error": "invalid_order", "detail": "requested_at"})
+            return reply(422, {"error": "invalid_order", "detail": "requested_at"})
         refused = sorted({line["sku"] for line in lines} & self.faults.refused_skus)
         if refused:
-            return _reply(422, {"error": "sku_not_stocked", "sku": refused[0]})
+            return reply(422, {"error": "sku_not_stocked", "sku": refused[0]})
         existing = self._by_reference.get(reference)
         if existing is not None:
-            return _reply(409, {"error": "duplicate_reference", "id": existing})
+            return reply(409, {"error": "duplicate_reference", "id": existing})
         order_id = f"WH-{len(self.orders) + 1:06d}"
         remaining = Counter[str]()
         for line in lines:
             remaining[line["sku"]] += line["quantity"]
-        self.orders[order_id] = Order(
+        order = Order(
             order_id, reference, lines, key, time.monotonic(), traceparent, dict(remaining)
         )
+        self.orders[order_id] = order
         self._by_reference[reference] = order_id
-        return _reply(201, {"id": order_id, "status": "received"})
+        self.floor.received(order)
+        return reply(201, {"id": order_id, "status": "received"})
 
     def _cancel(self, key: str, order_id: str, body: bytes) -> Reply:
         order = self.orders.get(order_id)
         if order is None:
-            return _reply(404, {"error": "not_found"})
-        document = _json(body) if body else {}
+            return reply(404, {"error": "not_found"})
+        document = json_object(body) if body else {}
         if document is None:
-            return _reply(400, {"error": "malformed_json"})
+            return reply(400, {"error": "malformed_json"})
         asked = document.get("lines")
-        lines = None if asked is None else _lines(asked)
+        lines = None if asked is None else order_lines(asked)
         if asked is not None and not lines:
-            return _reply(422, {"error": "invalid_cancellation"})
+            return reply(422, {"error": "invalid_cancellation"})
         if self.picked(order) or order.started:
             self.cancellations.append(Cancellation(order_id, lines, key, "too_late"))
-            return _reply(409, {"error": "too_late"})
+            return reply(409, {"error": "too_late"})
         if lines is None:
             order.remaining = {}
         else:
             if any(line["quantity"] > order.remaining.get(line["sku"], 0) for line in lines):
-                return _reply(422, {"error": "more_than_ordered"})
+                return reply(422, {"error": "more_than_ordered"})
             for line in lines:
                 order.remaining[line["sku"]] -= line["quantity"]
             order.remaining = {sku: q for sku, q in order.remaining.items() if q}
         status = "partially_cancelled" if order.remaining else "cancelled"
         self.cancellations.append(Cancellation(order_id, lines, key, status))
-        return _reply(201, {"status": status})
+        return reply(201, {"status": status})
 
     # -- ASGI ---------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app: the API under ``base_path`` and the admin endpoints."""
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
         client = scope.get("client")
         if client:
             self.connections.add((client[0], client[1]))
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return
         path: str = scope["path"]
         method: str = scope["method"]
         if path.startswith(ADMIN_PATH + "/"):
-            reply = self._admin(method, path.removeprefix(ADMIN_PATH + "/"), body)
+            answer = self._admin(method, path.removeprefix(ADMIN_PATH + "/"), body)
         else:
             headers = {
                 name.decode("latin-1").lower(): value.decode("latin-1")
                 for name, value in scope["headers"]
             }
-            reply = await self.handle(method, path, headers, body)
-            self.statuses[reply.status] += 1
+            answer = await self.handle(method, path, headers, body)
+            self.statuses[answer.status] += 1
         await send(
             {
                 "type": "http.response.start",
-                "status": reply.status,
+                "status": answer.status,
                 "headers": [
                     (b"content-type", b"application/json"),
-                    (b"content-length", b"%d" % len(reply.body)),
-                    *reply.headers,
+                    (b"content-length", b"%d" % len(answer.body)),
+                    *answer.headers,
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": reply.body})
+        await send({"type": "http.response.body", "body": answer.body})
 
     def _admin(self, method: str, name: str, body: bytes) -> Reply:
         if name == "faults" and method == "POST":
             return self._change_faults(body)
         if method == "GET" and name == "orders":
-            return _reply(
+            return reply(
                 200,
                 {
                     "orders": [asdict(order) for order in self.orders.values()],
@@ -380,69 +423,23 @@ class WarehouseSimulator:
                 },
             )
         if method == "GET" and name == "stats":
-            return _reply(200, self.stats())
+            return reply(200, self.stats())
+        if method == "GET" and name == "webhooks":
+            return reply(200, self.record())
         if name == "faults" and method == "GET":
-            return _reply(200, self.faults.document())
-        return _reply(404, {"error": "not_found"})
+            return reply(200, self.faults.document())
+        return reply(404, {"error": "not_found"})
 
     def _change_faults(self, body: bytes) -> Reply:
-        changes = _json(body)
+        changes = json_object(body)
         if changes is None:
-            return _reply(400, {"error": "malformed_json"})
+            return reply(400, {"error": "malformed_json"})
         try:
             self.faults.update(changes)
         except (TypeError, ValueError) as error:
-            return _reply(400, {"error": str(error)})
+            return reply(400, {"error": str(error)})
+        if "webhook_url" in changes:
+            self.webhooks.reenable()
         if "down_for_seconds" in changes and self.faults.down_mode == "refuse":
             self.go_down(float(changes["down_for_seconds"]), mode="refuse")
-        return _reply(200, self.faults.document())
-
-
-def _json(body: bytes) -> dict[str, Any] | None:
-    with contextlib.suppress(ValueError):
-        document = json.loads(body)
-        if isinstance(document, dict):
-            return document
-    return None
-
-
-def _lines(value: object) -> list[dict[str, Any]] | None:
-    """``[{"sku": str, "quantity": int > 0}, ...]`` (non-empty), or None when it is not."""
-    if not isinstance(value, list) or not value:
-        return None
-    lines = []
-    for line in value:
-        if not isinstance(line, dict):
-            return None
-        sku, quantity = line.get("sku"), line.get("quantity")
-        if not isinstance(sku, str) or not sku or type(quantity) is not int or quantity <= 0:
-            return None
-        lines.append({"sku": sku, "quantity": quantity})
-    return lines
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    """The request's whole body; None when the client went away before sending all of it.
-
-    A server handles a request only once its body is complete: one cut off (a client killed
-    between writing its headers and its body) was never sent, and must neither create an
-    order nor bind its idempotency key to the part that arrived.
-    """
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+        return reply(200, self.faults.document())

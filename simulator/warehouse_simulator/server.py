@@ -87,12 +87,13 @@ class SimulatorServer:
         self._server = self._serving = None
 
     async def close(self) -> None:
-        """Stop serving, and cancel a restart that an outage scheduled."""
+        """Stop serving and cancel a restart an outage scheduled; stop the work and webhooks."""
         if self._restart is not None:
             self._restart.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._restart
         await self.stop()
+        await self.simulator.close()
 
     def _refuse_for(self, seconds: float) -> None:
         async def outage() -> None:
