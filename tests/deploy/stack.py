@@ -34,6 +34,7 @@ from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import ENV_PREFIX, HttpSettings, Settings, from_variables, variables
 from fulfilment.worker.health import READINESS_CHECK_SECONDS, health_app
 from fulfilment.worker.topology import Topology
+from warehouse_simulator.knobs import DEFAULT_WEBHOOK_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -1372,6 +1373,17 @@ def _compose_webhooks_problems(stack: Stack) -> list[str]:
     if found is None or int(found[1]) != compose.webhooks.http_port:
         port = compose.webhooks.http_port
         problems.append(f"docker-compose.yml webhooks: healthcheck is not /health on {port}")
+    # The simulator sends its webhooks to the intake, signed with a secret the intake holds.
+    simulator = [str(word) for word in stack.compose["services"]["warehouse"]["command"]]
+    url = simulator[simulator.index("--webhook-url") + 1] if "--webhook-url" in simulator else None
+    wanted_url = f"http://webhooks:{compose.webhooks.port}{WEBHOOK_PATH}"
+    if url != wanted_url:
+        problems.append(f"docker-compose.yml warehouse: --webhook-url {url}, not {wanted_url}")
+    signs_with = [
+        simulator[index + 1] for index, word in enumerate(simulator) if word == "--webhook-secret"
+    ] or [DEFAULT_WEBHOOK_SECRET]
+    if not set(signs_with) <= set(compose.warehouse.webhook_secrets.get_secret_value().split()):
+        problems.append("docker-compose.yml webhooks: does not hold the simulator's secret")
     scraped = [
         sd["port"]
         for job in stack.prometheus["scrape_configs"]

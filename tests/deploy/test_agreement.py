@@ -314,10 +314,21 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "the intake as the owner role": lambda s: _webhooks_container(s)["env"][0]["valueFrom"][
         "secretKeyRef"
     ].update(name="fulfilment-owner"),
+    "the simulator sending its webhooks to the probes' port": lambda s: _simulator_option(
+        s, "--webhook-url", "http://webhooks:8084/webhooks/warehouse"
+    ),
+    "the simulator signing with a secret the intake does not hold": lambda s: s.compose["services"][
+        "warehouse"
+    ]["command"].extend(["--webhook-secret", "whsec_c29tZXRoaW5nLWVsc2U="]),
     "Prometheus scraping the intake's endpoint port": lambda s: next(
         job for job in s.prometheus["scrape_configs"] if job["job_name"] == "fulfilment-webhooks"
     )["dns_sd_configs"][0].update(port=8083),
 }
+
+
+def _simulator_option(stack: Stack, option: str, value: str) -> None:
+    command = stack.compose["services"]["warehouse"]["command"]
+    command[command.index(option) + 1] = value
 
 
 def _webhooks_container(stack: Stack) -> dict[str, Any]:
