@@ -167,9 +167,11 @@ def echoed() -> tuple[list[str], Any]:
 async def test_list_shows_the_kept_webhooks_waiting_oldest_first_with_their_reason(
     options: ToolOptions, warehouse: Warehouse
 ) -> None:
-    await warehouse.keep("msg_a", b"{not json", "invalid Warehouse webhook: body: Invalid JSON")
+    await warehouse.keep("msg_a", b"{not json", "invalid Any webhook: body: Invalid JSON")
     await warehouse.keep(
-        "msg_b", shipment_body(warehouse.order_id, version=2), "invalid Shipment v1: version"
+        "msg_b",
+        shipment_body(warehouse.order_id, version=2),
+        "invalid shipment.shipped webhook: data.version: Input should be 1",
     )
     lines, echo = echoed()
 
@@ -178,7 +180,7 @@ async def test_list_shows_the_kept_webhooks_waiting_oldest_first_with_their_reas
     assert lines[0].split() == ["WEBHOOK", "ID", "TYPE", "RECEIVED", "REPLAYED", "REASON"]
     assert [line.split()[0] for line in lines[1:-1]] == ["msg_a", "msg_b"]
     assert lines[1].split()[3] == "-"
-    assert lines[1].endswith("invalid Warehouse webhook: body: Invalid JSON")
+    assert lines[1].endswith("invalid Any webhook: body: Invalid JSON")
     assert lines[-1] == "2 of 2 invalid webhook(s) waiting for a replay, oldest first"
 
 
@@ -212,7 +214,9 @@ async def test_show_prints_the_reason_the_headers_and_the_body_as_received(
     options: ToolOptions, warehouse: Warehouse
 ) -> None:
     body = shipment_body(warehouse.order_id, version=2)
-    await warehouse.keep("msg_b", body, "invalid Shipment v1: version: Input should be 1")
+    await warehouse.keep(
+        "msg_b", body, "invalid shipment.shipped webhook: data.version: Input should be 1"
+    )
     lines, echo = echoed()
 
     await show_invalid_command(options, "msg_b", as_json=False, echo=echo)
@@ -220,7 +224,9 @@ async def test_show_prints_the_reason_the_headers_and_the_body_as_received(
     text = lines[0].splitlines()
     assert "webhook_id:     msg_b" in text
     assert "type:           shipment.shipped" in text
-    assert "reason:         invalid Shipment v1: version: Input should be 1" in text
+    assert (
+        "reason:         invalid shipment.shipped webhook: data.version: Input should be 1" in text
+    )
     assert "replayed_at:    -" in text
     assert "  webhook-id: msg_b" in text
     assert "  user-agent: warehouse/1.0" in text
@@ -231,7 +237,11 @@ async def test_show_prints_the_reason_the_headers_and_the_body_as_received(
 async def test_show_as_json_gives_a_body_that_is_not_utf8_in_base64(
     options: ToolOptions, warehouse: Warehouse
 ) -> None:
-    await warehouse.keep("msg_c", b"\xff\xfe{}", "invalid Warehouse webhook: not UTF-8")
+    await warehouse.keep(
+        "msg_c",
+        b"\xff\xfe{}",
+        "invalid Any webhook: body: Invalid JSON: invalid unicode code point",
+    )
     lines, echo = echoed()
 
     await show_invalid_command(options, "msg_c", as_json=True, echo=echo)
@@ -259,7 +269,11 @@ async def test_a_dry_run_says_what_it_would_apply_and_changes_nothing(
 ) -> None:
     # Kept by an older release that did not read tracking_url; this one does.
     body = shipment_body(warehouse.order_id, tracking_url="https://track.example/JD0146")
-    await warehouse.keep("msg_b", body, "invalid Shipment v1: tracking_url: Extra inputs")
+    await warehouse.keep(
+        "msg_b",
+        body,
+        "invalid shipment.shipped webhook: data.tracking_url: Extra inputs are not permitted",
+    )
     lines, echo = echoed()
 
     result = await replay_command(
@@ -332,7 +346,12 @@ async def test_a_body_still_invalid_stays_kept_and_the_replay_says_why(
     options: ToolOptions, warehouse: Warehouse, *, execute: bool
 ) -> None:
     body = shipment_body(warehouse.order_id, lines=[{"sku": "85123A", "quantity": 0}])
-    await warehouse.keep("msg_q", body, "invalid Shipment v1: lines.0.quantity")
+    await warehouse.keep(
+        "msg_q",
+        body,
+        "invalid shipment.shipped webhook: data.lines.0.quantity: Input should be greater than"
+        " or equal to 1",
+    )
     lines, echo = echoed()
 
     with pytest.raises(CommandError) as raised:
@@ -340,9 +359,10 @@ async def test_a_body_still_invalid_stays_kept_and_the_replay_says_why(
             options, "msg_q", execute=execute, operator="alice", comment=None, echo=echo
         )
 
-    reason = str(raised.value)
-    assert reason.startswith("webhook msg_q is still invalid, left as it was: invalid Shipment v1")
-    assert "lines.0.quantity" in reason
+    assert str(raised.value) == (
+        "webhook msg_q is still invalid, left as it was: invalid shipment.shipped webhook:"
+        " data.lines.0.quantity: Input should be greater than or equal to 1"
+    )
     assert raised.value.exit_code == ExitCode.FAILED
     assert lines == []
     assert (await warehouse.kept("msg_q"))["replayed_at"] is None
@@ -355,7 +375,9 @@ async def test_a_body_that_is_no_json_stays_invalid(
 ) -> None:
     await warehouse.keep("msg_a", b'{"type": "shipment.shipped",', "not JSON", type_=None)
 
-    with pytest.raises(CommandError, match="still invalid, left as it was: invalid Warehouse"):
+    with pytest.raises(
+        CommandError, match="still invalid, left as it was: invalid Any webhook: body: Invalid JSON"
+    ):
         await replay_command(
             options, "msg_a", execute=True, operator=None, comment=None, echo=print
         )

@@ -31,13 +31,7 @@ from fulfilment.adapters.postgres.warehouse_event_reads import (
     get_invalid_webhook,
     record_replay,
 )
-from fulfilment.contracts.warehouse_events import (
-    FULFILMENT_ORDER_CANCELLED,
-    SHIPMENT_SHIPPED,
-    ShipmentV1,
-    WarehouseCancellationV1,
-    WebhookEnvelope,
-)
+from fulfilment.contracts.warehouse_webhooks import TAKEN, AnyWebhook
 from fulfilment.domain.warehouse_events import (
     RecordShipment,
     RecordWarehouseCancellation,
@@ -56,28 +50,24 @@ class TypeNotTakenError(Exception):
 
 
 def parse_webhook(body: bytes, *, webhook_id: str) -> RecordShipment | RecordWarehouseCancellation:
-    """The command of a webhook's raw ``body``, as the intake reads it.
+    """The command of a webhook's raw ``body``, read as the intake reads a request's body.
 
-    The envelope (``type``, ``timestamp``, ``data``) first, then ``data`` with the model of
-    the ``type`` (``shipment.shipped``: :class:`ShipmentV1`, ``fulfilment_order.cancelled``:
-    :class:`WarehouseCancellationV1`), both with ``parse_event``'s strict JSON rules; the
-    command carries ``webhook_id`` and :attr:`Source.WEBHOOK`.
+    Its ``type`` first (:class:`~fulfilment.contracts.warehouse_webhooks.AnyWebhook`), then the
+    whole body with the model of that type (:data:`~fulfilment.contracts.warehouse_webhooks.TAKEN`),
+    both with ``parse_event``'s strict JSON rules; the command carries ``webhook_id`` and
+    :attr:`Source.WEBHOOK`.
 
     Raises:
         MalformedEventError: not a valid event of its type; the message says why, in one line.
         TypeNotTakenError: a ``type`` the service does not apply.
     """
-    envelope = parse_event(WebhookEnvelope, body)
-    # ``data`` read again as JSON: the models are strict, and take instants and ids as text.
-    data = json.dumps(envelope.data).encode()
-    if envelope.type == SHIPMENT_SHIPPED:
-        shipment = parse_event(ShipmentV1, data)
-        return shipment.to_command(webhook_id=webhook_id, source=Source.WEBHOOK)
-    if envelope.type == FULFILMENT_ORDER_CANCELLED:
-        cancellation = parse_event(WarehouseCancellationV1, data)
-        return cancellation.to_command(webhook_id=webhook_id, source=Source.WEBHOOK)
-    msg = f"type {envelope.type!r} is not one the service applies"
-    raise TypeNotTakenError(msg)
+    webhook_type = parse_event(AnyWebhook, body).type
+    model = TAKEN.get(webhook_type)
+    if model is None:
+        msg = f"type {webhook_type!r} is not one the service applies"
+        raise TypeNotTakenError(msg)
+    event = parse_event(model, body)
+    return event.data.to_command(webhook_id=webhook_id, source=Source.WEBHOOK)
 
 
 async def list_invalid_command(
@@ -170,8 +160,9 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
 
     Raises:
         CommandError: no webhook of that id is kept, it was replayed already, its body is
-            still not a valid event (the reason given), or its type is not one the service
-            applies (exit 1; nothing changed).
+            still not a valid event (the reason given; also when the stock store refuses its
+            command, as the intake would), or its type is not one the service applies (exit 1;
+            nothing changed).
         DatabaseUnavailableError: PostgreSQL does not answer.
         TransientError: the store failed past its retry budget (nothing applied).
     """
@@ -194,11 +185,16 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
             echo(f"replay (dry run): {webhook_id}  {_describe(command)}")
             echo("dry run: nothing changed (add --yes to do it)")
             return ReplayResult(webhook_id, command)
-        # One branch per command: Stock.apply's outcome type follows its command's.
-        if isinstance(command, RecordShipment):
-            outcome = (await stock.apply(command)).label
-        else:
-            outcome = (await stock.apply(command)).label
+        try:
+            # One branch per command: Stock.apply's outcome type follows its command's.
+            if isinstance(command, RecordShipment):
+                outcome = (await stock.apply(command)).label
+            else:
+                outcome = (await stock.apply(command)).label
+        except ValueError as error:
+            # The store refuses the command as it is (its route's check), as the intake does.
+            msg = f"webhook {webhook_id} is still invalid, left as it was: {error}"
+            raise CommandError(msg) from error
         replayed_at = await record_replay(
             stock.engine,
             webhook_id,
