@@ -12,8 +12,7 @@ code and the manifests, never against a copy of them:
 - every metric (with its label matchers) is exported by the worker, the relay, the
   dispatcher or the intake, every alert is a rule of ``deploy/prometheus/alerts.yml``, every
   dashboard panel the runbook names is one of the dashboard's, every ``FULFILMENT_*`` variable
-  is a setting,
-  every link points at a section;
+  is a setting, every link points at a section;
 - every other name (log events, queues, headers, labels, columns) is a string of the source,
   every file exists, every failure class is one, and every ``SELECT`` plans on a migrated
   database.
