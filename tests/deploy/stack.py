@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.entrypoints import cli
+from fulfilment.intake.app import WEBHOOK_PATH
 from fulfilment.observability.metrics import Metrics
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import ENV_PREFIX, HttpSettings, Settings, from_variables, variables
@@ -1273,18 +1274,13 @@ def check_dispatcher(stack: Stack) -> list[str]:
     return problems
 
 
-WEBHOOK_PATH = "/webhooks/warehouse"
-"""The intake's endpoint (docs/design.md, "Hearing back from the warehouse"): the one path the
-Ingress exposes."""
-
-
 def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checklist of independent rules, read in one place
     """The intake runs its command on its two ports, with its secrets, behind an Ingress that
     exposes the endpoint alone, over TLS.
 
     In Kubernetes: the Deployment runs ``webhooks`` with several replicas as the runtime role,
     its ports are ``FULFILMENT_WEBHOOKS_PORT`` (the endpoint) and ``..._HTTP_PORT`` (probes on
-    ``/health``, the PodMonitor's scrape), ``FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS`` is set;
+    ``/health/live`` and ``/health/ready``, the PodMonitor's scrape), ``FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS`` is set;
     the Service forwards the endpoint's port and no other; the Ingress has one rule, the
     path ``/webhooks/warehouse`` exactly, to that Service's port, with TLS for its host; a
     PodDisruptionBudget keeps a replica through a drain. In compose: the service runs
@@ -1299,12 +1295,15 @@ def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checkl
     wanted = {"webhooks": settings.webhooks.port, "http": settings.webhooks.http_port}
     if ports != wanted:
         problems.append(f"k8s webhooks: container ports {ports}, want {wanted}")
-    for probe_name in ("livenessProbe", "readinessProbe"):
+    for probe_name, path in (
+        ("livenessProbe", "/health/live"),
+        ("readinessProbe", "/health/ready"),
+    ):
         probe = container[probe_name]["httpGet"]
         if ports.get(probe["port"], probe["port"]) != settings.webhooks.http_port:
             problems.append(f"k8s webhooks: {probe_name} is not on FULFILMENT_WEBHOOKS_HTTP_PORT")
-        if probe["path"] != "/health":
-            problems.append(f"k8s webhooks: {probe_name} asks {probe['path']}, not /health")
+        if probe["path"] != path:
+            problems.append(f"k8s webhooks: {probe_name} asks {probe['path']}, not {path}")
     commands = set(typer.main.get_command(cli.app).commands)  # type: ignore[attr-defined]
     if container.get("args") != ["webhooks"] or "webhooks" not in commands:
         problems.append("k8s webhooks: must run [webhooks], a `fulfilment` command")
@@ -1369,10 +1368,10 @@ def _compose_webhooks_problems(stack: Stack) -> list[str]:
     if exposed != [str(compose.webhooks.port), str(compose.webhooks.http_port)]:
         problems.append(f"docker-compose.yml webhooks: expose {exposed}, not the two ports")
     health = " ".join(compose_service["healthcheck"]["test"])
-    found = re.search(r"http://127\.0\.0\.1:(\d+)/health'", health)
+    found = re.search(r"http://127\.0\.0\.1:(\d+)/health/ready'", health)
     if found is None or int(found[1]) != compose.webhooks.http_port:
         port = compose.webhooks.http_port
-        problems.append(f"docker-compose.yml webhooks: healthcheck is not /health on {port}")
+        problems.append(f"docker-compose.yml webhooks: healthcheck is not /health/ready on {port}")
     # The simulator sends its webhooks to the intake, signed with a secret the intake holds.
     simulator = [str(word) for word in stack.compose["services"]["warehouse"]["command"]]
     url = simulator[simulator.index("--webhook-url") + 1] if "--webhook-url" in simulator else None
