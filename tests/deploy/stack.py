@@ -24,12 +24,12 @@ from typing import Any
 import typer.main
 import yaml
 from dockerfile_parse import DockerfileParser
+from fulfilment.intake.app import WEBHOOK_PATH
 from pydantic import ValidationError
 
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.entrypoints import cli
-from fulfilment.intake.app import WEBHOOK_PATH
 from fulfilment.observability.metrics import Metrics
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import ENV_PREFIX, HttpSettings, Settings, from_variables, variables
@@ -1280,10 +1280,11 @@ def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checkl
 
     In Kubernetes: the Deployment runs ``webhooks`` with several replicas as the runtime role,
     its ports are ``FULFILMENT_WEBHOOKS_PORT`` (the endpoint) and ``..._HTTP_PORT`` (probes on
-    ``/health/live`` and ``/health/ready``, the PodMonitor's scrape), ``FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS`` is set;
-    the Service forwards the endpoint's port and no other; the Ingress has one rule, the
-    path ``/webhooks/warehouse`` exactly, to that Service's port, with TLS for its host; a
-    PodDisruptionBudget keeps a replica through a drain. In compose: the service runs
+    ``/health/live`` and ``/health/ready``, the PodMonitor's scrape), and
+    ``FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS`` is set; the Service forwards the endpoint's port
+    and no other; the Ingress has one rule, the path ``/webhooks/warehouse`` exactly, to that
+    Service's port, with TLS for its host; a PodDisruptionBudget keeps a replica through a
+    drain. In compose: the service runs
     ``webhooks`` on the same two ports with a secret, and Prometheus scrapes the second.
     """
     problems = []
