@@ -203,7 +203,9 @@ def copy_of(draw: st.DrawFn, event: Event) -> Event:
     if how == "same webhook":
         return event
     if how == "new webhook":
-        return dataclasses.replace(event, webhook_id=f"msg_{uuid.uuid4().hex}")
+        return dataclasses.replace(
+            event, webhook_id=f"msg_{uuid.uuid4().hex}", source=Source.WEBHOOK
+        )
     return dataclasses.replace(event, webhook_id=None, source=Source.POLL)
 
 

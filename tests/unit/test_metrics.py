@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fulfilment.intake.signatures import Refusal
-from fulfilment.observability.intake_metrics import IntakeMetrics
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fulfilment.contracts.dead_letter import SERVICE_FAILURE_CLASSES
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.entrypoints.worker import build_worker, new_metrics
+from fulfilment.intake.signatures import Refusal
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
+from fulfilment.observability.intake_metrics import IntakeMetrics
 from fulfilment.observability.metrics import Metrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, QUEUE_ROUTES, SUBSCRIBED_QUEUES
@@ -72,7 +72,7 @@ def test_every_metric_of_the_dashboard_and_the_alerts_is_exported(worker_registr
     assert used  # the pattern finds names at all
     relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
     dispatcher = DispatcherMetrics().registry
-    intake = IntakeMetrics(version="test", refusals=tuple(str(r) for r in Refusal)).registry
+    intake = IntakeMetrics(version="", refusals=tuple(str(reason) for reason in Refusal)).registry
     missing = (
         used
         - exported_names(worker_registry)
