@@ -24,12 +24,12 @@ from typing import Any
 import typer.main
 import yaml
 from dockerfile_parse import DockerfileParser
-from fulfilment.intake.app import WEBHOOK_PATH
 from pydantic import ValidationError
 
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.entrypoints import cli
+from fulfilment.intake.app import WEBHOOK_PATH
 from fulfilment.observability.metrics import Metrics
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import ENV_PREFIX, HttpSettings, Settings, from_variables, variables

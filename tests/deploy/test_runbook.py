@@ -37,8 +37,6 @@ import pytest
 import typer.main
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
-from fulfilment.intake.signatures import Refusal
-from fulfilment.observability.intake_metrics import IntakeMetrics
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from sqlalchemy.engine import make_url
@@ -49,7 +47,9 @@ from fulfilment.contracts.dead_letter import FailureClass
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.entrypoints import cli
 from fulfilment.entrypoints.worker import build_worker
+from fulfilment.intake.signatures import Refusal
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
+from fulfilment.observability.intake_metrics import IntakeMetrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.observability.tracing import Tracing
 from fulfilment.settings import Settings
