@@ -171,9 +171,9 @@ def warehouse_replay_webhook(
 ) -> None:
     """Apply a kept webhook, its body parsed again with this release's models.
 
-    For a webhook refused by an older release, or whose order or SKU now exists. The body is
-    read as the endpoint reads a request's; one that is still invalid exits 1 with the reason,
-    unchanged. Applied under its own webhook id, so a webhook the warehouse delivered again
+    For a webhook an older release could not read (a new field, a new version), once this one
+    can. The body is read as the endpoint reads a request's; one that is still invalid exits 1
+    with the reason, unchanged. Applied under its own webhook id, so a webhook the warehouse delivered again
     meanwhile is answered as a duplicate, never applied twice. The row is marked replayed with
     the outcome, and a row of invalid_webhook_audit says who (--operator, the OS user and
     host), when and why (--comment). A dry run unless --yes.
