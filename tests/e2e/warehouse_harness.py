@@ -22,6 +22,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -105,6 +106,10 @@ class SimulatorProcess:
     def stats(self) -> dict[str, Any]:
         return self._admin("stats")
 
+    def record(self) -> dict[str, Any]:
+        """What the warehouse did and said: its shipments, cancellations and webhooks."""
+        return self._admin("webhooks")
+
 
 @dataclass
 class DispatcherProcess(WorkerProcess):
@@ -126,6 +131,16 @@ class DispatcherProcess(WorkerProcess):
                 return
             time.sleep(0.2)
         pytest.fail(f"dispatcher not active within 60 s: {self.log_tail()}")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of the sample ``name`` with ``labels`` on its ``/metrics``, or None."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as page:
+            text = page.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return None
 
     def readiness(self) -> dict[str, Any]:
         try:
