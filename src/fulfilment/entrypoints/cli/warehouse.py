@@ -173,10 +173,10 @@ def warehouse_replay_webhook(
 
     For a webhook an older release could not read (a new field, a new version), once this one
     can. The body is read as the endpoint reads a request's; one that is still invalid exits 1
-    with the reason, unchanged. Applied under its own webhook id, so a webhook the warehouse delivered again
-    meanwhile is answered as a duplicate, never applied twice. The row is marked replayed with
-    the outcome, and a row of invalid_webhook_audit says who (--operator, the OS user and
-    host), when and why (--comment). A dry run unless --yes.
+    with the reason, unchanged. Applied under its own webhook id, so a webhook the warehouse
+    delivered again meanwhile is answered as a duplicate, never applied twice. The row is
+    marked replayed with the outcome, and a row of invalid_webhook_audit says who (--operator,
+    the OS user and host), when and why (--comment). A dry run unless --yes.
     """
     from fulfilment.tools.warehouse_webhooks import replay_command  # noqa: PLC0415 - see the module's text
 
