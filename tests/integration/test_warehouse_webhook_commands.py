@@ -13,13 +13,14 @@ import getpass
 import json
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from pydantic import SecretStr
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
@@ -49,6 +50,7 @@ from fulfilment.tools.warehouse_webhooks import (
     show_invalid_command,
 )
 from tests.support.builders import order
+from tests.support.services import admin_execute, throwaway_database
 
 pytestmark = pytest.mark.postgres
 
@@ -656,3 +658,69 @@ async def test_the_report_counts_the_accepted_orders_without_news_past_the_inter
         " warehouse_requests)"
     )
     assert await count(3600) == 1
+
+
+# --- as the runtime role ------------------------------------------------------------------
+
+
+def _options(url: str) -> ToolOptions:
+    return tool_options(Settings(database=DatabaseSettings(url=SecretStr(url))))
+
+
+def _as(url: str, user: str) -> str:
+    return make_url(url).set(username=user, password=None).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def runtime_options(database_url: str) -> Iterator[tuple[ToolOptions, ToolOptions]]:
+    """A database of its own, migrated by a new owner role granting a second one the runtime
+    privileges: the tools' options as ``(owner, runtime)``."""
+    del database_url  # only ensures PostgreSQL answers
+    suffix = uuid.uuid4().hex[:10]
+    owner, runtime = f"fulfilment_owner_{suffix}", f"fulfilment_runtime_{suffix}"
+    asyncio.run(admin_execute(f"CREATE ROLE {owner} LOGIN"))
+    try:
+        asyncio.run(admin_execute(f"CREATE ROLE {runtime} LOGIN"))
+        with throwaway_database("fulfilment_ops_roles", f"OWNER {owner}") as url:
+            migrated = CliRunner().invoke(
+                app,
+                ["migrate"],
+                env={
+                    "FULFILMENT_DATABASE_URL": _as(url, owner),
+                    "FULFILMENT_DATABASE_RUNTIME_ROLE": runtime,
+                },
+            )
+            assert migrated.exit_code == 0, migrated.stderr
+            yield _options(_as(url, owner)), _options(_as(url, runtime))
+    finally:
+        asyncio.run(admin_execute(f"DROP ROLE IF EXISTS {runtime}"))
+        asyncio.run(admin_execute(f"DROP ROLE IF EXISTS {owner}"))
+
+
+async def test_the_commands_need_only_the_runtime_role(
+    runtime_options: tuple[ToolOptions, ToolOptions],
+) -> None:
+    owner, runtime = runtime_options
+    engine = create_engine(owner.database)
+    try:
+        stock = PostgresStock(engine, consumer=owner.consumer, retry_budget_seconds=2.0)
+        await stock.put_stock({"85123A": 20})
+        placed = order(("85123A", 10))
+        await stock.apply(placed)
+        await Warehouse(engine, stock, placed.order_id).keep(
+            "msg_b", shipment_body(placed.order_id), "reason"
+        )
+    finally:
+        await engine.dispose()
+    _, echo = echoed()
+
+    await list_invalid_command(runtime, limit=5, replayed=True, as_json=True, echo=echo)
+    await show_invalid_command(runtime, "msg_b", as_json=True, echo=echo)
+    replayed = await replay_command(
+        runtime, "msg_b", execute=True, operator="alice", comment=None, echo=echo
+    )
+    await discrepancies_command(runtime, kinds=(), limit=5, as_json=True, echo=echo)
+    document = await collect_report(runtime, reconcile_after_seconds=3600)
+
+    assert replayed.outcome == "shipped"
+    assert document["warehouse"]["invalid_webhooks"] == {"kept": 0, "replayed": 1}
