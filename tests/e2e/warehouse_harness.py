@@ -43,6 +43,8 @@ class SimulatorProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    options: list[str] = field(default_factory=list)
+    """More options of ``python -m warehouse_simulator`` (``--ship-delay-seconds 1`` ...)."""
 
     @property
     def url(self) -> str:
@@ -61,6 +63,7 @@ class SimulatorProcess:
                     str(self.port),
                     "--seed",
                     "7",
+                    *self.options,
                 ],
                 env=env,
                 stdout=log,
@@ -168,6 +171,29 @@ def handoff_env(
         "FULFILMENT_WAREHOUSE_CONCURRENCY": "8",
         **extra,
     }
+
+
+def warehouse_env(simulator: SimulatorProcess, **extra: str) -> dict[str, str]:
+    """The hand-off's variables alone, for ``faultlib.Cluster.start`` (its env is the
+    worker's) and beside a worker's environment."""
+    return {
+        key: value
+        for key, value in handoff_env({}, simulator, **extra).items()
+        if key.startswith("FULFILMENT_")
+    }
+
+
+def start_dispatcher(
+    dispatchers: list[DispatcherProcess], env: dict[str, str], tmp_path: Path, **extra: str
+) -> DispatcherProcess:
+    """Start one more dispatcher with ``env`` and ``extra`` (not waiting until it is active),
+    its log ``dispatcher-<n>.log`` in ``tmp_path``; add it to ``dispatchers``."""
+    dispatcher = DispatcherProcess(
+        {**env, **extra}, tmp_path / f"dispatcher-{len(dispatchers)}.log"
+    )
+    dispatchers.append(dispatcher)
+    dispatcher.start(wait_ready=False)
+    return dispatcher
 
 
 def order_id_of(event_id: uuid.UUID) -> uuid.UUID:
