@@ -19,6 +19,7 @@ from fulfilment.contracts.warehouse_events import FULFILMENT_ORDER_CANCELLED, SH
 from fulfilment.domain.handoff import RequestKind, RequestStatus
 from fulfilment.domain.lifecycle import OrderStatus, as_lines, released, shipped
 from fulfilment.domain.warehouse_events import (
+    Discrepancy,
     DuplicateBy,
     RecordShipment,
     RecordWarehouseCancellation,
@@ -28,11 +29,7 @@ from fulfilment.domain.warehouse_events import (
     WarehouseCancellationKind,
     WarehouseCancellationOutcome,
 )
-from fulfilment.domain.warehouse_lifecycle import (
-    Discrepancy,
-    apply_shipment,
-    apply_warehouse_cancellation,
-)
+from fulfilment.domain.warehouse_lifecycle import apply_shipment, apply_warehouse_cancellation
 
 if TYPE_CHECKING:
     from tests.support.fakes import FakeStock
@@ -194,7 +191,7 @@ class WarehouseEventsInMemory:
                 command.order_id,
                 command.event_id,
                 as_lines(result.taken),
-                as_lines(result.unmatched),
+                result.discrepancies,
                 status,
             )
 
@@ -265,5 +262,6 @@ class WarehouseEventsInMemory:
                 command.order_id,
                 command.event_id,
                 as_lines(result.released),
+                result.discrepancies,
                 status,
             )

@@ -18,8 +18,8 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.domain.warehouse_events import (
+    DiscrepancyKind,
     ShipmentKind,
     ShipmentOutcome,
     Source,
@@ -54,9 +54,6 @@ WAREHOUSE_EVENT_OUTCOMES: dict[str, tuple[str, ...]] = {
     "cancellation": tuple(str(kind) for kind in WarehouseCancellationKind),
 }
 """The ``(event, outcome)`` series of ``fulfilment_warehouse_events_total`` bound at 0."""
-
-DISCREPANCY_KINDS = ("unknown_order", "order_not_reserved", "more_than_held", "sku_not_held")
-"""The ``kind`` label of ``fulfilment_warehouse_discrepancies_total``."""
 
 WarehouseOutcome = ShipmentOutcome | WarehouseCancellationOutcome
 
@@ -122,34 +119,18 @@ class IntakeMetrics:
             ["kind"],
             registry=self.registry,
         )
-        for discrepancy in DISCREPANCY_KINDS:
+        for discrepancy in DiscrepancyKind:
             self.discrepancies.labels(kind=discrepancy)
 
     def count_applied(self, webhook_type: str, outcome: WarehouseOutcome) -> None:
-        """Count a webhook whose command was applied (or found applied) with ``outcome``."""
+        """Count a webhook whose command was applied (or found applied) with ``outcome``.
+
+        Its discrepancies are counted by kind as ``outcome.discrepancies`` gives the
+        ``warehouse_discrepancies`` rows it kept.
+        """
         kind = str(outcome.kind)
         self.received.labels(type=webhook_type, outcome=kind).inc()
         event = "shipment" if isinstance(outcome, ShipmentOutcome) else "cancellation"
         self.warehouse_events.labels(event=event, source=Source.WEBHOOK, outcome=kind).inc()
-        kinds = discrepancy_kinds(outcome)
-        for discrepancy in kinds:
-            self.discrepancies.labels(kind=discrepancy).inc()
-
-
-def discrepancy_kinds(outcome: WarehouseOutcome) -> list[str]:
-    """The discrepancies ``outcome`` recorded, one per kept row's kind.
-
-    An order unknown or not reserved is one discrepancy; units a shipment named that the
-    order did not hold, one per SKU: ``sku_not_held`` while the order holds none of the
-    outcome's SKU, else ``more_than_held`` (the outcome's taken lines say which).
-    """
-    if isinstance(outcome, WarehouseCancellationOutcome):
-        if outcome.kind is not WarehouseCancellationKind.DISCREPANCY:
-            return []
-        return ["unknown_order" if outcome.status is None else "order_not_reserved"]
-    if outcome.kind is ShipmentKind.DISCREPANCY and outcome.status is None:
-        return ["unknown_order"]
-    if outcome.kind is ShipmentKind.DISCREPANCY and outcome.status is not OrderStatus.RESERVED:
-        return ["order_not_reserved"]
-    taken = {line.sku for line in outcome.lines}
-    return ["more_than_held" if line.sku in taken else "sku_not_held" for line in outcome.unmatched]
+        for found in outcome.discrepancies:
+            self.discrepancies.labels(kind=found.kind).inc()
