@@ -122,7 +122,7 @@ class WarehouseEventsInMemory:
         if request is not None:
             request.news_at = datetime.now(UTC)
 
-    def _nothing_left_to_cancel(self, order_id: UUID) -> None:
+    def nothing_left_to_cancel(self, order_id: UUID) -> None:
         """The order holds nothing now: a cancellation request of the shop's for it that was
         never sent is ``withdrawn`` (product contract, "Hearing back from the warehouse")."""
         for request in self.stock.requests:
@@ -157,7 +157,7 @@ class WarehouseEventsInMemory:
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
                 if result.taken and not result.state.held:
-                    self._nothing_left_to_cancel(command.order_id)
+                    self.nothing_left_to_cancel(command.order_id)
             self.shipments[command.shipment_id] = StoredShipment(
                 command.shipment_id,
                 command.order_id,
@@ -224,7 +224,7 @@ class WarehouseEventsInMemory:
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
                 if result.released and not result.state.held:
-                    self._nothing_left_to_cancel(command.order_id)
+                    self.nothing_left_to_cancel(command.order_id)
             lines = (
                 {sku: (units, units) for sku, units in result.released.items()}
                 if asked is None
