@@ -105,6 +105,11 @@ class SimulatorProcess:
     def stats(self) -> dict[str, Any]:
         return self._admin("stats")
 
+    def record(self) -> dict[str, Any]:
+        """What the warehouse did and said (``GET /_simulator/webhooks``): its shipments and
+        cancellations, its webhooks, and the work and webhooks not finished yet."""
+        return self._admin("webhooks")
+
 
 @dataclass
 class DispatcherProcess(WorkerProcess):
