@@ -266,7 +266,7 @@ async def test_a_type_not_taken_is_a_204_counted_and_not_kept(
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (b"not json", "invalid Any webhook"),
+        (b"not json", "invalid warehouse webhook"),
         (
             b'{"type": "shipment.shipped", "timestamp": "2026-12-06T10:00:00Z", "data": {}}',
             "shipment_id",

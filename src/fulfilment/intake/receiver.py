@@ -150,9 +150,10 @@ class WebhookReceiver:
             answer = Answer(500, {"error": "internal_error"})
         seconds = time.perf_counter() - started
         self._metrics.answer_seconds.labels(status=str(answer.status)).observe(seconds)
-        logger.info(
-            "webhooks.answered", status=answer.status, ms=round(seconds * 1000, 1), **fields
-        )
+        # A refusal (401, 413, 422, 503) is a warning: a wrong secret refuses every webhook,
+        # and the log is where an operator looks first.
+        log = logger.info if answer.status < 400 else logger.warning  # noqa: PLR2004 - HTTP
+        log("webhooks.answered", status=answer.status, ms=round(seconds * 1000, 1), **fields)
         return answer
 
     async def _answer(
