@@ -29,6 +29,8 @@ from fulfilment.domain.warehouse_events import (
     AdjustmentKind,
     AdjustmentOutcome,
     AdjustmentReason,
+    Discrepancy,
+    DiscrepancyKind,
     DuplicateBy,
     OperatorIdentity,
     RecordAdjustment,
@@ -40,12 +42,7 @@ from fulfilment.domain.warehouse_events import (
     WarehouseCancellationKind,
     WarehouseCancellationOutcome,
 )
-from fulfilment.domain.warehouse_lifecycle import (
-    Discrepancy,
-    DiscrepancyKind,
-    apply_shipment,
-    apply_warehouse_cancellation,
-)
+from fulfilment.domain.warehouse_lifecycle import apply_shipment, apply_warehouse_cancellation
 
 if TYPE_CHECKING:
     from tests.support.fakes import FakeStock
@@ -157,7 +154,7 @@ class WarehouseEventsInMemory:
         if request is not None:
             request.news_at = datetime.now(UTC)
 
-    def _nothing_left_to_cancel(self, order_id: UUID) -> None:
+    def nothing_left_to_cancel(self, order_id: UUID) -> None:
         """The order holds nothing now: a cancellation request of the shop's for it that was
         never sent is ``withdrawn`` (product contract, "Hearing back from the warehouse")."""
         for request in self.stock.requests:
@@ -192,7 +189,7 @@ class WarehouseEventsInMemory:
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
                 if result.taken and not result.state.held:
-                    self._nothing_left_to_cancel(command.order_id)
+                    self.nothing_left_to_cancel(command.order_id)
             self.shipments[command.shipment_id] = StoredShipment(
                 command.shipment_id,
                 command.order_id,
@@ -226,7 +223,7 @@ class WarehouseEventsInMemory:
                 command.order_id,
                 command.event_id,
                 as_lines(result.taken),
-                as_lines(result.unmatched),
+                result.discrepancies,
                 status,
             )
 
@@ -259,7 +256,7 @@ class WarehouseEventsInMemory:
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
                 if result.released and not result.state.held:
-                    self._nothing_left_to_cancel(command.order_id)
+                    self.nothing_left_to_cancel(command.order_id)
             lines = (
                 {sku: (units, units) for sku, units in result.released.items()}
                 if asked is None
@@ -297,6 +294,7 @@ class WarehouseEventsInMemory:
                 command.order_id,
                 command.event_id,
                 as_lines(result.released),
+                result.discrepancies,
                 status,
             )
 
@@ -308,7 +306,11 @@ class WarehouseEventsInMemory:
                 if by is DuplicateBy.CHANGE:
                     self._inbox(command.webhook_id, INVENTORY_ADJUSTED, AdjustmentKind.DUPLICATE)
                 return AdjustmentOutcome(
-                    AdjustmentKind.DUPLICATE, command.sku, command.event_id, duplicate_by=by
+                    AdjustmentKind.DUPLICATE,
+                    command.sku,
+                    command.event_id,
+                    duplicate_by=by,
+                    reason=command.reason,
                 )
             adjusted = apply_adjustment(self.stock.levels.get(command.sku), command.delta)
             if adjusted.level is not None:
@@ -331,11 +333,16 @@ class WarehouseEventsInMemory:
                 reserved,
                 command.operator,
             )
-            if adjusted.discrepancy:
-                found = Discrepancy(
-                    DiscrepancyKind.MORE_THAN_ON_HAND, command.sku, adjusted.discrepancy, None
+            found = (
+                (
+                    Discrepancy(
+                        DiscrepancyKind.MORE_THAN_ON_HAND, command.sku, adjusted.discrepancy, None
+                    ),
                 )
-                self._keep((found,), "adjustment", command.adjustment_id, None)
+                if adjusted.discrepancy
+                else ()
+            )
+            self._keep(found, "adjustment", command.adjustment_id, None)
             self._inbox(command.webhook_id, INVENTORY_ADJUSTED, AdjustmentKind.ADJUSTED)
             self.stock.record_sku_result(
                 "stock.adjusted",
@@ -358,4 +365,6 @@ class WarehouseEventsInMemory:
                 reserved,
                 adjusted.applied,
                 adjusted.discrepancy,
+                reason=command.reason,
+                discrepancies=found,
             )

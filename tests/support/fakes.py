@@ -426,6 +426,8 @@ class FakeStock(Stock):
                 self.levels[sku] = shipped(self.levels[sku], units)
             if existing is not None and shipment.state is not None:
                 self.reservations[command.order_id] = existing.after(shipment.state)
+            if shipment.kind is ShipKind.SHIPPED:
+                self.warehouse.nothing_left_to_cancel(command.order_id)
             self.inbox[key] = SHIP_INBOX_OUTCOMES[shipment.kind]
             if shipment.lines:
                 self.record_result(

@@ -31,7 +31,7 @@ class AnyWebhook(BaseModel):
     a body that is no JSON object with a string ``type`` is invalid.
     """
 
-    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="Any webhook")
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="warehouse webhook")
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=200)]
 

@@ -150,6 +150,37 @@ class DuplicateBy(StrEnum):
     id or from the poll."""
 
 
+class DiscrepancyKind(StrEnum):
+    """Why the warehouse's event could not be applied in full: ``warehouse_discrepancies.kind``."""
+
+    UNKNOWN_ORDER = "unknown_order"
+    """No order of that reference (no ``reservations`` row)."""
+    ORDER_NOT_RESERVED = "order_not_reserved"
+    """The order holds no stock and never shipped: rejected, released, or a tombstone
+    (a cancellation of a released order is ``ignored`` instead: it held stock once)."""
+    MORE_THAN_HELD = "more_than_held"
+    """A shipment named more of a SKU than the order holds of it; ``quantity`` is the excess."""
+    SKU_NOT_HELD = "sku_not_held"
+    """A shipment named a SKU the order has no line of (never held, or released it all)."""
+    MORE_THAN_ON_HAND = "more_than_on_hand"
+    """An adjustment took more units than on hand (``fulfilment.domain.adjustments``);
+    ``quantity`` is the units it could not take, and it names no order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Discrepancy:
+    """What the warehouse said that the service's stock cannot match: one kept row.
+
+    ``sku`` and ``quantity`` are None for a cancellation without lines (of the whole order);
+    ``order_status`` is the order's status when the event came, None without a row.
+    """
+
+    kind: DiscrepancyKind
+    sku: str | None
+    quantity: int | None
+    order_status: OrderStatus | None
+
+
 @dataclass(frozen=True, slots=True)
 class ShipmentOutcome:
     """Result of ``Stock.apply`` of a :class:`RecordShipment`.
@@ -159,8 +190,10 @@ class ShipmentOutcome:
         order_id: the order it named.
         event_id: the command's event id.
         lines: the units taken from the order, one per SKU in code-point order.
-        unmatched: the units it named that the order did not hold (a discrepancy), one per SKU
-            in code-point order; empty for ``already_shipped`` and ``duplicate``.
+        discrepancies: the ``warehouse_discrepancies`` rows it kept, one per SKU it named and
+            could not take in full, in code-point order; empty for ``already_shipped`` and
+            ``duplicate``. The metric ``fulfilment_warehouse_discrepancies_total`` counts
+            them by kind.
         status: the order's status after it; None when the order is unknown, and for a
             ``duplicate`` (not looked at).
         duplicate_by: what a ``duplicate`` repeated; None otherwise.
@@ -170,9 +203,21 @@ class ShipmentOutcome:
     order_id: UUID
     event_id: UUID
     lines: tuple[OrderLine, ...] = ()
-    unmatched: tuple[OrderLine, ...] = ()
+    discrepancies: tuple[Discrepancy, ...] = ()
     status: OrderStatus | None = None
     duplicate_by: DuplicateBy | None = None
+
+    @property
+    def unmatched(self) -> tuple[OrderLine, ...]:
+        """The units it named that the order did not hold, one per SKU in code-point order.
+
+        The SKU and units of each of :attr:`discrepancies` (a shipment's always has both).
+        """
+        return tuple(
+            OrderLine(found.sku, found.quantity)
+            for found in self.discrepancies
+            if found.sku is not None and found.quantity is not None
+        )
 
     @property
     def label(self) -> str:
@@ -191,6 +236,9 @@ class WarehouseCancellationOutcome:
         order_id: the order it named.
         event_id: the command's event id.
         lines: the units released, one per SKU in code-point order.
+        discrepancies: the ``warehouse_discrepancies`` rows it kept (an unknown order, or one
+            that never held stock): one per SKU it named in code-point order, or one without
+            SKU for a cancellation of the whole order; empty otherwise.
         status: the order's status after it (``reserved`` while it holds units, ``released``
             when it holds none and shipped none, ``shipped`` when it holds none and shipped
             some); None when the order is unknown, and for a ``duplicate``.
@@ -201,6 +249,7 @@ class WarehouseCancellationOutcome:
     order_id: UUID
     event_id: UUID
     lines: tuple[OrderLine, ...] = ()
+    discrepancies: tuple[Discrepancy, ...] = ()
     status: OrderStatus | None = None
     duplicate_by: DuplicateBy | None = None
 
@@ -293,6 +342,9 @@ class AdjustmentOutcome:
             was larger than the shelf.
         discrepancy: the units of a loss beyond ``on_hand`` (``applied - delta``), >= 0.
         duplicate_by: what a ``duplicate`` repeated; None otherwise.
+        reason: the command's reason (what the metrics count adjustments by).
+        discrepancies: the ``warehouse_discrepancies`` row it kept: one ``more_than_on_hand``
+            of the SKU and :attr:`discrepancy` units, or none.
     """
 
     kind: AdjustmentKind
@@ -303,6 +355,8 @@ class AdjustmentOutcome:
     applied: int = 0
     discrepancy: int = 0
     duplicate_by: DuplicateBy | None = None
+    reason: AdjustmentReason | None = None
+    discrepancies: tuple[Discrepancy, ...] = ()
 
     @property
     def short(self) -> int:

@@ -151,9 +151,10 @@ class WebhookReceiver:
             answer = Answer(500, {"error": "internal_error"})
         seconds = time.perf_counter() - started
         self._metrics.answer_seconds.labels(status=str(answer.status)).observe(seconds)
-        logger.info(
-            "webhooks.answered", status=answer.status, ms=round(seconds * 1000, 1), **fields
-        )
+        # A refusal (401, 413, 422, 503) is a warning: a wrong secret refuses every webhook,
+        # and the log is where an operator looks first.
+        log = logger.info if answer.status < 400 else logger.warning  # noqa: PLR2004 - HTTP
+        log("webhooks.answered", status=answer.status, ms=round(seconds * 1000, 1), **fields)
         return answer
 
     async def _answer(
@@ -198,7 +199,7 @@ class WebhookReceiver:
                 fields=fields,
             )
         fields["outcome"] = outcome.label
-        self._metrics.count_applied(label, command, outcome)
+        self._metrics.count_applied(label, outcome)
         return Answer(204)
 
     async def _invalid(  # noqa: PLR0913 - the request's parts, by name

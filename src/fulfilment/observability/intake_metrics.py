@@ -27,7 +27,6 @@ from fulfilment.domain.warehouse_events import (
 )
 from fulfilment.observability.metrics import build_info
 from fulfilment.observability.warehouse_event_metrics import (
-    AppliedChange,
     WarehouseEventMetrics,
     WarehouseEventOutcome,
 )
@@ -100,9 +99,10 @@ class IntakeMetrics:
             self.answer_seconds.labels(status=status)
         self.warehouse_events = WarehouseEventMetrics(self.registry, Source.WEBHOOK)
 
-    def count_applied(
-        self, webhook_type: str, command: AppliedChange, outcome: WarehouseEventOutcome
-    ) -> None:
-        """Count a webhook whose ``command`` was applied (or found applied) with ``outcome``."""
+    def count_applied(self, webhook_type: str, outcome: WarehouseEventOutcome) -> None:
+        """Count a webhook whose command was applied (or found applied) with ``outcome``.
+
+        Its discrepancies too, as ``WarehouseEventMetrics.count`` counts them.
+        """
         self.received.labels(type=webhook_type, outcome=str(outcome.kind)).inc()
-        self.warehouse_events.count(command, outcome)
+        self.warehouse_events.count(outcome)

@@ -16,27 +16,20 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.domain.polls import WarehouseChange
 from fulfilment.domain.warehouse_events import (
     AdjustmentKind,
     AdjustmentOutcome,
     AdjustmentReason,
-    RecordAdjustment,
-    RecordShipment,
+    DiscrepancyKind,
     ShipmentKind,
     ShipmentOutcome,
     Source,
     WarehouseCancellationKind,
     WarehouseCancellationOutcome,
 )
-from fulfilment.domain.warehouse_lifecycle import DiscrepancyKind
 
 WarehouseEventOutcome = ShipmentOutcome | WarehouseCancellationOutcome | AdjustmentOutcome
 """The outcome of applying a shipment, a cancellation or an adjustment of the warehouse."""
-
-AppliedChange = WarehouseChange | RecordAdjustment
-"""A change of the warehouse's that a program applied and counts."""
 
 EVENT_OUTCOMES: dict[str, tuple[str, ...]] = {
     "shipment": tuple(str(kind) for kind in ShipmentKind),
@@ -50,42 +43,6 @@ DISCREPANCY_KINDS = tuple(str(kind) for kind in DiscrepancyKind)
 
 DIRECTIONS = ("in", "out")
 """The ``direction`` of ``fulfilment_stock_adjusted_units_total``: onto the shelf, or off."""
-
-
-def discrepancy_kinds(change: AppliedChange, outcome: WarehouseEventOutcome) -> list[str]:
-    """The kinds of the discrepancies that applying ``change`` with ``outcome`` kept, a row each.
-
-    As ``fulfilment.domain.warehouse_lifecycle`` keeps them: an order unknown or not reserved
-    is a row per SKU the change named (one for a cancellation of the whole order); a shipment
-    of a reserved order a row per SKU it could not take in full, ``more_than_held`` when it
-    took some of that SKU, else ``sku_not_held``. The outcome does not say whether the order
-    once held a SKU it took none of, so a SKU whose held units all shipped or were released
-    before counts as ``sku_not_held`` here where its row says ``more_than_held``. An
-    ``already_shipped`` shipment, an ``ignored`` cancellation and a ``duplicate`` keep none.
-    An adjustment keeps one ``more_than_on_hand`` row when a loss was larger than on hand.
-    """
-    if isinstance(outcome, AdjustmentOutcome) or isinstance(change, RecordAdjustment):
-        lost_beyond = isinstance(outcome, AdjustmentOutcome) and outcome.discrepancy > 0
-        return ["more_than_on_hand"] if lost_beyond else []
-    if outcome.kind in {ShipmentKind.DISCREPANCY, WarehouseCancellationKind.DISCREPANCY}:
-        if outcome.status is None:
-            return ["unknown_order" for _ in _named(change)]
-        if outcome.status is not OrderStatus.RESERVED:
-            return ["order_not_reserved" for _ in _named(change)]
-    if isinstance(outcome, ShipmentOutcome):
-        taken = {line.sku for line in outcome.lines}
-        return [
-            "more_than_held" if line.sku in taken else "sku_not_held" for line in outcome.unmatched
-        ]
-    return []
-
-
-def _named(change: WarehouseChange) -> list[str | None]:
-    """The SKUs ``change`` named, merged; ``[None]`` for a cancellation of the whole order."""
-    if isinstance(change, RecordShipment):
-        return list(change.shipped())
-    cancelled = change.cancelled()
-    return [None] if cancelled is None else list(cancelled)
 
 
 class WarehouseEventMetrics:
@@ -135,8 +92,12 @@ class WarehouseEventMetrics:
             for direction in DIRECTIONS
         }
 
-    def count(self, change: AppliedChange, outcome: WarehouseEventOutcome) -> None:
-        """Count ``change`` applied by its outcome's kind, and the discrepancies it kept."""
+    def count(self, outcome: WarehouseEventOutcome) -> None:
+        """Count an event applied with ``outcome`` by its kind, and its discrepancies by theirs.
+
+        A discrepancy is a row of ``warehouse_discrepancies``, as ``outcome.discrepancies``
+        gives the rows it kept (the functions return the rows they wrote).
+        """
         if isinstance(outcome, ShipmentOutcome):
             event = "shipment"
         elif isinstance(outcome, AdjustmentOutcome):
@@ -144,14 +105,10 @@ class WarehouseEventMetrics:
         else:
             event = "cancellation"
         self.events[event, str(outcome.kind)].inc()
-        for kind in discrepancy_kinds(change, outcome):
-            self.discrepancies[kind].inc()
-        if (
-            isinstance(change, RecordAdjustment)
-            and isinstance(outcome, AdjustmentOutcome)
-            and outcome.kind is AdjustmentKind.ADJUSTED
-        ):
-            reason = str(change.reason)
+        for found in outcome.discrepancies:
+            self.discrepancies[found.kind].inc()
+        if isinstance(outcome, AdjustmentOutcome) and outcome.kind is AdjustmentKind.ADJUSTED:
+            reason = str(outcome.reason)
             self.adjustments[reason].inc()
             direction = "in" if outcome.applied > 0 else "out"
             self.adjusted_units[reason, direction].inc(abs(outcome.applied))

@@ -64,6 +64,8 @@ from fulfilment.domain.model import (
 from fulfilment.domain.warehouse_events import (
     AdjustmentKind,
     AdjustmentOutcome,
+    Discrepancy,
+    DiscrepancyKind,
     DuplicateBy,
     RecordAdjustment,
     RecordShipment,
@@ -356,19 +358,34 @@ def _record_shipments_arguments(commands: Sequence[RecordShipment]) -> dict[str,
     }
 
 
+def _discrepancies(
+    kinds: Sequence[str],
+    skus: Sequence[str | None],
+    quantities: Sequence[int | None],
+    statuses: Sequence[str | None],
+) -> tuple[Discrepancy, ...]:
+    """The ``warehouse_discrepancies`` rows a function returned, as parallel arrays."""
+    return tuple(
+        Discrepancy(
+            DiscrepancyKind(kind), sku, quantity, None if status is None else OrderStatus(status)
+        )
+        for kind, sku, quantity, status in zip(kinds, skus, quantities, statuses, strict=True)
+    )
+
+
 def _recorded_shipment(command: RecordShipment, row: Sequence[Any]) -> ShipmentOutcome:
     """A ``record_shipments()`` row as its outcome.
 
-    The row is ``(outcome, duplicate_by, status, skus, quantities, unmatched_skus,
-    unmatched_quantities)``.
+    The row is ``(outcome, duplicate_by, status, skus, quantities, discrepancy_kinds,
+    discrepancy_skus, discrepancy_quantities, discrepancy_statuses)``.
     """
-    outcome, duplicate_by, status, skus, quantities, unmatched_skus, unmatched_quantities = row
+    outcome, duplicate_by, status, skus, quantities, *discrepancies = row
     return ShipmentOutcome(
         kind=ShipmentKind(outcome),
         order_id=command.order_id,
         event_id=command.event_id,
         lines=_lines(skus, quantities),
-        unmatched=_lines(unmatched_skus, unmatched_quantities),
+        discrepancies=_discrepancies(*discrepancies),
         status=None if status is None else OrderStatus(status),
         duplicate_by=None if duplicate_by is None else DuplicateBy(duplicate_by),
     )
@@ -437,14 +454,16 @@ def _recorded_cancellation(
 ) -> WarehouseCancellationOutcome:
     """A ``record_warehouse_cancellations()`` row as its outcome.
 
-    The row is ``(outcome, duplicate_by, status, skus, quantities)``.
+    The row is ``(outcome, duplicate_by, status, skus, quantities, discrepancy_kinds,
+    discrepancy_skus, discrepancy_quantities, discrepancy_statuses)``.
     """
-    outcome, duplicate_by, status, skus, quantities = row
+    outcome, duplicate_by, status, skus, quantities, *discrepancies = row
     return WarehouseCancellationOutcome(
         kind=WarehouseCancellationKind(outcome),
         order_id=command.order_id,
         event_id=command.event_id,
         lines=_lines(skus, quantities),
+        discrepancies=_discrepancies(*discrepancies),
         status=None if status is None else OrderStatus(status),
         duplicate_by=None if duplicate_by is None else DuplicateBy(duplicate_by),
     )
@@ -526,6 +545,12 @@ def _recorded_adjustment(command: RecordAdjustment, row: Sequence[Any]) -> Adjus
         applied=applied or 0,
         discrepancy=discrepancy or 0,
         duplicate_by=None if duplicate_by is None else DuplicateBy(duplicate_by),
+        reason=command.reason,
+        discrepancies=(
+            (Discrepancy(DiscrepancyKind.MORE_THAN_ON_HAND, command.sku, discrepancy, None),)
+            if discrepancy
+            else ()
+        ),
     )
 
 
