@@ -574,25 +574,39 @@ def test_every_variable_keeps_its_plain_name() -> None:
     )
 
 
+KEY_24 = "whsec_dGhlIGZpcnN0IGtleSBvZiAyNCBieXRl"
+KEY_26 = "whsec_dGhlIHNlY29uZCBrZXksIG9mIDI2IGJ5dGU="
+
+
 def test_the_webhook_secrets_are_read_as_a_list_of_whsec_secrets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS", "whsec_c2VjcmV0 whsec_b3RoZXI=")
+    monkeypatch.setenv("FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS", f"{KEY_24} {KEY_26}")
     secrets = load_settings().warehouse.webhook_secrets
 
-    assert secrets.get_secret_value().split() == ["whsec_c2VjcmV0", "whsec_b3RoZXI="]
-    assert "c2VjcmV0" not in repr(secrets)
+    assert secrets.get_secret_value().split() == [KEY_24, KEY_26]
+    assert KEY_24 not in repr(secrets)
 
 
 @pytest.mark.parametrize(
     ("value", "said"),
     [
         ("c2VjcmV0", "secret 1 does not start with 'whsec_'"),
-        ("whsec_c2VjcmV0 whsec_not*base64", "secret 2 is not whsec_<base64>"),
+        (f"{KEY_24} whsec_not*base64", "secret 2 is not whsec_<base64>"),
         ("whsec_", "secret 1 is empty"),
+        (
+            "whsec_c2VjcmV0 whsec_c2VjcmV0",
+            "secret 1 is 6 bytes, fewer than the 24 random bytes Standard Webhooks asks for",
+        ),
+        (
+            f"{KEY_24} whsec_c2VjcmV0",
+            "secret 2 is 6 bytes, fewer than the 24 random bytes Standard Webhooks asks for",
+        ),
+        (f"{KEY_24},whsec_c2VjcmV0", "secrets are separated by spaces, not commas"),
+        (f"{KEY_24}, {KEY_26}", "secrets are separated by spaces, not commas"),
     ],
 )
-def test_a_webhook_secret_that_is_not_whsec_base64_is_refused_without_quoting_it(
+def test_webhook_secrets_not_whsec_base64_of_24_bytes_apart_are_refused_without_quoting(
     monkeypatch: pytest.MonkeyPatch, value: str, said: str
 ) -> None:
     monkeypatch.setenv("FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS", value)
@@ -601,6 +615,7 @@ def test_a_webhook_secret_that_is_not_whsec_base64_is_refused_without_quoting_it
     assert message.startswith(f"FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS: {said}")
     assert "c2VjcmV0" not in message
     assert "not*base64" not in message
+    assert KEY_24.removeprefix("whsec_") not in message
 
 
 def test_the_intake_defaults_are_the_product_s() -> None:

@@ -33,18 +33,11 @@ from fulfilment.contracts.warehouse_webhooks import (
     OTHER_TYPE,
     TAKEN,
     AnyWebhook,
-    TakenWebhook,
     type_label,
-)
-from fulfilment.domain.warehouse_events import (
-    RecordAdjustment,
-    RecordShipment,
-    RecordWarehouseCancellation,
-    Source,
 )
 from fulfilment.intake.signatures import Refusal, RefusedError, WebhookVerifier
 from fulfilment.observability.intake_metrics import INVALID, TYPE_NOT_TAKEN, IntakeMetrics
-from fulfilment.routes.handling import MalformedEventError, parse_event
+from fulfilment.routes.handling import MalformedEventError, parse_event, webhook_command
 
 DATABASE_WAIT_SECONDS: Final = 2.0
 """Longest wait for the database per webhook (the group commit's queue, the transaction and
@@ -186,7 +179,7 @@ class WebhookReceiver:
             self._metrics.received.labels(type=label, outcome=TYPE_NOT_TAKEN).inc()
             return Answer(204)
         try:
-            command = _command(model, body, signed.webhook_id)
+            command = webhook_command(model, body, webhook_id=signed.webhook_id)
             outcome = await self._bounded(self._stock.apply(command))
         except (MalformedEventError, ValueError) as error:
             # ValueError: the stock store refuses the command as it is (BatchFunction.check).
@@ -239,18 +232,6 @@ class WebhookReceiver:
                 return await call
         except (TimeoutError, TransientError) as error:
             raise RefusedError(Refusal.DATABASE_UNAVAILABLE) from error
-
-
-def _command(
-    model: type[TakenWebhook], body: bytes, webhook_id: str
-) -> RecordShipment | RecordWarehouseCancellation | RecordAdjustment:
-    """The command of a signed ``body`` of a taken type, whose model is ``model``.
-
-    Raises:
-        MalformedEventError: the body is no valid event of its type.
-    """
-    event = parse_event(model, body)
-    return event.data.to_command(webhook_id=webhook_id, source=Source.WEBHOOK)
 
 
 async def read_body(chunks: AsyncIterator[bytes], limit: int) -> bytes:

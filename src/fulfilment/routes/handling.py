@@ -19,6 +19,13 @@ from uuid import UUID
 from pydantic import BaseModel, ValidationError
 
 from fulfilment.contracts.envelope import JSON_CONTENT_TYPES, MAX_BODY_BYTES, find_ambiguity
+from fulfilment.contracts.warehouse_webhooks import TakenWebhook
+from fulfilment.domain.warehouse_events import (
+    RecordAdjustment,
+    RecordShipment,
+    RecordWarehouseCancellation,
+    Source,
+)
 
 EventT = TypeVar("EventT", bound=BaseModel)
 
@@ -119,6 +126,25 @@ def parse_event(model: type[EventT], body: bytes) -> EventT:
         msg = f"invalid {title}: {ambiguity}"
         raise MalformedEventError(msg)
     return event
+
+
+def webhook_command(
+    model: type[TakenWebhook], body: bytes, *, webhook_id: str
+) -> RecordShipment | RecordWarehouseCancellation | RecordAdjustment:
+    """The command of a webhook's raw ``body`` of a taken type, whose model is ``model``.
+
+    ``model`` is the whole-body model of the body's ``type``
+    (``contracts.warehouse_webhooks.TAKEN``, looked up after ``AnyWebhook`` read the type);
+    the body is parsed with :func:`parse_event`'s strict rules and the command carries
+    ``webhook_id`` and ``Source.WEBHOOK``. How the intake reads a signed request's body, and
+    how ``fulfilment warehouse replay-webhook`` reads a kept one: both apply what this returns.
+
+    Raises:
+        MalformedEventError: the body is no valid event of its type; the message says why, in
+            one line.
+    """
+    event = parse_event(model, body)
+    return event.data.to_command(webhook_id=webhook_id, source=Source.WEBHOOK)
 
 
 def _describe(error: ValidationError, limit: int = 5) -> str:

@@ -48,6 +48,10 @@ ENV_FILE_ENCODING = "utf-8"
 WEBHOOK_SECRET_PREFIX = "whsec_"  # noqa: S105 - the prefix of every secret, not one
 """How a Standard Webhooks secret starts: ``whsec_`` and the base64 of its bytes."""
 
+WEBHOOK_SECRET_MIN_BYTES = 24
+"""The fewest bytes a webhook secret's key may have: Standard Webhooks asks for 24 to 64 random
+bytes."""
+
 MAX_RESERVATION_BATCH = 1000
 """Most orders one reservation transaction may carry (``reservation_batch_max``)."""
 
@@ -409,9 +413,10 @@ class WarehouseSettings(SettingsGroup):
 
     webhook_secrets: SecretStr = SecretStr("")
     """The secrets the warehouse signs its webhooks with: one or more ``whsec_<base64>``,
-    separated by spaces. A webhook passes when any of its ``v1`` signatures matches any of them,
-    so a new secret is added beside the old one, the warehouse switched, then the old one
-    removed, without a pause. Needed by ``fulfilment webhooks`` alone, which refuses to start
+    separated by spaces, each key at least 24 bytes (Standard Webhooks: 24 to 64 random
+    bytes). A webhook passes when any of its ``v1`` signatures matches any of them, so a new
+    secret is added beside the old one, the warehouse switched, then the old one removed,
+    without a pause. Needed by ``fulfilment webhooks`` alone, which refuses to start
     without it."""
 
     @field_validator("url")
@@ -426,6 +431,9 @@ class WarehouseSettings(SettingsGroup):
     @classmethod
     def _webhook_secrets(cls, value: SecretStr) -> SecretStr:
         # The message names the position of a bad secret, never the secret itself.
+        if "," in value.get_secret_value():  # never in base64: a list written with commas
+            msg = "secrets are separated by spaces, not commas"
+            raise ValueError(msg)
         for position, secret in enumerate(value.get_secret_value().split(), start=1):
             if not secret.startswith(WEBHOOK_SECRET_PREFIX):
                 msg = f"secret {position} does not start with {WEBHOOK_SECRET_PREFIX!r}"
@@ -437,6 +445,12 @@ class WarehouseSettings(SettingsGroup):
                 raise ValueError(msg) from None
             if not key:
                 msg = f"secret {position} is empty"
+                raise ValueError(msg)
+            if len(key) < WEBHOOK_SECRET_MIN_BYTES:
+                msg = (
+                    f"secret {position} is {len(key)} bytes, fewer than the"
+                    f" {WEBHOOK_SECRET_MIN_BYTES} random bytes Standard Webhooks asks for"
+                )
                 raise ValueError(msg)
         return value
 

@@ -36,9 +36,8 @@ from fulfilment.domain.warehouse_events import (
     RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
-    Source,
 )
-from fulfilment.routes.handling import MalformedEventError, parse_event
+from fulfilment.routes.handling import MalformedEventError, parse_event, webhook_command
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
 from fulfilment.tools.dlq_commands import operator_identity
 
@@ -56,8 +55,8 @@ def parse_webhook(
     """The command of a webhook's raw ``body``, read as the intake reads a request's body.
 
     Its ``type`` first (:class:`~fulfilment.contracts.warehouse_webhooks.AnyWebhook`), then the
-    whole body with the model of that type (:data:`~fulfilment.contracts.warehouse_webhooks.TAKEN`),
-    both with ``parse_event``'s strict JSON rules; the command carries ``webhook_id`` and
+    whole body with the model of that type (:data:`~fulfilment.contracts.warehouse_webhooks.TAKEN`)
+    by ``webhook_command``, the intake's own: the command carries ``webhook_id`` and
     :attr:`Source.WEBHOOK`.
 
     Raises:
@@ -69,8 +68,7 @@ def parse_webhook(
     if model is None:
         msg = f"type {webhook_type!r} is not one the service applies"
         raise TypeNotTakenError(msg)
-    event = parse_event(model, body)
-    return event.data.to_command(webhook_id=webhook_id, source=Source.WEBHOOK)
+    return webhook_command(model, body, webhook_id=webhook_id)
 
 
 async def list_invalid_command(

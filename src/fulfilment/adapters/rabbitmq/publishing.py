@@ -53,30 +53,41 @@ async def publish_events(
             exchange, type=aio_pika.ExchangeType.TOPIC, durable=True
         )
         limit = asyncio.Semaphore(PUBLISH_CONCURRENCY)
+        failures: list[Exception] = []
+
+        async def send(event: OutgoingEvent) -> None:
+            message = aio_pika.Message(
+                event.body,
+                message_id=event.message_id,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            try:
+                await target.publish(message, routing_key=routing_key, mandatory=True)
+            except aiormq.exceptions.PublishError as error:
+                msg = (
+                    f"exchange {exchange!r} has no queue bound for {routing_key!r}: "
+                    "start the worker first, it declares its queue"
+                )
+                raise UnroutableError(msg) from error
 
         async def publish(event: OutgoingEvent) -> None:
             async with limit:
-                message = aio_pika.Message(
-                    event.body,
-                    message_id=event.message_id,
-                    content_type="application/json",
-                    content_encoding="utf-8",
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                )
+                if failures:
+                    return
                 try:
-                    await target.publish(message, routing_key=routing_key, mandatory=True)
-                except aiormq.exceptions.PublishError as error:
-                    msg = (
-                        f"exchange {exchange!r} has no queue bound for {routing_key!r}: "
-                        "start the worker first, it declares its queue"
-                    )
-                    raise UnroutableError(msg) from error
+                    await send(event)
+                except Exception as error:  # noqa: BLE001 - raised below, once the rest settle
+                    failures.append(error)
 
-        async with asyncio.TaskGroup() as group:
-            for event in events:
-                group.create_task(publish(event))
-    except ExceptionGroup as errors:
-        raise errors.exceptions[0] from errors
+        # The first failure stops new publishes, but those in flight are awaited, not
+        # cancelled: aiormq 7.2's channel reader fails on the broker's Basic.Return of a
+        # cancelled publish (InvalidStateError) and then waits 10 s for a Channel.CloseOk
+        # only it could read.
+        await asyncio.gather(*(publish(event) for event in events))
+        if failures:
+            raise failures[0]
     finally:
         if not channel.is_closed:
             await channel.close()
