@@ -5,8 +5,8 @@ the warehouse cancels, per SKU with probability ``cancel_rate``, 1 to all the un
 (reason ``unfulfillable``; everything left: a cancellation without lines), then splits what is
 left into one shipment or, with probability ``split_rate``, 2 to ``max_shipments`` (never more
 than the units left), and ships them ``shipment_interval_seconds`` apart. Every unit left ships
-exactly once: the shipments of an order add up to what it had left, never more, since a shop's
-cancellation is refused ``too_late`` once the work began.
+or is cancelled exactly once: the shipments and cancellations of an order add up to what it had
+left, never more, since a shop's cancellation is refused ``too_late`` once the work began.
 
 A SKU the warehouse keeps on its shelves (:mod:`~.stock`) ships only what is on hand when the
 shipment is made: the units of the parcel beyond it are cancelled just before, reason

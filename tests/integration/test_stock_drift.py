@@ -99,8 +99,13 @@ async def hand_over(engine: AsyncEngine, server: SimulatorServer) -> None:
             await store.record(request, answer)
 
 
-async def drift(database_url: str, server: SimulatorServer) -> tuple[int, dict[str, Any], str]:
-    """``fulfilment stock drift --json`` as a program: exit code, document, standard error."""
+async def drift(
+    database_url: str, server: SimulatorServer, **settings: str
+) -> tuple[int, dict[str, Any], str]:
+    """``fulfilment stock drift --json`` as a program: exit code, document, standard error.
+
+    ``settings`` replace the environment's (an empty value removes the variable).
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
     env.update(
         {
@@ -108,8 +113,10 @@ async def drift(database_url: str, server: SimulatorServer) -> tuple[int, dict[s
             "FULFILMENT_WAREHOUSE_URL": server.url,
             "FULFILMENT_WAREHOUSE_TOKEN": TOKEN,
             "FULFILMENT_WAREHOUSE_RATE_PER_SECOND": "50",
+            **settings,
         }
     )
+    env = {name: value for name, value in env.items() if value}
     process = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).with_name("fulfilment")),
         *("stock", "drift", "--json"),
@@ -119,7 +126,7 @@ async def drift(database_url: str, server: SimulatorServer) -> tuple[int, dict[s
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None
-    return process.returncode, json.loads(out), err.decode()
+    return process.returncode, json.loads(out or b"{}"), err.decode()
 
 
 async def test_shipments_in_flight_are_named_and_the_report_is_clear_once_they_are_recorded(
@@ -181,3 +188,22 @@ async def test_a_loss_the_service_has_not_heard_of_exits_1_naming_its_sku(
         ("22423", 3, "unexplained"),
         ("71053", -2, "unexplained"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "code", "reason"),
+    [
+        ({"FULFILMENT_WAREHOUSE_URL": ""}, 2, "FULFILMENT_WAREHOUSE_URL is not set"),
+        ({"FULFILMENT_WAREHOUSE_TOKEN": "wrong"}, 4, "check FULFILMENT_WAREHOUSE_TOKEN"),
+    ],
+    ids=["no-warehouse", "token-refused"],
+)
+async def test_without_a_warehouse_to_ask_it_exits_with_one_line_and_no_report(
+    clean_database: str, server: SimulatorServer, settings: dict[str, str], code: int, reason: str
+) -> None:
+    exit_code, report, err = await drift(clean_database, server, **settings)
+
+    assert (exit_code, report) == (code, {})
+    assert err.startswith("fulfilment: ")
+    assert reason in err
+    assert len(err.splitlines()) == 1
