@@ -569,6 +569,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+async def postgres_version(database_url: str) -> str:
+    """The server's ``server_version``."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        return str(await connection.fetchval("SHOW server_version"))
+    finally:
+        await connection.close()
+
+
 @contextlib.contextmanager
 def databases(admin_url: str, kinds: Sequence[str]) -> Iterator[dict[str, str]]:
     """A migrated database of its own per receiver, dropped at the end."""
@@ -591,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         logs = args.results / f"logs-webhooks-{stamp}" if args.keep_logs else Path(temporary)
         logs.mkdir(exist_ok=True)
+        server = asyncio.run(postgres_version(next(iter(urls.values()))))
         print(
             f"{len(shipments):,} shipments of {len(orders):,} orders"
             f" ({len(shipments) - len(orders):,} orders in two)",
@@ -614,7 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"round {round_number} {kind}: {asdict(result)}", flush=True)
     table = report(bursts, args.senders)
     machine = (
-        f"{os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()},"
+        f"{os.cpu_count()} CPUs ({cpu_model()}), PostgreSQL {server},"
+        f" Python {platform.python_version()},"
         f" {platform.system()} {platform.release()}"
     )
     print(f"\n{machine}\n{table}")
