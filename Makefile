@@ -11,7 +11,7 @@ CONFIRM_RESET ?=
 WAREHOUSE_PORT ?= 8090
 WAREHOUSE_ARGS ?=
 
-.PHONY: help warehouse-simulator asyncapi deploy-files docs demo test test-faults test-cluster test-failover test-upgrade test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench bench-webhooks check-deploy check-asyncapi
+.PHONY: help warehouse-simulator asyncapi openapi deploy-files docs demo test test-faults test-cluster test-failover test-upgrade test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench bench-webhooks check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-20s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ install: $(if $(filter .tools/bin/uv,$(UV)),.tools/bin/uv) ## Install the locked
 
 asyncapi: install ## Write docs/asyncapi.json, the messaging contract (consumed and published events), from the code
 	$(UV) run python -m fulfilment.asyncapi docs/asyncapi.json
+
+openapi: install ## Write docs/openapi.json, the webhook intake's HTTP contract (POST /webhooks/warehouse), from the code
+	$(UV) run python -m fulfilment.intake.app docs/openapi.json
 
 deploy-files: install ## Write the deployment files' per-queue parts from the routes (scripts/render-deploy), then k8s/prometheusrule.yaml
 	$(UV) run python scripts/render-deploy
@@ -80,7 +83,7 @@ test-failover: install services ## The failover suite: workers, a relay and a di
 # The previous release of releases.toml, built from its commit (the clone needs the whole
 # history) and installed with uv from its own lock file, runs beside this tree's through the
 # migration and a rolling update under load; prints the table of figures. About 2 to 3 minutes.
-test-upgrade: install services ## The upgrade suite: the previous release's workers and relay beside this tree's, migrated and replaced one by one under load; prints the table
+test-upgrade: install services ## The upgrade suite: the previous release's workers, relay and dispatcher beside this tree's, migrated and replaced one by one under load; prints the table
 	$(UV) run pytest tests/upgrade -m upgrade
 
 RABBITMQ4_FIGURES ?= rabbitmq4-figures.jsonl

@@ -50,6 +50,7 @@ from fulfilment.contracts.topology import (
     SubscribedQueue,
 )
 from fulfilment.exit_codes import ExitCode
+from fulfilment.routes.route import Route
 from fulfilment.routes.table import ROUTES
 
 CONTRACT_VERSION = "1.0.0"
@@ -61,7 +62,17 @@ SERVER_URL = "amqps://rabbitmq.fulfilment.svc:5671/"
 credentials. ``FULFILMENT_AMQP_URL`` says where a deployment connects."""
 
 QUEUE_ROUTES = tuple(route for route in ROUTES if isinstance(route.transport, SubscribedQueue))
-"""The routes whose events come on a queue: the consumed events of the document."""
+"""The routes whose events come on a queue: the consumed events of the document. The
+warehouse's webhooks are not messages of the broker; the intake's OpenAPI document has them."""
+
+
+def _queue_routes() -> list[tuple[SubscribedQueue, Route[Any, Any, Any, Any]]]:
+    """Each route of :data:`QUEUE_ROUTES` with its queue, typed as one."""
+    return [
+        (route.transport, route)
+        for route in QUEUE_ROUTES
+        if isinstance(route.transport, SubscribedQueue)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +102,8 @@ class DocumentedMessage:
 def documented_messages() -> list[DocumentedMessage]:
     """Every event of the document: each queue route's, then each result event's."""
     consumed = [
-        DocumentedMessage(route.transport.name, "receive", route.model, route.summary)
-        for route in QUEUE_ROUTES
+        DocumentedMessage(queue.name, "receive", route.model, route.summary)
+        for queue, route in _queue_routes()
     ]
     published = [
         DocumentedMessage(routing_key, "send", event, _first_paragraph(event.__doc__))
@@ -117,8 +128,8 @@ def documentation_app() -> FastStream:
         description="The shop's RabbitMQ, where fulfilment consumes and publishes.",
     )
     orders = RabbitExchange(ORDERS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
-    for route in QUEUE_ROUTES:
-        subscribed, model, description = route.transport, route.model, route.summary
+    for subscribed, route in _queue_routes():
+        model, description = route.model, route.summary
         broker.subscriber(
             RabbitQueue(
                 subscribed.name, queue_type=QueueType.QUORUM, routing_key=subscribed.routing_key

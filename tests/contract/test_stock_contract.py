@@ -8,11 +8,8 @@ from datetime import datetime
 
 import pytest
 import sqlalchemy as sa
-from pydantic import SecretStr
 
-from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
-from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.domain.handoff import RequestStatus
 from fulfilment.domain.lifecycle import CancelKind, OrderStatus, ShipKind
 from fulfilment.domain.model import (
@@ -22,64 +19,15 @@ from fulfilment.domain.model import (
     RejectionReason,
     StockLevel,
 )
-from fulfilment.entrypoints.startup import database_options
-from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from tests.support.builders import cancellation, in_trace, order, shipment
-from tests.support.fakes import FakeStock, RecordedEvent, result_body
+from tests.support.fakes import (
+    SHOP_RELEASE,
+    UPSTREAM_SHIPMENT,
+    FakeStock,
+    RecordedEvent,
+    result_body,
+)
 from tests.support.warehouse_rows import requests_of
-
-
-@pytest.fixture
-def memory_stock():
-    return FakeStock()
-
-
-@pytest.fixture
-async def postgres_stock(clean_database):
-    engine = create_engine(
-        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
-    )
-    try:
-        yield PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0)
-    finally:
-        await engine.dispose()
-
-
-@pytest.fixture(
-    params=[
-        "memory_stock",
-        pytest.param("postgres_stock", marks=pytest.mark.postgres),
-    ]
-)
-def stock(request):
-    return request.getfixturevalue(request.param)
-
-
-@pytest.fixture
-async def postgres_handoff_stock(clean_database):
-    engine = create_engine(
-        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
-    )
-    try:
-        yield PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0, handoff=True)
-    finally:
-        await engine.dispose()
-
-
-@pytest.fixture
-def memory_handoff_stock():
-    return FakeStock(handoff=True)
-
-
-@pytest.fixture(
-    params=[
-        "memory_handoff_stock",
-        pytest.param("postgres_handoff_stock", marks=pytest.mark.postgres),
-    ]
-)
-def handoff_stock(request):
-    """A stock store with the hand-off to the warehouse system on."""
-    return request.getfixturevalue(request.param)
 
 
 async def test_reserving_an_order_takes_its_units_from_what_is_available(stock):
@@ -789,11 +737,12 @@ async def test_a_partial_cancel_and_the_last_one_write_stock_released_with_the_s
     assert (await result_events(stock))[1:] == [
         RecordedEvent(
             "stock.released",
-            result_body(partial, lines=lines(("B", 2)), order_status="reserved"),
+            result_body(partial, lines=lines(("B", 2)), order_status="reserved", **SHOP_RELEASE),
             TRACEPARENT,
         ),
         RecordedEvent(
-            "stock.released", result_body(whole, lines=lines(("A", 3)), order_status="released")
+            "stock.released",
+            result_body(whole, lines=lines(("A", 3)), order_status="released", **SHOP_RELEASE),
         ),
     ]
 
@@ -864,7 +813,14 @@ async def test_a_shipment_writes_stock_shipped_with_what_left_and_nothing_after(
 
     assert (await result_events(stock))[2:] == [
         RecordedEvent(
-            "stock.shipped", result_body(first, lines=lines(("A", 2), ("B", 2))), TRACEPARENT
+            "stock.shipped",
+            result_body(
+                first,
+                lines=lines(("A", 2), ("B", 2)),
+                **UPSTREAM_SHIPMENT,
+                order_status="shipped",
+            ),
+            TRACEPARENT,
         )
     ]
 

@@ -37,7 +37,10 @@ from fulfilment.domain.model import OrderLine, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from tests.support.builders import cancellation, in_trace, order, shipment
-from tests.support.fakes import FakeStock, FakeWarehouseRequests, RecordedEvent
+from tests.support.fakes import SHOP_RELEASE, FakeStock, FakeWarehouseRequests, RecordedEvent
+from tests.support.warehouse_commands import warehouse_cancellation, warehouse_shipment
+from tests.support.warehouse_event_rows import order_lines
+from tests.support.warehouse_rows import requests_of
 
 LEASE = 30.0
 """A lease no test outlives, unless it waits for one to end."""
@@ -68,6 +71,14 @@ class Stores:
 
     async def levels_of(self):
         return await self.stock.levels_of(["A", "B", "C"])
+
+    async def order(self, order_id):
+        """The order's status and, per SKU, ``(quantity, shipped)`` of its lines."""
+        if isinstance(self.stock, FakeStock):
+            return (await order_lines(self.stock))[order_id]
+        async with self.stock.engine.connect() as connection:
+            raw = await connection.get_raw_connection()
+            return (await order_lines(raw.driver_connection))[order_id]
 
     async def released_order_marks(self):
         """``released_order`` of every request, in the order recorded."""
@@ -131,6 +142,7 @@ def released(command, *pairs, order_status, traceparent=None):
             "order_id": str(command.order_id),
             "lines": [{"sku": sku, "quantity": units} for sku, units in pairs],
             "order_status": order_status,
+            **SHOP_RELEASE,
         },
         traceparent,
     )
@@ -498,6 +510,60 @@ async def test_an_accepted_cancellation_of_an_order_shipped_meanwhile_releases_n
         "stock.shipped",
     ]
     assert await stores.released_order_marks() == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("asked", "given_back", "status", "lines", "b_reserved"),
+    [
+        ((("A", 3),), (("A", 1),), "reserved", {"A": (2, 2), "B": (2, 0)}, 2),
+        ((), (("A", 1), ("B", 2)), "shipped", {"A": (2, 2)}, 0),
+    ],
+    ids=["lines", "whole"],
+)
+async def test_an_accepted_cancellation_of_a_partly_shipped_order_releases_what_it_holds(
+    stores, asked, given_back, status, lines, b_reserved
+):
+    command = await stores.accepted(("A", 3), ("B", 2))
+    cancel = cancellation(command.order_id, *asked)
+    await stores.stock.apply(cancel)
+    [cancelling] = await stores.requests.claim(10, lease_seconds=LEASE)
+    await stores.stock.apply(warehouse_shipment(command.order_id, ("A", 2)))
+
+    await stores.requests.record(cancelling, Accepted(201, '{"status": "cancelled"}'))
+
+    assert await stores.levels_of() == {
+        "A": StockLevel(8, 0),
+        "B": StockLevel(10, b_reserved),
+        "C": StockLevel(10, 0),
+    }
+    assert (await stores.result_events())[-1] == released(cancel, *given_back, order_status=status)
+    assert await stores.order(command.order_id) == (status, lines)
+
+
+@pytest.mark.parametrize("last", ["shipment", "cancellation"])
+async def test_a_cancellation_not_sent_is_withdrawn_when_the_warehouse_leaves_nothing_held(
+    stores, last
+):
+    command = await stores.accepted(("A", 3))
+    waiting = await stores.stock.apply(cancellation(command.order_id, ("A", 1)))
+    assert waiting.kind is CancelKind.CANCEL_REQUESTED
+
+    if last == "shipment":
+        await stores.stock.apply(warehouse_shipment(command.order_id, ("A", 3)))
+    else:
+        await stores.stock.apply(warehouse_cancellation(command.order_id))
+
+    assert [row[4] for row in await requests_of(stores.stock)] == ["accepted", "withdrawn"]
+    assert await stores.requests.claim(10, lease_seconds=LEASE) == []
+
+
+async def test_a_cancellation_not_sent_waits_while_the_order_still_holds_units(stores):
+    command = await stores.accepted(("A", 3))
+    await stores.stock.apply(cancellation(command.order_id, ("A", 1)))
+
+    await stores.stock.apply(warehouse_shipment(command.order_id, ("A", 2)))
+
+    assert [row[4] for row in await requests_of(stores.stock)] == ["accepted", "pending"]
 
 
 @pytest.mark.parametrize(

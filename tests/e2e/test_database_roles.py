@@ -98,7 +98,7 @@ def test_migrate_as_the_owner_grants_the_runtime_role_its_list_and_says_so(roles
     assert first.splitlines() == [
         "database migrated to head",
         (
-            f"granted runtime role {roles.runtime}: privileges on 23 objects, none on 6"
+            f"granted runtime role {roles.runtime}: privileges on 25 objects, none on 6"
             " (sequence dead_letter_audit_id_seq, sequence invalid_webhook_audit_id_seq,"
             " sequence outbox_id_seq, sequence warehouse_discrepancies_id_seq,"
             " sequence warehouse_request_audit_id_seq, sequence warehouse_requests_id_seq)"
@@ -252,7 +252,8 @@ async def test_a_worker_whose_role_was_granted_nothing_refuses_to_start_in_one_l
     assert [line["event"] for line in refused] == ["worker.privileges_missing"]
     assert refused[0]["reason"].startswith(
         f"the database user '{stranger}' may not do what the worker does (function"
-        " cancel_orders: EXECUTE; function place_orders: EXECUTE; function ship_orders:"
+        " cancel_orders: EXECUTE; function place_orders: EXECUTE; function record_shipments:"
+        " EXECUTE; function record_warehouse_cancellations: EXECUTE; function ship_orders:"
         " EXECUTE; table alembic_version: SELECT; table dead_letter_audit: INSERT;"
         " table dead_letter_audit: SELECT; "
     )

@@ -218,15 +218,15 @@ async def outbox_counts(db: asyncpg.Connection) -> Counter[str]:
 
 
 async def stock_equals_the_lines(db: asyncpg.Connection) -> list[str]:
-    """SKUs whose ``reserved`` is not the sum of the lines of the orders still ``reserved``
-    (empty: the stock is right)."""
+    """SKUs whose ``reserved`` is not what the orders still ``reserved`` hold, their lines less
+    what the warehouse's shipments took (empty: the stock is right)."""
     rows = await db.fetch(
-        "SELECT s.sku, s.reserved, coalesce(sum(l.quantity) FILTER"
+        "SELECT s.sku, s.reserved, coalesce(sum(l.quantity - l.shipped) FILTER"
         " (WHERE r.status = 'reserved'), 0) AS held"
         " FROM stock_levels s LEFT JOIN reservation_lines l ON l.sku = s.sku"
         " LEFT JOIN reservations r ON r.order_id = l.order_id"
         " GROUP BY s.sku, s.reserved HAVING s.reserved <>"
-        " coalesce(sum(l.quantity) FILTER (WHERE r.status = 'reserved'), 0)"
+        " coalesce(sum(l.quantity - l.shipped) FILTER (WHERE r.status = 'reserved'), 0)"
     )
     return [f"{row['sku']}: reserved {row['reserved']}, lines {row['held']}" for row in rows]
 

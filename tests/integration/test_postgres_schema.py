@@ -703,3 +703,116 @@ def test_a_worker_of_the_previous_release_calls_v3_without_the_handoff_once_0011
 
     assert before == after == [(1, "reserved", None, [])]
     assert requests == 0
+
+
+@pytest.mark.usefixtures("database_url")
+def test_0014_keeps_the_lines_of_the_orders_shipped_before_it_as_shipped():
+    placed = datetime(2010, 12, 1, tzinfo=UTC)
+
+    async def place_and_ship(url):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            await connection.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('A', 9)")
+            shipped, held = uuid4(), uuid4()
+            await connection.execute(
+                "SELECT * FROM place_orders('fulfilment', $1, $2, $3, $4, $5, $6)",
+                [uuid4(), uuid4()],
+                [shipped, held],
+                [placed, placed],
+                [1, 2],
+                ["A", "A"],
+                [3, 2],
+            )
+            await connection.execute(
+                "SELECT * FROM ship_orders('fulfilment', $1, $2, $3)",
+                [uuid4()],
+                [shipped],
+                [placed],
+            )
+            return shipped, held
+        finally:
+            await connection.close()
+
+    async def lines(url):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            rows = await connection.fetch(
+                "SELECT order_id, quantity, shipped FROM reservation_lines"
+            )
+            return {row[0]: (row[1], row[2]) for row in rows}
+        finally:
+            await connection.close()
+
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0013")
+        shipped, held = asyncio.run(place_and_ship(url))
+        command.upgrade(config, "0014")
+        after = asyncio.run(lines(url))
+
+    assert after == {shipped: (3, 3), held: (2, 0)}
+
+
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0015_restores_the_functions_of_0014():
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0014")
+        before = asyncio.run(_function_definitions(url))
+        command.upgrade(config, "0015")
+        upgraded = asyncio.run(_function_definitions(url))
+        command.downgrade(config, "0014")
+        after = asyncio.run(_function_definitions(url))
+
+    assert after == before
+    assert set(upgraded) - set(before) == {
+        (
+            "record_shipments(text,uuid[],text[],text[],text[],text[],uuid[],"
+            "timestamp with time zone[],text[],text[],integer[],text[],integer[],text[],"
+            "integer[],text[])"
+        ),
+        (
+            "record_warehouse_cancellations(text,uuid[],text[],text[],text[],text[],uuid[],"
+            "timestamp with time zone[],text[],boolean[],integer[],text[],integer[],text[])"
+        ),
+    }
+    assert {name.split("(")[0] for name in before if upgraded[name] != before[name]} == {
+        "cancel_orders",
+        "ship_orders",
+    }
+
+
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0014_is_refused_while_an_order_is_shipped_in_part():
+    async def ship_in_part(url):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            order_id = uuid4()
+            await connection.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('A', 9)")
+            await connection.execute(
+                "SELECT * FROM place_orders('fulfilment', $1, $2, $3, $4, $5, $6)",
+                [uuid4()],
+                [order_id],
+                [datetime(2010, 12, 1, tzinfo=UTC)],
+                [1],
+                ["A"],
+                [3],
+            )
+            await connection.execute(
+                "UPDATE reservation_lines SET shipped = 1 WHERE order_id = $1", order_id
+            )
+        finally:
+            await connection.close()
+
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0014")
+        asyncio.run(ship_in_part(url))
+        with pytest.raises(sa.exc.DBAPIError, match="orders shipped in part are stored"):
+            command.downgrade(config, "0013")

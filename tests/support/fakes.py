@@ -61,7 +61,9 @@ from fulfilment.domain.model import (
     StockLevel,
     aggregate_demand,
 )
+from fulfilment.domain.warehouse_events import RecordShipment, RecordWarehouseCancellation
 from fulfilment.observability.tracing import current_traceparent
+from tests.support.fake_warehouse_events import WarehouseEventsInMemory
 
 CANCEL_INBOX_OUTCOMES = {
     CancelKind.RELEASED: "released",
@@ -76,6 +78,19 @@ CANCEL_INBOX_OUTCOMES = {
 SHIP_INBOX_OUTCOMES = {ShipKind.SHIPPED: "shipped", ShipKind.IGNORED: "ship_ignored"}
 """The ``inbox_messages.outcome`` of each recorded shipment, as ``ship_orders()`` writes it
 (``not_reserved`` is not recorded)."""
+
+
+UPSTREAM_SHIPMENT: Mapping[str, Any] = {
+    "shipment_id": None,
+    "carrier": None,
+    "tracking_numbers": [],
+    "tracking_url": None,
+}
+"""The fields of a warehouse's shipment in the ``stock.shipped`` of an upstream ``OrderShipped``,
+which has none of them."""
+
+SHOP_RELEASE: Mapping[str, Any] = {"reason": "cancelled", "warehouse_reason": None}
+"""The ``reason`` fields of a ``stock.released`` that the shop's ``OrderCancelled`` caused."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +112,16 @@ class RecordedEvent:
         return str(self.body["order_id"])
 
 
-def result_body(command: PlaceOrder | CancelOrder | ShipOrder, **fields: Any) -> dict[str, Any]:
+ResultCause = PlaceOrder | CancelOrder | ShipOrder | RecordShipment | RecordWarehouseCancellation
+"""The commands that write result events."""
+
+
+def result_body(command: ResultCause, **fields: Any) -> dict[str, Any]:
     """The body of the result event ``command`` caused, less ``event_id`` and ``occurred_at``.
 
     ``fields`` are its kind's own (``lines`` as order lines, ``reason``, ``skus``,
-    ``order_status``), as the product contract's "Result events" gives them.
+    ``order_status``, a shipment's ``shipment_id``, ``carrier``, ...), as the product
+    contract's "Result events" gives them.
     """
     body: dict[str, Any] = {
         "version": 1,
@@ -122,7 +142,9 @@ class Reservation:
     """What the fake keeps per order, like a row of ``reservations`` with its lines.
 
     ``event_id`` is the event that placed the order (None for a tombstone); ``lines`` are its
-    ``reservation_lines``; ``tombstone`` is what cancels said before it was placed.
+    ``reservation_lines`` (``quantity``: units held and shipped) and ``shipped`` their
+    ``shipped`` column (SKUs with none left out); ``tombstone`` is what cancels said before it
+    was placed.
     """
 
     event_id: UUID | None
@@ -131,16 +153,23 @@ class Reservation:
     lines: dict[str, int] = field(default_factory=dict)
     status: OrderStatus = OrderStatus.RESERVED
     tombstone: Tombstone | None = None
+    shipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def state(self) -> OrderState:
         """The order's state, as the lifecycle's transition functions take it."""
-        return OrderState(self.status, self.lines, self.tombstone)
+        return OrderState(self.status, self.lines, self.tombstone, self.shipped)
 
     def after(self, state: OrderState) -> Reservation:
         """This row once the order is in ``state`` (placement, reason and SKUs kept)."""
         return Reservation(
-            self.event_id, self.reason, self.skus, dict(state.lines), state.status, state.tombstone
+            self.event_id,
+            self.reason,
+            self.skus,
+            dict(state.lines),
+            state.status,
+            state.tombstone,
+            dict(state.shipped),
         )
 
 
@@ -150,7 +179,9 @@ class StoredRequest:
 
     ``lines`` are units per SKU in code-point order (None: a cancellation of the whole
     order); times are timezone-aware (the fake's clock is the wall clock, as ``now()`` is).
-    ``released_order`` marks the cancellation whose application left its order released.
+    ``released_order`` marks the cancellation whose application left its order released;
+    ``news_at`` the last time a shipment or cancellation of the warehouse was recorded for a
+    fulfilment order's order.
     """
 
     id: int
@@ -172,6 +203,7 @@ class StoredRequest:
     last_status_code: int | None = None
     last_answer: str | None = None
     released_order: bool = False
+    news_at: datetime | None = None
 
 
 class FakeStock(Stock):
@@ -189,7 +221,8 @@ class FakeStock(Stock):
 
     With ``handoff=True`` it records the requests to the warehouse system in ``requests`` (in
     ``id`` order) and defers cancels as ``fulfilment.domain.handoff`` says, as
-    ``PostgresStock(..., handoff=True)`` does.
+    ``PostgresStock(..., handoff=True)`` does. ``warehouse`` keeps what the warehouse's own
+    shipments and cancellations recorded (:class:`WarehouseEventsInMemory`).
     """
 
     def __init__(self, *, consumer: str = "fulfilment", handoff: bool = False) -> None:
@@ -203,10 +236,13 @@ class FakeStock(Stock):
         self.result_events: list[RecordedEvent] = []
         self.lock = asyncio.Lock()
         """Serialises the calls as row locks do; the requests' store shares it."""
+        self.warehouse = WarehouseEventsInMemory(self)
         self.rules: dict[type[Any], Callable[[Any], Awaitable[Any]]] = {
             PlaceOrder: self._reserve,
             CancelOrder: self._cancel,
             ShipOrder: self._ship,
+            RecordShipment: self.warehouse.record_shipment,
+            RecordWarehouseCancellation: self.warehouse.record_cancellation,
         }
         """The rule of each kind of command, as the SQL function of its route."""
 
@@ -262,7 +298,7 @@ class FakeStock(Stock):
             )
             self.inbox[key] = "reserved" if reason is None else "rejected"
             if reason is None:
-                self._record("stock.reserved", command, lines=as_lines(placement.state.lines))
+                self.record_result("stock.reserved", command, lines=as_lines(placement.state.lines))
                 if self.handoff:
                     self.add_request(
                         RequestKind.FULFILMENT_ORDER,
@@ -274,7 +310,7 @@ class FakeStock(Stock):
             else:
                 # A rejection as cancelled names every SKU the order asked for.
                 named = sorted(demand) if reason is RejectionReason.CANCELLED else skus
-                self._record("stock.rejected", command, reason=str(reason), skus=list(named))
+                self.record_result("stock.rejected", command, reason=str(reason), skus=list(named))
             return ReservationOutcome(
                 kind=OutcomeKind.RESERVED if reason is None else OutcomeKind.REJECTED,
                 order_id=command.order_id,
@@ -332,11 +368,12 @@ class FakeStock(Stock):
             )
             self.inbox[key] = CANCEL_INBOX_OUTCOMES[cancellation.kind]
             if cancellation.lines:
-                self._record(
+                self.record_result(
                     "stock.released",
                     command,
                     lines=as_lines(cancellation.lines),
                     order_status=str(cancellation.state.status),
+                    **SHOP_RELEASE,
                 )
             return CancelOutcome(
                 cancellation.kind,
@@ -362,7 +399,13 @@ class FakeStock(Stock):
                 self.reservations[command.order_id] = existing.after(shipment.state)
             self.inbox[key] = SHIP_INBOX_OUTCOMES[shipment.kind]
             if shipment.lines:
-                self._record("stock.shipped", command, lines=as_lines(shipment.lines))
+                self.record_result(
+                    "stock.shipped",
+                    command,
+                    lines=as_lines(shipment.lines),
+                    **UPSTREAM_SHIPMENT,
+                    order_status=str(status),
+                )
             return ShipOutcome(
                 shipment.kind,
                 command.order_id,
@@ -423,9 +466,9 @@ class FakeStock(Stock):
             None,
         )
 
-    def _record(
-        self, routing_key: str, command: PlaceOrder | CancelOrder | ShipOrder, **fields: Any
-    ) -> None:
+    def record_result(self, routing_key: str, command: ResultCause, **fields: Any) -> None:
+        """Write the result event ``command`` caused (:func:`result_body`), in the current
+        trace context, as the SQL functions write it to the outbox."""
         self.result_events.append(
             RecordedEvent(routing_key, result_body(command, **fields), current_traceparent())
         )
@@ -604,6 +647,7 @@ class FakeWarehouseRequests(WarehouseRequests):
                         for line in as_lines(cancellation.lines)
                     ],
                     "order_status": str(cancellation.state.status),
+                    **SHOP_RELEASE,
                 },
                 cancel.traceparent,
             )

@@ -14,9 +14,12 @@ from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.order_shipped import OrderShippedV1
 from fulfilment.contracts.result_events import (
     StockCancelRefusedV1,
+    StockReleasedV1,
     StockReservedV1,
+    StockShippedV1,
     parse_result_event,
 )
+from fulfilment.domain.warehouse_events import warehouse_event_id
 
 EVENTS = Path(__file__).parents[2] / "docs/events.md"
 
@@ -28,8 +31,8 @@ def examples() -> list[str]:
     return re.findall(r"```json\n(.*?)```", section, re.DOTALL)
 
 
-def test_the_section_shows_one_body_of_each_consumed_event_and_two_result_events() -> None:
-    assert len(examples()) == 6
+def test_the_section_shows_one_body_of_each_consumed_event_and_four_result_events() -> None:
+    assert len(examples()) == 8
 
 
 @pytest.mark.parametrize(
@@ -41,6 +44,8 @@ def test_the_section_shows_one_body_of_each_consumed_event_and_two_result_events
         (3, OrderShippedV1),
         (4, StockReservedV1),
         (5, StockCancelRefusedV1),
+        (6, StockShippedV1),
+        (7, StockReleasedV1),
     ],
 )
 def test_each_example_validates_with_its_model(index: int, model: type[BaseModel]) -> None:
@@ -76,3 +81,15 @@ def test_the_refused_cancel_answers_the_partial_cancel_example() -> None:
     assert [(line.sku, line.quantity) for line in refused.lines] == [
         (line.sku, line.quantity) for line in partial.lines
     ]
+
+
+def test_the_warehouses_events_are_caused_by_the_ids_derived_from_theirs() -> None:
+    shipped = parse_result_event("stock.shipped", examples()[6].encode())
+    released = parse_result_event("stock.released", examples()[7].encode())
+
+    assert isinstance(shipped, StockShippedV1)
+    assert shipped.shipment_id is not None
+    assert shipped.causation_id == warehouse_event_id("shipment", shipped.shipment_id)
+    assert isinstance(released, StockReleasedV1)
+    assert (released.reason, released.order_status) == ("warehouse_cancelled", "shipped")
+    assert released.causation_id == warehouse_event_id("cancellation", "CXL-1120")

@@ -37,7 +37,7 @@ PLENTY = {"A": StockLevel(100), "B": StockLevel(100), "C": StockLevel(100)}
 RESERVED = OrderState(OrderStatus.RESERVED, {"A": 3, "B": 2})
 REJECTED = OrderState(OrderStatus.REJECTED, {"A": 300})
 RELEASED = OrderState(OrderStatus.RELEASED)
-SHIPPED = OrderState(OrderStatus.SHIPPED, {"A": 3, "B": 2})
+SHIPPED = OrderState(OrderStatus.SHIPPED, {"A": 3, "B": 2}, shipped={"A": 3, "B": 2})
 WHOLE_TOMBSTONE = OrderState(OrderStatus.CANCELLED, tombstone=Tombstone(None))
 LINES_TOMBSTONE = OrderState(OrderStatus.CANCELLED, tombstone=Tombstone({"A": 1}))
 PLACED_STATES = [RESERVED, REJECTED, RELEASED, SHIPPED]
@@ -199,6 +199,58 @@ def test_a_reserved_order_keeps_its_tombstone_when_cancelled_again():
     assert cancellation.state == OrderState(OrderStatus.RELEASED, {}, tombstone)
 
 
+PARTLY_SHIPPED = OrderState(OrderStatus.RESERVED, {"A": 3, "B": 2}, shipped={"A": 1})
+"""Reserved: the warehouse shipped 1 of its 3 A; it holds 2 A and 2 B."""
+
+
+def test_cancelled_lines_on_a_partly_shipped_order_release_only_what_it_holds():
+    cancellation = apply_cancelled(PARTLY_SHIPPED, {"A": 3})
+
+    assert cancellation.kind is CancelKind.PARTIALLY_RELEASED
+    assert cancellation.lines == {"A": 2}
+    assert cancellation.state == OrderState(
+        OrderStatus.RESERVED, {"A": 1, "B": 2}, shipped={"A": 1}
+    )
+    assert cancellation.state.held == {"B": 2}
+
+
+def test_cancelled_whole_on_a_partly_shipped_order_leaves_it_shipped_with_what_left():
+    cancellation = apply_cancelled(PARTLY_SHIPPED, None)
+
+    assert cancellation.kind is CancelKind.RELEASED
+    assert cancellation.lines == {"A": 2, "B": 2}
+    assert cancellation.state == OrderState(OrderStatus.SHIPPED, {"A": 1}, shipped={"A": 1})
+
+
+def test_an_order_whose_lines_shipped_none_is_released_when_it_gives_back_the_last():
+    state = OrderState(OrderStatus.RESERVED, {"A": 2}, shipped={"A": 0})
+
+    cancellation = apply_cancelled(state, None)
+
+    assert (cancellation.kind, cancellation.state.status) == (
+        CancelKind.RELEASED,
+        OrderStatus.RELEASED,
+    )
+
+
+def test_cancelling_a_sku_that_shipped_in_full_changes_nothing():
+    state = OrderState(OrderStatus.RESERVED, {"A": 1, "B": 2}, shipped={"A": 1})
+
+    cancellation = apply_cancelled(state, {"A": 1})
+
+    assert (cancellation.kind, cancellation.state, cancellation.lines) == (
+        CancelKind.IGNORED,
+        state,
+        {},
+    )
+
+
+def test_an_order_holds_its_lines_less_what_shipped_and_nothing_unless_reserved():
+    assert PARTLY_SHIPPED.held == {"A": 2, "B": 2}
+    assert RESERVED.held == {"A": 3, "B": 2}
+    assert [state.held for state in (REJECTED, RELEASED, SHIPPED, LINES_TOMBSTONE)] == [{}] * 4
+
+
 @pytest.mark.parametrize("state", [REJECTED, RELEASED], ids=["rejected", "released"])
 @pytest.mark.parametrize("cancelled", [None, {"A": 1}], ids=["whole", "lines"])
 def test_cancelled_on_a_rejected_or_released_order_changes_nothing(state, cancelled):
@@ -264,8 +316,22 @@ def test_shipped_on_a_reserved_order_ships_every_line_it_holds():
     shipment = apply_shipped(state)
 
     assert shipment.kind is ShipKind.SHIPPED
-    assert shipment.state == OrderState(OrderStatus.SHIPPED, {"A": 2}, Tombstone({"A": 1}))
+    assert shipment.state == OrderState(
+        OrderStatus.SHIPPED, {"A": 2}, Tombstone({"A": 1}), shipped={"A": 2}
+    )
     assert shipment.lines == {"A": 2}
+
+
+def test_shipped_on_a_partly_shipped_order_ships_what_the_warehouse_did_not_take():
+    state = OrderState(OrderStatus.RESERVED, {"A": 3, "B": 2, "C": 1}, shipped={"A": 1, "B": 2})
+
+    shipment = apply_shipped(state)
+
+    assert shipment.kind is ShipKind.SHIPPED
+    assert shipment.lines == {"A": 2, "C": 1}
+    assert shipment.state == OrderState(
+        OrderStatus.SHIPPED, {"A": 3, "B": 2, "C": 1}, shipped={"A": 3, "B": 2, "C": 1}
+    )
 
 
 @pytest.mark.parametrize(

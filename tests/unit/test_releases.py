@@ -28,7 +28,7 @@ def test_the_releases_are_recorded_oldest_first_each_with_its_whole_commit() -> 
 
 
 def test_this_tree_is_a_version_after_the_last_release() -> None:
-    # Between releases the version is the next one's development release (0.2.0.dev0), so
+    # Between releases the version is the next one's development release (0.3.0.dev0), so
     # that `--version`, the start-up lines and fulfilment_build_info tell it from the release.
     last = recorded_releases()[-1]
 
@@ -49,6 +49,39 @@ def test_each_release_has_its_changelog_heading_naming_its_date_and_commit() -> 
         wanted = f" - {release.date.isoformat()} - commit {release.short}"
         assert (release.version, wanted) in headings, f"CHANGELOG: ## [{release.version}]{wanted}"
     assert len(headings) == len(recorded_releases()) + 1
+
+
+FIRST_SECTION_KEPT_AS_RELEASED = Version("0.2.0")
+"""0.1.0's section was written after its release, as a summary; from 0.2.0 on a release's
+section is what its commit's CHANGELOG said under ``## [Unreleased]``."""
+
+
+def changelog_section(text: str, heading: str) -> str:
+    """The lines under the ``## `` heading that starts with ``heading``, up to the next one."""
+    sections = re.split(r"^## ", text, flags=re.MULTILINE)
+    found = [section for section in sections if section.startswith(heading)]
+    assert len(found) == 1, f"CHANGELOG: {len(found)} sections ## {heading}"
+    return found[0].partition("\n")[2].strip()
+
+
+def test_each_release_section_is_what_its_commit_called_unreleased() -> None:
+    # A merge of a branch that added a line under Unreleased before the release was recorded
+    # puts the line where its context is, in the release's section: this finds it there.
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    for release in recorded_releases():
+        if Version(release.version) < FIRST_SECTION_KEPT_AS_RELEASED:
+            continue
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{release.commit}:CHANGELOG.md"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if shown.returncode != 0:
+            pytest.skip(f"commit {release.short} is not in this clone (a shallow one)")
+        assert changelog_section(changelog, f"[{release.version}]") == changelog_section(
+            shown.stdout, "[Unreleased]"
+        ), f"CHANGELOG: the section of {release.version} differs from {release.short}'s Unreleased"
 
 
 def test_each_release_commit_carries_its_version_where_the_history_is_here() -> None:

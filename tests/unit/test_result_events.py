@@ -84,7 +84,7 @@ def test_every_rejection_reason_of_the_contract_is_accepted(reason: str) -> None
     assert event.reason == reason
 
 
-@pytest.mark.parametrize("order_status", ["released", "reserved"])
+@pytest.mark.parametrize("order_status", ["released", "reserved", "shipped"])
 def test_a_release_says_the_status_it_left_the_order_in(order_status: str) -> None:
     event = parse_result_event("stock.released", body("stock.released", order_status=order_status))
 
@@ -140,7 +140,10 @@ def test_a_serialised_event_is_read_back_as_the_same_event() -> None:
         ("stock.rejected", {"skus": []}, "skus"),
         ("stock.rejected", {"skus": ["85123A", "71053"]}, "skus"),
         ("stock.rejected", {"skus": ["85123A", "85123A"]}, "skus"),
-        ("stock.released", {"order_status": "shipped"}, "order_status"),
+        ("stock.released", {"order_status": "cancelled"}, "order_status"),
+        ("stock.released", {"reason": "lost"}, "reason"),
+        ("stock.shipped", {"order_status": "released"}, "order_status"),
+        ("stock.shipped", {"tracking_numbers": "JD014600003828392019"}, "tracking_numbers"),
         ("stock.reserved", {"lines": []}, "lines"),
         ("stock.reserved", {"lines": [{"sku": "85123A", "quantity": 0}]}, "lines.0.quantity"),
         ("stock.reserved", {"lines": [{"sku": "85123A", "quantity": -1}]}, "lines.0.quantity"),

@@ -568,7 +568,60 @@ def test_problems_of_several_groups_are_said_together(monkeypatch: pytest.Monkey
 
 def test_every_variable_keeps_its_plain_name() -> None:
     names = [name for _, _, name in variables()]
-    assert len(names) == len(set(names)) == 43
+    assert len(names) == len(set(names)) == 48
     assert {"FULFILMENT_AMQP_URL", "FULFILMENT_DATABASE_URL", "FULFILMENT_RELAY_HTTP_PORT"} <= set(
         names
     )
+
+
+def test_the_webhook_secrets_are_read_as_a_list_of_whsec_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS", "whsec_c2VjcmV0 whsec_b3RoZXI=")
+    secrets = load_settings().warehouse.webhook_secrets
+
+    assert secrets.get_secret_value().split() == ["whsec_c2VjcmV0", "whsec_b3RoZXI="]
+    assert "c2VjcmV0" not in repr(secrets)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("c2VjcmV0", "secret 1 does not start with 'whsec_'"),
+        ("whsec_c2VjcmV0 whsec_not*base64", "secret 2 is not whsec_<base64>"),
+        ("whsec_", "secret 1 is empty"),
+    ],
+)
+def test_a_webhook_secret_that_is_not_whsec_base64_is_refused_without_quoting_it(
+    monkeypatch: pytest.MonkeyPatch, value: str, said: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS", value)
+    message = refusal()
+
+    assert message.startswith(f"FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS: {said}")
+    assert "c2VjcmV0" not in message
+    assert "not*base64" not in message
+
+
+def test_the_intake_defaults_are_the_product_s() -> None:
+    webhooks = load_settings().webhooks
+
+    assert (webhooks.port, webhooks.http_port) == (8083, 8084)
+    assert webhooks.tolerance_seconds == 300
+    assert webhooks.max_body_bytes == 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("FULFILMENT_WEBHOOKS_TOLERANCE_SECONDS", "2.5", "FULFILMENT_WEBHOOKS_TOLERANCE_SECONDS:"),
+        ("FULFILMENT_WEBHOOKS_MAX_BODY_BYTES", "10", "FULFILMENT_WEBHOOKS_MAX_BODY_BYTES:"),
+        ("FULFILMENT_WEBHOOKS_HTTP_PORT", "8083", "FULFILMENT_WEBHOOKS_PORT and"),
+    ],
+)
+def test_an_intake_setting_out_of_range_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, said: str
+) -> None:
+    monkeypatch.setenv(name, value)
+
+    assert refusal().startswith(said)

@@ -2,22 +2,26 @@
 update, as docs/deploy.md upgrades the service.
 
 The previous release (``releases.toml``, built from its commit and installed with its own lock
-file: ``conftest.previous``) migrates a new database, and its worker replicas and relay (and
-its dispatcher, with the warehouse simulator, once a release has one) serve a steady load of
-every input event kind: orders on hot SKUs, whole and partial cancels (some before their
-order) and shipments (``failoverlib.Load``). While they serve, this tree's ``fulfilment
+file: ``conftest.previous``) migrates a new database, and its worker replicas, relay and
+dispatcher serve a steady load of every input event kind: orders on hot SKUs, whole and partial
+cancels (some before their order) and shipments (``failoverlib.Load``), with the hand-off on
+from the start against the warehouse simulator, which refuses late cancels. Both releases read
+one environment (the ConfigMap). While the previous release serves, this tree's ``fulfilment
 migrate`` runs (the migration Job), then this tree's dispatcher, workers and relay start beside
 them, and the old processes are stopped one at a time by SIGTERM, each after its replacement is
-ready (``maxSurge: 1``, ``maxUnavailable: 0``). The load goes on after the last of them is
-gone, then stops, and everything drains. The checks:
+ready, or standing by for the lock (``maxSurge: 1``, ``maxUnavailable: 0``). The load goes on
+after the last of them is gone, then stops, and everything drains. The checks:
 
 - nothing lost, nothing applied twice, nothing dead-lettered: the product's reconciliation and
   the comparison with the in-order sequence (stock's ``on_hand`` and ``reserved`` and every
   order's lines as the events applied once each, in their logical order, leave them);
 - the outbox tells each order's lifecycle once, and every result event reached
   ``fulfilment.events`` (a queue bound there), none twice;
-- with this tree's hand-off on: every reservation of its workers became one order at the
-  warehouse, every request was answered, none twice (``warehouse_harness.handoff_figures``);
+- every reservation, by either release's workers, became one order at the warehouse, every
+  request was answered, none twice (``warehouse_harness.handoff_figures``), by both releases'
+  dispatchers, one at a time: this tree's stood by until the previous one stopped;
+- both releases' relays published result events, one at a time, ``stock.cancel_refused``
+  among the previous one's;
 - every process of either release ran until it was stopped and exited 0, and each said its
   release's version in its start-up line;
 - the pause: the longest gap between commits (the inbox's ``processed_at``) and between
@@ -99,14 +103,15 @@ WAREHOUSE_RATE_PER_SECOND = "200"
 """This tree's dispatcher's cap: high enough that the requests drain with the events."""
 PICK_DELAY_SECONDS = 0.3
 """The simulated warehouse picks an order this long after it took it: a cancellation sent
-later is refused (``stock.cancel_refused``, a result event the previous release never wrote)."""
+later is refused (``stock.cancel_refused``), by either release's dispatcher."""
 LONGEST_PAUSE_SECONDS = 20.0
 """A gap in commits longer than this is a stall, not a rollout's step."""
 
 
-def release_env(database_url: str, amqp_url: str) -> dict[str, str]:
-    """The environment of either release's processes: the suite's short time bounds, the
-    delivery limit, the relay polling every 0.2 s."""
+def release_env(database_url: str, amqp_url: str, simulator: SimulatorProcess) -> dict[str, str]:
+    """The environment of either release's processes (one ConfigMap): the suite's short time
+    bounds, the delivery limit, the relay polling every 0.2 s, and the hand-off's
+    ``FULFILMENT_WAREHOUSE_*`` variables against ``simulator``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}
     env.update(FAST_SETTINGS)
     env.update(
@@ -116,18 +121,14 @@ def release_env(database_url: str, amqp_url: str) -> dict[str, str]:
         FULFILMENT_DELIVERY_LIMIT=str(DELIVERY_LIMIT),
         FULFILMENT_RELAY_POLL_SECONDS="0.2",
     )
-    return env
-
-
-def warehouse_variables(simulator: SimulatorProcess) -> dict[str, str]:
-    """The hand-off's ``FULFILMENT_WAREHOUSE_*`` variables against ``simulator``."""
-    return {
-        key: value
+    env.update(
+        (key, value)
         for key, value in handoff_env(
             {}, simulator, FULFILMENT_WAREHOUSE_RATE_PER_SECOND=WAREHOUSE_RATE_PER_SECOND
         ).items()
         if key.startswith("FULFILMENT_WAREHOUSE_")
-    }
+    )
+    return env
 
 
 async def migrate(fulfilment: str, env: dict[str, str]) -> float:
@@ -149,15 +150,11 @@ async def migrate(fulfilment: str, env: dict[str, str]) -> float:
 class Fleet:
     """The processes of both releases, by name; what each exited with."""
 
-    def __init__(self, *, old_dispatcher: bool) -> None:
-        self.old_dispatcher = old_dispatcher
-        """Whether the previous release has a dispatcher (and the hand-off)."""
+    def __init__(self) -> None:
         self.processes: dict[str, WorkerProcess] = {}
         self.exits: dict[str, int] = {}
         self.stopped_at: dict[str, float] = {}
         """When each was sent SIGTERM (epoch seconds)."""
-        self.handing_off: set[str] = set()
-        """The workers started with the hand-off on."""
 
     async def start(self, name: str, process: WorkerProcess, *, wait_ready: bool = True) -> None:
         """Start ``process`` (in a thread: the load goes on meanwhile), then check that every
@@ -206,16 +203,17 @@ class Fleet:
                         outcomes[str(line.get("outcome")).partition(":")[0]] += 1
         return outcomes
 
-    def reserved_without_handoff(self) -> int:
-        """Orders reserved by workers without the hand-off, which record no warehouse request."""
-        return sum(
-            1
-            for name, process in self.processes.items()
-            if "worker" in name and name not in self.handing_off
-            for line in process.log_lines()
-            if line.get("event") == f"{ORDER_PLACED.event}.handled"
-            and line.get("outcome") == "reserved"
-        )
+    async def wait_for_role(self, name: str, role: str) -> None:
+        """Wait (30 s at most) until the relay or dispatcher ``name`` reports ``role``
+        (``standby``, ``active``) on ``/health/ready``."""
+        process = self.processes[name]
+        assert isinstance(process, RelayProcess | DispatcherProcess), name
+        deadline = time.monotonic() + 30
+        while (said := await asyncio.to_thread(process.readiness)).get("role") != role:
+            self.assert_running()
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name} not {role} within 30 s: {said}; {process.log_tail(10)}")
+            await asyncio.sleep(0.2)
 
 
 def build_info(port: int) -> str:
@@ -272,7 +270,8 @@ async def start_previous(
     tmp_path: Path,
 ) -> None:
     """The previous release as it ran before the upgrade: its ``migrate`` of the new database,
-    the stock, its workers, relay and (if it has one) dispatcher, each ready."""
+    the stock, its workers, relay and dispatcher, each ready (the relay and the dispatcher
+    active)."""
     old = previous.release.version
     await migrate(previous.fulfilment, env)
     await put_stock(db, STOCK)
@@ -284,46 +283,32 @@ async def start_previous(
     await fleet.start(
         f"{old} relay", RelayProcess(dict(env), tmp_path / "old-relay.log", python=previous.python)
     )
-    if fleet.old_dispatcher:
-        await fleet.start(
-            f"{old} dispatcher",
-            DispatcherProcess(dict(env), tmp_path / "old-dispatcher.log", python=previous.python),
-        )
+    await fleet.start(
+        f"{old} dispatcher",
+        DispatcherProcess(dict(env), tmp_path / "old-dispatcher.log", python=previous.python),
+    )
+    await fleet.wait_for_role(f"{old} relay", "active")
 
 
-async def roll_out(
-    fleet: Fleet, old: str, new: str, env: dict[str, str], tmp_path: Path, *, handoff: bool
-) -> None:
-    """The rolling update of the Deployments: each new pod started (and ready) before an old
-    one is stopped by SIGTERM, one at a time, both releases serving in between. With
-    ``handoff``, ``env`` holds the hand-off's variables and the dispatcher starts first."""
-    if handoff:
-        await start_dispatcher(fleet, new, env, tmp_path)
-    for index in range(WORKERS):
-        await replace_worker(fleet, f"{old} worker {index}", f"{new} worker {index}", env, tmp_path)
-    await fleet.start(f"{new} relay", RelayProcess(dict(env), tmp_path / "new-relay.log"))
-    await asyncio.sleep(DWELL_SECONDS)
-    await fleet.stop(f"{old} relay")
-    if fleet.old_dispatcher:
-        await fleet.stop(f"{old} dispatcher")
-
-
-async def turn_handoff_on(fleet: Fleet, new: str, env: dict[str, str], tmp_path: Path) -> None:
-    """The hand-off turned on once the previous release is gone: the dispatcher, then a rolling
-    update of the workers with the ``FULFILMENT_WAREHOUSE_*`` variables in ``env``."""
-    await start_dispatcher(fleet, new, env, tmp_path)
-    for index in range(WORKERS):
-        name = f"{new} worker {index}"
-        await replace_worker(fleet, name, f"{name} with the hand-off", env, tmp_path)
-
-
-async def start_dispatcher(fleet: Fleet, new: str, env: dict[str, str], tmp_path: Path) -> None:
+async def roll_out(fleet: Fleet, old: str, new: str, env: dict[str, str], tmp_path: Path) -> None:
+    """The rolling update of the Deployments: each new pod started (and ready, or standing by
+    for the lock the old one holds) before an old one is stopped by SIGTERM, one at a time,
+    both releases serving in between; the new relay and dispatcher take over the lock."""
     await fleet.start(
         f"{new} dispatcher",
         DispatcherProcess(dict(env), tmp_path / "new-dispatcher.log"),
-        # Beside the previous release's dispatcher it stands by until that one stops.
-        wait_ready=not fleet.old_dispatcher,
+        wait_ready=False,  # a standby is not ready: the previous release's holds the lock
     )
+    await fleet.wait_for_role(f"{new} dispatcher", "standby")
+    for index in range(WORKERS):
+        await replace_worker(fleet, f"{old} worker {index}", f"{new} worker {index}", env, tmp_path)
+    await fleet.start(f"{new} relay", RelayProcess(dict(env), tmp_path / "new-relay.log"))
+    await fleet.wait_for_role(f"{new} relay", "standby")
+    await asyncio.sleep(DWELL_SECONDS)
+    await fleet.stop(f"{old} relay")
+    await fleet.wait_for_role(f"{new} relay", "active")
+    await fleet.stop(f"{old} dispatcher")
+    await fleet.wait_for_role(f"{new} dispatcher", "active")
 
 
 async def replace_worker(
@@ -332,8 +317,6 @@ async def replace_worker(
     """Start ``new_name``, a worker of this tree on ``env``, then stop ``old_name``."""
     log = tmp_path / f"{new_name.replace(' ', '-')}.log"
     await fleet.start(new_name, WorkerProcess(dict(env), log))
-    if "FULFILMENT_WAREHOUSE_URL" in env:
-        fleet.handing_off.add(new_name)
     await asyncio.sleep(DWELL_SECONDS)
     await fleet.stop(old_name)
     await asyncio.sleep(DWELL_SECONDS)
@@ -347,19 +330,15 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
     tmp_path: Path,
 ) -> None:
     old, new = previous.release.version, head_version()
-    env = release_env(upgrade_database, amqp_url)
+    env = release_env(upgrade_database, amqp_url, simulator)
     simulator.faults(pick_delay_seconds=PICK_DELAY_SECONDS)
-    stock = warehouse_variables(simulator)
-    fleet = Fleet(old_dispatcher=previous.has_command("dispatcher"))
-    # The previous release gets the hand-off's variables only if it knows them: 0.1.0 refuses
-    # to start on a FULFILMENT_* variable that is none of its settings.
-    old_env = env | (stock if fleet.old_dispatcher else {})
+    fleet = Fleet()
     primary = Primary(upgrade_database)
     db = await connect_db(upgrade_database)
     run = Run()
     load: Load | None = None
     try:
-        await start_previous(fleet, previous, old_env, db, tmp_path)
+        await start_previous(fleet, previous, env, db, tmp_path)
         async with await aio_pika.connect(amqp_url) as broker:
             events = await bind_events_queue(broker)
             plan = lifecycle_plan(
@@ -374,12 +353,8 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
             fleet.assert_running()
             await asyncio.sleep(DWELL_SECONDS)
             started = time.monotonic()
-            # The hand-off (and its stock.cancel_refused) goes on in the rollout only when the
-            # previous release has it: 0.1.0's relay stops on a result event it does not know.
-            await roll_out(fleet, old, new, old_env, tmp_path, handoff=fleet.old_dispatcher)
+            await roll_out(fleet, old, new, env, tmp_path)
             run.rollout_seconds = time.monotonic() - started
-            if not fleet.old_dispatcher:
-                await turn_handoff_on(fleet, new, env | stock, tmp_path)
             await asyncio.sleep(AFTER_SECONDS)
             assert load.publishing, "the load ran out before the rollout ended: a longer plan"
             load.stop()
@@ -399,9 +374,8 @@ async def test_the_previous_release_runs_beside_this_one_through_a_rolling_updat
                 broker=BrokerSettings(amqp_url=SecretStr(amqp_url)),
             ),
         )
-        run.handoff = await handoff_figures(
-            db, simulator, reserved_before=fleet.reserved_without_handoff()
-        )
+        run.handoff = await handoff_figures(db, simulator)
+        run.handover = await handover(db, fleet, old)
         TABLES.append(await figures_table(previous, new, plan, outcome, fleet, db, run))
         await assert_upgraded(plan, outcome, outbox, fleet, db, run, old=old, new=new)
     finally:
@@ -425,6 +399,51 @@ class Run:
     """Each process's ``fulfilment_build_info`` line, read before it stopped."""
     handoff: dict[str, int] = field(default_factory=dict)
     """``warehouse_harness.handoff_figures``."""
+    handover: Handover | None = None
+
+
+@dataclass(frozen=True)
+class Handover:
+    """The relays' and the dispatchers' work on either side of the previous release's
+    stopping (its SIGTERM; what it finished after that counts as after)."""
+
+    published: tuple[int, int]
+    """Outbox rows published before and after the previous relay was stopped."""
+    refused: tuple[int, int]
+    """``stock.cancel_refused`` rows written before and after the previous relay was stopped."""
+    answered: tuple[int, int]
+    """Warehouse requests answered before and after the previous dispatcher was stopped."""
+
+
+async def handover(db: asyncpg.Connection, fleet: Fleet, old: str) -> Handover:
+    """The :class:`Handover` of a run, from the outbox, the requests and the stop times."""
+    relay_stopped = fleet.stopped_at[f"{old} relay"]
+    dispatcher_stopped = fleet.stopped_at[f"{old} dispatcher"]
+
+    async def split(sql: str, stopped: float) -> tuple[int, int]:
+        row = await db.fetchrow(sql, stopped)
+        assert row is not None
+        return int(row["before"]), int(row["after"])
+
+    return Handover(
+        published=await split(
+            "SELECT count(*) FILTER (WHERE published_at < to_timestamp($1)) AS before,"
+            " count(*) FILTER (WHERE published_at >= to_timestamp($1)) AS after FROM outbox",
+            relay_stopped,
+        ),
+        refused=await split(
+            "SELECT count(*) FILTER (WHERE created_at < to_timestamp($1)) AS before,"
+            " count(*) FILTER (WHERE created_at >= to_timestamp($1)) AS after FROM outbox"
+            " WHERE routing_key = 'stock.cancel_refused'",
+            relay_stopped,
+        ),
+        answered=await split(
+            "SELECT count(*) FILTER (WHERE answered_at < to_timestamp($1)) AS before,"
+            " count(*) FILTER (WHERE answered_at >= to_timestamp($1)) AS after"
+            " FROM warehouse_requests",
+            dispatcher_stopped,
+        ),
+    )
 
 
 async def assert_upgraded(
@@ -453,6 +472,12 @@ async def assert_upgraded(
     assert run.handoff == dict.fromkeys(run.handoff, 0), run.handoff
     assert set(await request_statuses(db, "fulfilment_order")) <= {"accepted", "withdrawn"}
     assert set(await request_statuses(db, "cancellation")) <= {"accepted", "withdrawn", "refused"}
+    # Each relay and each dispatcher did its share: the previous relay published the refusals
+    # of the previous dispatcher's cancels, and the new ones took over.
+    assert run.handover is not None
+    assert all(run.handover.published), run.handover
+    assert run.handover.refused[0] > 0, run.handover
+    assert all(run.handover.answered), run.handover
     # Both releases served, each process said its version, every exit was 0.
     assert fleet.handled(old).total() > 0
     assert fleet.handled(new).total() > 0
@@ -493,13 +518,11 @@ async def figures_table(
     )
     twice = sum(received.values()) - len(received)
     lost, duplicate = handoff["requests_lost"], handoff["duplicate_orders"]
-    refused_before = await db.fetchval(
-        "SELECT count(*) FROM outbox WHERE routing_key = 'stock.cancel_refused'"
-        " AND created_at < to_timestamp($1)",
-        fleet.stopped_at[f"{old} relay"],
-    )
-    refused = await db.fetchval(
-        "SELECT count(*) FROM outbox WHERE routing_key = 'stock.cancel_refused'"
+    assert run.handover is not None
+    published, refused, answered = (
+        run.handover.published,
+        run.handover.refused,
+        run.handover.answered,
     )
     return table(
         f"Rolling upgrade {old} ({previous.release.short}) -> {new} ({head_commit()}), "
@@ -528,12 +551,16 @@ async def figures_table(
                 f"{requests.total()}; {lost}, {duplicate}, {handoff['cancels_applied_twice']}",
             ),
             (
-                f"stock.cancel_refused (written while {old}'s relay ran)",
-                f"{refused} ({refused_before})",
+                f"result events published before / after {old}'s relay stopped",
+                f"{published[0]} / {published[1]}",
             ),
             (
-                "hand-off turned on",
-                "in the rollout" if fleet.old_dispatcher else f"after the rollout ({old} has none)",
+                f"stock.cancel_refused written before / after {old}'s relay stopped",
+                f"{refused[0]} / {refused[1]}",
+            ),
+            (
+                f"warehouse requests answered before / after {old}'s dispatcher stopped",
+                f"{answered[0]} / {answered[1]}",
             ),
             (f"{new} migrate under load", f"{run.migrate_seconds:.1f} s"),
             ("rollout (first new start to last old exit)", f"{run.rollout_seconds:.1f} s"),

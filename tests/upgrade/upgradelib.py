@@ -105,13 +105,6 @@ class InstalledRelease:
         """The release's ``fulfilment`` program."""
         return str(Path(self.python).with_name("fulfilment"))
 
-    def has_command(self, name: str) -> bool:
-        """Whether the release's ``fulfilment`` has the command ``name`` (``dispatcher``)."""
-        answer = subprocess.run(
-            [self.fulfilment, name, "--help"], capture_output=True, check=False, timeout=60
-        )
-        return answer.returncode == 0
-
 
 def install_release(release: Release, folder: Path, root: Path = ROOT) -> InstalledRelease:
     """Build ``release`` from its commit into ``folder``/src and install it, with its own lock

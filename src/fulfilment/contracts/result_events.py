@@ -96,7 +96,9 @@ class ResultEventV1(BaseModel):
     least once): the consumer's idempotency key, also the AMQP ``message_id``."""
     causation_id: MintedUuid
     """The ``event_id`` of the input event (``OrderPlaced``, ``OrderCancelled``,
-    ``OrderShipped``) whose change this event reports."""
+    ``OrderShipped``) whose change this event reports; for a shipment or a cancellation of the
+    warehouse, the UUID derived from its ``shipment_id`` or ``cancellation_id`` (version 5,
+    the same whichever webhook or poll brought it)."""
     order_id: MintedUuid
     """The order; also the AMQP ``correlation_id``."""
     occurred_at: AwareDatetime
@@ -127,6 +129,11 @@ class StockRejectedV1(ResultEventV1):
     """The SKUs short of stock or unknown; for ``cancelled``, the SKUs the order asked for."""
 
 
+ReleaseReason = Literal["cancelled", "warehouse_cancelled"]
+"""Who cancelled what a ``stock.released`` gave back: the shop (``OrderCancelled``) or the
+warehouse (its own cancellation)."""
+
+
 class StockReleasedV1(ResultEventV1):
     """``stock.released``: a cancel gave reserved units back, of the whole order or a part."""
 
@@ -135,19 +142,45 @@ class StockReleasedV1(ResultEventV1):
 
     lines: StockLines
     """What this cancel released."""
-    order_status: Literal["released", "reserved"]
-    """The order's status after it: ``released`` when it holds nothing any more, ``reserved``
-    when lines remain (a partial cancel)."""
+    order_status: Literal["released", "reserved", "shipped"]
+    """The order's status after it: ``released`` when it holds nothing any more and none of
+    it shipped, ``shipped`` when it holds nothing and the warehouse shipped some of it,
+    ``reserved`` when it still holds units (a partial cancel)."""
+    reason: ReleaseReason | None = None
+    """``cancelled`` (the shop's ``OrderCancelled``) or ``warehouse_cancelled`` (the
+    warehouse's own cancellation); absent from events written before it was added."""
+    warehouse_reason: str | None = None
+    """The warehouse's reason (``unfulfillable``, ...), as it sent it, for
+    ``warehouse_cancelled``; null otherwise."""
 
 
 class StockShippedV1(ResultEventV1):
-    """``stock.shipped``: the order left the warehouse with every unit it held."""
+    """``stock.shipped``: units of the order left the warehouse, with a shipment or all it held.
+
+    A shipment of the warehouse takes the units it shipped that the order held (the order
+    stays ``reserved`` while it holds more); the upstream ``OrderShipped`` ships every unit the
+    order still held.
+    """
 
     ROUTING_KEY: ClassVar[str] = STOCK_SHIPPED_ROUTING_KEY
     model_config = ConfigDict(title="StockShipped v1")
 
     lines: StockLines
     """What was shipped: ``on_hand`` and ``reserved`` went down by these units."""
+    shipment_id: str | None = None
+    """The warehouse's id of the shipment; null for the upstream ``OrderShipped``, and absent
+    from events written before it was added."""
+    carrier: str | None = None
+    """The carrier's name, when the warehouse gave one."""
+    tracking_numbers: list[str] = []
+    """The shipment's tracking numbers, one per package, in the warehouse's order; empty when
+    it gave none (and for the upstream ``OrderShipped``)."""
+    tracking_url: str | None = None
+    """Where to follow the shipment, when the warehouse gave one."""
+    order_status: Literal["reserved", "shipped"] | None = None
+    """The order's status after it: ``reserved`` while it still holds units (a partial
+    shipment), ``shipped`` when it holds none; absent from events written before it was
+    added."""
 
 
 class StockCancelRefusedV1(ResultEventV1):

@@ -32,7 +32,10 @@ A cancel that would release nothing (``ignored``) records nothing either. Then:
 - it refuses (``too_late``): nothing is released, the order stays ``reserved`` and will ship;
   a ``stock.cancel_refused`` event says so;
 - the fulfilment order fails: its order's waiting cancellations are applied at once, in the
-  order they were recorded (:func:`fulfilment_order_failed`), and are ``withdrawn``.
+  order they were recorded (:func:`fulfilment_order_failed`), and are ``withdrawn``;
+- a shipment or a cancellation of the warehouse leaves the order holding nothing
+  (``fulfilment.domain.warehouse_lifecycle``): nothing is left to cancel, and its
+  cancellations not sent yet are ``withdrawn``.
 
 The in-memory stock store of the tests runs these functions; ``cancel_orders()`` v3
 (``migrations/sql/cancel_orders/v3.sql``) implements them for a batch, and the property tests
@@ -288,7 +291,7 @@ def cancel_with_handoff(
     if request is RequestStatus.PENDING:
         if cancellation.kind is CancelKind.RELEASED:
             return HandoffCancellation(cancellation, withdrawn=True)
-        return HandoffCancellation(cancellation, fulfilment_lines=dict(cancellation.state.lines))
+        return HandoffCancellation(cancellation, fulfilment_lines=cancellation.state.held)
     return HandoffCancellation(cancellation)
 
 

@@ -2,15 +2,18 @@
 
 The rule is the state table of docs/design.md, "The reservation lifecycle"; this module
 is its specification, as plain functions of an order's state, one per event
-(:func:`apply_placed`, :func:`apply_cancelled`, :func:`apply_shipped`):
+(:func:`apply_placed`, :func:`apply_cancelled`, :func:`apply_shipped`). An order holds, per
+SKU, its line less what the warehouse's shipments took of it (:attr:`OrderState.held`):
 
 =========  ==============================  ==========================  ============================
 state now  OrderPlaced                     OrderCancelled              OrderShipped
 =========  ==============================  ==========================  ============================
 no row     reserve or reject (``decide``)  a ``cancelled`` tombstone   ``not_reserved``
-reserved   duplicate of the order          release the cancelled       ``shipped``
-                                           units; ``released`` when
-                                           none remain
+reserved   duplicate of the order          release the cancelled       ``shipped``: ships all the
+                                           units it holds; when it     order holds
+                                           holds none, ``released``,
+                                           or ``shipped`` when some
+                                           of it shipped
 rejected   duplicate of the order          ignored                     ``not_reserved``
 released   duplicate of the order          ignored                     ``not_reserved``
 shipped    duplicate of the order          ``cancel_after_ship``       ignored
@@ -20,14 +23,19 @@ cancelled  reserve what the tombstone did  the tombstone remembers     ``not_res
            when nothing remains
 =========  ==============================  ==========================  ============================
 
-Cancelling more of a SKU than the order holds cancels what it holds; a SKU the order does not
-hold is ignored. A shipment ships everything the order still holds.
+Cancelling more of a SKU than the order holds cancels what it holds (never what shipped); a
+SKU the order does not hold is ignored. A shipment ships everything the order still holds. The
+warehouse's own shipments and cancellations (``fulfilment.domain.warehouse_lifecycle``, its
+table) take or give back units of a reserved order: it stays ``reserved`` while it holds
+units, and then is ``shipped`` when any of them shipped, ``released`` when none did.
 
 Place and cancel commute: with enough stock, an order's cancels applied before its
 ``OrderPlaced`` (through the tombstone) leave the same stock and the same reserved lines as
 applied after it. A cancel and a ship of the same order do not commute (a cancel after the
 ship is ``cancel_after_ship``, one before it releases stock first), and a ship before its
 order is ``not_reserved`` (dead-lettered; an operator replays it once the order is placed).
+Which arrival orders of the warehouse's events commute is in docs/design.md, "Orders of
+arrival".
 
 The in-memory stock store of the tests runs these functions. Production runs the PL/pgSQL
 functions ``place_orders()``, ``cancel_orders()`` and ``ship_orders()`` (``migrations/sql/``),
@@ -59,13 +67,14 @@ class OrderStatus(StrEnum):
     """The state of an order: the values of ``reservations.status``."""
 
     RESERVED = "reserved"
-    """Its lines hold stock."""
+    """Its lines hold stock: all of them, or what did not ship yet of a partial shipment."""
     REJECTED = "rejected"
     """Placed, and refused with a reason; it holds nothing."""
     RELEASED = "released"
-    """Reserved, then cancelled until nothing remained; it holds nothing."""
+    """Reserved, then cancelled until nothing remained, none of it shipped; it holds nothing."""
     SHIPPED = "shipped"
-    """Reserved, then shipped: its lines left the warehouse."""
+    """Reserved, then shipped: its lines left the warehouse (what was not cancelled of it,
+    in one shipment or several); it holds nothing."""
     CANCELLED = "cancelled"
     """Cancelled before it was placed: a tombstone that remembers what was cancelled."""
 
@@ -143,15 +152,61 @@ class Tombstone:
 class OrderState:
     """An order as the stock store keeps it (a row of ``reservations`` with its lines).
 
-    ``lines`` are units per SKU in code-point order, and mean by ``status``: ``reserved``, the
-    units it holds; ``shipped``, the units that left; ``rejected``, the units it asked for
-    (after its tombstone); ``released`` and ``cancelled``, nothing. ``tombstone`` is what was
+    ``lines`` are units per SKU in code-point order, as ``reservation_lines.quantity``, and
+    mean by ``status``: ``reserved``, the units it holds plus those that shipped; ``shipped``,
+    the units that left; ``rejected``, the units it asked for (after its tombstone);
+    ``released`` and ``cancelled``, nothing. ``shipped`` is ``reservation_lines.shipped``: the
+    units per SKU that left, the SKUs with none left out (a reserved order may have shipped
+    some of its units; a shipped one shipped all its ``lines``). ``tombstone`` is what was
     cancelled before the order was placed, if anything was (always, for ``cancelled``).
     """
 
     status: OrderStatus
     lines: Mapping[str, int] = field(default_factory=dict)
     tombstone: Tombstone | None = None
+    shipped: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def held(self) -> dict[str, int]:
+        """The units per SKU the order holds (reserved in stock), in code-point order.
+
+        Its lines less what shipped of them for a ``reserved`` order, SKUs at 0 left out;
+        nothing in any other state.
+        """
+        if self.status is not OrderStatus.RESERVED:
+            return {}
+        held = {sku: units - self.shipped.get(sku, 0) for sku, units in self.lines.items()}
+        return {sku: units for sku, units in held.items() if units > 0}
+
+    def after_taking(self, taken: Mapping[str, int]) -> OrderState:
+        """This reserved order once ``taken`` (units per SKU it holds) left the warehouse.
+
+        It stays ``reserved`` while it holds units, and is ``shipped`` when it holds none.
+        """
+        shipped = dict(self.shipped)
+        for sku, units in taken.items():
+            shipped[sku] = shipped.get(sku, 0) + units
+        shipped = dict(sorted(shipped.items()))
+        after = OrderState(OrderStatus.RESERVED, self.lines, self.tombstone, shipped)
+        if after.held:
+            return after
+        return OrderState(OrderStatus.SHIPPED, self.lines, self.tombstone, shipped)
+
+    def after_releasing(self, given_back: Mapping[str, int]) -> OrderState:
+        """This reserved order once ``given_back`` (units per SKU it holds) was released.
+
+        Its lines shrink by them (a line at 0 goes); it stays ``reserved`` while it holds
+        units, and when it holds none it is ``shipped`` if any of its units shipped, else
+        ``released``.
+        """
+        lines = {sku: units - given_back.get(sku, 0) for sku, units in self.lines.items()}
+        lines = {sku: units for sku, units in lines.items() if units > 0}
+        after = OrderState(OrderStatus.RESERVED, lines, self.tombstone, self.shipped)
+        if after.held:
+            return after
+        shipped_some = any(units > 0 for units in self.shipped.values())
+        status = OrderStatus.SHIPPED if shipped_some else OrderStatus.RELEASED
+        return OrderState(status, lines, self.tombstone, self.shipped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +254,8 @@ class CancelKind(StrEnum):
     """How the processing of one ``OrderCancelled`` ended."""
 
     RELEASED = "released"
-    """A reserved order gave back its last units: it is ``released``."""
+    """A reserved order gave back its last units: it is ``released``, or ``shipped`` when
+    some of its units shipped before."""
     PARTIALLY_RELEASED = "partially_released"
     """A reserved order gave back some units and still holds others."""
     TOMBSTONED = "tombstoned"
@@ -220,7 +276,7 @@ class ShipKind(StrEnum):
     """How the processing of one ``OrderShipped`` ended."""
 
     SHIPPED = "shipped"
-    """The order's lines left the warehouse: ``on_hand`` and ``reserved`` went down by them."""
+    """What the order held left the warehouse: ``on_hand`` and ``reserved`` went down by it."""
     IGNORED = "ignored"
     """The order is already shipped; nothing changed."""
     NOT_RESERVED = "not_reserved"
@@ -309,8 +365,9 @@ def apply_cancelled(state: OrderState | None, cancelled: Mapping[str, int] | Non
     Returns:
         A :class:`Cancellation`: ``tombstoned`` without a row, or on a tombstone of lines
         (which adds the cancel to it); ``released`` or ``partially_released`` on a reserved
-        order (``lines`` released: each cancelled SKU's units, at most what the order holds),
-        or ``ignored`` when it holds none of them; ``cancel_after_ship`` on a shipped order;
+        order (``lines`` released: each cancelled SKU's units, at most what the order holds,
+        never what shipped; ``released`` leaves it ``shipped`` when some of it shipped), or
+        ``ignored`` when it holds none of them; ``cancel_after_ship`` on a shipped order;
         ``ignored`` on a rejected or released one, and on a tombstone of the whole order.
     """
     if state is None:
@@ -328,21 +385,17 @@ def apply_cancelled(state: OrderState | None, cancelled: Mapping[str, int] | Non
 
 
 def _release(state: OrderState, cancelled: Mapping[str, int] | None) -> Cancellation:
-    held = state.lines
+    held = state.held
     given_back = (
-        dict(held)
+        held
         if cancelled is None
         else {sku: min(units, held[sku]) for sku, units in cancelled.items() if sku in held}
     )
     if not given_back:
         return Cancellation(CancelKind.IGNORED, state)
-    remaining = {sku: units - given_back.get(sku, 0) for sku, units in held.items()}
-    remaining = {sku: units for sku, units in remaining.items() if units > 0}
-    if not remaining:
-        after = OrderState(OrderStatus.RELEASED, {}, state.tombstone)
-        return Cancellation(CancelKind.RELEASED, after, given_back)
-    after = OrderState(OrderStatus.RESERVED, remaining, state.tombstone)
-    return Cancellation(CancelKind.PARTIALLY_RELEASED, after, given_back)
+    after = state.after_releasing(given_back)
+    kind = CancelKind.PARTIALLY_RELEASED if after.held else CancelKind.RELEASED
+    return Cancellation(kind, after, given_back)
 
 
 def apply_shipped(state: OrderState | None) -> Shipment:
@@ -350,14 +403,14 @@ def apply_shipped(state: OrderState | None) -> Shipment:
 
     Returns:
         A :class:`Shipment` of a :class:`ShipKind`: ``shipped`` (``lines``: everything the
-        order held) on a reserved order, ``ignored`` on a shipped one, ``not_reserved`` on
-        any other state or without a row.
+        order still held, what the warehouse's shipments had not taken) on a reserved order,
+        ``ignored`` on a shipped one, ``not_reserved`` on any other state or without a row.
     """
     if state is None:
         return Shipment(ShipKind.NOT_RESERVED, None)
     if state.status is OrderStatus.RESERVED:
-        after = OrderState(OrderStatus.SHIPPED, state.lines, state.tombstone)
-        return Shipment(ShipKind.SHIPPED, after, dict(state.lines))
+        held = state.held
+        return Shipment(ShipKind.SHIPPED, state.after_taking(held), held)
     if state.status is OrderStatus.SHIPPED:
         return Shipment(ShipKind.IGNORED, state)
     return Shipment(ShipKind.NOT_RESERVED, state)

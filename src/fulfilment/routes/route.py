@@ -17,18 +17,39 @@ from fulfilment.domain.model import Command
 
 if TYPE_CHECKING:
     from fulfilment.application.ports import Stock
+    from fulfilment.domain.warehouse_events import Source
     from fulfilment.routes.handling import Handled
 
 EventT = TypeVar("EventT", bound=BaseModel)
 CommandT = TypeVar("CommandT", bound=Command[Any])
 OutcomeT = TypeVar("OutcomeT")
 
-Transport = SubscribedQueue
-"""How a route's events arrive: today a queue bound to ``orders`` with its DLQ. The
-warehouse's webhooks (``POST /webhooks/warehouse``, one event ``type`` per route, such as
-``shipment.shipped``) make a second kind, a member of this union beside the queue carrying the
-same ``event`` name; what serves only queues (``SUBSCRIBED_QUEUES``, the broker's definitions,
-the KEDA triggers) takes the routes whose transport is a queue."""
+
+@dataclass(frozen=True, slots=True)
+class WebhookType:
+    """The warehouse's webhooks of one ``type``, posted to ``POST /webhooks/warehouse``.
+
+    The intake (``fulfilment webhooks``) verifies a webhook's signature, reads its envelope
+    (``contracts.warehouse_events.WebhookEnvelope``) and hands the ``data`` of a type it
+    takes to the route of that type (``routes.table.WEBHOOK_ROUTES``); the dispatcher's poll
+    hands the same objects, found by ``GET /fulfilment-orders/{id}``, to the same routes.
+
+    Attributes:
+        event: the event in snake case (``shipment_shipped``): the ``event`` label of its
+            metrics and the prefix of its log lines, as a queue's.
+        type: the webhook's ``type`` (``shipment.shipped``), recorded in ``webhook_inbox``.
+    """
+
+    event: str
+    type: str
+
+
+Transport = SubscribedQueue | WebhookType
+"""How a route's events arrive: a queue bound to ``orders`` with its DLQ, which the worker
+consumes, or the warehouse's webhooks of one type, which the intake receives (and the
+dispatcher's poll finds). What serves only queues (``SUBSCRIBED_QUEUES``, the worker's
+subscriptions and metrics, the broker's definitions, the KEDA triggers, the AsyncAPI
+channels) takes the routes whose transport is a :class:`SubscribedQueue`."""
 
 
 class RouteHandler(Protocol):
@@ -42,6 +63,25 @@ class RouteHandler(Protocol):
     def __call__(self, body: bytes, *, stock: Stock) -> Awaitable[Handled]:
         """Handle one event's ``body``."""
         ...
+
+
+class WebhookHandler(Protocol):
+    """A webhook route's handler: the JSON of a webhook's ``data`` object and how it came in.
+
+    ``webhook_id`` is the ``webhook-id`` that brought it, None when the dispatcher's poll found
+    it (``source`` says which). It raises ``MalformedEventError`` for ``data`` that is not a
+    valid event of its type (the intake answers 422 and keeps the webhook), and
+    ``TransientError`` when the store failed past its retry budget (the intake answers 503).
+    """
+
+    def __call__(
+        self, data: bytes, *, stock: Stock, webhook_id: str | None, source: Source
+    ) -> Awaitable[Handled]:
+        """Handle one webhook's ``data``."""
+        ...
+
+
+HandlerT = TypeVar("HandlerT", bound="RouteHandler | WebhookHandler")
 
 
 def _accept(_command: object) -> None:
@@ -81,19 +121,21 @@ class BatchFunction(Generic[CommandT, OutcomeT]):
 
 
 @dataclass(frozen=True, slots=True)
-class Route(Generic[EventT, CommandT, OutcomeT]):
+class Route(Generic[EventT, CommandT, OutcomeT, HandlerT]):
     """One input event: how it arrives, what it is, who handles it, what it may end as.
 
     Attributes:
-        transport: how its events arrive (:data:`Transport`).
+        transport: how its events arrive (:data:`Transport`): a queue's route has a
+            :class:`RouteHandler`, a webhook type's a :class:`WebhookHandler`.
         model: its wire model, whose ``to_command()`` gives :attr:`command`; the AsyncAPI
             document describes it.
         summary: one sentence on what the event does, the ``summary`` of its message in the
             AsyncAPI document.
         command: the domain command its handler applies.
-        handler: its handler (:class:`RouteHandler`).
-        outcomes: the ``(outcome, reason)`` labels of ``fulfilment_events_total`` its handler
-            can return, refusals included; bound at 0 from the start.
+        handler: its handler.
+        outcomes: the ``(outcome, reason)`` labels its handler can return, refusals
+            included: of ``fulfilment_events_total`` for a queue's route, bound at 0 from the
+            start; of the warehouse events' metrics for a webhook type's.
         function: the SQL function that applies :attr:`command` in PostgreSQL.
     """
 
@@ -101,7 +143,7 @@ class Route(Generic[EventT, CommandT, OutcomeT]):
     model: type[EventT]
     summary: str
     command: type[CommandT]
-    handler: RouteHandler
+    handler: HandlerT
     outcomes: tuple[tuple[str, str], ...]
     function: BatchFunction[CommandT, OutcomeT]
 

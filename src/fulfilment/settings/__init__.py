@@ -49,6 +49,7 @@ from fulfilment.settings.groups import (
     RetentionSettings,
     SettingsGroup,
     WarehouseSettings,
+    WebhooksSettings,
     WorkerSettings,
     env_name,
     not_less,
@@ -69,6 +70,7 @@ __all__ = [
     "SettingsError",
     "SettingsGroup",
     "WarehouseSettings",
+    "WebhooksSettings",
     "WorkerSettings",
     "env_name",
     "from_variables",
@@ -104,6 +106,9 @@ class Settings(BaseModel):
     relay: RelaySettings = Field(default_factory=RelaySettings, title="Relay")
     warehouse: WarehouseSettings = Field(
         default_factory=WarehouseSettings, title="Warehouse system and dispatcher"
+    )
+    webhooks: WebhooksSettings = Field(
+        default_factory=WebhooksSettings, title="Warehouse webhooks intake"
     )
     http: HttpSettings = Field(default_factory=HttpSettings, title="Health and metrics endpoints")
     process: ProcessSettings = Field(default_factory=ProcessSettings, title="Logs and event loop")

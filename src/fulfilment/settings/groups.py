@@ -7,6 +7,8 @@ A field's docstring is its entry in the configuration reference (``make docs``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import itertools
 import re
@@ -34,6 +36,7 @@ __all__ = [
     "RetentionSettings",
     "SettingsGroup",
     "WarehouseSettings",
+    "WebhooksSettings",
     "WorkerSettings",
     "env_name",
     "not_less",
@@ -41,6 +44,9 @@ __all__ = [
 
 ENV_FILE_ENCODING = "utf-8"
 """The encoding ``.env`` is read in; a file that is not valid in it is refused at its line."""
+
+WEBHOOK_SECRET_PREFIX = "whsec_"  # noqa: S105 - the prefix of every secret, not one
+"""How a Standard Webhooks secret starts: ``whsec_`` and the base64 of its bytes."""
 
 MAX_RESERVATION_BATCH = 1000
 """Most orders one reservation transaction may carry (``reservation_batch_max``)."""
@@ -394,12 +400,37 @@ class WarehouseSettings(SettingsGroup):
     still unanswered this long after its first attempt is ``expired``: a retry after it could
     create a second order, so it waits for an operator (``resend``)."""
 
+    webhook_secrets: SecretStr = SecretStr("")
+    """The secrets the warehouse signs its webhooks with: one or more ``whsec_<base64>``,
+    separated by spaces. A webhook passes when any of its ``v1`` signatures matches any of them,
+    so a new secret is added beside the old one, the warehouse switched, then the old one
+    removed, without a pause. Needed by ``fulfilment webhooks`` alone, which refuses to start
+    without it."""
+
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         if not value:
             return None
         urls.check_warehouse_url(value)
+        return value
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _webhook_secrets(cls, value: SecretStr) -> SecretStr:
+        # The message names the position of a bad secret, never the secret itself.
+        for position, secret in enumerate(value.get_secret_value().split(), start=1):
+            if not secret.startswith(WEBHOOK_SECRET_PREFIX):
+                msg = f"secret {position} does not start with {WEBHOOK_SECRET_PREFIX!r}"
+                raise ValueError(msg)
+            try:
+                key = base64.b64decode(secret.removeprefix(WEBHOOK_SECRET_PREFIX), validate=True)
+            except binascii.Error:
+                msg = f"secret {position} is not {WEBHOOK_SECRET_PREFIX}<base64>"
+                raise ValueError(msg) from None
+            if not key:
+                msg = f"secret {position} is empty"
+                raise ValueError(msg)
         return value
 
     @field_validator("ca_file")
@@ -418,6 +449,44 @@ class WarehouseSettings(SettingsGroup):
                 " would check nothing"
             )
         _raise_if(problems)
+        return self
+
+
+class WebhooksSettings(SettingsGroup):
+    """The intake of the warehouse's webhooks (``fulfilment webhooks``): ports and limits.
+
+    Read by ``fulfilment webhooks`` only (docs/design.md, "Hearing back from the warehouse"),
+    which also needs ``FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS``. The endpoint and the probes
+    listen on ports of their own (on ``FULFILMENT_HTTP_HOST``), so that an Ingress exposes the
+    endpoint and nothing else.
+    """
+
+    model_config = _config(f"{ENV_PREFIX}WEBHOOKS_")
+
+    port: int = Field(default=8083, ge=1, le=65535)
+    """Port of ``POST /webhooks/warehouse``, the endpoint the warehouse sends its webhooks to."""
+
+    http_port: int = Field(default=8084, ge=1, le=65535)
+    """Port of the intake's ``/health/live``, ``/health/ready`` and ``/metrics``."""
+
+    tolerance_seconds: int = Field(default=300, ge=1, le=24 * 3600)
+    """How far a webhook's ``webhook-timestamp`` may be from now, either way, in whole seconds
+    (300, as the Standard Webhooks libraries and Stripe): an older or newer one is refused 401,
+    so that a captured request cannot be replayed later."""
+
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Largest webhook body taken, in bytes (1 MiB). A larger one is refused 413 as soon as its
+    ``Content-Length`` or the bytes read so far pass it, before the whole body is in memory."""
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> Self:
+        if self.port == self.http_port:
+            msg = (
+                f"{env_name(WebhooksSettings, 'port')} and"
+                f" {env_name(WebhooksSettings, 'http_port')} are both {self.port}: the endpoint"
+                " and the probes listen on ports of their own"
+            )
+            raise ValueError(msg)
         return self
 
 

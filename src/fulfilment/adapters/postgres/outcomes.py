@@ -15,7 +15,9 @@ from fulfilment.adapters.postgres.tables import (
     reservation_lines,
     reservations,
     stock_levels,
+    warehouse_cancellations,
     warehouse_requests,
+    warehouse_shipments,
 )
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.domain.model import RejectionReason
@@ -31,31 +33,40 @@ class InvariantChecks:
     Attributes:
         stock_out_of_bounds: SKUs with ``reserved < 0`` or ``reserved > on_hand`` (the CHECK
             constraint of ``stock_levels`` makes this 0 unless it was dropped).
-        reserved_mismatches: SKUs whose ``reserved`` differs from the units of the reserved
-            orders' ``reservation_lines`` (either side missing counts as 0).
+        reserved_mismatches: SKUs whose ``reserved`` differs from the units the reserved
+            orders hold, their ``reservation_lines`` less what shipped of them (``quantity -
+            shipped``; either side missing counts as 0): an order shipped in part by the
+            warehouse holds the rest.
         reserved_mismatch_examples: up to :data:`MISMATCH_EXAMPLES` of those SKUs, in
             code-point order.
-        inbox_unaccounted: the inbox rows that placed, released or shipped an order, and the
-            cancellation requests marked ``released_order``, minus the orders they did that to
-            (placed: every order but a tombstone; released; shipped); 0 when every such event
-            left exactly one trace. Each order is placed by one event, and released or shipped
-            by at most one (later ones are ignored), so a difference is an event lost half-way
-            or applied twice. With the hand-off, a cancel of an order the warehouse may hold
-            releases it later, when the warehouse accepts the cancellation or its fulfilment
-            order fails (``fulfilment.domain.handoff``); then the request, not the inbox row
+        inbox_unaccounted: the events that placed an order, and those that ended one, minus
+            the orders they did that to; 0 when every such event left exactly one trace. An
+            order is placed by one event (an inbox ``reserved`` or ``rejected`` row; every
+            order but a tombstone is placed). It is ended, left holding nothing as
+            ``released`` or ``shipped``, by at most one event (later ones find nothing to
+            release or ship): an inbox ``released`` row (the shop's cancel gave back its last
+            units, leaving it ``shipped`` when the warehouse had shipped some) or ``shipped``
+            row (the upstream ``OrderShipped``); a warehouse request marked
+            ``released_order``; a shipment of the warehouse recorded ``shipped`` that left it
+            ``shipped``; a cancellation of the warehouse recorded ``released`` that left it
+            ``released`` or ``shipped``. So a difference is an event lost half-way or applied
+            twice. With the hand-off, a cancel of an order the warehouse may hold releases it
+            later, when the warehouse accepts the cancellation or its fulfilment order fails
+            (``fulfilment.domain.handoff``); then the request, not the inbox row
             (``cancel_requested``), records the release. The mark is recorded when the
             release happens, not derived afterwards: ``fulfilment prune`` deletes the inbox
             rows that would tell which released orders had an inbox ``released`` row, and a
             request's status (``accepted``, ``withdrawn``) does not say whether its
-            application released the whole order, part of it, or nothing. Assumes one
+            application ended the order, released part of it, or nothing. Assumes one
             consumer name per database, as deployed.
         orphan_lines: ``reservation_lines`` rows whose order has no reservation (the check
             of the foreign key that migration 0005 dropped).
-        shipped_mismatches: SKUs whose ``shipped`` (the units ``ship_orders()`` took out of
-            ``on_hand``) differs from the units of the shipped orders' ``reservation_lines``
-            (either side missing counts as 0): ``on_hand`` went down by other than exactly the
-            shipped lines. During a rolling update from a release before migration 0009, the
-            SKUs its workers ship differ until they are gone.
+        shipped_mismatches: SKUs whose ``shipped`` (the units ``ship_orders()`` and
+            ``record_shipments()`` took out of ``on_hand``) differs from the units shipped of
+            every order's ``reservation_lines`` (``shipped``; either side missing counts as
+            0): ``on_hand`` went down by other than exactly the shipped units. During a
+            rolling update from a release before migration 0009, the SKUs its workers ship
+            differ until they are gone.
         shipped_mismatch_examples: up to :data:`MISMATCH_EXAMPLES` of those SKUs, in
             code-point order.
     """
@@ -88,8 +99,9 @@ class OutcomeReport:
         reserved: orders that hold stock (``reserved``).
         rejected: orders rejected, per reason (``insufficient_stock``, ``unknown_sku``,
             ``cancelled``; every key always present).
-        released: orders cancelled until they held nothing.
-        shipped: orders shipped: their lines left the warehouse.
+        released: orders cancelled until they held nothing, none of it shipped.
+        shipped: orders shipped: they hold nothing, and their lines (what was not cancelled
+            of them) left the warehouse, in one shipment or several.
         cancelled: tombstones: orders cancelled before their ``OrderPlaced`` came.
         duplicate_orders: events for an order that an earlier event had already placed.
         inbox_total: events processed, of every kind (rows of ``inbox_messages``, and those
@@ -169,22 +181,40 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
     by_outcome = dict(sorted(by_outcome.items()))
     inbox_total = sum(by_outcome.values())
     duplicate_orders = by_outcome.get("duplicate_order", 0)
-    # Every order but a tombstone was placed by one event, recorded reserved or rejected; a
-    # shipped order was shipped by one event, recorded so; a released order was released by
-    # one event, recorded so in the inbox or, when the warehouse had to be asked first, on
-    # the cancellation request whose application released it.
-    released_by_requests = await connection.scalar(
+    # Every order but a tombstone was placed by one event, recorded reserved or rejected.
+    # Every released or shipped order was ended by one event: recorded so in the inbox, or
+    # on the cancellation request whose application ended it when the warehouse had to be
+    # asked first, or on the warehouse's shipment or cancellation that left it holding
+    # nothing. An inbox released row may have left its order shipped (some of it had
+    # shipped), so releases and shipments are counted together.
+    ended_by_requests = await connection.scalar(
         sa.select(sa.func.count()).where(warehouse_requests.c.released_order)
+    )
+    ended_by_shipments = await connection.scalar(
+        sa.select(sa.func.count()).where(
+            warehouse_shipments.c.outcome == "shipped",
+            warehouse_shipments.c.order_status == str(OrderStatus.SHIPPED),
+        )
+    )
+    ended_by_cancellations = await connection.scalar(
+        sa.select(sa.func.count()).where(
+            warehouse_cancellations.c.outcome == "released",
+            warehouse_cancellations.c.order_status.in_(
+                [str(OrderStatus.RELEASED), str(OrderStatus.SHIPPED)]
+            ),
+        )
     )
     placed_orders = sum(orders.values()) - orders[OrderStatus.CANCELLED]
     unaccounted = (
-        (by_outcome.get("reserved", 0) + by_outcome.get("rejected", 0) - placed_orders)
-        + (
-            by_outcome.get("released", 0)
-            + (released_by_requests or 0)
-            - orders[OrderStatus.RELEASED]
-        )
-        + (by_outcome.get("shipped", 0) - orders[OrderStatus.SHIPPED])
+        by_outcome.get("reserved", 0) + by_outcome.get("rejected", 0) - placed_orders
+    ) + (
+        by_outcome.get("released", 0)
+        + by_outcome.get("shipped", 0)
+        + (ended_by_requests or 0)
+        + (ended_by_shipments or 0)
+        + (ended_by_cancellations or 0)
+        - orders[OrderStatus.RELEASED]
+        - orders[OrderStatus.SHIPPED]
     )
 
     out_of_bounds = await connection.scalar(
@@ -204,9 +234,15 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
         )
     )
 
-    mismatches = await _lines_mismatching(connection, OrderStatus.RESERVED, stock_levels.c.reserved)
+    held = reservation_lines.c.quantity - reservation_lines.c.shipped
+    mismatches = await _lines_mismatching(
+        connection,
+        held,
+        stock_levels.c.reserved,
+        reservations.c.status == str(OrderStatus.RESERVED),
+    )
     shipped_mismatches = await _lines_mismatching(
-        connection, OrderStatus.SHIPPED, stock_levels.c.shipped
+        connection, reservation_lines.c.shipped, stock_levels.c.shipped, sa.true()
     )
     published = await connection.execute(
         sa.select(outbox.c.published_at.is_not(None), sa.func.count()).group_by(
@@ -240,9 +276,14 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
 
 
 async def _lines_mismatching(
-    connection: AsyncConnection, status: OrderStatus, units: sa.Column[int]
+    connection: AsyncConnection,
+    line_units: sa.ColumnElement[int],
+    units: sa.Column[int],
+    orders: sa.ColumnElement[bool],
 ) -> Sequence[sa.Row[str, int]]:
-    """The SKUs whose ``units`` of ``stock_levels`` differ from the lines of ``status`` orders.
+    """The SKUs whose ``units`` of ``stock_levels`` differ from their lines' ``line_units``.
+
+    The lines are those of the orders that match ``orders``, summed per SKU.
 
     Up to :data:`MISMATCH_EXAMPLES` rows ``(sku, total)`` in code-point order, ``total``
     counting them all.
@@ -250,10 +291,10 @@ async def _lines_mismatching(
     lines = (
         sa.select(
             reservation_lines.c.sku,
-            sa.func.sum(reservation_lines.c.quantity).label("units"),
+            sa.func.sum(line_units).label("units"),
         )
         .join(reservations, reservations.c.order_id == reservation_lines.c.order_id)
-        .where(reservations.c.status == str(status))
+        .where(orders)
         .group_by(reservation_lines.c.sku)
         .cte("lines")
     )

@@ -145,9 +145,10 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
     ),
     "warehouse_shipments": Grant(
         "table",
-        ("SELECT", "INSERT"),
+        ("SELECT", "INSERT", "UPDATE"),
         "record_shipments, run by the intake and the dispatcher's poll, inserts each shipment"
-        " once (ON CONFLICT DO NOTHING); operator commands read them. Append-only",
+        " once (ON CONFLICT DO NOTHING), then sets the outcome and order status it decided;"
+        " operator commands read them. Not DELETE",
     ),
     "warehouse_shipment_lines": Grant(
         "table",
@@ -156,9 +157,10 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
     ),
     "warehouse_cancellations": Grant(
         "table",
-        ("SELECT", "INSERT"),
+        ("SELECT", "INSERT", "UPDATE"),
         "record_warehouse_cancellations, run by the intake and the dispatcher's poll, inserts"
-        " each cancellation once (ON CONFLICT DO NOTHING). Append-only",
+        " each cancellation once (ON CONFLICT DO NOTHING), then sets the outcome it decided."
+        " Not DELETE",
     ),
     "warehouse_cancellation_lines": Grant(
         "table",

@@ -272,10 +272,11 @@ class PostgresStock(Stock):
         """Apply ``command`` in a transaction of its kind's SQL function (group commit).
 
         The function is the one the command's route names (``place_orders()``,
-        ``cancel_orders()``, ``ship_orders()``: ``fulfilment.routes.table.FUNCTIONS``, found
-        by the command's type). The commands of one kind waiting at the same moment share the
-        transaction (``group_commit``); each gets the outcome it would get in a transaction of
-        its own after the calls before it.
+        ``cancel_orders()``, ``ship_orders()``, and for the warehouse's events
+        ``record_shipments()`` and ``record_warehouse_cancellations()``:
+        ``fulfilment.routes.table.FUNCTIONS``, found by the command's type). The commands of
+        one kind waiting at the same moment share the transaction (``group_commit``); each
+        gets the outcome it would get in a transaction of its own after the calls before it.
 
         When a connection drops after the function committed but before its answer arrived,
         the retry finds the inbox rows and answers ``duplicate`` for every command of the
@@ -287,7 +288,7 @@ class PostgresStock(Stock):
         Raises:
             TransientError: a transient database error outlasted the retry budget.
             ValueError: the function refuses the command (``BatchFunction.check``: an order
-                without lines, a cancel of lines that names none).
+                without lines, a cancel of lines that names none, a shipment without lines).
             LookupError: no route's command is of the command's type.
         """
         commit_batch = self._commit_batches.get(type(command))

@@ -375,8 +375,9 @@ per-order sending order; ``idempotency_key`` is minted with the row and never ch
 cancellation of the whole order); ``body`` is the exact bytes sent, frozen at the first
 attempt (so NULL exactly while ``attempts`` is 0). At most one fulfilment order per order.
 ``released_order`` is true on the cancellation whose application (accepted, or applied
-locally once its fulfilment order failed) left its order ``released``: the invariant check
-(``outcomes``) counts it as the event that released the order. ``news_at`` (migration 0014)
+locally once its fulfilment order failed) left its order holding nothing (``released``, or
+``shipped`` when the warehouse had shipped some of it): the invariant check (``outcomes``)
+counts it as the event that ended the order. ``news_at`` (migration 0014)
 is the last time a shipment or cancellation of the warehouse was recorded for the order of a
 fulfilment order, ``polled_at`` the dispatcher's last ``GET`` of it; the poll reads the
 accepted fulfilment orders by ``greatest(news_at, polled_at, answered_at)``, the last time it
@@ -463,6 +464,7 @@ warehouse_shipments = sa.Table(
     sa.Column("tracking_numbers", postgresql.ARRAY(sa.Text), nullable=False),
     sa.Column("tracking_url", sa.Text, nullable=True),
     sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("order_status", sa.Text, nullable=True),
     sa.Column(
         "recorded_at",
         sa.DateTime(timezone=True),
@@ -478,12 +480,16 @@ warehouse_shipments = sa.Table(
     sa.CheckConstraint(
         _one_of("outcome", SHIPMENT_OUTCOMES), name="warehouse_shipments_outcome_valid"
     ),
+    sa.CheckConstraint(
+        _one_of("order_status", ORDER_STATUSES), name="warehouse_shipments_order_status_valid"
+    ),
     sa.Index("warehouse_shipments_order_idx", "order_id"),
 )
 """One row per shipment of the warehouse applied (migration 0014), keyed by its
 ``shipment_id`` whichever webhook (``webhook_id``) or poll (``source``) brought it first: who
-carries it, its tracking numbers (one per package, possibly none), and how it ended
-(``outcome``). Its lines are in ``warehouse_shipment_lines``."""
+carries it, its tracking numbers (one per package, possibly none), how it ended
+(``outcome``) and the order's status after it (``order_status``, migration 0015; NULL for an
+unknown order). Its lines are in ``warehouse_shipment_lines``."""
 
 warehouse_shipment_lines = sa.Table(
     "warehouse_shipment_lines",
@@ -521,6 +527,7 @@ warehouse_cancellations = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("whole", sa.Boolean, nullable=False),
     sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("order_status", sa.Text, nullable=True),
     sa.Column(
         "recorded_at",
         sa.DateTime(timezone=True),
@@ -536,12 +543,16 @@ warehouse_cancellations = sa.Table(
     sa.CheckConstraint(
         _one_of("outcome", CANCELLATION_OUTCOMES), name="warehouse_cancellations_outcome_valid"
     ),
+    sa.CheckConstraint(
+        _one_of("order_status", ORDER_STATUSES), name="warehouse_cancellations_order_status_valid"
+    ),
     sa.Index("warehouse_cancellations_order_idx", "order_id"),
 )
 """One row per cancellation by the warehouse applied (migration 0014), keyed by its
 ``cancellation_id`` as shipments are by theirs: the warehouse's ``reason`` as it sent it,
-``whole`` when it named no lines (everything the order still held), and how it ended. Its lines
-are in ``warehouse_cancellation_lines``."""
+``whole`` when it named no lines (everything the order still held), how it ended, and the
+order's status after it (``order_status``, migration 0015). Its lines are in
+``warehouse_cancellation_lines``."""
 
 warehouse_cancellation_lines = sa.Table(
     "warehouse_cancellation_lines",

@@ -115,9 +115,12 @@ _RELEASE_STOCK = _sql("release_stock").bindparams(
     sa.bindparam("quantities", type_=postgresql.ARRAY(sa.Integer)),
 )
 
-_CLEAR_LINES = _sql("clear_lines")
+_DELETE_RELEASED_LINES = _sql("delete_released_lines").bindparams(
+    sa.bindparam("skus", type_=postgresql.ARRAY(sa.Text)),
+    sa.bindparam("quantities", type_=postgresql.ARRAY(sa.Integer)),
+)
 
-_WRITE_LINES = _sql("write_lines").bindparams(
+_SHRINK_LINES = _sql("shrink_lines").bindparams(
     sa.bindparam("skus", type_=postgresql.ARRAY(sa.Text)),
     sa.bindparam("quantities", type_=postgresql.ARRAY(sa.Integer)),
 )
@@ -386,13 +389,17 @@ async def _apply_cancels(
 
     By the lifecycle (``fulfilment.domain.handoff``): an accepted cancellation on the order
     as it is now, or a failed fulfilment order's waiting cancellations one after the other.
-    Each that releases stock writes its ``stock.released`` event, caused by its cancel. The
-    one that leaves the order ``released`` (at most one: later ones find nothing to release)
-    is marked ``released_order``, for no inbox ``released`` row records that release.
+    The order holds, per SKU, its line less what the warehouse's shipments took of it: only
+    that is released, and an order left holding nothing is ``shipped`` when some of it
+    shipped, else ``released``. Each that releases stock writes its ``stock.released`` event,
+    caused by its cancel. The one that leaves the order holding nothing (at most one: later
+    ones find nothing to release) is marked ``released_order``, for no inbox ``released`` row
+    records that release.
     """
     status = (await connection.execute(_LOCK_ORDER, {"order_id": order_id})).scalar_one()
-    rows = await connection.execute(_ORDER_LINES, {"order_id": order_id})
-    held = {str(sku): int(quantity) for sku, quantity in rows}
+    rows = (await connection.execute(_ORDER_LINES, {"order_id": order_id})).all()
+    held = {str(row.sku): int(row.held) for row in rows if row.held > 0}
+    shipped_some = any(row.shipped > 0 for row in rows)
     state = OrderState(OrderStatus(status), held)
     asked = [stored_units(lines) for _, _, lines, _ in cancels]
     if one_by_one:
@@ -410,23 +417,17 @@ async def _apply_cancels(
     if not released:
         return
     skus = sorted(released)
+    lines = {"order_id": order_id, "skus": skus, "quantities": [released[sku] for sku in skus]}
     await connection.execute(_LOCK_STOCK, {"skus": skus})
+    await connection.execute(_RELEASE_STOCK, lines)
+    await connection.execute(_DELETE_RELEASED_LINES, lines)
+    await connection.execute(_SHRINK_LINES, lines)
     await connection.execute(
-        _RELEASE_STOCK, {"skus": skus, "quantities": [released[sku] for sku in skus]}
-    )
-    await connection.execute(_CLEAR_LINES, {"order_id": order_id})
-    remaining = sorted(state_after.lines)
-    if remaining:
-        await connection.execute(
-            _WRITE_LINES,
-            {
-                "order_id": order_id,
-                "skus": remaining,
-                "quantities": [state_after.lines[sku] for sku in remaining],
-            },
-        )
-    await connection.execute(
-        _ORDER_STATUS, {"order_id": order_id, "status": str(state_after.status)}
+        _ORDER_STATUS,
+        {
+            "order_id": order_id,
+            "status": str(_status(state_after.status, shipped_some=shipped_some)),
+        },
     )
     for (_, causation_id, _, traceparent), cancellation in zip(cancels, results, strict=True):
         if cancellation.lines:
@@ -436,11 +437,24 @@ async def _apply_cancels(
                     "order_id": order_id,
                     "causation_id": causation_id,
                     "lines": _as_json(cancellation.lines),
-                    "order_status": str(cancellation.state.status),
+                    "order_status": str(
+                        _status(cancellation.state.status, shipped_some=shipped_some)
+                    ),
                     "traceparent": traceparent,
                 },
             )
     await connection.execute(_NOTIFY_RELAY)
+
+
+def _status(status: OrderStatus, *, shipped_some: bool) -> OrderStatus:
+    """The order's status once a release left it in ``status`` (of its held units alone).
+
+    An order that holds nothing is ``shipped`` when some of it shipped, not ``released``
+    (product contract, "Hearing back from the warehouse").
+    """
+    if status is OrderStatus.RELEASED and shipped_some:
+        return OrderStatus.SHIPPED
+    return status
 
 
 def _changes_the_request_only(answered: Answered) -> bool:

@@ -1,4 +1,4 @@
-"""The long-running services: ``fulfilment worker``, ``relay`` and ``dispatcher``.
+"""The long-running services: ``fulfilment worker``, ``relay``, ``dispatcher`` and ``webhooks``.
 
 Each is its own root under ``fulfilment.entrypoints``; each command imports its service's
 root when it runs, which keeps the other commands' start fast.
@@ -41,5 +41,18 @@ def dispatcher() -> None:
     PostgreSQL advisory lock); the others stand by.
     """
     from fulfilment.entrypoints.dispatcher import main  # noqa: PLC0415 - keeps the other commands' start fast
+
+    main()
+
+
+@app.command(cls=Command)
+def webhooks() -> None:
+    """Receive the warehouse's signed webhooks until SIGTERM or SIGINT.
+
+    ``POST /webhooks/warehouse`` on ``FULFILMENT_WEBHOOKS_PORT``, the probes and metrics on
+    ``FULFILMENT_WEBHOOKS_HTTP_PORT``. Needs ``FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS`` (else exit
+    2). Every replica serves.
+    """
+    from fulfilment.entrypoints.webhooks import main  # noqa: PLC0415 - keeps the other commands' start fast
 
     main()

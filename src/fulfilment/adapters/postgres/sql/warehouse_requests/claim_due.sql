@@ -5,14 +5,15 @@
 -- 0012); the order's fulfilment order is a scalar subquery on its unique index, because an
 -- EXISTS there was planned as a hash of every accepted request, built by a scan of the table.
 -- A cancellation's body is fixed at its first send from the order as it is then
--- (fulfilment.domain.handoff.cancellation_to_send): its status and lines come with it.
+-- (fulfilment.domain.handoff.cancellation_to_send): its status and the units it holds (its
+-- lines less what the warehouse's shipments took) come with it.
 SELECT w.id, w.kind, w.order_id, w.lines, w.body, w.created_at,
       CASE WHEN w.kind = 'cancellation' AND w.body IS NULL THEN
            (SELECT r.status FROM reservations AS r WHERE r.order_id = w.order_id)
       END AS order_status,
       CASE WHEN w.kind = 'cancellation' AND w.body IS NULL THEN
-           (SELECT jsonb_object_agg(l.sku, l.quantity) FROM reservation_lines AS l
-             WHERE l.order_id = w.order_id)
+           (SELECT jsonb_object_agg(l.sku, l.quantity - l.shipped) FROM reservation_lines AS l
+             WHERE l.order_id = w.order_id AND l.quantity > l.shipped)
       END AS order_lines
 FROM warehouse_requests AS w
 WHERE w.status IN ('pending', 'sending') AND w.next_attempt_at <= now()

@@ -6,6 +6,7 @@ SELECT e.event_id, :order_id, 'stock.released',
                           'causation_id', CAST(:causation_id AS uuid),
                           'order_id', CAST(:order_id AS uuid),
                           'occurred_at', now(), 'lines', CAST(:lines AS jsonb),
-                          'order_status', CAST(:order_status AS text)),
+                          'order_status', CAST(:order_status AS text),
+                          'reason', 'cancelled', 'warehouse_reason', NULL),
        :traceparent
 FROM (SELECT gen_random_uuid() AS event_id) AS e

@@ -1,1 +1,0 @@
-DELETE FROM reservation_lines WHERE order_id = :order_id
