@@ -23,8 +23,9 @@ Create Date: 2026-12-06
 Rolling update: workers of the previous release call ``ship_orders()`` and
 ``cancel_orders()`` with the same arguments and get the new versions, which behave as the old
 ones on every order no warehouse shipment touched, and on one that a shipment did ship and
-release what it holds, whichever release's worker calls them; the relay of the previous release publishes the events' new fields as they
-are (fields added only, and the routing keys are the same). The two new columns are nullable,
+release what it holds, whichever release's worker calls them; the relay of the previous
+release publishes the events' new fields as they are (fields added only, and the routing keys
+are the same). The two new columns are nullable,
 added without a rewrite.
 
 The downgrade drops the two functions and the columns, and loads ``ship_orders()`` v2 and

@@ -3,9 +3,10 @@
 Prints one line with the URL to give the service (``FULFILMENT_WAREHOUSE_URL``) and its token
 (``FULFILMENT_WAREHOUSE_TOKEN``). The knobs can be changed while it runs with
 ``POST /_simulator/faults`` (a JSON object of knobs, e.g. ``{"error_rate": 0.1}``). With
-``--ship-delay-seconds`` it ships and cancels on its own, and with ``--webhook-url`` it tells
-the service by signed webhooks (the secret: ``--webhook-secret``, repeated to sign with several;
-the simulator's default otherwise).
+``--ship-delay-seconds`` it ships and cancels on its own, with ``--receipts-per-second`` and the
+like it adjusts the stock of the SKUs given a level (``POST /_simulator/inventory``), and with
+``--webhook-url`` it tells the service by signed webhooks (the secret: ``--webhook-secret``,
+repeated to sign with several; the simulator's default otherwise).
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ SPEAKING_KNOBS: dict[str, str] = {
     "webhook_wrong_secret_rate": "fraction of attempts signed with a wrong secret",
     "webhook_stale_rate": "fraction of attempts with a stale webhook-timestamp",
     "webhook_stale_seconds": "how old a stale webhook-timestamp is",
+    "receipts_per_second": "goods received a second (inventory.adjusted, reason received)",
+    "returns_per_second": "returns a second (reason returned)",
+    "damages_per_second": "damages a second (reason damaged)",
+    "losses_per_second": "losses a second (reason lost)",
+    "counts_per_second": "shelf counts that differ a second (reason counted)",
+    "adjustment_max_units": "most units of one adjustment the warehouse makes on its own",
 }
-"""The options of the warehouse's work and webhooks: one per knob of :class:`Faults`."""
+"""The options of the warehouse's work, stock and webhooks: one per knob of :class:`Faults`."""
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:

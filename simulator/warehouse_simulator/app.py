@@ -1,9 +1,10 @@
 """The simulated warehouse: its orders, its idempotency keys, its faults, and its ASGI app.
 
 It speaks the API of docs/design.md's "The API it calls" (``POST {base}/fulfilment-orders``,
-``POST {base}/fulfilment-orders/{id}/cancellations``, and ``GET {base}/fulfilment-orders/{id}``,
+``POST {base}/fulfilment-orders/{id}/cancellations``, ``GET {base}/fulfilment-orders/{id}``,
 the order with its shipments and the warehouse's own cancellations, 404 for an id it does not
-hold) behind the same token, rate cap and faults; its POSTs have the semantics of the IETF draft
+hold, and ``GET {base}/inventory?after=<sku>&limit=<n>``, its shelves a page at a time) behind
+the same token, rate cap and faults; its POSTs have the semantics of the IETF draft
 "The Idempotency-Key HTTP Header Field":
 
 - a key is bound to the fingerprint of its first request (method, path and body bytes); the
@@ -31,6 +32,7 @@ import email.utils
 import hashlib
 import random
 import time
+import urllib.parse
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -50,10 +52,14 @@ from warehouse_simulator.asgi import (
 from warehouse_simulator.knobs import Faults
 from warehouse_simulator.orders import Cancellation, Order
 from warehouse_simulator.shipping import Floor
+from warehouse_simulator.stock import DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, RATE_KNOBS, Shelves
 from warehouse_simulator.webhooks import WebhookSender
 
 ORDERS_PATH = "/fulfilment-orders"
 """Path of the orders, under the base path (``--base-path``, ``/api/v1`` by default)."""
+
+INVENTORY_PATH = "/inventory"
+"""Path of the shelves' on-hand counts, under the base path."""
 
 ADMIN_PATH = "/_simulator"
 """Path of the admin endpoints (orders, cancellations, stats, faults), outside the base."""
@@ -115,7 +121,11 @@ class WarehouseSimulator:
         """Called with the seconds of an outage in ``refuse`` mode (set by the server)."""
         self.webhooks = WebhookSender(self.faults, self._random, concurrency=webhook_concurrency)
         """The sender of the webhooks, and their record."""
-        self.floor = Floor(self.faults, self.orders, self._random, self.webhooks.emit)
+        self.shelves = Shelves(self.faults, self._random, self.webhooks.emit)
+        """The warehouse's stock: on hand per SKU kept, its adjustments and their record."""
+        self.floor = Floor(
+            self.faults, self.orders, self._random, self.webhooks.emit, self.shelves.take
+        )
         """The warehouse's work: its shipments and cancellations, and their record."""
 
     # -- in-process API -----------------------------------------------------------------------
@@ -132,8 +142,18 @@ class WarehouseSimulator:
         order_id = self._by_reference.get(reference)
         return self.orders[order_id] if order_id else None
 
+    def load_stock(self, levels: dict[str, int]) -> None:
+        """Set the on hand of SKUs (``POST /_simulator/inventory``), and start the adjustments.
+
+        Raises:
+            ValueError: a bad SKU or level (:meth:`~.stock.Shelves.load`).
+        """
+        self.shelves.load(levels)
+        self.shelves.start()
+
     async def close(self) -> None:
-        """Stop the warehouse's work and its webhooks (what is not done yet stays undone)."""
+        """Stop the warehouse's work, its adjustments and its webhooks."""
+        await self.shelves.close()
         await self.floor.close()
         await self.webhooks.close()
 
@@ -151,15 +171,16 @@ class WarehouseSimulator:
     def record(self) -> dict[str, Any]:
         """What the warehouse did and said: ``GET /_simulator/webhooks``.
 
-        ``shipments`` and ``cancellations``: every one made (the webhooks' ``data``), sent or
-        not; ``webhooks``: every webhook with its ``cause``, ``fate`` and attempts (each with
-        its ``webhook-timestamp`` and the answer's status or error); ``counts``: webhooks by
-        fate, and attempts; ``work_pending`` and ``in_flight``: steps of work not done yet and
-        webhooks not finished (both 0: the warehouse has settled).
+        ``shipments``, ``cancellations`` and ``adjustments``: every one made (the webhooks'
+        ``data``), sent or not; ``webhooks``: every webhook with its ``cause``, ``fate`` and
+        attempts (each with its ``webhook-timestamp`` and the answer's status or error);
+        ``counts``: webhooks by fate, and attempts; ``work_pending`` and ``in_flight``: steps
+        of work not done yet and webhooks not finished (both 0: the warehouse has settled).
         """
         return {
             "shipments": self.floor.shipments,
             "cancellations": self.floor.cancellations,
+            "adjustments": self.shelves.adjustments,
             "webhooks": self.webhooks.document(),
             "counts": self.webhooks.counts(),
             "work_pending": self.floor.pending,
@@ -185,15 +206,16 @@ class WarehouseSimulator:
             "cancellations": len(self.cancellations),
             "shipments_made": len(self.floor.shipments),
             "warehouse_cancellations": len(self.floor.cancellations),
+            "adjustments_made": len(self.shelves.adjustments),
             "webhooks": self.webhooks.counts(),
         }
 
     # -- the API ------------------------------------------------------------------------------
 
     async def handle(  # noqa: PLR0911 - one return per refusal, then one per route
-        self, method: str, path: str, headers: dict[str, str], body: bytes
+        self, method: str, path: str, headers: dict[str, str], body: bytes, query: str = ""
     ) -> Reply:
-        """Answer one API request (``headers`` with lower-case names)."""
+        """Answer one API request (``headers`` with lower-case names, ``query`` undecoded)."""
         now = time.monotonic()
         self.requests_total += 1
         self.requests_per_second[int(time.time())] += 1
@@ -210,12 +232,12 @@ class WarehouseSimulator:
         if route is None:
             return reply(404, {"error": "not_found"})
         kind, order_id = route
-        if kind == "order":
-            if method != "GET":
-                return reply(405, {"error": "method_not_allowed"})
-            return self._show(order_id)
-        if method != "POST":
+        if method != ("GET" if kind in {"inventory", "order"} else "POST"):
             return reply(405, {"error": "method_not_allowed"})
+        if kind == "inventory":
+            return self._inventory(query)
+        if kind == "order":
+            return self._show(order_id)
         return await self._post(method, path, headers, body, order_id)
 
     async def _post(
@@ -241,6 +263,20 @@ class WarehouseSimulator:
         if order is None:
             return reply(404, {"error": "not_found"})
         return reply(200, order.document(picked=self.picked(order)))
+
+    def _inventory(self, query: str) -> Reply:
+        """``GET {base}/inventory?after=<sku>&limit=<n>``: a page of the SKUs kept.
+
+        ``after`` (default: from the first SKU) and ``limit`` (default
+        :data:`~.stock.DEFAULT_PAGE_LIMIT`, 1 to :data:`~.stock.MAX_PAGE_LIMIT`); a ``limit``
+        that is no such integer is answered 400 ``invalid_limit``.
+        """
+        asked = urllib.parse.parse_qs(query, keep_blank_values=True)
+        after = asked.get("after", [""])[-1]
+        limit_text = asked.get("limit", [str(DEFAULT_PAGE_LIMIT)])[-1]
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_PAGE_LIMIT:
+            return reply(400, {"error": "invalid_limit", "max": MAX_PAGE_LIMIT})
+        return reply(200, self.shelves.page(after, int(limit_text)))
 
     def picked(self, order: Order) -> bool:
         """Whether ``order`` was picked: ``pick_delay_seconds`` passed since its creation."""
@@ -283,12 +319,12 @@ class WarehouseSimulator:
         return answer
 
     def _route(self, path: str) -> tuple[str, str] | None:
-        """``("orders", "")``, ``("order", id)``, ``("cancellations", id)``; None: no route."""
+        """``("orders" | "inventory", "")``, ``("order" | "cancellations", id)``; None: no route."""
         rest = path.removeprefix(self.base_path)
         if rest == path and self.base_path:
             return None
-        if rest == ORDERS_PATH:
-            return ("orders", "")
+        if rest in {ORDERS_PATH, INVENTORY_PATH}:
+            return (rest.removeprefix("/").removeprefix("fulfilment-"), "")
         if not rest.startswith(ORDERS_PATH + "/"):
             return None
         parts = rest.removeprefix(ORDERS_PATH + "/").split("/")
@@ -396,7 +432,8 @@ class WarehouseSimulator:
                 name.decode("latin-1").lower(): value.decode("latin-1")
                 for name, value in scope["headers"]
             }
-            answer = await self.handle(method, path, headers, body)
+            query = scope.get("query_string", b"").decode("latin-1")
+            answer = await self.handle(method, path, headers, body, query)
             self.statuses[answer.status] += 1
         await send(
             {
@@ -412,8 +449,13 @@ class WarehouseSimulator:
         await send({"type": "http.response.body", "body": answer.body})
 
     def _admin(self, method: str, name: str, body: bytes) -> Reply:
-        if name == "faults" and method == "POST":
-            return self._change_faults(body)
+        changes = {
+            "faults": self._change_faults,
+            "inventory": self._load_stock,
+            "adjustments": self._adjust,
+        }
+        if method == "POST" and name in changes:
+            return changes[name](body)
         if method == "GET" and name == "orders":
             return reply(
                 200,
@@ -440,6 +482,37 @@ class WarehouseSimulator:
             return reply(400, {"error": str(error)})
         if "webhook_url" in changes:
             self.webhooks.reenable()
+        if any(name in RATE_KNOBS for name in changes):
+            self.shelves.start()
         if "down_for_seconds" in changes and self.faults.down_mode == "refuse":
             self.go_down(float(changes["down_for_seconds"]), mode="refuse")
         return reply(200, self.faults.document())
+
+    def _load_stock(self, body: bytes) -> Reply:
+        """``POST /_simulator/inventory`` ``{"levels": {"<sku>": <on hand>, ...}}``: no webhook."""
+        document = json_object(body)
+        levels = None if document is None else document.get("levels")
+        if not isinstance(levels, dict):
+            return reply(400, {"error": "levels must be an object of SKU to on hand"})
+        try:
+            self.load_stock(levels)
+        except ValueError as error:
+            return reply(400, {"error": str(error)})
+        return reply(200, self.shelves.page("", len(self.shelves.on_hand) or 1))
+
+    def _adjust(self, body: bytes) -> Reply:
+        """``POST /_simulator/adjustments`` ``{"sku", "delta", "reason"}``: one adjustment now.
+
+        201 with its ``data`` (its webhook is on its way); 400 when it cannot be made.
+        """
+        document = json_object(body)
+        if document is None:
+            return reply(400, {"error": "malformed_json"})
+        try:
+            # Shelves.adjust checks the values' types: a wrong one is a ValueError (400).
+            data = self.shelves.adjust(
+                document.get("sku", ""), document.get("delta", 0), document.get("reason", "")
+            )
+        except ValueError as error:
+            return reply(400, {"error": str(error)})
+        return reply(201, data)

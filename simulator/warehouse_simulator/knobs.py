@@ -94,6 +94,21 @@ class Faults:
         webhook_stale_rate: fraction (0 to 1) of attempts whose ``webhook-timestamp`` is
             ``webhook_stale_seconds`` old (signed with it: only the tolerance refuses them).
         webhook_stale_seconds: how old a stale attempt's timestamp is.
+
+    The shelves (:mod:`~.stock`): adjustments the warehouse makes on its own, each an
+    ``inventory.adjusted`` webhook sent like the others, on a SKU chosen at random among those
+    given a level; each rate is the mean number a second (Poisson arrivals), 0: none.
+
+    Attributes:
+        receipts_per_second: goods received, reason ``received``: +1 to
+            ``adjustment_max_units``.
+        returns_per_second: units returned, reason ``returned``: +1 to ``adjustment_max_units``.
+        damages_per_second: units found damaged, reason ``damaged``: -1 to
+            ``adjustment_max_units``, never below 0 on hand.
+        losses_per_second: units lost, reason ``lost``: as a damage.
+        counts_per_second: shelf counts that differ from the record, reason ``counted``: up to
+            ``adjustment_max_units`` either way, never below 0 on hand.
+        adjustment_max_units: the most units of one adjustment the warehouse makes on its own.
     """
 
     error_rate: float = 0.0
@@ -130,6 +145,13 @@ class Faults:
     webhook_wrong_secret_rate: float = 0.0
     webhook_stale_rate: float = 0.0
     webhook_stale_seconds: float = 600.0
+
+    receipts_per_second: float = 0.0
+    returns_per_second: float = 0.0
+    damages_per_second: float = 0.0
+    losses_per_second: float = 0.0
+    counts_per_second: float = 0.0
+    adjustment_max_units: int = 5
 
     def update(self, changes: dict[str, Any]) -> None:
         """Set the knobs named in ``changes`` (``down_for_seconds`` sets ``down_until``).
@@ -175,6 +197,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 OPTIONAL_NUMBERS = frozenset({"rate_limit_per_second", "pick_delay_seconds", "ship_delay_seconds"})
 """The knobs that take a number or null (off)."""
 
+COUNTS = frozenset({"max_shipments", "adjustment_max_units"})
+"""The knobs that take an integer >= 1."""
+
 
 def _checked(name: str, value: Any) -> Any:  # noqa: ANN401 - a knob's value, checked here
     """``value`` if knob ``name`` can take it.
@@ -191,7 +216,7 @@ def _checked(name: str, value: Any) -> Any:  # noqa: ANN401 - a knob's value, ch
 
 
 def _number(name: str, value: object) -> float | int | None:
-    """A number >= 0; a fraction for a ``*_rate``; an integer >= 1 for ``max_shipments``."""
+    """A number >= 0; a fraction for a ``*_rate``; an integer >= 1 for :data:`COUNTS`."""
     if value is None and name in OPTIONAL_NUMBERS:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -200,9 +225,9 @@ def _number(name: str, value: object) -> float | int | None:
     if name.endswith("_rate") and value > 1:
         msg = f"{name} must be a fraction from 0 to 1"
         raise ValueError(msg)
-    if name == "max_shipments":
+    if name in COUNTS:
         if not isinstance(value, int) or value < 1:
-            msg = "max_shipments must be an integer >= 1"
+            msg = f"{name} must be an integer >= 1"
             raise ValueError(msg)
         return value
     return float(value)

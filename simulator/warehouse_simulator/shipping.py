@@ -5,8 +5,12 @@ the warehouse cancels, per SKU with probability ``cancel_rate``, 1 to all the un
 (reason ``unfulfillable``; everything left: a cancellation without lines), then splits what is
 left into one shipment or, with probability ``split_rate``, 2 to ``max_shipments`` (never more
 than the units left), and ships them ``shipment_interval_seconds`` apart. Every unit left ships
-exactly once: the shipments of an order add up to what it had left, never more, since a shop's
-cancellation is refused ``too_late`` once the work began.
+or is cancelled exactly once: the shipments and cancellations of an order add up to what it had
+left, never more, since a shop's cancellation is refused ``too_late`` once the work began.
+
+A SKU the warehouse keeps on its shelves (:mod:`~.stock`) ships only what is on hand when the
+shipment is made: the units of the parcel beyond it are cancelled just before, reason
+``unfulfillable``, and the shipment takes the rest off the shelf.
 
 Each shipment and cancellation is the ``data`` object of its webhook (docs/design.md, "Hearing
 back from the warehouse"): it is added to its order (``GET {base}/fulfilment-orders/{id}``
@@ -41,6 +45,13 @@ CANCEL_REASON = "unfulfillable"
 
 Emit = Callable[[str, dict[str, Any]], None]
 """``emit(type, data)``: a change was made; send its webhook."""
+
+Take = Callable[[str, int], int]
+"""``take(sku, units)``: take up to ``units`` of ``sku`` off the shelf; the units taken."""
+
+
+def _all_of(_sku: str, units: int) -> int:
+    return units
 
 
 def rfc3339(seconds: float) -> str:
@@ -77,10 +88,17 @@ class Floor:
         orders: the warehouse's orders by id.
         rng: the simulator's seeded random choices.
         emit: called with each change made.
+        take: takes a shipment's units off the shelf (``Shelves.take``); by default every unit
+            is there.
     """
 
     def __init__(
-        self, faults: Faults, orders: dict[str, Order], rng: random.Random, emit: Emit
+        self,
+        faults: Faults,
+        orders: dict[str, Order],
+        rng: random.Random,
+        emit: Emit,
+        take: Take = _all_of,
     ) -> None:
         self.faults = faults
         self.orders = orders
@@ -90,6 +108,7 @@ class Floor:
         """Every cancellation of the warehouse's own, in the order made."""
         self._random = rng
         self._emit = emit
+        self._take = take
         self._due: list[tuple[float, int, str]] = []
         """(``time.monotonic()`` due, tie-breaker, order id): the heap of work to do."""
         self._ticket = itertools.count()
@@ -173,6 +192,10 @@ class Floor:
             for sku, quantity in order.remaining.items()
             if self._random.random() < rate
         }
+        self._cancel(order, cut)
+
+    def _cancel(self, order: Order, cut: dict[str, int]) -> None:
+        """Cancel ``cut`` (units by SKU, within what is left) of ``order``; nothing if empty."""
         if not cut:
             return
         data: dict[str, Any] = {
@@ -200,6 +223,11 @@ class Floor:
         return split(order.remaining, parts, self._random)
 
     def _ship(self, order: Order, parcel: dict[str, int]) -> None:
+        taken = {sku: self._take(sku, quantity) for sku, quantity in parcel.items()}
+        self._cancel(order, {sku: parcel[sku] - q for sku, q in taken.items() if q < parcel[sku]})
+        parcel = {sku: quantity for sku, quantity in taken.items() if quantity}
+        if not parcel:
+            return
         carrier = self._random.choice(CARRIERS)
         packages = self._random.randint(1, 2)
         tracking = [f"{carrier[:2].upper()}{self._random.randrange(10**11, 10**12)}"]

@@ -1,6 +1,7 @@
 """The warehouse's webhooks: Standard Webhooks 1.0, signed with the ``standardwebhooks`` package.
 
-Each change of the warehouse (a shipment, a cancellation of its own) becomes one webhook, a
+Each change of the warehouse (a shipment, a cancellation of its own, an adjustment of its
+stock) becomes one webhook, a
 ``POST`` of ``{"type", "timestamp", "data"}`` to ``webhook_url`` with the headers
 ``webhook-id`` (``msg_<hex>``, the same on every retry), ``webhook-timestamp`` (this attempt's
 Unix seconds) and ``webhook-signature`` (one ``v1,<base64>`` per secret of
@@ -75,8 +76,9 @@ class Webhook:
     webhook_id: str
     type: str
     subject: str
-    """The shipment's or cancellation's id."""
-    reference: str
+    """The shipment's, cancellation's or adjustment's id."""
+    reference: str | None
+    """The order's reference (the service's order id); None for an adjustment."""
     cause: str
     fate: str
     attempts: list[Attempt] = field(default_factory=list)
@@ -112,8 +114,10 @@ class WebhookSender:
             {"type": kind, "timestamp": rfc3339(time.time()), "data": data},
             separators=(",", ":"),
         ).encode()
-        subject = str(data.get("shipment_id") or data.get("cancellation_id"))
-        webhook = Webhook(_webhook_id(), kind, subject, str(data["reference"]), "change", "waiting")
+        subject = str(
+            data.get("shipment_id") or data.get("cancellation_id") or data.get("adjustment_id")
+        )
+        webhook = Webhook(_webhook_id(), kind, subject, data.get("reference"), "change", "waiting")
         self.webhooks.append(webhook)
         if self._random.random() < faults.webhook_never_rate:
             webhook.fate = "never_sent"

@@ -29,11 +29,13 @@ from pydantic import ValidationError
 from fulfilment.adapters.postgres.engine import ENGINE_POOL_SIZE
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.entrypoints import cli
+from fulfilment.intake.app import WEBHOOK_PATH
 from fulfilment.observability.metrics import Metrics
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import ENV_PREFIX, HttpSettings, Settings, from_variables, variables
 from fulfilment.worker.health import READINESS_CHECK_SECONDS, health_app
 from fulfilment.worker.topology import Topology
+from warehouse_simulator.knobs import DEFAULT_WEBHOOK_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,7 +203,8 @@ def exec_form(value: str) -> list[str]:
 def k8s_environment(stack: Stack, pod_spec: dict[str, Any]) -> dict[str, str]:
     """The environment of a pod's first container: its envFrom ConfigMaps and Secrets, then env.
 
-    The Secret is the committed example (``secret.example.yaml``): the keys an operator must set.
+    The Secret is the committed example (``secret.example.yaml``): the keys an operator must set;
+    a variable taken from one key of it (``secretKeyRef``) is that key's value.
     """
     container = pod_spec["containers"][0]
     env: dict[str, str] = {}
@@ -210,7 +213,13 @@ def k8s_environment(stack: Stack, pod_spec: dict[str, Any]) -> dict[str, str]:
             env.update(stack.resource("ConfigMap", source["configMapRef"]["name"])["data"])
         if "secretRef" in source:
             env.update(stack.resource("Secret", source["secretRef"]["name"])["stringData"])
-    env.update({item["name"]: item.get("value", "") for item in container.get("env", [])})
+    for item in container.get("env", []):
+        reference = item.get("valueFrom", {}).get("secretKeyRef")
+        env[item["name"]] = (
+            stack.resource("Secret", reference["name"])["stringData"][reference["key"]]
+            if reference is not None
+            else item.get("value", "")
+        )
     return env
 
 
@@ -1265,6 +1274,129 @@ def check_dispatcher(stack: Stack) -> list[str]:
     return problems
 
 
+def check_webhooks(stack: Stack) -> list[str]:  # noqa: C901, PLR0912 - a checklist of independent rules, read in one place
+    """The intake runs its command on its two ports, with its secrets, behind an Ingress that
+    exposes the endpoint alone, over TLS.
+
+    In Kubernetes: the Deployment runs ``webhooks`` with several replicas as the runtime role,
+    its ports are ``FULFILMENT_WEBHOOKS_PORT`` (the endpoint) and ``..._HTTP_PORT`` (probes on
+    ``/health/live`` and ``/health/ready``, the PodMonitor's scrape), and
+    ``FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS`` is set; the Service forwards the endpoint's port
+    and no other; the Ingress has one rule, the path ``/webhooks/warehouse`` exactly, to that
+    Service's port, with TLS for its host; a PodDisruptionBudget keeps a replica through a
+    drain. In compose: the service runs
+    ``webhooks`` on the same two ports with a secret, and Prometheus scrapes the second.
+    """
+    problems = []
+    deployment = stack.resource("Deployment", "fulfilment-webhooks")
+    pod = deployment["spec"]["template"]["spec"]
+    settings = effective_settings(k8s_environment(stack, pod))
+    container = pod["containers"][0]
+    ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    wanted = {"webhooks": settings.webhooks.port, "http": settings.webhooks.http_port}
+    if ports != wanted:
+        problems.append(f"k8s webhooks: container ports {ports}, want {wanted}")
+    for probe_name, path in (
+        ("livenessProbe", "/health/live"),
+        ("readinessProbe", "/health/ready"),
+    ):
+        probe = container[probe_name]["httpGet"]
+        if ports.get(probe["port"], probe["port"]) != settings.webhooks.http_port:
+            problems.append(f"k8s webhooks: {probe_name} is not on FULFILMENT_WEBHOOKS_HTTP_PORT")
+        if probe["path"] != path:
+            problems.append(f"k8s webhooks: {probe_name} asks {probe['path']}, not {path}")
+    commands = set(typer.main.get_command(cli.app).commands)  # type: ignore[attr-defined]
+    if container.get("args") != ["webhooks"] or "webhooks" not in commands:
+        problems.append("k8s webhooks: must run [webhooks], a `fulfilment` command")
+    if not settings.warehouse.webhook_secrets.get_secret_value().split():
+        problems.append("k8s webhooks: FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS is not set")
+    if _database_user(k8s_environment(stack, pod)) != settings.database.runtime_role:
+        problems.append("k8s webhooks: must connect as the runtime role")
+    if deployment["spec"].get("replicas", 1) < 2:
+        problems.append("k8s webhooks: run several replicas (every one serves)")
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    pause = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    if pause >= grace:
+        problems.append(f"k8s webhooks: the preStop pause ({pause} s) takes the whole grace period")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    service = stack.resource("Service", "fulfilment-webhooks")["spec"]
+    if service["selector"] != selector:
+        problems.append("k8s webhooks Service: does not select the Deployment's pods")
+    forwarded = {
+        port["name"]: ports.get(port["targetPort"], port["targetPort"]) for port in service["ports"]
+    }
+    if list(forwarded.values()) != [settings.webhooks.port]:
+        problems.append(
+            f"k8s webhooks Service: forwards {forwarded}, want the endpoint's port alone"
+        )
+    ingress = stack.resource("Ingress", "fulfilment-webhooks")["spec"]
+    paths = [
+        (rule.get("host"), path["path"], path["pathType"], path["backend"]["service"])
+        for rule in ingress["rules"]
+        for path in rule["http"]["paths"]
+    ]
+    if [(p, t) for _, p, t, _ in paths] != [(WEBHOOK_PATH, "Exact")]:
+        problems.append(f"k8s webhooks Ingress: exposes {paths}, want {WEBHOOK_PATH} exactly")
+    for host, _, _, backend in paths:
+        if backend["name"] != "fulfilment-webhooks" or backend["port"].get("name") not in forwarded:
+            problems.append(f"k8s webhooks Ingress: backend {backend} is not the Service's port")
+        if not any(
+            host in tls.get("hosts", []) and tls.get("secretName") for tls in ingress.get("tls", [])
+        ):
+            problems.append(f"k8s webhooks Ingress: no TLS certificate for {host}")
+    budget = stack.resource("PodDisruptionBudget", "fulfilment-webhooks")["spec"]
+    if budget["selector"]["matchLabels"] != selector or budget.get("maxUnavailable") != 1:
+        problems.append("k8s webhooks PodDisruptionBudget: must let one replica go at a time")
+    monitor = stack.resource("PodMonitor", "fulfilment-webhooks")["spec"]
+    problems.extend(
+        f"k8s webhooks PodMonitor: port {endpoint['port']!r} is not FULFILMENT_WEBHOOKS_HTTP_PORT"
+        for endpoint in monitor["podMetricsEndpoints"]
+        if ports.get(endpoint["port"]) != settings.webhooks.http_port
+    )
+    return problems + _compose_webhooks_problems(stack)
+
+
+def _compose_webhooks_problems(stack: Stack) -> list[str]:
+    """:func:`check_webhooks`' rules of the compose service and its scrape."""
+    problems = []
+    compose_service = stack.compose["services"]["webhooks"]
+    compose = effective_settings(compose_environment(stack, "webhooks"))
+    if compose_service.get("command") != ["webhooks"]:
+        problems.append("docker-compose.yml webhooks: must run [webhooks]")
+    if not compose.warehouse.webhook_secrets.get_secret_value().split():
+        problems.append("docker-compose.yml webhooks: FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS unset")
+    exposed = [str(p) for p in compose_service.get("expose", [])]
+    if exposed != [str(compose.webhooks.port), str(compose.webhooks.http_port)]:
+        problems.append(f"docker-compose.yml webhooks: expose {exposed}, not the two ports")
+    health = " ".join(compose_service["healthcheck"]["test"])
+    found = re.search(r"http://127\.0\.0\.1:(\d+)/health/ready'", health)
+    if found is None or int(found[1]) != compose.webhooks.http_port:
+        port = compose.webhooks.http_port
+        problems.append(f"docker-compose.yml webhooks: healthcheck is not /health/ready on {port}")
+    # The simulator sends its webhooks to the intake, signed with a secret the intake holds.
+    simulator = [str(word) for word in stack.compose["services"]["warehouse"]["command"]]
+    url = simulator[simulator.index("--webhook-url") + 1] if "--webhook-url" in simulator else None
+    wanted_url = f"http://webhooks:{compose.webhooks.port}{WEBHOOK_PATH}"
+    if url != wanted_url:
+        problems.append(f"docker-compose.yml warehouse: --webhook-url {url}, not {wanted_url}")
+    signs_with = [
+        simulator[index + 1] for index, word in enumerate(simulator) if word == "--webhook-secret"
+    ] or [DEFAULT_WEBHOOK_SECRET]
+    if not set(signs_with) <= set(compose.warehouse.webhook_secrets.get_secret_value().split()):
+        problems.append("docker-compose.yml webhooks: does not hold the simulator's secret")
+    scraped = [
+        sd["port"]
+        for job in stack.prometheus["scrape_configs"]
+        if job["job_name"] == "fulfilment-webhooks"
+        for sd in job["dns_sd_configs"]
+    ]
+    if scraped != [compose.webhooks.http_port]:
+        problems.append(
+            f"prometheus.yml: scrapes the intake on {scraped}, not [{compose.webhooks.http_port}]"
+        )
+    return problems
+
+
 CHECKS: list[Callable[[Stack], list[str]]] = [
     check_environment_variables_exist,
     check_settings_validate,
@@ -1287,6 +1419,7 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_prometheus_rule_rendered,
     check_kustomization,
     check_dispatcher,
+    check_webhooks,
 ]
 
 

@@ -290,7 +290,50 @@ BREAKS: dict[str, Callable[[Stack], None]] = {
     "Prometheus scraping the dispatcher on another port": lambda s: next(
         job for job in s.prometheus["scrape_configs"] if job["job_name"] == "fulfilment-dispatcher"
     )["dns_sd_configs"][0].update(port=9999),
+    "the intake's endpoint port moved in the ConfigMap only": lambda s: _configmap(s).update(
+        FULFILMENT_WEBHOOKS_PORT="9083"
+    ),
+    "the intake without its secrets": lambda s: s.resource("Secret", "fulfilment-webhooks")[
+        "stringData"
+    ].update(FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS=""),
+    "the intake's Service forwarding /metrics too": lambda s: s.resource(
+        "Service", "fulfilment-webhooks"
+    )["spec"]["ports"].append({"name": "http", "port": 8084, "targetPort": "http"}),
+    "the Ingress exposing every path": lambda s: s.resource("Ingress", "fulfilment-webhooks")[
+        "spec"
+    ]["rules"][0]["http"]["paths"][0].update(path="/", pathType="Prefix"),
+    "the Ingress without TLS": lambda s: s.resource("Ingress", "fulfilment-webhooks")["spec"].pop(
+        "tls"
+    ),
+    "one intake replica": lambda s: s.resource("Deployment", "fulfilment-webhooks")["spec"].update(
+        replicas=1
+    ),
+    "the intake probed on its endpoint's port": lambda s: _webhooks_container(s)["readinessProbe"][
+        "httpGet"
+    ].update(port="webhooks"),
+    "the intake as the owner role": lambda s: _webhooks_container(s)["env"][0]["valueFrom"][
+        "secretKeyRef"
+    ].update(name="fulfilment-owner"),
+    "the simulator sending its webhooks to the probes' port": lambda s: _simulator_option(
+        s, "--webhook-url", "http://webhooks:8084/webhooks/warehouse"
+    ),
+    "the simulator signing with a secret the intake does not hold": lambda s: s.compose["services"][
+        "warehouse"
+    ]["command"].extend(["--webhook-secret", "whsec_c29tZXRoaW5nLWVsc2U="]),
+    "Prometheus scraping the intake's endpoint port": lambda s: next(
+        job for job in s.prometheus["scrape_configs"] if job["job_name"] == "fulfilment-webhooks"
+    )["dns_sd_configs"][0].update(port=8083),
 }
+
+
+def _simulator_option(stack: Stack, option: str, value: str) -> None:
+    command = stack.compose["services"]["warehouse"]["command"]
+    command[command.index(option) + 1] = value
+
+
+def _webhooks_container(stack: Stack) -> dict[str, Any]:
+    deployment = stack.resource("Deployment", "fulfilment-webhooks")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
 @pytest.mark.parametrize("mutate", BREAKS.values(), ids=BREAKS.keys())

@@ -9,10 +9,10 @@ code and the manifests, never against a copy of them:
   selector selects exactly the worker's pods; a container or port is the worker's; nothing
   scales a Deployment that KEDA scales; annotations are KEDA's documented pause annotations; a
   patch of the ScaledObject is one its CRD accepts and keeps the scaling rules of ``stack.py``;
-- every metric (with its label matchers) is exported by the worker, the relay or the
-  dispatcher, every alert is a rule of ``deploy/prometheus/alerts.yml``, every dashboard panel
-  the runbook names is one of the dashboard's, every ``FULFILMENT_*`` variable is a setting,
-  every link points at a section;
+- every metric (with its label matchers) is exported by the worker, the relay, the
+  dispatcher or the intake, every alert is a rule of ``deploy/prometheus/alerts.yml``, every
+  dashboard panel the runbook names is one of the dashboard's, every ``FULFILMENT_*`` variable
+  is a setting, every link points at a section;
 - every other name (log events, queues, headers, labels, columns) is a string of the source,
   every file exists, every failure class is one, and every ``SELECT`` plans on a migrated
   database.
@@ -47,7 +47,9 @@ from fulfilment.contracts.dead_letter import FailureClass
 from fulfilment.contracts.result_events import RESULT_ROUTING_KEYS
 from fulfilment.entrypoints import cli
 from fulfilment.entrypoints.worker import build_worker
+from fulfilment.intake.signatures import Refusal
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
+from fulfilment.observability.intake_metrics import IntakeMetrics
 from fulfilment.observability.relay_metrics import RelayMetrics
 from fulfilment.observability.tracing import Tracing
 from fulfilment.settings import Settings
@@ -202,17 +204,23 @@ def _worker_registry() -> Any:
 
 
 def exported_samples() -> dict[str, list[dict[str, str]]]:
-    """Every sample name the worker, the relay or the dispatcher exports, with the label sets of
-    its series."""
+    """Every sample name the worker, the relay, the dispatcher or the intake exports, with the
+    label sets of its series."""
     samples: dict[str, list[dict[str, str]]] = {}
     relay = RelayMetrics(RESULT_ROUTING_KEYS).registry
     dispatcher = DispatcherMetrics().registry
+    intake = IntakeMetrics(version="0", refusals=tuple(str(r) for r in Refusal)).registry
     # Each process's registry gets the dropped spans' counter once tracing is on.
     traced = CollectorRegistry()
     Tracing(
         traced, service_name="fulfilment-worker", version="0", exporter=InMemorySpanExporter()
     ).provider.shutdown()
-    families = [*_worker_registry().collect(), *relay.collect(), *dispatcher.collect()]
+    families = [
+        *_worker_registry().collect(),
+        *relay.collect(),
+        *dispatcher.collect(),
+        *intake.collect(),
+    ]
     for family in [*families, *traced.collect()]:
         names = {
             "counter": [f"{family.name}_total"],

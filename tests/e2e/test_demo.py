@@ -136,23 +136,45 @@ def warehouse_days(out: str) -> dict[str, tuple[int, int, int, int]]:
     }
 
 
+NEWS_DAY = re.compile(
+    r"^(?P<day>\d{4}-\d\d-\d\d): warehouse sent shipments (?P<shipments>\d+) \(tracking numbers"
+    r" (?P<tracking>\d+), found by the poll (?P<shipments_polled>\d+)\), orders shipped in whole"
+    r" (?P<whole>\d+), in part (?P<part>\d+), not at all (?P<none>\d+); its own cancellations"
+    r" (?P<cancellations>\d+) \(found by the poll (?P<cancellations_polled>\d+)\), units"
+    r" released (?P<released>\d+); webhooks never sent (?P<unsent>\d+)$",
+    re.MULTILINE,
+)
+
+
+def news_days(out: str) -> dict[str, dict[str, int]]:
+    """``{day: {shipments, tracking, ..., unsent}}`` from the lines of the warehouse's news."""
+    return {
+        match["day"]: {
+            name: int(value) for name, value in match.groupdict().items() if name != "day"
+        }
+        for match in NEWS_DAY.finditer(out)
+    }
+
+
 def assert_warehouse_system_stopped(out: str) -> None:
-    """The demo's simulator and dispatcher are gone: their pids and the simulator's port."""
+    """The demo's simulator, intake and dispatcher are gone: their pids and their ports."""
     started = re.search(
         r"^warehouse system: simulator at http://127\.0\.0\.1:(?P<port>\d+)/api/v1 \(pid"
-        r" (?P<simulator>\d+), pick delay 2 s, log \S+\), dispatcher started \(pid"
-        r" (?P<dispatcher>\d+), ",
+        r" (?P<simulator>\d+), pick delay 1 s, log \S+\), webhooks to"
+        r" http://127\.0\.0\.1:(?P<intake_port>\d+)/webhooks/warehouse \(intake pid"
+        r" (?P<intake>\d+), log \S+\), dispatcher started \(pid (?P<dispatcher>\d+), ",
         out,
         re.MULTILINE,
     )
     assert started, out
-    for pid in (int(started["simulator"]), int(started["dispatcher"])):
+    for pid in (int(started["simulator"]), int(started["dispatcher"]), int(started["intake"])):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    with (
-        pytest.raises(ConnectionRefusedError),
-        socket.create_connection(("127.0.0.1", int(started["port"]))),
-    ):
-        pass
+    for port in (int(started["port"]), int(started["intake_port"])):
+        with (
+            pytest.raises(ConnectionRefusedError),
+            socket.create_connection(("127.0.0.1", port)),
+        ):
+            pass
 
 
 async def order_states(db: asyncpg.Connection) -> dict[str, int]:
@@ -160,7 +182,21 @@ async def order_states(db: asyncpg.Connection) -> dict[str, int]:
     return {row["status"]: int(row["count"]) for row in rows}
 
 
-async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and_a_second_run_changes_nothing(  # noqa: E501
+DAY_LINE = re.compile(
+    r"^(?P<day>\d{4}-\d\d-\d\d): orders (?P<orders>\d+ \([^)]*\)), cancellations"
+    r" (?P<cancellations>\d+(?: \([^)]*\))?), warehouse shipments (?P<shipments>\d+)"
+    r"(?: \(shipped (?P<shipped_outcome>\d+)\))?; units reserved (?P<reserved>\d+), released"
+    r" (?P<released>\d+), released by the warehouse (?P<released_by_warehouse>\d+), shipped"
+    r" (?P<shipped>\d+); stock now on hand (?P<on_hand>\d+), reserved (?P<left>\d+)$",
+    re.MULTILINE,
+)
+
+
+def day_lines(out: str) -> dict[str, re.Match[str]]:
+    return {match["day"]: match for match in DAY_LINE.finditer(out)}
+
+
+async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_second_run_changes_nothing(  # noqa: E501, PLR0915
     worker_env: dict[str, str], db: asyncpg.Connection, amqp_url: str
 ) -> None:
     first = demo(worker_env, "--reset")
@@ -174,41 +210,61 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
         "cancellations mapped to their order: 1 (not mapped: no customer 1, not negative 0,"
         " no earlier order 30, not held 1, several orders 0)" in out
     )
-    assert (
-        "2010-12-02: orders 143 (rejected 34, reserved 109), cancellations 0,"
-        " shipments 109 (shipped 109); units reserved 21096, released 0, shipped 21096;"
-        " stock now on hand 15412, reserved 0" in out
-    )
+    days = day_lines(out)
+    assert list(days) == ["2010-12-02", "2010-12-23"], out
+    assert days["2010-12-02"]["orders"] == "143 (rejected 34, reserved 109)"
     # C539949 cancels an order of 2 December that was rejected: nothing to give back.
-    assert (
-        "2010-12-23: orders 27 (rejected 4, reserved 23), cancellations 1 (cancel_ignored 1),"
-        " shipments 23 (shipped 23)" in out
-    )
-    assert "published 170 OrderPlaced, 1 OrderCancelled and 132 OrderShipped events" in out
+    assert days["2010-12-23"]["orders"] == "27 (rejected 4, reserved 23)"
+    assert days["2010-12-23"]["cancellations"] == "1 (cancel_ignored 1)"
+    news = news_days(out)
+    assert list(news) == list(days)
+    for day, line in days.items():
+        # Every unit the day reserved left with a shipment of the warehouse or was given back
+        # by one of its cancellations; nothing is left reserved.
+        assert int(line["reserved"]) == int(line["shipped"]) + int(line["released_by_warehouse"])
+        assert (int(line["released"]), int(line["left"])) == (0, 0)
+        assert int(line["shipments"]) == int(line["shipped_outcome"]) == news[day]["shipments"]
+        assert int(line["released_by_warehouse"]) == news[day]["released"]
+        assert (
+            news[day]["shipments_polled"] + news[day]["cancellations_polled"]
+            >= (news[day]["unsent"])
+        )
+        assert news[day]["tracking"] >= news[day]["shipments"]
+        assert f"{day}: stock checked: on hand = as the run began - units shipped" in out
+    assert sum(n["whole"] + n["part"] + n["none"] for n in news.values()) == 132
+    totals = {name: sum(n[name] for n in news.values()) for name in next(iter(news.values()))}
+    # The simulator's knobs at work on the sample: split shipments, a few of the warehouse's
+    # own cancellations, a few webhooks never sent that the dispatcher's poll found.
+    assert totals["shipments"] > totals["whole"] + totals["part"], totals
+    assert totals["cancellations"] > 0, totals
+    assert totals["unsent"] > 0, totals
+    assert sum(int(d["reserved"]) for d in days.values()) == 21096 + 3198
+    assert "published 170 OrderPlaced, 1 OrderCancelled and 0 OrderShipped events" in out
     # The children's logs in one folder, named in one line, replaced by the next run.
     assert f"logs of the relay, the warehouse system and the worker: {LOG_DIR}" in out
     assert f"log {LOG_DIR / 'relay.log'})" in out
+    assert f"log {LOG_DIR / 'webhooks.log'})" in out
     assert (
         "this run's outcomes\n"
         "  order_placed: rejected:insufficient_stock 31, rejected:unknown_sku 7, reserved 132\n"
         "  order_cancelled: ignored 1\n"
-        "  order_shipped: shipped 132\n"
     ) in out
-    for kind, count in (("OrderPlaced", 170), ("OrderCancelled", 1), ("OrderShipped", 132)):
+    for kind, count in (("OrderPlaced", 170), ("OrderCancelled", 1), ("OrderShipped", 0)):
         assert (
             f"{kind}: reconciled {count} published events: {count} processed, 0 in the"
             " dead-letter queue, 0 missing"
         ) in out
     assert "stock invariants               hold" in out
-    # The demo's own consumer of fulfilment.events received every result event the run wrote.
+    # The demo's own consumer of fulfilment.events received every result event the run wrote:
+    # one stock.shipped per shipment of the warehouse, one stock.released per cancellation.
     assert "relay stopped with exit code 0" in out
+    assert "intake stopped with exit code 0" in out
     received = result_event_lines(out)
     assert {key: (published, got) for key, (published, got, _) in received.items()} == {
         "stock.reserved": (132, 132),
         "stock.rejected": (38, 38),
-        # The sample's one cancellation cancels a rejected order: nothing is released.
-        "stock.released": (0, 0),
-        "stock.shipped": (132, 132),
+        "stock.released": (totals["cancellations"], totals["cancellations"]),
+        "stock.shipped": (totals["shipments"], totals["shipments"]),
         "stock.cancel_refused": (0, 0),
     }
     assert await outbox_rows(db) == {
@@ -216,21 +272,37 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     }
     assert await db.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
     assert await demo_queue_depth(amqp_url) == 0  # read to the end, every message acknowledged
+    # The rows of the warehouse's news: each shipment once, the poll's among them.
+    shipments = await db.fetch(
+        "SELECT source, outcome, count(*) FROM warehouse_shipments GROUP BY 1, 2"
+    )
+    assert sum(row["count"] for row in shipments) == totals["shipments"]
+    assert {row["outcome"] for row in shipments} == {"shipped"}
+    polled = sum(row["count"] for row in shipments if row["source"] == "poll")
+    assert polled == totals["shipments_polled"]
+    taken = await db.fetchval("SELECT sum(taken) FROM warehouse_shipment_lines")
+    assert taken == sum(int(d["shipped"]) for d in days.values())
+    assert await db.fetchval("SELECT count(*) FROM warehouse_discrepancies") == 0
     before = await stock_fingerprint(db)
-    assert before[1:3] == (12214, 0)  # what the shipments left; nothing is still reserved
+    # What the warehouse's shipments left: the units it cancelled stayed on hand.
+    assert before[1:3] == (12214 + totals["released"], 0)
     states = await order_states(db)
-    assert states == {"rejected": 38, "shipped": 132}
+    assert states["rejected"] == 38
+    assert states["shipped"] + states.get("released", 0) == 132
     # The hand-off: each day's reservations are the warehouse's orders, one each.
-    days = warehouse_days(out)
-    assert days["2010-12-02"] == (109, 109, 0, 0)
-    assert len(days) == out.count(": orders ")  # one warehouse line per day
-    assert all(orders == reserved for orders, reserved, _, _ in days.values())
-    assert sum(orders for orders, _, _, _ in days.values()) == 132
-    assert (
-        "warehouse system (simulator, pick delay 2 s): received 132 fulfilment orders for 132"
-        " reservations, cancellations accepted 0, refused 0; each checked against the"
-        " reservations; dispatcher stopped with exit code 0"
-    ) in out
+    handed = warehouse_days(out)
+    assert handed["2010-12-02"] == (109, 109, 0, 0)
+    assert len(handed) == len(days)  # one warehouse line per day
+    assert all(orders == reserved for orders, reserved, _, _ in handed.values())
+    assert sum(orders for orders, _, _, _ in handed.values()) == 132
+    assert re.search(
+        r"^warehouse system \(simulator, pick delay 1 s\): received 132 fulfilment orders for 132"
+        r" reservations, cancellations accepted 0, refused 0; sent shipments \d+ .*; each checked"
+        r" against the reservations and the simulator's record; dispatcher stopped with exit"
+        r" code 0$",
+        out,
+        re.MULTILINE,
+    ), out
     requests = await db.fetch(
         "SELECT kind, status, count(*), count(DISTINCT order_id), count(DISTINCT warehouse_id)"
         " FROM warehouse_requests GROUP BY kind, status"
@@ -243,32 +315,34 @@ async def test_the_demo_plays_the_sample_with_its_cancellation_and_shipments_and
     assert second.returncode == 0, second.stderr[-2000:]
     assert (
         "played before: this database's inbox already holds 170 of these 170 orders, 1 of the 1"
-        " cancellation and the shipments of 132 orders; those are answered as duplicates and"
+        " cancellation, and 132 of the orders shipped; those are answered as duplicates and"
         " change nothing"
     ) in second.stdout
     assert "loaded 0 planned stock levels; 1368 SKUs kept the level they had" in second.stdout
     # Its days count each event as the duplicate the worker answered, not as the first run did.
     assert (
-        "2010-12-02: orders 143 (duplicate 143), cancellations 0, shipments 109 (duplicate 109);"
-        " units reserved 0, released 0, shipped 0; stock now on hand 12214, reserved 0"
+        "2010-12-02: orders 143 (duplicate 143), cancellations 0, warehouse shipments 0;"
+        " units reserved 0, released 0, released by the warehouse 0, shipped 0; stock now on hand"
+        f" {before[1]}, reserved 0"
     ) in second.stdout
     assert (
         "2010-12-23: orders 27 (duplicate 27), cancellations 1 (duplicate 1),"
-        " shipments 23 (duplicate 23); units reserved 0"
+        " warehouse shipments 0; units reserved 0"
     ) in second.stdout
     assert (
         "this run's outcomes\n"
         "  order_placed: duplicate:event 170\n"
         "  order_cancelled: duplicate:event 1\n"
-        "  order_shipped: duplicate:event 132\n"
     ) in second.stdout
     nothing = dict.fromkeys(RESULT_EVENTS, (0, 0))
     assert {key: counts[:2] for key, counts in result_event_lines(second.stdout).items()} == nothing
     assert "this run wrote no result event: its events changed nothing" in second.stdout
-    # Nothing reserved again, nothing handed off again (a new simulator received nothing).
+    # Nothing reserved again, nothing handed off again (a new simulator received nothing and
+    # shipped nothing).
     assert set(warehouse_days(second.stdout).values()) == {(0, 0, 0, 0)}
+    assert all(not any(counts.values()) for counts in news_days(second.stdout).values())
     assert (
-        "warehouse system (simulator, pick delay 2 s): received 0 fulfilment orders for 0"
+        "warehouse system (simulator, pick delay 1 s): received 0 fulfilment orders for 0"
         " reservations, cancellations accepted 0, refused 0;"
     ) in second.stdout
     assert_warehouse_system_stopped(second.stdout)

@@ -22,6 +22,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment.contracts.order_cancelled import order_cancelled_body
 from fulfilment.contracts.order_shipped import order_shipped_body
@@ -42,6 +43,8 @@ class SimulatorProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    options: list[str] = field(default_factory=list)
+    """More options of ``python -m warehouse_simulator`` (``--ship-delay-seconds 1`` ...)."""
 
     @property
     def url(self) -> str:
@@ -60,6 +63,7 @@ class SimulatorProcess:
                     str(self.port),
                     "--seed",
                     "7",
+                    *self.options,
                 ],
                 env=env,
                 stdout=log,
@@ -105,6 +109,10 @@ class SimulatorProcess:
     def stats(self) -> dict[str, Any]:
         return self._admin("stats")
 
+    def record(self) -> dict[str, Any]:
+        """What the warehouse did and said: its shipments, cancellations and webhooks."""
+        return self._admin("webhooks")
+
 
 @dataclass
 class DispatcherProcess(WorkerProcess):
@@ -126,6 +134,16 @@ class DispatcherProcess(WorkerProcess):
                 return
             time.sleep(0.2)
         pytest.fail(f"dispatcher not active within 60 s: {self.log_tail()}")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of the sample ``name`` with ``labels`` on its ``/metrics``, or None."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as page:
+            text = page.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return None
 
     def readiness(self) -> dict[str, Any]:
         try:
@@ -153,6 +171,29 @@ def handoff_env(
         "FULFILMENT_WAREHOUSE_CONCURRENCY": "8",
         **extra,
     }
+
+
+def warehouse_env(simulator: SimulatorProcess, **extra: str) -> dict[str, str]:
+    """The hand-off's variables alone, for ``faultlib.Cluster.start`` (its env is the
+    worker's) and beside a worker's environment."""
+    return {
+        key: value
+        for key, value in handoff_env({}, simulator, **extra).items()
+        if key.startswith("FULFILMENT_")
+    }
+
+
+def start_dispatcher(
+    dispatchers: list[DispatcherProcess], env: dict[str, str], tmp_path: Path, **extra: str
+) -> DispatcherProcess:
+    """Start one more dispatcher with ``env`` and ``extra`` (not waiting until it is active),
+    its log ``dispatcher-<n>.log`` in ``tmp_path``; add it to ``dispatchers``."""
+    dispatcher = DispatcherProcess(
+        {**env, **extra}, tmp_path / f"dispatcher-{len(dispatchers)}.log"
+    )
+    dispatchers.append(dispatcher)
+    dispatcher.start(wait_ready=False)
+    return dispatcher
 
 
 def order_id_of(event_id: uuid.UUID) -> uuid.UUID:

@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
+from tests.e2e.warehouse_harness import DispatcherProcess
 from tests.faults.faultlib import Cluster
 
 FOLDER = Path(__file__).parent
@@ -47,6 +48,16 @@ def cluster(worker_env: dict[str, str], tmp_path: Path, amqp_url: str) -> Iterat
     # In a thread of its own: the test's event loop is pytest-asyncio's, not this one's.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread:
         thread.submit(asyncio.run, delete_service_queues(amqp_url)).result()
+
+
+@pytest.fixture
+def dispatchers() -> Iterator[list[DispatcherProcess]]:
+    """Dispatcher processes of a scenario (``warehouse_harness.start_dispatcher`` adds them);
+    killed afterwards."""
+    started: list[DispatcherProcess] = []
+    yield started
+    for dispatcher in started:
+        dispatcher.stop_quietly()
 
 
 @pytest.fixture

@@ -27,13 +27,14 @@ from tests.e2e.warehouse_harness import (
     SimulatorProcess,
     assert_handed_off_once,
     cancel,
-    handoff_env,
     open_requests,
     outbox_counts,
     record_handoff_figures,
     request_statuses,
     ship,
+    start_dispatcher,
     stock_equals_the_lines,
+    warehouse_env,
 )
 from tests.faults.faultlib import (
     AMPLE_STOCK,
@@ -66,34 +67,6 @@ def simulator(tmp_path: Path) -> Iterator[SimulatorProcess]:
     running.start()
     yield running
     running.stop()
-
-
-@pytest.fixture
-def dispatchers() -> Iterator[list[DispatcherProcess]]:
-    started: list[DispatcherProcess] = []
-    yield started
-    for dispatcher in started:
-        dispatcher.stop_quietly()
-
-
-def start_dispatcher(
-    dispatchers: list[DispatcherProcess], env: dict[str, str], tmp_path: Path, **extra: str
-) -> DispatcherProcess:
-    dispatcher = DispatcherProcess(
-        {**env, **extra}, tmp_path / f"dispatcher-{len(dispatchers)}.log"
-    )
-    dispatchers.append(dispatcher)
-    dispatcher.start(wait_ready=False)
-    return dispatcher
-
-
-def warehouse_env(simulator: SimulatorProcess, **extra: str) -> dict[str, str]:
-    """The hand-off's variables for :meth:`Cluster.start` (its env is the worker's)."""
-    return {
-        key: value
-        for key, value in handoff_env({}, simulator, **extra).items()
-        if key.startswith("FULFILMENT_")
-    }
 
 
 async def drain_seconds(db: asyncpg.Connection, event_ids: list[uuid.UUID]) -> float:

@@ -60,6 +60,30 @@ async def test_the_queue_it_binds_takes_a_result_event_published_with_mandatory(
         await queue.delete()
 
 
+async def test_a_queue_bound_to_one_routing_key_takes_only_that_kind(amqp_url: str) -> None:
+    queue_name = f"try.shipments-{uuid.uuid4().hex[:8]}"
+    result = await asyncio.to_thread(
+        run_script, amqp_url, queue_name, "--routing-key", "stock.shipped"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"queue {queue_name} bound to {EVENTS_EXCHANGE} with stock.shipped\n"
+
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(EVENTS_EXCHANGE)
+        for routing_key in ("stock.reserved", "stock.shipped"):
+            await exchange.publish(
+                aio_pika.Message(routing_key.encode(), type=routing_key), routing_key=routing_key
+            )
+        queue = await channel.get_queue(queue_name)
+        message = await queue.get(timeout=5)
+        assert message.body == b"stock.shipped"
+        await message.ack()
+        assert await queue.get(fail=False, timeout=1) is None
+        await queue.delete()
+
+
 def test_an_unreachable_broker_exits_3_with_one_line() -> None:
     result = run_script("amqp://guest:guest@127.0.0.1:1/", "try.result-events")
 

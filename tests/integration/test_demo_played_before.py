@@ -31,8 +31,8 @@ async def test_orders_published_before_without_their_shipments_are_not_called_a_
     stock,
 ):
     # What `fulfilment publish` of the sample with a worker leaves: the orders in the inbox,
-    # none shipped. The demo then ships the reserved ones, so the line must not say that
-    # nothing will change.
+    # none shipped. The demo then ships the reserved ones (with the shop's OrderShipped: the
+    # warehouse never received them), so the line must not say that nothing will change.
     read = read_order_files([SAMPLE])
     async with stock.engine.begin() as connection:
         await connection.execute(
@@ -47,6 +47,6 @@ async def test_orders_published_before_without_their_shipments_are_not_called_a_
 
     assert line.startswith(
         "played before: this database's inbox already holds 170 of these 170 orders, 0 of the 1"
-        " cancellation and the shipments of 0 orders; those are answered as duplicates and"
+        " cancellation, and 0 of the orders shipped; those are answered as duplicates and"
         " change nothing, any other is applied"
     )

@@ -12,9 +12,10 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from fulfilment.application.ports import TransientError
 from fulfilment.dispatcher import service
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt
-from fulfilment.domain.handoff import Failed, RequestKind, RequestStatus, Retry
+from fulfilment.domain.handoff import Failed, RequestKind, RequestStatus, Retry, WarehouseRequest
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from tests.support.memory_requests import MemoryWarehouseRequests
 from tests.support.simulated_warehouse import TOKEN, a_client
@@ -413,3 +414,27 @@ async def test_requests_at_hand_when_stopped_are_handed_back_due_now(
     handed_back = [row for row in left if not any(a.status_code for a in row.answers)]
     assert handed_back
     assert all(row.answers == [Retry(answer="not sent: stopping")] for row in handed_back)
+
+
+class FailingClaims(MemoryWarehouseRequests):
+    """Claims that fail (the store's ``TransientError``) the first ``failures`` times."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def claim(self, limit: int, *, lease_seconds: float) -> list[WarehouseRequest]:
+        if self.failures:
+            self.failures -= 1
+            msg = "the database does not answer"
+            raise TransientError(msg)
+        return await super().claim(limit, lease_seconds=lease_seconds)
+
+
+async def test_a_claim_that_fails_gives_its_slots_back(server: SimulatorServer) -> None:
+    # More failures than slots: a slot kept by each would leave none to send with.
+    store = FailingClaims(failures=3)
+    store.add_orders(5)
+    await run_until(store, server, all_answered(store), timeout=20, what="drained", concurrency=2)
+    assert store.failures == 0
+    assert len(store.with_status(RequestStatus.ACCEPTED)) == 5

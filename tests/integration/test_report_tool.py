@@ -24,6 +24,8 @@ from fulfilment.contracts.topology import DEAD_LETTER_EXCHANGE, ORDER_SHIPPED
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.online_retail import shipment_event_id_for
 from fulfilment.dataset.reconcile import reconcile_command
+from fulfilment.domain.model import OrderLine
+from fulfilment.domain.warehouse_events import RecordShipment, Source, warehouse_event_id
 from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
@@ -257,3 +259,48 @@ async def test_reconcile_checks_the_cancellations_and_the_shipments_published_fr
     await reconcile_command(options, [data], echo=lines.append)
     assert len(lines) == 1
     assert lines[0].startswith("reconciled 2 published events: 2 processed")
+
+
+async def test_reconcile_expects_no_order_shipped_of_an_order_a_shipment_of_the_warehouse_shipped(
+    options: ToolOptions, tmp_path: Path
+) -> None:
+    data = tmp_path / "2010-12-01.csv"
+    data.write_text(DAY)
+    read = read_order_files([data])
+    _, shipped = read.orders
+    (mapped,) = match_read_cancellations(read).cancellations
+    engine = create_engine(options.database)
+    try:
+        stock = PostgresStock(engine, consumer=options.consumer, retry_budget_seconds=2)
+        await stock.put_stock({"85123A": 10, "22633": 10})
+        for placed in read.orders:
+            await stock.apply(
+                order(*placed.lines, event_id=placed.event_id, order_id=placed.order_id)
+            )
+        await stock.apply(cancellation(mapped.order_id, *mapped.lines, event_id=mapped.event_id))
+        # The demo's warehouse ships the order that is still reserved: no OrderShipped of it.
+        await stock.apply(
+            RecordShipment(
+                event_id=warehouse_event_id("shipment", "SHP-1"),
+                shipment_id="SHP-1",
+                webhook_id="msg_1",
+                fulfilment_order_id="WH-000001",
+                order_id=shipped.order_id,
+                shipped_at=datetime.now(UTC),
+                carrier="DHL",
+                tracking_numbers=("JD0146",),
+                tracking_url=None,
+                lines=tuple(OrderLine(sku, units) for sku, units in shipped.lines),
+                source=Source.WEBHOOK,
+            )
+        )
+    finally:
+        await engine.dispose()
+
+    lines: list[str] = []
+    await reconcile_command(options, [data], cancellations=True, shipments=True, echo=lines.append)
+
+    assert lines[2].startswith(
+        "OrderShipped: reconciled 0 published events: 0 processed, 0 in the dead-letter queue,"
+        " 0 missing"
+    ), lines

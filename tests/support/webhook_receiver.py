@@ -3,7 +3,7 @@
 It verifies each request with the ``standardwebhooks`` package (its fixed 5-minute tolerance:
 a stale timestamp is refused), answers what the test scripted (:attr:`WebhookReceiver.answers`,
 then 204), and keeps every request (:class:`Received`). Like an intake, it applies a verified
-webhook once per ``webhook-id`` and once per shipment or cancellation id
+webhook once per ``webhook-id`` and once per shipment, cancellation or adjustment id
 (:attr:`WebhookReceiver.applied`), so a test can say "every change applied once".
 """
 
@@ -43,9 +43,11 @@ class Received:
 
     @property
     def subject(self) -> str:
-        """The shipment's or cancellation's id."""
+        """The shipment's, cancellation's or adjustment's id."""
         data = self.document["data"]
-        return str(data.get("shipment_id") or data.get("cancellation_id"))
+        return str(
+            data.get("shipment_id") or data.get("cancellation_id") or data.get("adjustment_id")
+        )
 
 
 @dataclass
@@ -63,7 +65,8 @@ class WebhookReceiver:
     stall_seconds: float = 0.0
     received: list[Received] = field(default_factory=list)
     applied: Counter[str] = field(default_factory=Counter)
-    """Verified webhooks applied, by shipment or cancellation id (once per webhook id)."""
+    """Verified webhooks applied, by shipment, cancellation or adjustment id (once per webhook
+    id)."""
     _ids: set[str] = field(default_factory=set)
 
     def verified(self) -> list[Received]:

@@ -167,11 +167,38 @@ def test_a_refused_cancellation_with_stock_cancel_refused_and_the_order_shipped_
     assert (counts.accepted, counts.refused) == (0, 1)
 
 
+def test_a_refused_cancellation_whose_order_the_warehouse_cancelled_itself_may_end_released() -> (
+    None
+):
+    asked = request(ORDER, RequestStatus.REFUSED, kind=RequestKind.CANCELLATION)
+    warehouse = WarehouseOrders(
+        [
+            {
+                "id": "WH-000001",
+                "reference": str(ORDER),
+                "lines": [],
+                "cancellations": [{"cancellation_id": "CXL-1"}],
+            }
+        ],
+        [],
+    )
+    counts = check(
+        [request(ORDER, RequestStatus.ACCEPTED), asked],
+        warehouse,
+        cancellations=[cancellation(asked, "too_late")],
+        entries=[entry(ORDER, "stock.cancel_refused"), entry(ORDER, "stock.released")],
+        statuses={ORDER: OrderStatus.RELEASED},
+    )
+
+    assert (counts.accepted, counts.refused) == (0, 1)
+
+
 @pytest.mark.parametrize(
     ("routing_key", "status"),
     [
         ("stock.shipped", OrderStatus.SHIPPED),  # no stock.cancel_refused
-        ("stock.cancel_refused", OrderStatus.RELEASED),  # refused, yet released
+        # Refused, yet released, and not by a cancellation of the warehouse's own.
+        ("stock.cancel_refused", OrderStatus.RELEASED),
     ],
 )
 def test_a_refused_cancellation_without_its_event_or_its_shipment_is_a_mismatch(

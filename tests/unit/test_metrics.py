@@ -1,5 +1,5 @@
 """The worker's metrics: what the dashboard and the alert rules query is what it (or the relay,
-or the dispatcher) exports."""
+the dispatcher or the webhook intake) exports."""
 
 from __future__ import annotations
 

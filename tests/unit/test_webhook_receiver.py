@@ -12,23 +12,19 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from structlog.testing import capture_logs
 
 from fulfilment.adapters.postgres.invalid_webhooks import InvalidWebhook
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.domain.model import OrderLine
 from fulfilment.domain.warehouse_events import (
     RecordShipment,
     ShipmentKind,
     ShipmentOutcome,
-    WarehouseCancellationKind,
-    WarehouseCancellationOutcome,
 )
 from fulfilment.intake.receiver import Answer, SenderGoneError, WebhookReceiver
 from fulfilment.intake.signatures import Refusal, WebhookVerifier
-from fulfilment.observability.intake_metrics import IntakeMetrics, discrepancy_kinds
+from fulfilment.observability.intake_metrics import IntakeMetrics
 from tests.support.webhooks import SECRET, shipment_body, signed_headers
 
 
@@ -203,46 +199,6 @@ async def test_a_type_with_a_nul_is_kept_without_its_type() -> None:
     assert (result.status, other.status) == (422, 422)
     assert [kept.type for kept in keeper.kept] == ["shipment.shipped", None]
     assert all("\x00" not in kept.reason for kept in keeper.kept)
-
-
-@pytest.mark.parametrize(
-    ("outcome", "kinds"),
-    [
-        (ShipmentOutcome(ShipmentKind.DISCREPANCY, uuid.uuid4(), uuid.uuid4()), ["unknown_order"]),
-        (
-            ShipmentOutcome(
-                ShipmentKind.DISCREPANCY, uuid.uuid4(), uuid.uuid4(), status=OrderStatus.RELEASED
-            ),
-            ["order_not_reserved"],
-        ),
-        (
-            ShipmentOutcome(
-                ShipmentKind.SHIPPED,
-                uuid.uuid4(),
-                uuid.uuid4(),
-                lines=(OrderLine("A", 2),),
-                unmatched=(OrderLine("A", 1), OrderLine("B", 3)),
-                status=OrderStatus.SHIPPED,
-            ),
-            ["more_than_held", "sku_not_held"],
-        ),
-        (ShipmentOutcome(ShipmentKind.ALREADY_SHIPPED, uuid.uuid4(), uuid.uuid4()), []),
-        (
-            WarehouseCancellationOutcome(
-                WarehouseCancellationKind.DISCREPANCY, uuid.uuid4(), uuid.uuid4()
-            ),
-            ["unknown_order"],
-        ),
-        (
-            WarehouseCancellationOutcome(
-                WarehouseCancellationKind.RELEASED, uuid.uuid4(), uuid.uuid4()
-            ),
-            [],
-        ),
-    ],
-)
-def test_the_discrepancies_an_outcome_counts(outcome, kinds) -> None:
-    assert discrepancy_kinds(outcome) == kinds
 
 
 async def test_a_bug_is_a_500_with_its_trace_logged_and_the_answer_still_counted() -> None:

@@ -16,6 +16,7 @@ from fulfilment.domain.handoff import (
     WarehouseRequest,
 )
 from fulfilment.domain.model import Command, StockLevel
+from fulfilment.domain.polls import FulfilmentOrderToPoll
 
 OutcomeT = TypeVar("OutcomeT")
 
@@ -221,6 +222,60 @@ class WarehouseRequests(ABC):
         Its status becomes ``sending`` and ``next_attempt_at`` now, in the transaction that
         writes an audit row naming ``operator`` (as ``dlq replay`` does). Returns False, and
         changes nothing, when the request does not exist or is in another status.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+
+class FulfilmentOrderPolls(ABC):
+    """Which accepted fulfilment orders the dispatcher asks the warehouse about, and when.
+
+    Due: a fulfilment order ``accepted`` by the warehouse whose order is ``reserved`` (it still
+    holds units), last heard of (``warehouse_requests.news_at``, the last shipment or
+    cancellation of the warehouse recorded for the order, by webhook or poll; else
+    ``polled_at``, the last poll; else ``answered_at``, its acceptance; the latest of them)
+    at least ``after_seconds`` ago (``FULFILMENT_WAREHOUSE_RECONCILE_AFTER_SECONDS``). So an
+    order is asked about an interval after its last news, then every interval while it holds
+    units (product contract, "Hearing back from the warehouse", "Pulled as a fallback").
+    Implementation: ``PostgresWarehouseRequests``.
+    """
+
+    @abstractmethod
+    async def due_polls(
+        self, limit: int, *, after_seconds: float, excluding: Collection[int] = ()
+    ) -> list[FulfilmentOrderToPoll]:
+        """Up to ``limit`` fulfilment orders due to be asked about, longest unheard of first.
+
+        Reads only: one dispatcher polls at a time (the advisory lock), and it leaves out the
+        requests whose polls are in flight (``excluding``, request ids). A poll that ends
+        without :meth:`record_polls` (a stop, a gate closed before it was sent) is due again.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+            ValueError: ``limit`` is below 1 or ``after_seconds`` is not positive.
+        """
+
+    @abstractmethod
+    async def record_polls(self, request_ids: Collection[int]) -> None:
+        """Set ``polled_at`` to now on the fulfilment orders ``request_ids``: asked about now.
+
+        Called once the warehouse answered (a 200, but also a 404 or a 5xx, so that a failing
+        order is asked again an interval later, not at every turn) and what it listed was
+        applied.
+
+        Raises:
+            TransientError: the store failed in a way worth retrying.
+        """
+
+    @abstractmethod
+    async def orders_without_news(self, after_seconds: float) -> int:
+        """How many accepted fulfilment orders hold units with no news for ``after_seconds``.
+
+        No news: no shipment or cancellation of the warehouse recorded for the order
+        (``news_at``), nor its acceptance (``answered_at``), within ``after_seconds``; a
+        poll that found nothing is no news. The gauge
+        ``fulfilment_warehouse_orders_without_news``.
 
         Raises:
             TransientError: the store failed in a way worth retrying.

@@ -6,7 +6,9 @@ The events are those the commands of the data set publish from the files: one
 ``shipments``, one ``OrderShipped`` per order the demo ships at the end of its day, which is
 every order the service holds ``reserved`` or ``shipped`` (``retail_lifecycle.SHIPPABLE``:
 an order whose shipment was dead-lettered is still reserved, one whose shipment was applied is
-shipped). Each kind is checked against the inbox and every DLQ by
+shipped) but those a shipment of the warehouse shipped (recorded in ``warehouse_shipments``):
+the demo takes their shipments from the warehouse. Each kind is checked against the inbox and
+every DLQ by
 :func:`fulfilment.tools.report.reconcile`.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import order_statuses, stock_session
+from fulfilment.adapters.postgres.warehouse_news import recorded_shipments
 from fulfilment.dataset.files import match_read_cancellations, read_order_files
 from fulfilment.dataset.retail_lifecycle import plan_days
 from fulfilment.tools.command import CommandError, Echo, ToolOptions
@@ -50,8 +53,11 @@ async def reconcile_command(
         match = match_read_cancellations(read)
         kinds.append(("OrderCancelled", [event.event_id for event in match.cancellations]))
     if shipments:
+        order_ids = [order.order_id for order in read.orders]
         async with stock_session(options.database, consumer=options.consumer) as stock:
-            statuses = await order_statuses(stock, [order.order_id for order in read.orders])
+            statuses = await order_statuses(stock, order_ids)
+            by_warehouse = {s.order_id for s in await recorded_shipments(stock, order_ids)}
+        statuses = {k: status for k, status in statuses.items() if k not in by_warehouse}
         days = plan_days(read.days, read.orders, ())
         shipped = [event.event_id for day in days for event in day.shipments(statuses)]
         kinds.append(("OrderShipped", shipped))

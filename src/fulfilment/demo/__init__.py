@@ -2,8 +2,9 @@
 
 ``run`` is the command (migrate, load stock, run the worker and the relay, play the data day
 by day, reconcile, report); ``player`` plays the days, ``children`` starts and stops the
-processes, ``warehouse_system`` runs the simulator and the dispatcher and ``handoff`` checks
-what they received, ``reset`` guards ``--reset``, and ``result_events`` tallies the result
+processes, ``warehouse_system`` runs the simulator, the intake (``fulfilment webhooks``) and
+the dispatcher, ``handoff`` checks what the warehouse received and ``warehouse_news`` what it
+sent back, ``reset`` guards ``--reset``, and ``result_events`` tallies the result
 events the demo's own queue received. It stands on the operator tools and the data set
 (``fulfilment.dataset``); nothing but ``fulfilment.entrypoints.cli`` imports it.
 

@@ -27,7 +27,8 @@ from fulfilment.demo.errors import DemoError
 
 LOG_DIR = Path(tempfile.gettempdir()) / "fulfilment-demo"
 """Where the children's logs go (``TMPDIR`` moves it): ``relay.log``, ``worker.log``,
-``dispatcher.log``, ``warehouse-simulator.log``, replaced by each run."""
+``dispatcher.log``, ``warehouse-simulator.log``, ``webhooks.log`` (the intake), replaced by
+each run."""
 READY_WAIT_SECONDS = 60.0
 """How long the worker and the relay may take to report ready before the demo gives up."""
 
@@ -62,7 +63,7 @@ async def start_child(
     port is given as ``--port N`` after ``arguments``. A port of its own: whatever else answers
     on the configured one is not this process. ``env`` is added to the demo's environment.
     """
-    port = _free_port()
+    port = free_port()
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log_path = LOG_DIR / f"{name}.log"
     port_env = {port_variable: str(port)} if port_variable else {}
@@ -126,7 +127,12 @@ async def stop(process: asyncio.subprocess.Process, grace_seconds: float) -> int
     return process.returncode if process.returncode is not None else -1
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback now, the kernel's pick.
+
+    Another process may take it before the child binds it: the child then fails to start,
+    which the demo says.
+    """
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

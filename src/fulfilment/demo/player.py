@@ -2,9 +2,11 @@
 
 :func:`play_days` starts the worker and plays the data day by day
 (``fulfilment.dataset.retail_lifecycle``): each day's orders and mapped cancellations in time
-order, one run of one kind at a time, each run settled before the next is sent, then the
-``OrderShipped`` of every order of the day still reserved, settled too; then it stops the
-worker with SIGTERM (it finishes in-flight work and exits 0).
+order, one run of one kind at a time, each run settled before the next is sent; then it waits
+until the warehouse has shipped or cancelled the day's orders it received and the service
+recorded it (``demo.warehouse_system``), checks that and the stock, and sends the
+``OrderShipped`` of any order of the day still reserved (one the warehouse never received),
+settled too; then it stops the worker with SIGTERM (it finishes in-flight work and exits 0).
 
 Settled means that the worker has answered every delivery of the run: its
 ``fulfilment_events_total`` for that event (``/metrics``) grew by as many since the run was
@@ -21,8 +23,8 @@ import asyncio
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +40,20 @@ from fulfilment.adapters.postgres.admin import (
     stock_session,
     stock_totals,
 )
+from fulfilment.adapters.postgres.warehouse_news import (
+    order_lines,
+    outbox_units_after,
+    recorded_shipments,
+    stock_by_sku,
+)
 from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
 from fulfilment.adapters.rabbitmq.inspection import queue_state
+from fulfilment.contracts.result_events import (
+    STOCK_RELEASED_ROUTING_KEY,
+    STOCK_RESERVED_ROUTING_KEY,
+    STOCK_SHIPPED_ROUTING_KEY,
+    ReleaseReason,
+)
 from fulfilment.contracts.topology import ORDER_CANCELLED, ORDER_PLACED, ORDER_SHIPPED
 from fulfilment.dataset.online_retail import RetailOrder, shipment_event_id_for
 from fulfilment.dataset.publish import publish_in_order
@@ -52,6 +66,8 @@ from fulfilment.dataset.retail_lifecycle import (
 )
 from fulfilment.demo.children import Child, start_child, stop, wait_ready
 from fulfilment.demo.errors import DemoError
+from fulfilment.demo.warehouse_news import NewsMismatchError, check_stock
+from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.observability.metrics import REQUEUED
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
 
@@ -70,20 +86,25 @@ SETTLE_STALL_SECONDS = 120.0
 """The demo fails if the worker answers nothing more of a run for this long."""
 PROGRESS_SECONDS = 5.0
 """A run that takes longer than this to settle says so, then again at this interval."""
+WAREHOUSE_CANCELLED: ReleaseReason = "warehouse_cancelled"
+"""The ``reason`` of a ``stock.released`` that a cancellation of the warehouse's own wrote."""
 
 
-async def play_days(
+async def play_days(  # noqa: PLR0913 - what the play needs, by name
     options: ToolOptions,
     days: Sequence[RetailDay],
     handoff: Handoff,
     *,
+    others_ready: Callable[[], Awaitable[None]],
     stop_grace_seconds: float,
     echo: Echo,
 ) -> tuple[Player, int]:
     """Start the worker, play ``days`` through it, stop it; the player and its exit code.
 
     The worker records a warehouse request per reservation (``FULFILMENT_WAREHOUSE_URL`` is
-    the demo's simulator), which ``handoff``'s dispatcher sends.
+    the demo's simulator), which ``handoff``'s dispatcher sends. ``others_ready`` waits until
+    the demo's other children are ready: called once the worker is started, so that they all
+    start side by side.
 
     Raises:
         DemoError: the worker did not get ready, exited, or stalled (it is stopped all the same);
@@ -94,6 +115,7 @@ async def play_days(
     )
     echo(f"worker started ({worker.describe()})")
     try:
+        await others_ready()
         await wait_ready(worker)
         async with (
             connect(options.amqp_url) as connection,
@@ -118,20 +140,31 @@ async def play_days(
     return player, code
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class DayCounts:
-    """What the service answered to one day's events, and how the stock moved."""
+    """What the service answered to one day's events, and how the stock moved.
 
-    outcomes: dict[str, Counter[str]] = field(
-        default_factory=lambda: {"orders": Counter(), "cancellations": Counter()}
-    )
-    shipments: Counter[str] = field(default_factory=Counter)
-    reserved: int = 0
-    """Units the day's orders reserved (``reserved`` went up by this in their runs)."""
-    released: int = 0
-    """Units the day's cancellations released."""
-    shipped: int = 0
-    """Units the day's shipments took out of ``on_hand``."""
+    Attributes:
+        outcomes: the answers to the day's orders and cancellations, by outcome.
+        shipments: the warehouse's shipments of the day's orders, by their recorded outcome.
+        shop_shipments: the answers to the shop's ``OrderShipped`` of the day (orders the
+            warehouse never received), by outcome.
+        units: the units of the day's result events, by ``(routing key, reason)``
+            (``warehouse_news.outbox_units_after``).
+    """
+
+    outcomes: dict[str, Counter[str]]
+    shipments: Counter[str]
+    shop_shipments: Counter[str]
+    units: dict[tuple[str, str], int]
+
+    def released(self, *, by_warehouse: bool) -> int:
+        """Units given back by the warehouse's own cancellations, or by the shop's."""
+        return sum(
+            units
+            for (key, reason), units in self.units.items()
+            if key == STOCK_RELEASED_ROUTING_KEY and (reason == WAREHOUSE_CANCELLED) == by_warehouse
+        )
 
 
 class Player:
@@ -157,56 +190,86 @@ class Player:
         self._echo = echo
         self.sent: Counter[str] = Counter()
         self.shipments: list[RetailShipment] = []
+        """The shop's ``OrderShipped`` sent: of orders the warehouse never received."""
+        self._start: dict[str, int] | None = None
+        """``on_hand`` per SKU before the first day (after the run's load)."""
+        self._shipped: Counter[str] = Counter()
+        """Units shipped per SKU since, by the warehouse and the shop's ``OrderShipped``."""
 
     def published(self) -> str:
         """One line: the events published, by kind."""
         return (
             f"published {self.sent[ORDER_PLACED.event]} OrderPlaced,"
             f" {self.sent[ORDER_CANCELLED.event]} OrderCancelled and"
-            f" {self.sent[ORDER_SHIPPED.event]} OrderShipped events"
+            f" {self.sent[ORDER_SHIPPED.event]} OrderShipped events (the shipments of the"
+            " orders the warehouse received came from the warehouse)"
         )
 
     async def play(self, day: RetailDay) -> None:
-        """Send the day's runs and its shipments, each settled; echo the day's two lines.
+        """Send the day's runs, each settled, let the warehouse ship; echo the day's lines.
 
-        Before the shipments, the warehouse answers every request of the day (a cancel it
-        accepts must meet its order reserved); after them, what it received is checked.
+        Before the warehouse picks, it answers every request of the day (a cancel it accepts
+        must meet its order reserved); then the day waits until the warehouse has shipped or
+        cancelled every order it holds and the service recorded each of its shipments and
+        cancellations. What the warehouse received and sent back is then checked, and the
+        stock. An order of the day still reserved then is one the warehouse never received
+        (reserved before this run, without a hand-off): the shop ships it with an
+        ``OrderShipped``, as it would without a warehouse.
 
         Raises:
-            DemoError: the hand-off stalled, or does not match the day's reservations.
+            DemoError: the hand-off or the warehouse's news stalled, or do not match the
+                day's reservations, or the stock does not match the shipments.
         """
-        counts = DayCounts()
+        if self._start is None:
+            levels = await stock_by_sku(self._stock)
+            self._start = {sku: level.on_hand for sku, level in levels.items()}
+        outcomes: dict[str, Counter[str]] = {"orders": Counter(), "cancellations": Counter()}
         start = await outbox_last_id(self._stock)
         for run in day.runs():
             if not isinstance(run[0], RetailOrder):
                 # The orders placed so far reach the warehouse first: a cancellation then
                 # meets its order there, and is accepted or, after the pick, refused.
                 await self._handoff.settle(day, self._stock)
-            before = await stock_totals(self._stock)
-            outcomes = await self._send(day, run)
-            after = await stock_totals(self._stock)
+            answers = await self._send(day, run)
             if isinstance(run[0], RetailOrder):
-                counts.outcomes["orders"].update(outcomes)
-                counts.reserved += after.reserved - before.reserved
+                outcomes["orders"].update(answers)
             else:
                 # A cancel of an order sent to the warehouse releases when the warehouse
                 # accepts it: the run is over when its requests are answered.
                 await self._handoff.settle(day, self._stock)
-                after = await stock_totals(self._stock)
-                counts.outcomes["cancellations"].update(outcomes)
-                counts.released += before.reserved - after.reserved
+                outcomes["cancellations"].update(answers)
         await self._handoff.settle(day, self._stock)
-        statuses = await order_statuses(self._stock, [order.order_id for order in day.orders])
-        shipments = day.shipments(statuses)
-        before = await stock_totals(self._stock)
-        counts.shipments.update(await self._send(day, shipments))
-        after = await stock_totals(self._stock)
-        counts.shipped = before.on_hand - after.on_hand
+        order_ids = [order.order_id for order in day.orders]
+        news = await self._handoff.settle_news(day, self._stock, order_ids)
+        self._shipped.update(news.shipped_units())
+        statuses = await order_statuses(self._stock, order_ids)
+        reserved = {order_id: s for order_id, s in statuses.items() if s is OrderStatus.RESERVED}
+        shipments = day.shipments(reserved)
+        for lines in (await order_lines(self._stock, reserved)).values():
+            self._shipped.update({sku: held - shipped for sku, (held, shipped) in lines.items()})
+        shop_shipments = Counter(await self._send(day, shipments))
         self.shipments += shipments
+        counts = DayCounts(
+            outcomes=outcomes,
+            shipments=Counter(shipment.outcome for shipment in news.shipments),
+            shop_shipments=shop_shipments,
+            units=await outbox_units_after(self._stock, start),
+        )
+        after = await stock_totals(self._stock)
         self._echo(_day_line(day, counts, after))
-        statuses = await order_statuses(self._stock, [order.order_id for order in day.orders])
+        statuses = await order_statuses(self._stock, order_ids)
         entries = await outbox_entries_after(self._stock, start)
         self._echo(await self._handoff.check(day, self._stock, statuses, entries))
+        self._echo(await self._handoff.check_news(day, self._stock, news, entries))
+        try:
+            check_stock(self._start, self._shipped, await stock_by_sku(self._stock))
+        except NewsMismatchError as mismatch:
+            msg = f"{day.name}: stock: {mismatch}"
+            raise DemoError(msg) from mismatch
+        self._echo(
+            f"{day.name}: stock checked: on hand = as the run began - units shipped, reserved ="
+            " units the reserved orders' lines hold, for every SKU"
+        )
 
     async def _send(self, day: RetailDay, events: Sequence[RetailEvent]) -> list[str]:
         """Publish ``events`` (of one kind), wait until settled; their outcomes, in no order.
@@ -339,9 +402,10 @@ async def played_before(
 ) -> str:
     """Whether the database played these events before, from its inbox, in a line.
 
-    Every event the demo can send counts: the orders, the mapped cancellations and a shipment
-    of each order (sent only for those reserved). A new user reads there which of the README's
-    two endings to expect, or that the run lies between them.
+    Every event the demo can send counts: the orders, the mapped cancellations; and the
+    shipments of each order, the warehouse's (recorded in ``warehouse_shipments``) or the
+    shop's ``OrderShipped`` (in the inbox). A new user reads there which of the README's two
+    endings to expect, or that the run lies between them.
     """
     kinds = (
         [order.event_id for order in orders],
@@ -349,32 +413,50 @@ async def played_before(
         [shipment_event_id_for(order.invoice_no) for order in orders],
     )
     seen = await processed_event_ids(stock, consumer, [i for ids in kinds for i in ids])
-    placed, cancelled, shipped = (sum(i in seen for i in ids) for ids in kinds)
+    placed, cancelled, _ = (sum(i in seen for i in ids) for ids in kinds)
+    by_warehouse = {
+        s.order_id for s in await recorded_shipments(stock, [o.order_id for o in orders])
+    }
+    shipped = sum(
+        order.order_id in by_warehouse or shipment_event_id_for(order.invoice_no) in seen
+        for order in orders
+    )
     count = len(match.cancellations)
     cancellations = f"{count} cancellation{'' if count == 1 else 's'}"
-    if not seen:
+    if not seen and not shipped:
         return (
             f"none of these events is in this database's inbox yet ({len(orders)} orders,"
             f" {cancellations}, their shipments): a first run"
         )
     return (
         f"played before: this database's inbox already holds {placed} of these {len(orders)}"
-        f" orders, {cancelled} of the {cancellations} and the shipments of {shipped} orders;"
+        f" orders, {cancelled} of the {cancellations}, and {shipped} of the orders shipped;"
         " those are answered as duplicates and change nothing, any other is applied (--reset,"
         " or make demo RESET=1, plays them all afresh)"
     )
 
 
 def _day_line(day: RetailDay, counts: DayCounts, totals: StockTotals) -> str:
-    """E.g. ``2010-12-01: orders 143 (rejected 23, reserved 120), cancellations 2 (...), ...``."""
+    """E.g. ``2010-12-01: orders 143 (rejected 23, reserved 120), cancellations 2 (...), ...``.
+
+    The shop's shipments are named only when the day sent some.
+    """
     parts = [
         _counted("orders", len(day.orders), counts.outcomes["orders"]),
         _counted("cancellations", len(day.cancellations), counts.outcomes["cancellations"]),
-        _counted("shipments", counts.shipments.total(), counts.shipments),
+        _counted("warehouse shipments", counts.shipments.total(), counts.shipments),
     ]
+    if counts.shop_shipments:
+        parts.append(
+            _counted("shop's shipments", counts.shop_shipments.total(), counts.shop_shipments)
+        )
+    units = counts.units
     return (
-        f"{day.name}: {', '.join(parts)}; units reserved {counts.reserved},"
-        f" released {counts.released}, shipped {counts.shipped};"
+        f"{day.name}: {', '.join(parts)}; units reserved"
+        f" {units.get((STOCK_RESERVED_ROUTING_KEY, ''), 0)},"
+        f" released {counts.released(by_warehouse=False)},"
+        f" released by the warehouse {counts.released(by_warehouse=True)},"
+        f" shipped {units.get((STOCK_SHIPPED_ROUTING_KEY, ''), 0)};"
         f" stock now on hand {totals.on_hand}, reserved {totals.reserved}"
     )
 

@@ -3,11 +3,15 @@
 Steps: create and migrate the database (``--reset`` is refused before the migration); plan
 stock from the data and load it for the SKUs that have no stock level yet; declare the demo's
 own queue on the result events' exchange (:data:`RESULT_EVENTS_QUEUE`), only now, so that a
-refused run leaves the broker as it was; start the relay and the worker as child processes and
-wait until each is ready; play the data day by day (``fulfilment.dataset.retail_lifecycle``):
-each day's orders and mapped cancellations in time order, one run of one kind at a time, each
-run settled before the next is sent, then the ``OrderShipped`` of every order of the day still
-reserved, settled too; stop the worker with SIGTERM (it finishes in-flight work and exits 0);
+refused run leaves the broker as it was; start the relay, the warehouse system (the intake
+``fulfilment webhooks``, the warehouse simulator, the dispatcher) and the worker as child
+processes and wait until each is ready; play the data day by day
+(``fulfilment.dataset.retail_lifecycle``): each day's orders and mapped cancellations in time
+order, one run of one kind at a time, each run settled before the next is sent, then wait
+until the warehouse has shipped or cancelled every order of the day it received, by signed
+webhooks or found by the dispatcher's poll, and check it and the stock; an order of the day
+still reserved then (the warehouse never received it) ships with the shop's ``OrderShipped``;
+stop the worker with SIGTERM (it finishes in-flight work and exits 0);
 wait until the relay has published every outbox row the run wrote, read the demo's queue and
 check what it received against those rows (``demo.result_events``), and stop the relay with
 SIGTERM; then reconcile every published event of the three kinds against the inbox and the
@@ -15,7 +19,8 @@ dead-letter queues and print the report.
 
 Its jobs are modules of their own: the player (``demo.player``: the days, each run settled),
 the child processes (``demo.children``: started, waited for, stopped, their logs in one
-folder), the warehouse system (``demo.warehouse_system``) and its check (``demo.handoff``),
+folder), the warehouse system (``demo.warehouse_system``) and its checks (``demo.handoff``:
+what it received; ``demo.warehouse_news``: what it sent back),
 the reset guard (``demo.reset``) and the result events' tally (``demo.result_events``).
 
 Stock is loaded only for SKUs without a level, so that a second run keeps what the first
@@ -185,10 +190,19 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     relay = await start_child("relay", RELAY_COMMAND, "FULFILMENT_RELAY_HTTP_PORT")
     echo(f"relay started ({relay.describe()})")
     try:
-        await wait_ready(relay)
         async with warehouse_system(stop_grace_seconds, echo) as handoff:
+
+            async def others_ready() -> None:
+                await wait_ready(relay)
+                await handoff.ready()
+
             player, code = await play_days(
-                options, days, handoff, stop_grace_seconds=stop_grace_seconds, echo=echo
+                options,
+                days,
+                handoff,
+                others_ready=others_ready,
+                stop_grace_seconds=stop_grace_seconds,
+                echo=echo,
             )
         tally = await _received_result_events(options, baseline, relay, echo)
         echo("\n".join(tally.lines(RESULT_EVENTS_QUEUE)))
@@ -214,7 +228,11 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     failure = tally.failure()
     if failure is not None:
         raise DemoError(failure)
-    clean_stops = code == 0 and relay_code == 0 and handoff.dispatcher_code == 0
+    clean_stops = (
+        code == 0
+        and relay_code == 0
+        and all(handoff.codes.get(child.name) == 0 for child in handoff.children)
+    )
     return 0 if reconciled and clean_stops and document["invariants"]["ok"] else 1
 
 

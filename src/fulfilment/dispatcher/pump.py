@@ -21,6 +21,7 @@ import structlog
 
 from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
+from fulfilment.dispatcher.poll import Poller
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt, read_backlog
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.pump.leader import LockOptions, Pump, PumpEvents, Role
@@ -37,6 +38,7 @@ class DispatcherPump(Pump):
         client: the warehouse system's client.
         options: the caps and intervals of each turn's :class:`Dispatcher`.
         metrics: the process's collectors.
+        poller: the polls of fulfilment orders with no news; None: no polls.
     """
 
     name: ClassVar[str] = "dispatcher"
@@ -49,19 +51,22 @@ class DispatcherPump(Pump):
         stopped="dispatcher.stopped",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the root passes each collaborator by name
         self,
         lock: LockOptions,
         requests: WarehouseRequests,
         client: WarehouseClient,
         options: DispatcherOptions,
         metrics: DispatcherMetrics,
+        *,
+        poller: Poller | None = None,
     ) -> None:
         super().__init__(lock, metrics.active)
         self._requests = requests
         self._client = client
         self._options = options
         self._metrics = metrics
+        self._poller = poller
         self.dispatcher: Dispatcher | None = None
         """The loop running while this replica holds the lock, else None."""
 
@@ -89,7 +94,7 @@ class DispatcherPump(Pump):
         """Read the backlog for its gauges; a store that fails is logged, not fatal."""
         del session  # the store has its own pool
         try:
-            await read_backlog(self._requests, self._metrics)
+            await read_backlog(self._requests, self._metrics, self._poller)
         except TransientError as error:
             logger.warning("dispatcher.store_failed", error=str(error))
 
@@ -99,7 +104,9 @@ class DispatcherPump(Pump):
         A new loop per turn on the lock: its gates start open, as another replica's did.
         """
         del session  # pinged by the pump; the store has its own pool
-        dispatcher = Dispatcher(self._requests, self._client, self._options, self._metrics)
+        dispatcher = Dispatcher(
+            self._requests, self._client, self._options, self._metrics, poller=self._poller
+        )
         self.dispatcher = dispatcher
         running = asyncio.create_task(dispatcher.run())
         ending = [asyncio.create_task(lost.wait()), asyncio.create_task(self.stopping.wait())]

@@ -18,17 +18,27 @@ the backlog drains at the caps. A 401 or 403 stops sending the same way (probes 
 intervals, the state on ``/health/ready`` and in a metric) until a probe is answered otherwise;
 its request is not failed. A request claimed while a gate closed behind it is handed back
 unsent (a ``Retry`` recorded for when the gate opens), so its lease never runs out in memory.
+
+The polls (``dispatcher.poll``): with a :class:`~fulfilment.dispatcher.poll.Poller`, the slots
+that no due request takes ask the warehouse about fulfilment orders with no news
+(``GET /fulfilment-orders/{id}``), a few at a time (:attr:`PollOptions.in_flight_max`), so the
+sends come first and the polls get the budget they leave. A poll goes through the same gates
+(a token of the rate cap, the ``Retry-After`` gate, the circuit, the credentials) and its
+answer moves them as a request's does (a 5xx counts towards the circuit, a 429 closes the
+gate, a 401 halts); while halted, a poll is the probe when no request is due.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from aiolimiter import AsyncLimiter
@@ -36,6 +46,7 @@ from aiolimiter import AsyncLimiter
 from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
 from fulfilment.backoff import doubling_wait
+from fulfilment.dispatcher.poll import Poller
 from fulfilment.domain.handoff import (
     Accepted,
     Answer,
@@ -47,6 +58,7 @@ from fulfilment.domain.handoff import (
     Retry,
     WarehouseRequest,
 )
+from fulfilment.domain.polls import FulfilmentOrderToPoll, NotFound, PollAnswer, Polled
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
 from fulfilment.pump.leader import sleep_unless
 
@@ -167,8 +179,10 @@ BACKLOG_INTERVAL_SECONDS = 15.0
 interval): the count reads the table, so not at every claim."""
 
 
-async def read_backlog(requests: WarehouseRequests, metrics: DispatcherMetrics) -> None:
-    """Set the backlog gauges from the store.
+async def read_backlog(
+    requests: WarehouseRequests, metrics: DispatcherMetrics, poller: Poller | None = None
+) -> None:
+    """Set the backlog gauges from the store, and the orders without news with a ``poller``.
 
     A standby does it too, so that the alerts on them hold when no dispatcher sends.
 
@@ -177,6 +191,8 @@ async def read_backlog(requests: WarehouseRequests, metrics: DispatcherMetrics) 
     """
     backlog = await requests.backlog()
     metrics.set_backlog(backlog.open_count, backlog.oldest_open_age_seconds or 0.0)
+    if poller is not None:
+        await poller.read_without_news()
 
 
 def backoff_seconds(attempts: int) -> float:
@@ -215,16 +231,18 @@ class Dispatcher:
         client: the warehouse system's client.
         options: the caps and intervals.
         metrics: the process's collectors.
+        poller: the polls of fulfilment orders with no news; None: no polls.
         clock: monotonic seconds (``time.monotonic``).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the root passes each collaborator by name
         self,
         requests: WarehouseRequests,
         client: WarehouseClient,
         options: DispatcherOptions,
         metrics: DispatcherMetrics,
         *,
+        poller: Poller | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._requests = requests
@@ -247,6 +265,10 @@ class Dispatcher:
         self._backlog_read_at = float("-inf")
         self._answers: list[tuple[Answered, asyncio.Future[None]]] = []
         self._recording = False
+        self._poller = poller
+        # The fulfilment orders (request ids) being asked about, left out of the next looks.
+        self._polling: set[int] = set()
+        self._polls_look_at = float("-inf")
         self.halt = Halt.NONE
 
     def stop(self) -> None:
@@ -289,7 +311,7 @@ class Dispatcher:
         A claim takes the free slots' requests and up to ``concurrency`` more, held for the
         next slots to free (:attr:`DispatcherOptions.hold_seconds`): a claim per
         ``concurrency`` requests or so instead of one per freed slot, and a freed slot sends
-        without waiting for the database.
+        without waiting for the database. The slots no due request takes go to polls.
         """
         if self.halt is not Halt.NONE:
             await self._probe()
@@ -306,23 +328,59 @@ class Dispatcher:
             for _ in range(free):
                 self._slots.release()
             return
-        if len(self._ready) < free:
-            claimed_at = self._clock()
-            batch = await self._requests.claim(
-                free - len(self._ready) + self._options.concurrency,
-                lease_seconds=self._options.lease_seconds,
-            )
-            self._ready.extend((request, claimed_at) for request in batch)
-        taken = min(free, len(self._ready))
-        for _ in range(free - taken):
-            self._slots.release()
-        for _ in range(taken):
-            request, claimed_at = self._ready.popleft()
-            task = asyncio.create_task(self._send(request, probe=False, claimed_at=claimed_at))
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
-        if taken < free:
+        used = 0
+        try:
+            if len(self._ready) < free:
+                claimed_at = self._clock()
+                batch = await self._requests.claim(
+                    free - len(self._ready) + self._options.concurrency,
+                    lease_seconds=self._options.lease_seconds,
+                )
+                self._ready.extend((request, claimed_at) for request in batch)
+            while used < free and self._ready:
+                request, claimed_at = self._ready.popleft()
+                self._start(self._send(request, probe=False, claimed_at=claimed_at))
+                used += 1
+            if used < free:
+                # No request is due now: the slots left may ask about fulfilment orders.
+                used += await self._start_polls(free - used)
+        finally:
+            # The slots nothing took, also when the store failed: a slot lost would be lost
+            # for good.
+            for _ in range(free - used):
+                self._slots.release()
+        if used < free:
             await self._wait(self._options.poll_seconds)
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a send or a poll, holding a slot) as a task the stop waits for."""
+        task = asyncio.create_task(work)
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _start_polls(self, slots: int) -> int:
+        """Start polls of the fulfilment orders due, with up to ``slots`` slots; how many.
+
+        At most :attr:`PollOptions.in_flight_max` polls in flight. The store is looked at
+        again at once after a look that found as many as it asked for (more may be due),
+        else after :attr:`PollOptions.check_seconds`.
+
+        Raises:
+            TransientError: the store failed.
+        """
+        if self._poller is None or self._clock() < self._polls_look_at:
+            return 0
+        limit = min(slots, self._poller.options.in_flight_max - len(self._polling))
+        if limit < 1:
+            return 0
+        looked_at = self._clock()
+        due = await self._poller.due(limit, excluding=self._polling)
+        if len(due) < limit:
+            self._polls_look_at = looked_at + self._poller.options.check_seconds
+        for order in due:
+            self._polling.add(order.request_id)
+            self._start(self._poll(self._poller, order, probe=False))
+        return len(due)
 
     async def _probe(self) -> None:
         """While halted: hand back the requests at hand, then send one when the probe is due."""
@@ -336,8 +394,16 @@ class Dispatcher:
         if batch:
             await self._slots.acquire()
             await self._send(batch[0], probe=True)
-        else:
-            await self._wait(self._options.poll_seconds)
+            return
+        if self._poller is not None:
+            # No request to probe with: a fulfilment order due to be asked about is the probe.
+            due = await self._poller.due(1, excluding=self._polling)
+            if due:
+                self._polling.add(due[0].request_id)
+                await self._slots.acquire()
+                await self._poll(self._poller, due[0], probe=True)
+                return
+        await self._wait(self._options.poll_seconds)
 
     async def _hand_back_ready(self, reason: str, due_in_seconds: float) -> None:
         """Record the requests at hand unsent, due in ``due_in_seconds``: a halt or a stop.
@@ -404,6 +470,48 @@ class Dispatcher:
             )
         finally:
             free_slot()
+
+    async def _poll(self, poller: Poller, order: FulfilmentOrderToPoll, *, probe: bool) -> None:
+        """Ask about ``order`` through the gates, holding a slot; apply and record the answer.
+
+        A poll the gates hold back (a halt, a long ``Retry-After``) is not sent and not
+        recorded: the order stays due. Its slot is freed once the warehouse answered, before
+        the answer is applied, as a send's.
+        """
+        slot = True
+
+        def free_slot() -> None:
+            nonlocal slot
+            if slot:
+                slot = False
+                self._slots.release()
+                self._wake.set()
+
+        try:
+            if probe:
+                async with self._limiter:
+                    pass
+            elif await self._through_gates() is not None:
+                return
+            answer, _ = await self._client.fetch(order)
+            free_slot()
+            self._watch(answer, probe=probe)
+            await poller.settle(order, answer)
+        except TransientError as error:
+            # Not recorded: the order is due again, and what was applied is a duplicate then.
+            logger.warning(
+                "dispatcher.poll_store_failed", order_id=str(order.order_id), error=str(error)
+            )
+        except Exception:
+            # A poll that cannot be applied (a bug, a change the database refuses) must stop
+            # neither the loop nor the other polls: logged whole, asked again an interval
+            # later rather than at every turn.
+            logger.exception("dispatcher.poll_failed", order_id=str(order.order_id))
+            with contextlib.suppress(TransientError):
+                await poller.postpone(order)
+        finally:
+            free_slot()
+            self._polling.discard(order.request_id)
 
     async def _record(self, answered: Answered) -> None:
         """Record ``answered`` with the answers that came while the last batch was written.
@@ -476,30 +584,42 @@ class Dispatcher:
     def _react(self, request: WarehouseRequest, answer: Answer, *, probe: bool) -> float | None:
         """Update the gates for ``answer``; the seconds until ``request`` is due (None: final)."""
         now = self._clock()
+        down = self._watch(answer, probe=probe)
         match answer:
             case RateLimited(after_seconds=after):
-                self._gate_until = max(self._gate_until, now + after)
+                return after
+            case CredentialsRefused():
+                return max(0.0, self._probe_at - now)
+            case Retry(after_seconds=after) if down:
+                return max(after or 0.0, self._probe_at - now, backoff_seconds(request.attempts))
+            case Retry(after_seconds=after):
+                return after if after is not None else backoff_seconds(request.attempts)
+            case Accepted() | Refused() | Failed():
+                return None
+
+    def _watch(self, answer: Answer | PollAnswer, *, probe: bool) -> bool:
+        """Update the gates for ``answer`` to a request or a poll; whether the circuit opened.
+
+        A 429 closes the ``Retry-After`` gate, a 401/403 halts, a 5xx or no answer counts
+        towards the circuit (a probe's opens it again at once); any other answer closes the
+        circuit.
+        """
+        match answer:
+            case RateLimited(after_seconds=after):
+                self._gate_until = max(self._gate_until, self._clock() + after)
                 self._metrics.rate_limit_waits.inc()
                 self._metrics.rate_limit_wait_seconds.inc(after)
                 self._alive()
-                return after
             case CredentialsRefused():
                 self._halt(Halt.CREDENTIALS_REFUSED, probe=probe)
-                return max(0.0, self._probe_at - now)
-            case Retry(status_code=status, after_seconds=after) if status is None or status >= 500:  # noqa: PLR2004 - a 5xx
+            case Retry(status_code=status) if status is None or status >= 500:  # noqa: PLR2004 - a 5xx
                 self._failures += 1
                 if probe or self._failures >= CIRCUIT_THRESHOLD:
                     self._halt(Halt.CIRCUIT_OPEN, probe=probe)
-                    return max(
-                        after or 0.0, self._probe_at - now, backoff_seconds(request.attempts)
-                    )
-                return after if after is not None else backoff_seconds(request.attempts)
-            case Retry(after_seconds=after):
+                    return True
+            case Retry() | Accepted() | Refused() | Failed() | Polled() | NotFound():
                 self._alive()
-                return after if after is not None else backoff_seconds(request.attempts)
-            case Accepted() | Refused() | Failed():
-                self._alive()
-                return None
+        return False
 
     def _halt(self, halt: Halt, *, probe: bool) -> None:
         """Send only probes: the first halt, a failed probe (a longer interval), or neither."""
@@ -530,7 +650,7 @@ class Dispatcher:
         now = self._clock()
         if now - self._backlog_read_at >= BACKLOG_INTERVAL_SECONDS:
             self._backlog_read_at = now
-            await read_backlog(self._requests, self._metrics)
+            await read_backlog(self._requests, self._metrics, self._poller)
         if now - self._expired_at < self._options.expire_interval_seconds:
             return
         self._expired_at = now

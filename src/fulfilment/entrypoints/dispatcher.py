@@ -10,6 +10,10 @@ A process of its own, not a part of the relay's, for three reasons:
 - its scaling differs: the warehouse account's rate cap (requests per second) bounds it, not
   the outbox's throughput, so it runs one active replica per database whatever the relay does.
 
+The same process polls the fulfilment orders with no news (``dispatcher.poll``), within the
+same rate cap, and applies what it finds through a ``PostgresStock`` of its own, as the
+webhook intake does.
+
 Without ``FULFILMENT_WAREHOUSE_URL`` there is no hand-off and nothing to dispatch: the command
 exits 2 (invalid settings) with one line naming the variable. Nothing is built at import time.
 """
@@ -25,12 +29,14 @@ import httpx
 from fulfilment import __version__
 from fulfilment.adapters.postgres.advisory_lock import DISPATCHER_LOCK_KEY
 from fulfilment.adapters.postgres.engine import asyncpg_dsn, create_engine
+from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.warehouse.client import (
     WarehouseClient,
     WarehouseClientOptions,
     build_http_client,
 )
+from fulfilment.dispatcher.poll import Poller, PollOptions
 from fulfilment.dispatcher.pump import DispatcherPump
 from fulfilment.dispatcher.service import DispatcherOptions
 from fulfilment.entrypoints.startup import (
@@ -76,6 +82,14 @@ def dispatcher_options(warehouse: WarehouseSettings) -> DispatcherOptions:
     )
 
 
+def poll_options(warehouse: WarehouseSettings) -> PollOptions:
+    """The polls' interval from ``warehouse``."""
+    return PollOptions(
+        reconcile_after_seconds=warehouse.reconcile_after_seconds,
+        concurrency=warehouse.concurrency,
+    )
+
+
 async def run_dispatcher(settings: Settings) -> int:
     """Run the dispatcher and its HTTP server until SIGTERM or SIGINT; return the exit code.
 
@@ -111,6 +125,18 @@ async def run_dispatcher(settings: Settings) -> int:
 async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
     metrics = DispatcherMetrics(version=__version__)
     engine = create_engine(database_options(settings.database, settings.deadlines))
+    requests = PostgresWarehouseRequests(
+        engine, retry_budget_seconds=settings.deadlines.retry_budget_seconds
+    )
+    # The polls apply what they find as the intake applies a webhook: through the stock store,
+    # with the hand-off on, as the worker's.
+    stock = PostgresStock(
+        engine,
+        consumer=settings.worker.consumer_name,
+        retry_budget_seconds=settings.deadlines.retry_budget_seconds,
+        pool_size=settings.database.pool_size,
+        handoff=True,
+    )
     pump = DispatcherPump(
         LockOptions(
             database_url=asyncpg_dsn(settings.database.url.get_secret_value()),
@@ -118,12 +144,11 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
             connect_timeout_seconds=settings.database.connect_timeout_seconds,
             poll_seconds=POLL_SECONDS,
         ),
-        PostgresWarehouseRequests(
-            engine, retry_budget_seconds=settings.deadlines.retry_budget_seconds
-        ),
+        requests,
         WarehouseClient(http_client, timeout_seconds=settings.warehouse.timeout_seconds),
         dispatcher_options(settings.warehouse),
         metrics,
+        poller=Poller(requests, stock, poll_options(settings.warehouse), metrics),
     )
     try:
         return await run_pump(

@@ -197,7 +197,7 @@ class WebhookReceiver:
                 fields=fields,
             )
         fields["outcome"] = outcome.label
-        self._metrics.count_applied(label, outcome)
+        self._metrics.count_applied(label, command, outcome)
         return Answer(204)
 
     async def _invalid(  # noqa: PLR0913 - the request's parts, by name

@@ -1,6 +1,7 @@
-"""The dispatcher's Prometheus metrics: a pump's (``pump_metrics``) and its requests'.
+"""The dispatcher's Prometheus metrics: a pump's (``pump_metrics``), its requests' and its polls'.
 
-Labels are small and fixed: the request kind (2 values) and the class of answer (6 values),
+Labels are small and fixed: the request kind (2 values), the class of answer (6 values), the
+class of a poll's answer (6 values), and the warehouse events' (``warehouse_event_metrics``),
 all bound at 0 so that ``rate()`` and the alerts see the zero.
 """
 
@@ -18,7 +19,10 @@ from fulfilment.domain.handoff import (
     RequestKind,
     Retry,
 )
+from fulfilment.domain.polls import NotFound, PollAnswer, Polled
+from fulfilment.domain.warehouse_events import Source
 from fulfilment.observability.pump_metrics import PumpMetrics
+from fulfilment.observability.warehouse_event_metrics import WarehouseEventMetrics
 
 ANSWER_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Send-to-answer buckets, 5 ms to the longest timeout a warehouse API should need."""
@@ -32,6 +36,16 @@ ANSWER_OUTCOMES: dict[type[Answer], str] = {
     CredentialsRefused: "credentials_refused",
 }
 """The ``outcome`` label of each class of answer."""
+
+POLL_OUTCOMES: dict[type[PollAnswer], str] = {
+    Polled: "answered",
+    NotFound: "not_found",
+    Retry: "retry",
+    RateLimited: "rate_limited",
+    CredentialsRefused: "credentials_refused",
+    Failed: "failed",
+}
+"""The ``outcome`` label of each class of a poll's answer."""
 
 
 class DispatcherMetrics(PumpMetrics):
@@ -102,8 +116,26 @@ class DispatcherMetrics(PumpMetrics):
             "Requests given up unanswered when their key's retention at the warehouse ended.",
             registry=self.registry,
         )
+        polls = Counter(
+            "fulfilment_warehouse_polls",
+            "Fulfilment orders asked about (GET /fulfilment-orders/{id}), by class of answer.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.polls = {outcome: polls.labels(outcome=outcome) for outcome in POLL_OUTCOMES.values()}
+        self.orders_without_news = Gauge(
+            "fulfilment_warehouse_orders_without_news",
+            "Accepted fulfilment orders that hold units and have had no shipment or"
+            " cancellation for FULFILMENT_WAREHOUSE_RECONCILE_AFTER_SECONDS.",
+            registry=self.registry,
+        )
+        self.warehouse_events = WarehouseEventMetrics(self.registry, Source.POLL)
 
     def record_answer(self, kind: RequestKind, answer: Answer, seconds: float) -> None:
         """Count one answer (or failure to get one) and its latency in seconds."""
         self.requests[kind, ANSWER_OUTCOMES[type(answer)]].inc()
         self.answer_seconds.labels(kind=str(kind)).observe(seconds)
+
+    def record_poll(self, answer: PollAnswer) -> None:
+        """Count one poll by the class of its answer (or failure to get one)."""
+        self.polls[POLL_OUTCOMES[type(answer)]].inc()

@@ -3,8 +3,9 @@
 Names and labels are docs/design.md's, "Metrics" (the alerts and the dashboard query them);
 every label takes a bounded set of values, bound at 0 from the start so that ``rate()`` and
 the alerts see the zero. ``fulfilment_warehouse_events_total`` and
-``fulfilment_warehouse_discrepancies_total`` count what was applied whoever applied it: the
-dispatcher's poll exports the same series with ``source="poll"``.
+``fulfilment_warehouse_discrepancies_total`` count what was applied whoever applied it
+(``warehouse_event_metrics``): the dispatcher's poll exports the same series with
+``source="poll"``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.domain.warehouse_events import (
-    ShipmentKind,
-    ShipmentOutcome,
-    Source,
-    WarehouseCancellationKind,
-    WarehouseCancellationOutcome,
-)
+from fulfilment.domain.polls import WarehouseChange
+from fulfilment.domain.warehouse_events import ShipmentKind, Source, WarehouseCancellationKind
 from fulfilment.observability.metrics import build_info
+from fulfilment.observability.warehouse_event_metrics import (
+    WarehouseEventMetrics,
+    WarehouseEventOutcome,
+)
 
 ANSWER_BUCKETS_SECONDS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 """Request-to-answer buckets, up to the senders' shortest timeout (5 s)."""
@@ -48,17 +47,6 @@ RECEIVED_OUTCOMES: dict[str, tuple[str, ...]] = {
 ANSWER_STATUSES = ("204", "401", "413", "422", "503")
 """The status codes of the answer table, bound at 0 (a 400 to a sender gone mid-body and the
 500 of a bug appear when they happen)."""
-
-WAREHOUSE_EVENT_OUTCOMES: dict[str, tuple[str, ...]] = {
-    "shipment": tuple(str(kind) for kind in ShipmentKind),
-    "cancellation": tuple(str(kind) for kind in WarehouseCancellationKind),
-}
-"""The ``(event, outcome)`` series of ``fulfilment_warehouse_events_total`` bound at 0."""
-
-DISCREPANCY_KINDS = ("unknown_order", "order_not_reserved", "more_than_held", "sku_not_held")
-"""The ``kind`` label of ``fulfilment_warehouse_discrepancies_total``."""
-
-WarehouseOutcome = ShipmentOutcome | WarehouseCancellationOutcome
 
 
 class IntakeMetrics:
@@ -105,51 +93,11 @@ class IntakeMetrics:
         )
         for status in ANSWER_STATUSES:
             self.answer_seconds.labels(status=status)
-        self.warehouse_events = Counter(
-            "fulfilment_warehouse_events",
-            "Shipments and cancellations of the warehouse applied, by how they came and their"
-            " outcome.",
-            ["event", "source", "outcome"],
-            registry=self.registry,
-        )
-        for event, kinds in WAREHOUSE_EVENT_OUTCOMES.items():
-            for outcome in kinds:
-                self.warehouse_events.labels(event=event, source=Source.WEBHOOK, outcome=outcome)
-        self.discrepancies = Counter(
-            "fulfilment_warehouse_discrepancies",
-            "Shipments and cancellations of the warehouse that could not be applied as sent,"
-            " by kind.",
-            ["kind"],
-            registry=self.registry,
-        )
-        for discrepancy in DISCREPANCY_KINDS:
-            self.discrepancies.labels(kind=discrepancy)
+        self.warehouse_events = WarehouseEventMetrics(self.registry, Source.WEBHOOK)
 
-    def count_applied(self, webhook_type: str, outcome: WarehouseOutcome) -> None:
-        """Count a webhook whose command was applied (or found applied) with ``outcome``."""
-        kind = str(outcome.kind)
-        self.received.labels(type=webhook_type, outcome=kind).inc()
-        event = "shipment" if isinstance(outcome, ShipmentOutcome) else "cancellation"
-        self.warehouse_events.labels(event=event, source=Source.WEBHOOK, outcome=kind).inc()
-        kinds = discrepancy_kinds(outcome)
-        for discrepancy in kinds:
-            self.discrepancies.labels(kind=discrepancy).inc()
-
-
-def discrepancy_kinds(outcome: WarehouseOutcome) -> list[str]:
-    """The discrepancies ``outcome`` recorded, one per kept row's kind.
-
-    An order unknown or not reserved is one discrepancy; units a shipment named that the
-    order did not hold, one per SKU: ``sku_not_held`` while the order holds none of the
-    outcome's SKU, else ``more_than_held`` (the outcome's taken lines say which).
-    """
-    if isinstance(outcome, WarehouseCancellationOutcome):
-        if outcome.kind is not WarehouseCancellationKind.DISCREPANCY:
-            return []
-        return ["unknown_order" if outcome.status is None else "order_not_reserved"]
-    if outcome.kind is ShipmentKind.DISCREPANCY and outcome.status is None:
-        return ["unknown_order"]
-    if outcome.kind is ShipmentKind.DISCREPANCY and outcome.status is not OrderStatus.RESERVED:
-        return ["order_not_reserved"]
-    taken = {line.sku for line in outcome.lines}
-    return ["more_than_held" if line.sku in taken else "sku_not_held" for line in outcome.unmatched]
+    def count_applied(
+        self, webhook_type: str, command: WarehouseChange, outcome: WarehouseEventOutcome
+    ) -> None:
+        """Count a webhook whose ``command`` was applied (or found applied) with ``outcome``."""
+        self.received.labels(type=webhook_type, outcome=str(outcome.kind)).inc()
+        self.warehouse_events.count(command, outcome)

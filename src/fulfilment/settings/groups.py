@@ -400,6 +400,13 @@ class WarehouseSettings(SettingsGroup):
     still unanswered this long after its first attempt is ``expired``: a retry after it could
     create a second order, so it waits for an operator (``resend``)."""
 
+    reconcile_after_seconds: Seconds = 3600.0
+    """How long an accepted fulfilment order that still holds units may go without news (no
+    shipment, no cancellation of the warehouse) before the dispatcher asks the warehouse about
+    it (``GET /fulfilment-orders/{id}``), and then the interval between two polls of it while
+    it holds units. What the answer lists is applied as if it had come by webhook. The polls
+    share the rate cap, after the requests."""
+
     webhook_secrets: SecretStr = SecretStr("")
     """The secrets the warehouse signs its webhooks with: one or more ``whsec_<base64>``,
     separated by spaces. A webhook passes when any of its ``v1`` signatures matches any of them,

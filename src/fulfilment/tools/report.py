@@ -17,6 +17,7 @@ from uuid import UUID
 
 from fulfilment.adapters.postgres.admin import processed_event_ids, stock_session
 from fulfilment.adapters.postgres.outcomes import outcome_report
+from fulfilment.adapters.postgres.warehouse_event_reads import WarehouseCounts, warehouse_counts
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.adapters.rabbitmq.connection import connect
 from fulfilment.adapters.rabbitmq.inspection import (
@@ -31,25 +32,35 @@ from fulfilment.tools.virtual_host import missing_queues_note
 
 
 async def report_command(
-    options: ToolOptions, *, as_json: bool, echo: Echo, handoff: bool = False
+    options: ToolOptions,
+    *,
+    as_json: bool,
+    echo: Echo,
+    handoff: bool = False,
+    reconcile_after_seconds: float | None = None,
 ) -> None:
     """``fulfilment report``: echo the report, for people or (``as_json``) as one JSON document.
 
     ``handoff``: the hand-off to the warehouse system is configured (``FULFILMENT_WAREHOUSE_URL``
-    set); see :func:`collect_report`.
+    set); ``reconcile_after_seconds``: ``FULFILMENT_WAREHOUSE_RECONCILE_AFTER_SECONDS``, to
+    count what the warehouse sent back; see :func:`collect_report`.
 
     Raises:
         CommandError: a stock invariant does not hold (exit 1), after the report.
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
-    document = await collect_report(options, handoff=handoff)
+    document = await collect_report(
+        options, handoff=handoff, reconcile_after_seconds=reconcile_after_seconds
+    )
     echo(json.dumps(document, indent=2, sort_keys=True) if as_json else render_report(document))
     if not document["invariants"]["ok"]:
         msg = "stock invariants do not hold (see the report above)"
         raise CommandError(msg)
 
 
-async def collect_report(options: ToolOptions, *, handoff: bool = False) -> dict[str, Any]:
+async def collect_report(
+    options: ToolOptions, *, handoff: bool = False, reconcile_after_seconds: float | None = None
+) -> dict[str, Any]:
     """The report as a JSON-ready document.
 
     Shape: ``{"outcomes": {"reserved", "rejected": {reason: count}, "released", "shipped",
@@ -73,14 +84,31 @@ async def collect_report(options: ToolOptions, *, handoff: bool = False) -> dict
     and status. Without either the key is absent, so that a service without the hand-off
     reports as before it.
 
+    With ``reconcile_after_seconds`` given, and the hand-off configured or anything heard back
+    from the warehouse, also ``"warehouse": {"shipments": {"by_source", "by_outcome"},
+    "orders_shipped": {"in_part", "in_whole"}, "cancellations": {"by_source", "by_outcome"},
+    "discrepancies": {kind: count}, "invalid_webhooks": {"kept", "replayed"},
+    "orders_without_news"}``: the warehouse's shipments and cancellations recorded (webhook or
+    poll), the orders its shipments took units from that still hold some (in part) or none
+    (in whole), the discrepancies kept by kind, the invalid webhooks waiting for a replay and
+    replayed (``adapters.postgres.warehouse_event_reads.warehouse_counts``), and the accepted
+    fulfilment orders still holding units with no news for ``reconcile_after_seconds``, as the
+    dispatcher's gauge ``fulfilment_warehouse_orders_without_news`` counts them.
+
     Raises:
         DatabaseUnavailableError, BrokerUnavailableError: a service does not answer.
     """
     async with stock_session(options.database, consumer=options.consumer) as stock:
         outcomes = await outcome_report(stock.engine)
-        backlog = await PostgresWarehouseRequests(
+        requests = PostgresWarehouseRequests(
             stock.engine, retry_budget_seconds=options.database.retry_budget_seconds
-        ).backlog()
+        )
+        backlog = await requests.backlog()
+        heard = None
+        if reconcile_after_seconds is not None:
+            # The dispatcher's own count, which its gauge reports.
+            without_news = await requests.orders_without_news(reconcile_after_seconds)
+            heard = (await warehouse_counts(stock.engine), without_news)
     by_reason: list[dict[str, Any]] = []
     dead_by_queue: dict[str, int] = {}
     pending: dict[str, dict[str, int]] = {}
@@ -136,7 +164,32 @@ async def collect_report(options: ToolOptions, *, handoff: bool = False) -> dict
     }
     if handoff or backlog.by_kind_and_status:
         document["warehouse_requests"] = _requests_document(backlog)
+    if heard is not None and (handoff or heard[0].any_recorded or heard[1]):
+        document["warehouse"] = _warehouse_document(*heard)
     return document
+
+
+def _warehouse_document(counts: WarehouseCounts, without_news: int) -> dict[str, Any]:
+    return {
+        "shipments": {
+            "by_source": counts.shipments_by_source,
+            "by_outcome": counts.shipments_by_outcome,
+        },
+        "orders_shipped": {
+            "in_part": counts.orders_shipped_in_part,
+            "in_whole": counts.orders_shipped_in_whole,
+        },
+        "cancellations": {
+            "by_source": counts.cancellations_by_source,
+            "by_outcome": counts.cancellations_by_outcome,
+        },
+        "discrepancies": counts.discrepancies_by_kind,
+        "invalid_webhooks": {
+            "kept": counts.invalid_webhooks_kept,
+            "replayed": counts.invalid_webhooks_replayed,
+        },
+        "orders_without_news": without_news,
+    }
 
 
 def _requests_document(backlog: RequestBacklog) -> dict[str, Any]:
@@ -191,6 +244,24 @@ def render_report(document: dict[str, Any]) -> str:
         lines += [
             f"  {kind:<28}{_value(statuses)}" for kind, statuses in requests["by_kind"].items()
         ]
+    heard = document.get("warehouse")
+    if heard is not None:
+        lines.append("warehouse (what it sent back)")
+        lines.append(f"  {'shipments by source':<28}{_value(heard['shipments']['by_source'])}")
+        lines.append(f"  {'shipments by outcome':<28}{_value(heard['shipments']['by_outcome'])}")
+        shipped = heard["orders_shipped"]
+        lines.append(
+            f"  {'orders shipped':<28}in part {shipped['in_part']}, in whole {shipped['in_whole']}"
+        )
+        cancellations = heard["cancellations"]
+        lines.append(f"  {'cancellations by source':<28}{_value(cancellations['by_source'])}")
+        lines.append(f"  {'cancellations by outcome':<28}{_value(cancellations['by_outcome'])}")
+        lines.append(f"  {'discrepancies':<28}{_value(heard['discrepancies'])}")
+        invalid = heard["invalid_webhooks"]
+        lines.append(
+            f"  {'invalid webhooks':<28}kept {invalid['kept']}, replayed {invalid['replayed']}"
+        )
+        lines.append(f"  {'orders without news':<28}{heard['orders_without_news']}")
     # Zeros read from the wrong virtual host would look like a healthy, idle service.
     note = missing_queues_note(document.get("missing_queues", []))
     if note is not None:

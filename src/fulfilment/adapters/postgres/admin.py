@@ -140,10 +140,11 @@ RESET_TABLES = (
 ``warehouse_requests`` goes with the reservations that recorded them: the demo's order ids
 are derived from its data, so a kept row would refuse the same order's next reservation
 (``warehouse_requests_one_fulfilment_order_idx``) and dead-letter it; the warehouse's
-shipments, cancellations and discrepancies go with the orders they name, and the kept invalid
-webhooks as the DLQs' messages do. ``dead_letter_audit`` stays, and records what the reset
-purged from the DLQs; ``warehouse_request_audit`` and ``invalid_webhook_audit`` stay too,
-operators' records like it."""
+shipments, cancellations and discrepancies go with the orders they name (each run of the demo
+has a new simulator, whose ids start again: a kept row would take its next shipment for a
+duplicate), and the kept invalid webhooks as the DLQs' messages do. ``dead_letter_audit``
+stays, and records what the reset purged from the DLQs; ``warehouse_request_audit`` and
+``invalid_webhook_audit`` stay too, operators' records like it."""
 
 DEMO_DATABASE_MARK = "fulfilment demo database"
 """How the comment of a database the demo made or found empty begins (``COMMENT ON

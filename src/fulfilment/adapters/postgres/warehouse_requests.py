@@ -17,7 +17,7 @@ request rows, with ``SKIP LOCKED``, and so never waits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -30,7 +30,7 @@ from fulfilment.adapters.postgres.warehouse_request_reads import (
     PostgresWarehouseRequestReads,
     stored_units,
 )
-from fulfilment.application.ports import WarehouseRequests
+from fulfilment.application.ports import FulfilmentOrderPolls, WarehouseRequests
 from fulfilment.contracts.warehouse_bodies import request_body
 from fulfilment.domain.handoff import (
     Accepted,
@@ -48,6 +48,7 @@ from fulfilment.domain.handoff import (
     fulfilment_order_failed,
 )
 from fulfilment.domain.lifecycle import CancelKind, OrderState, OrderStatus
+from fulfilment.domain.polls import FulfilmentOrderToPoll
 
 __all__ = ["PostgresWarehouseRequests"]
 
@@ -137,13 +138,25 @@ _NOTIFY_RELAY = _sql("notify_relay")
 
 _EXPIRE = _sql("expire").bindparams(sa.bindparam("retention_seconds", type_=sa.Float))
 
+_POLLS_DUE = _sql("polls_due").bindparams(
+    sa.bindparam("after_seconds", type_=sa.Float),
+    sa.bindparam("excluding", type_=postgresql.ARRAY(sa.BigInteger)),
+)
 
-class PostgresWarehouseRequests(PostgresWarehouseRequestReads, WarehouseRequests):
-    """The requests to the warehouse system in PostgreSQL; see the port for the guarantees.
+_POLLED = _sql("polled").bindparams(sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger)))
+
+_WITHOUT_NEWS = _sql("without_news").bindparams(sa.bindparam("after_seconds", type_=sa.Float))
+
+
+class PostgresWarehouseRequests(
+    PostgresWarehouseRequestReads, WarehouseRequests, FulfilmentOrderPolls
+):
+    """The requests to the warehouse system in PostgreSQL; see the ports for the guarantees.
 
     Takes the arguments of :class:`PostgresWarehouseRequestReads`, whose reads it has (the
-    dispatcher reports its backlog). Every method is one transaction, retried whole under
-    the retry policy, and then raises :class:`~fulfilment.application.ports.TransientError`;
+    dispatcher reports its backlog), and is also the store of the poll of fulfilment orders
+    (``FulfilmentOrderPolls``). Every method is one transaction, retried whole under the
+    retry policy, and then raises :class:`~fulfilment.application.ports.TransientError`;
     other database errors propagate.
     """
 
@@ -341,6 +354,60 @@ class PostgresWarehouseRequests(PostgresWarehouseRequestReads, WarehouseRequests
             return int(result.rowcount)
 
         return await self._in_transaction("expire_requests", work)
+
+    async def due_polls(
+        self, limit: int, *, after_seconds: float, excluding: Collection[int] = ()
+    ) -> list[FulfilmentOrderToPoll]:
+        """Up to ``limit`` fulfilment orders due to be asked about (see the port).
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+            ValueError: ``limit`` is below 1 or ``after_seconds`` is not positive.
+        """
+        if limit < 1 or after_seconds <= 0:
+            msg = f"limit {limit} must be >= 1 and after_seconds {after_seconds} > 0"
+            raise ValueError(msg)
+
+        async def work(connection: AsyncConnection) -> list[FulfilmentOrderToPoll]:
+            rows = await connection.execute(
+                _POLLS_DUE,
+                {"limit": limit, "after_seconds": after_seconds, "excluding": list(excluding)},
+            )
+            return [
+                FulfilmentOrderToPoll(
+                    request_id=row.id, order_id=row.order_id, warehouse_id=row.warehouse_id
+                )
+                for row in rows
+            ]
+
+        return await self._in_transaction("due_polls", work)
+
+    async def record_polls(self, request_ids: Collection[int]) -> None:
+        """Set ``polled_at`` to now on ``request_ids`` (see the port).
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+        """
+        if not request_ids:
+            return
+
+        async def work(connection: AsyncConnection) -> None:
+            await connection.execute(_POLLED, {"ids": sorted(request_ids)})
+
+        await self._in_transaction("record_polls", work)
+
+    async def orders_without_news(self, after_seconds: float) -> int:
+        """Accepted fulfilment orders holding units with no news for ``after_seconds`` (the port).
+
+        Raises:
+            TransientError: a transient database error outlasted the retry budget.
+        """
+
+        async def work(connection: AsyncConnection) -> int:
+            result = await connection.execute(_WITHOUT_NEWS, {"after_seconds": after_seconds})
+            return int(result.scalar_one())
+
+        return await self._in_transaction("orders_without_news", work)
 
 
 def _first_body(row: sa.Row[Any]) -> bytes | None:

@@ -3,7 +3,9 @@
 docs/design.md, "The API it calls" gives the table; :func:`classify` is it, written once, so that
 the dispatcher acts on a class of answer (``domain.handoff.Answer``) and never on a status
 code. A 2xx whose body is not what the API says is ``Failed`` (kept for an operator), not
-``Accepted``: the service cannot record a warehouse id it did not get.
+``Accepted``: the service cannot record a warehouse id it did not get. :func:`classify_poll`
+does the same for the poll's ``GET {base}/fulfilment-orders/{id}`` (``domain.polls.PollAnswer``),
+and turns what a 200 lists into the commands a webhook would bring.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from http import HTTPStatus
 
+from pydantic import ValidationError
+
+from fulfilment.contracts.warehouse_events import FulfilmentOrderV1
 from fulfilment.domain.handoff import (
     Accepted,
     Answer,
@@ -25,6 +30,14 @@ from fulfilment.domain.handoff import (
     RequestKind,
     Retry,
 )
+from fulfilment.domain.polls import (
+    FulfilmentOrderToPoll,
+    NotFound,
+    PollAnswer,
+    Polled,
+    WarehouseChange,
+)
+from fulfilment.domain.warehouse_events import RecordShipment, Source
 
 DEFAULT_RATE_LIMIT_SECONDS = 1.0
 """The wait after a 429 without a readable ``Retry-After``: the API promises one, and a second
@@ -109,6 +122,77 @@ def classify(  # noqa: PLR0911, PLR0913 - one return per row of the API's table;
         return _conflict(kind, text, document, headers, now)
     reason = error_name if isinstance(error_name, str) and error_name else f"http_{status_code}"
     return Failed(reason=reason, answer=text, status_code=status_code)
+
+
+_AS_A_REQUEST = frozenset(
+    {HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN, HTTPStatus.TOO_MANY_REQUESTS}
+)
+"""The statuses a poll's answer means as a request's: credentials refused, rate limited."""
+
+
+def classify_poll(  # noqa: PLR0913 - classify()'s arguments and the order asked about
+    order: FulfilmentOrderToPoll,
+    status_code: int | None,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    error: Exception | None = None,
+    *,
+    now: datetime | None = None,
+) -> PollAnswer:
+    """The class of the warehouse's answer to ``GET {base}/fulfilment-orders/{id}`` about ``order``.
+
+    The other arguments are as :func:`classify`'s.
+
+    - 200 with a :class:`~fulfilment.contracts.warehouse_events.FulfilmentOrderV1` of that id
+      and reference: ``Polled``, its shipments and cancellations as commands (``source``
+      ``poll``, no webhook id) in the order they happened; any other 200 ``Failed``
+      (``unexpected_answer``, the body kept);
+    - 404: ``NotFound``; 401, 403: ``CredentialsRefused``; 429: ``RateLimited``; 5xx, a
+      timeout, a connection error: ``Retry``, as for a request; every other status ``Failed``.
+    """
+    text = (body or b"").decode("utf-8", errors="replace")[:ANSWER_CHARS]
+    if status_code == HTTPStatus.OK:
+        return _polled(order, body or b"")
+    if status_code == HTTPStatus.NOT_FOUND:
+        return NotFound(answer=text)
+    if status_code is None or status_code in _AS_A_REQUEST or status_code >= 500:  # noqa: PLR2004 - a 5xx
+        answer = classify(RequestKind.FULFILMENT_ORDER, status_code, body, headers, error, now=now)
+        if isinstance(answer, Retry | RateLimited | CredentialsRefused):
+            return answer
+    # A 201 or a 409 (in flight, say) is no answer a GET gets: the API's contract is broken.
+    return Failed(reason=f"http_{status_code}", answer=text, status_code=status_code)
+
+
+def _polled(order: FulfilmentOrderToPoll, body: bytes) -> Polled | Failed:
+    """A 200's body: the fulfilment order asked about, or ``Failed`` (``unexpected_answer``)."""
+    text = body.decode("utf-8", errors="replace")[:ANSWER_CHARS]
+    try:
+        polled = FulfilmentOrderV1.model_validate_json(body)
+    except ValidationError as error:
+        reason = f"{text} ({error.error_count()} errors: {error.errors()[0]['msg']})"
+        return Failed(
+            reason="unexpected_answer",
+            answer=reason[:ANSWER_CHARS],
+            status_code=HTTPStatus.OK.value,
+        )
+    if polled.id != order.warehouse_id or polled.reference != order.order_id:
+        return Failed(reason="unexpected_answer", answer=text, status_code=HTTPStatus.OK.value)
+    changes: list[WarehouseChange] = [
+        shipment.to_command(webhook_id=None, source=Source.POLL) for shipment in polled.shipments
+    ]
+    changes.extend(
+        cancellation.to_command(webhook_id=None, source=Source.POLL)
+        for cancellation in polled.cancellations
+    )
+    changes.sort(key=_happened)
+    return Polled(status_code=HTTPStatus.OK.value, status=polled.status, changes=tuple(changes))
+
+
+def _happened(change: WarehouseChange) -> tuple[datetime, int]:
+    """When ``change`` happened, a shipment before a cancellation of the same instant."""
+    if isinstance(change, RecordShipment):
+        return change.shipped_at, 0
+    return change.cancelled_at, 1
 
 
 def _success(

@@ -5,8 +5,10 @@ dispatcher's root): HTTP/1.1 with keep-alive, so that a steady stream of request
 connections instead of a TLS handshake each; connect, read, write and pool timeouts all set
 from one setting; TLS checked against the system's CAs or a CA bundle of its own.
 :class:`WarehouseClient` sends one :class:`~fulfilment.domain.handoff.WarehouseRequest` with its
-idempotency key and returns what :func:`~.answers.classify` makes of the answer; it never
-retries itself: the dispatcher does, through the request's ``next_attempt_at``.
+idempotency key and returns what :func:`~.answers.classify` makes of the answer, and asks about
+a fulfilment order (:meth:`WarehouseClient.fetch`, the poll) and returns what
+:func:`~.answers.classify_poll` makes of that; it never retries itself: the dispatcher does,
+through the request's ``next_attempt_at`` or the order's next poll.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import httpx
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
-from fulfilment.adapters.warehouse.answers import classify
+from fulfilment.adapters.warehouse.answers import classify, classify_poll
 from fulfilment.domain.handoff import (
     Accepted,
     Answer,
@@ -30,7 +32,8 @@ from fulfilment.domain.handoff import (
     RequestKind,
     WarehouseRequest,
 )
-from fulfilment.observability.dispatcher_metrics import ANSWER_OUTCOMES
+from fulfilment.domain.polls import FulfilmentOrderToPoll, NotFound, PollAnswer, Polled
+from fulfilment.observability.dispatcher_metrics import ANSWER_OUTCOMES, POLL_OUTCOMES
 from fulfilment.observability.tracing import context_of, current_span, traceparent_of
 
 tracer = trace.get_tracer("fulfilment.dispatcher")
@@ -40,7 +43,8 @@ ORDERS_PATH = "fulfilment-orders"
 
 ORDERS_ROUTE = "/fulfilment-orders"
 CANCELLATIONS_ROUTE = "/fulfilment-orders/{warehouse_id}/cancellations"
-"""The two routes of the API, as the client span's name and ``http.route`` give them."""
+ORDER_ROUTE = "/fulfilment-orders/{warehouse_id}"
+"""The routes of the API, as the client span's name and ``http.route`` give them."""
 
 KEEPALIVE_EXPIRY_SECONDS = 30.0
 """How long an idle connection is kept for the next request: longer than the dispatcher's
@@ -182,6 +186,51 @@ class WarehouseClient:
             _annotate(span, answer)
             return answer, seconds
 
+    async def fetch(self, order: FulfilmentOrderToPoll) -> tuple[PollAnswer, float]:
+        """Ask about ``order`` (``GET {base}/fulfilment-orders/{id}``); its answer's class, seconds.
+
+        A GET changes nothing at the warehouse, so it carries no idempotency key. A timeout or
+        a connection error is a ``Retry`` (:func:`~.answers.classify_poll`), never an
+        exception. With tracing on, the call is a ``CLIENT`` span ``GET <route>`` of a trace
+        of its own (the poll has no delivery to be part of), with the answer's class as
+        ``fulfilment.warehouse.answer`` (the ``outcome`` of
+        ``fulfilment_warehouse_polls_total``).
+        """
+        path = f"{ORDERS_PATH}/{urllib.parse.quote(order.warehouse_id, safe='')}"
+        url = self._http.base_url.join(path)
+        with current_span(
+            tracer,
+            f"GET {ORDER_ROUTE}",
+            kind=SpanKind.CLIENT,
+            parent=None,
+            attributes=lambda: {
+                "http.request.method": "GET",
+                "http.route": ORDER_ROUTE,
+                "url.full": str(url),
+                "server.address": url.host,
+                "server.port": url.port or (443 if url.scheme == "https" else 80),
+                "fulfilment.order_id": str(order.order_id),
+            },
+            record_errors=False,
+        ) as span:
+            headers = {}
+            traceparent = traceparent_of(span.get_span_context())
+            if traceparent:
+                headers["traceparent"] = traceparent
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(self._timeout_seconds):
+                    response = await self._http.get(path, headers=headers)
+            except (httpx.TransportError, TimeoutError) as error:
+                answer = classify_poll(order, None, None, {}, error)
+            else:
+                answer = classify_poll(
+                    order, response.status_code, response.content, response.headers
+                )
+            seconds = time.monotonic() - started
+            _annotate_poll(span, answer)
+            return answer, seconds
+
     async def _post(
         self, request: WarehouseRequest, path: str, traceparent: str | None
     ) -> tuple[Answer, float]:
@@ -210,5 +259,20 @@ def _annotate(span: Span, answer: Answer) -> None:
     if answer.status_code is not None:
         span.set_attribute("http.response.status_code", answer.status_code)
     if not isinstance(answer, Accepted | Refused):
+        span.set_attribute("error.type", str(answer.status_code) if answer.status_code else outcome)
+        span.set_status(StatusCode.ERROR, answer.answer[:200])
+
+
+def _annotate_poll(span: Span, answer: PollAnswer) -> None:
+    """A poll's answer on its span: its class (the metric's ``outcome``), status code, error.
+
+    The order found, or not found (the warehouse's answer, asked again later), are no errors
+    of the span; the other classes are.
+    """
+    outcome = POLL_OUTCOMES[type(answer)]
+    span.set_attribute("fulfilment.warehouse.answer", outcome)
+    if answer.status_code is not None:
+        span.set_attribute("http.response.status_code", answer.status_code)
+    if not isinstance(answer, Polled | NotFound):
         span.set_attribute("error.type", str(answer.status_code) if answer.status_code else outcome)
         span.set_status(StatusCode.ERROR, answer.answer[:200])

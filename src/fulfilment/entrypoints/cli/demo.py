@@ -70,8 +70,12 @@ def demo(
     Stock levels are planned from DATA deterministically, so some orders are rejected for
     insufficient stock and a few for unknown SKUs. Runs the worker as a child process and
     plays DATA day by day: the orders and the cancellations mapped to their order, in time
-    order, then the shipment of every order still reserved at the end of its day, each step
-    settled before the next. Stops the worker with SIGTERM and reconciles every published
+    order, each step settled before the next. The warehouse (a simulator, with ``fulfilment
+    webhooks`` and the dispatcher beside it) ships the orders it received in one or more
+    shipments and cancels a few lines, by signed webhooks, a few only found by the
+    dispatcher's poll; each day waits for them and checks them, the statuses and the stock
+    against the simulator's record (an order it never received ships with the shop's
+    ``OrderShipped``). Stops the worker with SIGTERM and reconciles every published
     event of the three kinds. Runs the relay beside it and checks that the demo's queue on
     ``fulfilment.events`` (``fulfilment.demo.result-events``) received every result event the
     run wrote, valid and in order per order.

@@ -65,7 +65,10 @@ def report(
 
     With the hand-off to the warehouse system (``FULFILMENT_WAREHOUSE_URL`` set, or requests
     recorded), also the requests by kind and status, how many are open and the oldest one's
-    age, and how many failed or expired. Exits 1 when an invariant does not hold.
+    age, and how many failed or expired; and what the warehouse sent back: its shipments (by
+    source), the orders shipped in part and in whole, its cancellations, the discrepancies by
+    kind, the invalid webhooks kept and replayed, and the fulfilment orders without news past
+    FULFILMENT_WAREHOUSE_RECONCILE_AFTER_SECONDS. Exits 1 when an invariant does not hold.
     """
     from fulfilment.tools.report import report_command  # noqa: PLC0415 - see the module's text
 
@@ -76,6 +79,7 @@ def report(
             as_json=as_json,
             echo=typer.echo,
             handoff=settings.warehouse.url is not None,
+            reconcile_after_seconds=settings.warehouse.reconcile_after_seconds,
         )
     )
 
@@ -97,8 +101,8 @@ def reconcile(
         bool,
         typer.Option(
             "--shipments",
-            help="Also the OrderShipped of each order now reserved or shipped, as `demo`"
-            " sends them at the end of each day.",
+            help="Also the OrderShipped of each order now reserved or shipped that no"
+            " shipment of the warehouse shipped, as `demo` sends them at the end of each day.",
         ),
     ] = False,
 ) -> None:

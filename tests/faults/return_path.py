@@ -1,0 +1,431 @@
+"""Helpers of the return path's fault test: a round-robin in front of the intake's replicas,
+and the figures of the run, counted against what the warehouse simulator recorded.
+
+The simulator sends its webhooks to one URL, as a warehouse does; :class:`RoundRobin` stands
+for the load balancer behind it (a Kubernetes Service, an Ingress): each new connection goes
+to the next replica, and to the one after when a replica refuses it (it is down), as a
+balancer that takes a dead replica out does. It forwards bytes and parses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import threading
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from fulfilment.domain.warehouse_events import warehouse_event_id
+from tests.e2e.harness import free_port
+
+
+class RoundRobin:
+    """A TCP load balancer on a local port, in front of local ``targets`` (ports), in a thread
+    of its own, so that nothing the test blocks on stalls it.
+
+    Each accepted connection is forwarded to the next target in turn; a target that refuses
+    the connection is skipped for the next one, and when every target refuses, the
+    connection is closed unanswered (the sender sees an error and retries). A connection to a
+    target that dies is closed with it.
+    """
+
+    def __init__(self, targets: Iterable[int]) -> None:
+        """Balance over ``targets`` (ports on 127.0.0.1); nothing listens until :meth:`start`."""
+        self.port = free_port()
+        self.targets = list(targets)
+        self._waiting: Counter[int] = Counter()
+        self._turn = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        """Listen on :attr:`port` (waits until it does, 10 s at most)."""
+        self._thread.start()
+        if not self._ready.wait(10):
+            msg = "the round-robin did not start listening within 10 s"
+            raise RuntimeError(msg)
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def waiting(self, target: int) -> int:
+        """Connections to ``target`` whose last bytes went to it: a request not answered yet."""
+        return self._waiting[target]
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+        self._ready.set()
+        await self._stop.wait()
+        server.close()
+        # asyncio.run cancels the connections' tasks as it ends.
+
+    async def _forward(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
+        first = next(self._turn)
+        for step in range(len(self.targets)):
+            port = self.targets[(first + step) % len(self.targets)]
+            try:
+                target_reader, target_writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            exchange = _Exchange(port, self._waiting)
+            try:
+                await asyncio.gather(
+                    _pipe(client_reader, target_writer, exchange.asked),
+                    _pipe(target_reader, client_writer, exchange.answered),
+                )
+            finally:
+                exchange.answered()
+            return
+        client_writer.close()
+
+
+class _Exchange:
+    """Whether a connection waits for its target's answer, counted per target."""
+
+    def __init__(self, target: int, waiting: Counter[int]) -> None:
+        self._target = target
+        self._waiting = waiting
+        self._asked = False
+
+    def asked(self) -> None:
+        if not self._asked:
+            self._asked = True
+            self._waiting[self._target] += 1
+
+    def answered(self) -> None:
+        if self._asked:
+            self._asked = False
+            self._waiting[self._target] -= 1
+
+
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, moved: Callable[[], None]
+) -> None:
+    """Copy ``reader`` to ``writer``, calling ``moved`` after each chunk, until either end
+    closes; then close ``writer``, so that the other side learns that its peer went away."""
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+            moved()
+    writer.close()
+
+
+@dataclass(frozen=True)
+class ReturnPathFigures:
+    """The fault table's counts of a run of the return path (the first five must be 0).
+
+    Attributes:
+        answered_2xx_not_applied: webhooks the intake answered 2xx whose id is not in
+            ``webhook_inbox`` or whose shipment or cancellation is not recorded.
+        applied_twice: shipments and cancellations whose result event is in the outbox more
+            than once, or that took more units of a SKU than the warehouse shipped in them.
+        unsigned_or_stale_applied: attempts signed with a wrong secret or a stale timestamp
+            that were answered 2xx, and ``webhook_inbox`` rows of a webhook id that no
+            correctly signed, fresh attempt carried.
+        stock_wrong: SKUs whose ``on_hand`` or ``shipped`` is not the loaded units less the
+            units shipped and taken, or whose ``reserved`` is not their held lines.
+        result_events_wrong: shipments that took units without exactly one ``stock.shipped``
+            (or with one though they took none), cancellations likewise with
+            ``stock.released``, and result events of the outbox never published to the bus.
+        not_recorded: shipments and cancellations the warehouse made that the service has no
+            row of (neither a webhook nor the poll brought them), but those of
+            ``unasked``.
+        webhooks_answered_2xx: webhooks (distinct ids) the intake answered 2xx.
+        shipments, cancellations: what the warehouse made.
+        found_by_poll: shipments and cancellations recorded by the dispatcher's poll.
+        unasked: changes whose webhook was never sent, of an order an upstream
+            ``OrderShipped`` shipped: it holds nothing, so the poll never asks about it
+            (product contract: only orders that hold units are asked about), and the change
+            would take nothing.
+        refused_attempts: attempts answered 401 (a wrong secret or a stale timestamp).
+        failed_attempts: attempts without an answer (a replica killed under them, none up).
+        duplicates: webhook_inbox rows whose change was recorded before (a duplicate sent
+            again under a new id, or found by the poll first).
+    """
+
+    answered_2xx_not_applied: int
+    applied_twice: int
+    unsigned_or_stale_applied: int
+    stock_wrong: int
+    result_events_wrong: int
+    not_recorded: int
+    webhooks_answered_2xx: int
+    shipments: int
+    cancellations: int
+    found_by_poll: int
+    unasked: int
+    refused_attempts: int
+    failed_attempts: int
+    duplicates: int
+
+    def faults(self) -> dict[str, int]:
+        """The counts that must be 0."""
+        return {
+            "answered_2xx_not_applied": self.answered_2xx_not_applied,
+            "applied_twice": self.applied_twice,
+            "unsigned_or_stale_applied": self.unsigned_or_stale_applied,
+            "stock_wrong": self.stock_wrong,
+            "result_events_wrong": self.result_events_wrong,
+            "not_recorded": self.not_recorded,
+        }
+
+
+def _answered_2xx(attempt: Mapping[str, Any]) -> bool:
+    status = attempt.get("status")
+    return status is not None and 200 <= status < 300
+
+
+def _forged(attempt: Mapping[str, Any]) -> bool:
+    return bool(attempt["wrong_secret"] or attempt["stale"])
+
+
+def _units(lines: Iterable[Mapping[str, Any]]) -> Counter[str]:
+    units: Counter[str] = Counter()
+    for line in lines:
+        units[line["sku"]] += int(line["quantity"])
+    return units
+
+
+async def return_path_figures(
+    db: asyncpg.Connection,
+    record: Mapping[str, Any],
+    *,
+    loaded: Mapping[str, int],
+    published: set[uuid.UUID],
+) -> ReturnPathFigures:
+    """Count the run's figures from the database and the simulator's ``record``
+    (``GET /_simulator/webhooks``, taken once it settled).
+
+    ``loaded``: the units of each SKU put in stock before the run. ``published``: the
+    ``event_id`` of every result event a queue bound to ``fulfilment.events`` received.
+
+    Every shipment the warehouse made takes its lines from its order, unless an upstream
+    ``OrderShipped`` shipped that order first (it ships all the order held, and the
+    warehouse's later shipments of it take nothing): those orders' units are read from
+    ``reservation_lines.shipped``, every other order's from the simulator's shipments.
+    """
+    webhooks = list(record["webhooks"])
+    shipments = {s["shipment_id"]: s for s in record["shipments"]}
+    cancellations = {c["cancellation_id"]: c for c in record["cancellations"]}
+    inbox = {
+        row["webhook_id"]: row["outcome"]
+        for row in await db.fetch("SELECT webhook_id, outcome FROM webhook_inbox")
+    }
+    shipment_rows = {
+        row["shipment_id"]: row
+        for row in await db.fetch(
+            "SELECT s.shipment_id, s.order_id, s.source, coalesce(sum(l.taken), 0) AS taken"
+            " FROM warehouse_shipments s LEFT JOIN warehouse_shipment_lines l USING"
+            " (shipment_id) GROUP BY s.shipment_id"
+        )
+    }
+    cancellation_rows = {
+        row["cancellation_id"]: row
+        for row in await db.fetch(
+            "SELECT c.cancellation_id, c.source, coalesce(sum(l.released), 0) AS released"
+            " FROM warehouse_cancellations c LEFT JOIN warehouse_cancellation_lines l USING"
+            " (cancellation_id) GROUP BY c.cancellation_id"
+        )
+    }
+    recorded = set(shipment_rows) | set(cancellation_rows)
+    unrecorded = (set(shipments) | set(cancellations)) - recorded
+    unasked = unasked_changes(record, await upstream_shipped(db)) & unrecorded
+
+    # Answered 2xx but not applied: the webhook's id, and its change, must both be recorded.
+    answered = {
+        webhook["webhook_id"]: webhook["subject"]
+        for webhook in webhooks
+        if any(_answered_2xx(attempt) for attempt in webhook["attempts"])
+    }
+    not_applied = sum(
+        1
+        for webhook_id, subject in answered.items()
+        if webhook_id not in inbox or subject not in recorded
+    )
+
+    # Unsigned or stale: none answered 2xx, and every inbox row came with a right attempt.
+    forged_answered = sum(
+        1
+        for webhook in webhooks
+        for attempt in webhook["attempts"]
+        if _forged(attempt) and _answered_2xx(attempt)
+    )
+    signed_right = {
+        webhook["webhook_id"]
+        for webhook in webhooks
+        if any(not _forged(attempt) for attempt in webhook["attempts"])
+    }
+    unsigned_applied = forged_answered + sum(
+        1 for webhook_id in inbox if webhook_id not in signed_right
+    )
+
+    # Applied twice: a change's result event more than once, or more units taken than sent.
+    shipped_events = Counter(
+        row["shipment_id"]
+        for row in await db.fetch(
+            "SELECT body->>'shipment_id' AS shipment_id FROM outbox"
+            " WHERE routing_key = 'stock.shipped' AND body->>'shipment_id' IS NOT NULL"
+        )
+    )
+    released_events = Counter(
+        row["causation_id"]
+        for row in await db.fetch(
+            "SELECT (body->>'causation_id')::uuid AS causation_id FROM outbox"
+            " WHERE routing_key = 'stock.released'"
+        )
+    )
+    taken_lines: dict[str, Counter[str]] = defaultdict(Counter)
+    for row in await db.fetch("SELECT shipment_id, sku, taken FROM warehouse_shipment_lines"):
+        taken_lines[row["shipment_id"]][row["sku"]] += row["taken"]
+    over_taken = {
+        shipment_id
+        for shipment_id, taken in taken_lines.items()
+        if shipment_id in shipments
+        and any(
+            units > _units(shipments[shipment_id]["lines"])[sku] for sku, units in taken.items()
+        )
+    }
+    cancellation_events = {
+        cancellation_id: released_events[warehouse_event_id("cancellation", cancellation_id)]
+        for cancellation_id in cancellation_rows
+    }
+    twice = (
+        sum(1 for count in shipped_events.values() if count > 1)
+        + sum(1 for count in cancellation_events.values() if count > 1)
+        + len(over_taken)
+    )
+
+    # Result events: one per change that moved units, none for one that moved none, and
+    # every one of them on the bus.
+    events_wrong = sum(
+        1
+        for shipment_id, row in shipment_rows.items()
+        if shipped_events[shipment_id] != (1 if row["taken"] > 0 else 0)
+    ) + sum(
+        1
+        for cancellation_id, row in cancellation_rows.items()
+        if cancellation_events[cancellation_id] != (1 if row["released"] > 0 else 0)
+    )
+    outbox_ids = {
+        row["event_id"]
+        for row in await db.fetch(
+            "SELECT event_id FROM outbox WHERE routing_key IN ('stock.shipped', 'stock.released')"
+        )
+    }
+    events_wrong += len(outbox_ids - published)
+
+    stock_wrong = await _stock_wrong(db, record["shipments"], loaded)
+    return ReturnPathFigures(
+        answered_2xx_not_applied=not_applied,
+        applied_twice=twice,
+        unsigned_or_stale_applied=unsigned_applied,
+        stock_wrong=stock_wrong,
+        result_events_wrong=events_wrong,
+        not_recorded=len(unrecorded - unasked),
+        unasked=len(unasked),
+        webhooks_answered_2xx=len(answered),
+        shipments=len(shipments),
+        cancellations=len(cancellations),
+        found_by_poll=sum(
+            1
+            for row in (*shipment_rows.values(), *cancellation_rows.values())
+            if row["source"] == "poll"
+        ),
+        refused_attempts=sum(1 for w in webhooks for a in w["attempts"] if a.get("status") == 401),
+        failed_attempts=sum(1 for w in webhooks for a in w["attempts"] if a.get("status") is None),
+        duplicates=sum(1 for outcome in inbox.values() if outcome == "duplicate"),
+    )
+
+
+async def _stock_wrong(
+    db: asyncpg.Connection, made: Iterable[Mapping[str, Any]], loaded: Mapping[str, int]
+) -> int:
+    """SKUs whose ``on_hand``, ``shipped`` or ``reserved`` is not what the run explains."""
+    upstream = await upstream_shipped(db)
+    taken: Counter[str] = Counter()
+    for shipment in made:
+        if uuid.UUID(shipment["reference"]) not in upstream:
+            taken.update(_units(shipment["lines"]))
+    for row in await db.fetch(
+        "SELECT sku, sum(shipped) AS shipped FROM reservation_lines"
+        " WHERE order_id = ANY($1::uuid[]) GROUP BY sku",
+        list(upstream),
+    ):
+        taken[row["sku"]] += int(row["shipped"])
+    held = {
+        row["sku"]: int(row["held"])
+        for row in await db.fetch(
+            "SELECT l.sku, sum(l.quantity - l.shipped) AS held FROM reservation_lines l"
+            " JOIN reservations r USING (order_id) WHERE r.status = 'reserved' GROUP BY l.sku"
+        )
+    }
+    wrong = 0
+    for row in await db.fetch("SELECT sku, on_hand, reserved, shipped FROM stock_levels"):
+        sku = row["sku"]
+        expected_on_hand = loaded.get(sku, 0) - taken[sku]
+        if (
+            row["on_hand"] != expected_on_hand
+            or row["shipped"] != taken[sku]
+            or row["reserved"] != held.get(sku, 0)
+        ):
+            wrong += 1
+    return wrong
+
+
+async def upstream_shipped(db: asyncpg.Connection) -> set[uuid.UUID]:
+    """The orders an upstream ``OrderShipped`` shipped (it took all they held)."""
+    rows = await db.fetch("SELECT order_id FROM inbox_messages WHERE outcome = 'shipped'")
+    return {row["order_id"] for row in rows}
+
+
+def unasked_changes(record: Mapping[str, Any], upstream: set[uuid.UUID]) -> set[str]:
+    """The changes of ``record`` (``GET /_simulator/webhooks``) that no webhook carried (every
+    one ``never_sent``) and whose order is one of ``upstream``: no poll asks about an order
+    that holds nothing."""
+    sent = {webhook["subject"] for webhook in record["webhooks"] if webhook["fate"] != "never_sent"}
+    return {
+        change.get("shipment_id") or change["cancellation_id"]
+        for change in (*record["shipments"], *record["cancellations"])
+        if uuid.UUID(change["reference"]) in upstream
+        and (change.get("shipment_id") or change["cancellation_id"]) not in sent
+    }
+
+
+def record_return_path_figures(
+    scenario: str, injected: str, figures: ReturnPathFigures, **extra: Any
+) -> None:
+    """Append the run's row of the return path's table to ``FULFILMENT_TEST_FAULT_FIGURES``
+    (JSON lines, beside the other scenarios' rows), if set."""
+    target = os.environ.get("FULFILMENT_TEST_FAULT_FIGURES")
+    if not target:
+        return
+    row = {
+        "scenario": scenario,
+        "injected": injected,
+        **asdict(figures),
+        **extra,
+    }
+    with Path(target).open("a", encoding="utf-8") as lines:
+        lines.write(json.dumps(row) + "\n")
