@@ -155,7 +155,8 @@ async def clean_database(database_url: str) -> str:
             " stock_levels, tombstone_lines, delivery_attempts, outbox, warehouse_requests,"
             " warehouse_request_audit, webhook_inbox, warehouse_shipments,"
             " warehouse_shipment_lines, warehouse_cancellations, warehouse_cancellation_lines,"
-            " warehouse_discrepancies, invalid_webhooks, invalid_webhook_audit CASCADE"
+            " warehouse_discrepancies, invalid_webhooks, invalid_webhook_audit,"
+            " warehouse_adjustments CASCADE"
         )
     finally:
         await connection.close()

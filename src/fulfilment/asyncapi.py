@@ -42,7 +42,7 @@ from faststream.rabbit import ExchangeType, QueueType, RabbitBroker, RabbitExcha
 from faststream.specification import AsyncAPI
 from pydantic import BaseModel
 
-from fulfilment.contracts.result_events import RESULT_EVENTS
+from fulfilment.contracts.result_events import RESULT_EVENTS, SkuEventV1
 from fulfilment.contracts.topology import (
     DEAD_LETTER_EXCHANGE,
     EVENTS_EXCHANGE,
@@ -146,6 +146,7 @@ def documentation_app() -> FastStream:
 
     events = RabbitExchange(EVENTS_EXCHANGE, type=ExchangeType.TOPIC, durable=True)
     for routing_key, event in RESULT_EVENTS.items():
+        subject, field = ("SKU", "sku") if issubclass(event, SkuEventV1) else ("order", "order_id")
         broker.publisher(
             exchange=events,
             routing_key=routing_key,
@@ -155,8 +156,8 @@ def documentation_app() -> FastStream:
             description=(
                 f"{(event.__doc__ or '').strip()} Published to the topic exchange "
                 f"{EVENTS_EXCHANGE} with {routing_key}, persistent, from the outbox: at least "
-                "once (the same event_id again), in commit order per order; AMQP message_id "
-                "= event_id, type = the routing key, correlation_id = order_id."
+                f"once (the same event_id again), in commit order per {subject}; AMQP "
+                f"message_id = event_id, type = the routing key, correlation_id = {field}."
             ),
             schema=event,
         )

@@ -640,7 +640,7 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 """A W3C trace context, as an input delivery's ``traceparent`` header carries it."""
 
 _OUTBOX = sa.text(
-    "SELECT event_id, order_id, routing_key, body, traceparent, published_at"
+    "SELECT event_id, order_id, sku, routing_key, body, traceparent, published_at"
     " FROM outbox ORDER BY id"
 )
 
@@ -650,17 +650,22 @@ async def result_events(stock):
 
     From PostgreSQL, each row is also checked for what no two stock stores share: its
     ``event_id`` is a UUID, the same as the body's and unique; its ``order_id`` column is the
-    body's; ``occurred_at`` carries an offset; and nothing is published yet.
+    body's, or for an event about a SKU its ``sku`` column; ``occurred_at`` carries an offset;
+    and nothing is published yet.
     """
     if isinstance(stock, FakeStock):
         return list(stock.result_events)
     async with stock.engine.connect() as connection:
         rows = (await connection.execute(_OUTBOX)).all()
     events = []
-    for event_id, order_id, routing_key, stored, traceparent, published_at in rows:
+    for event_id, order_id, sku, routing_key, stored, traceparent, published_at in rows:
         body = dict(stored)
         assert body.pop("event_id") == str(event_id)
-        assert body["order_id"] == str(order_id)
+        if order_id is None:
+            assert body["sku"] == sku
+            assert "order_id" not in body
+        else:
+            assert (body["order_id"], sku) == (str(order_id), None)
         assert datetime.fromisoformat(body.pop("occurred_at")).utcoffset() is not None
         assert published_at is None
         events.append(RecordedEvent(routing_key, body, traceparent))

@@ -32,7 +32,7 @@ from fulfilment.domain.handoff import (
     RequestStatus,
     Retry,
 )
-from fulfilment.domain.lifecycle import CancelKind
+from fulfilment.domain.lifecycle import CancelKind, ShipKind
 from fulfilment.domain.model import OrderLine, StockLevel
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
@@ -540,18 +540,22 @@ async def test_an_accepted_cancellation_of_a_partly_shipped_order_releases_what_
     assert await stores.order(command.order_id) == (status, lines)
 
 
-@pytest.mark.parametrize("last", ["shipment", "cancellation"])
-async def test_a_cancellation_not_sent_is_withdrawn_when_the_warehouse_leaves_nothing_held(
-    stores, last
-):
-    command = await stores.accepted(("A", 3))
+@pytest.mark.parametrize("last", ["shipment", "cancellation", "upstream shipment"])
+async def test_a_cancellation_not_sent_is_withdrawn_when_nothing_is_left_held(stores, last):
+    # product.md: a cancellation request of the shop's for the same order that is not sent
+    # yet is withdrawn when nothing is left to cancel, whichever change left nothing held.
+    command = await stores.accepted(("A", 3), ("B", 1))
     waiting = await stores.stock.apply(cancellation(command.order_id, ("A", 1)))
     assert waiting.kind is CancelKind.CANCEL_REQUESTED
+    await stores.stock.apply(warehouse_shipment(command.order_id, ("A", 1)))
 
     if last == "shipment":
-        await stores.stock.apply(warehouse_shipment(command.order_id, ("A", 3)))
-    else:
+        await stores.stock.apply(warehouse_shipment(command.order_id, ("A", 2), ("B", 1)))
+    elif last == "cancellation":
         await stores.stock.apply(warehouse_cancellation(command.order_id))
+    else:
+        shipped = await stores.stock.apply(shipment(command.order_id))
+        assert shipped.kind is ShipKind.SHIPPED
 
     assert [row[4] for row in await requests_of(stores.stock)] == ["accepted", "withdrawn"]
     assert await stores.requests.claim(10, lease_seconds=LEASE) == []

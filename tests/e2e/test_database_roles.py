@@ -98,8 +98,9 @@ def test_migrate_as_the_owner_grants_the_runtime_role_its_list_and_says_so(roles
     assert first.splitlines() == [
         "database migrated to head",
         (
-            f"granted runtime role {roles.runtime}: privileges on 25 objects, none on 6"
-            " (sequence dead_letter_audit_id_seq, sequence invalid_webhook_audit_id_seq,"
+            f"granted runtime role {roles.runtime}: privileges on 27 objects, none on 7"
+            " (function stock_shortage_event,"
+            " sequence dead_letter_audit_id_seq, sequence invalid_webhook_audit_id_seq,"
             " sequence outbox_id_seq, sequence warehouse_discrepancies_id_seq,"
             " sequence warehouse_request_audit_id_seq, sequence warehouse_requests_id_seq)"
         ),
@@ -252,8 +253,9 @@ async def test_a_worker_whose_role_was_granted_nothing_refuses_to_start_in_one_l
     assert [line["event"] for line in refused] == ["worker.privileges_missing"]
     assert refused[0]["reason"].startswith(
         f"the database user '{stranger}' may not do what the worker does (function"
-        " cancel_orders: EXECUTE; function place_orders: EXECUTE; function record_shipments:"
-        " EXECUTE; function record_warehouse_cancellations: EXECUTE; function ship_orders:"
+        " cancel_orders: EXECUTE; function place_orders: EXECUTE; function record_adjustments:"
+        " EXECUTE; function record_shipments: EXECUTE; function record_warehouse_cancellations:"
+        " EXECUTE; function ship_orders:"
         " EXECUTE; table alembic_version: SELECT; table dead_letter_audit: INSERT;"
         " table dead_letter_audit: SELECT; "
     )
@@ -277,10 +279,7 @@ REFUSED = [
     ),
     ("DELETE FROM dead_letter_audit", "permission denied for table dead_letter_audit"),
     ("DELETE FROM inbox_pruned", "permission denied for table inbox_pruned"),
-    (
-        "INSERT INTO stock_levels (sku, on_hand) VALUES ('X', 1)",
-        "permission denied for table stock_levels",
-    ),
+    ("DELETE FROM stock_levels", "permission denied for table stock_levels"),
     ("DELETE FROM outbox", "permission denied for table outbox"),
     ("DELETE FROM reservations", "permission denied for table reservations"),
     (
@@ -326,7 +325,6 @@ async def test_the_runtime_role_may_append_to_the_audit_but_not_drop_truncate_or
 @pytest.mark.parametrize(
     ("command", "refused"),
     [
-        (["stock", "load", "data/sample/stock.csv"], "permission denied for table stock_levels"),
         (["outbox", "prune"], "permission denied for table outbox"),
     ],
 )
@@ -345,3 +343,51 @@ def test_an_owner_command_run_as_the_runtime_role_says_which_role_it_needs(
         f" InsufficientPrivilegeError: {refused}; run it with the owner role's URL"
         " (docs/security.md, 'Least privilege')\n"
     )
+
+
+def test_an_operators_adjustment_runs_as_the_runtime_role_with_its_shortage_event(
+    roles: Roles, amqp_url: str
+) -> None:
+    env = {
+        "FULFILMENT_DATABASE_URL": _as(roles.runtime_url, roles.runtime, "postgresql+asyncpg"),
+        "FULFILMENT_AMQP_URL": amqp_url,
+    }
+
+    async def reserve_some() -> None:
+        runtime = await asyncpg.connect(roles.runtime_url)
+        try:
+            await runtime.execute(
+                "SELECT * FROM place_orders('fulfilment', $1, $2, ARRAY[now()],"
+                " ARRAY[1], ARRAY['ROLE-A'], ARRAY[4])",
+                [uuid.uuid4()],
+                [uuid.uuid4()],
+            )
+        finally:
+            await runtime.close()
+
+    async def events() -> list[tuple[str, str]]:
+        owner = await asyncpg.connect(roles.owner_url)
+        try:
+            rows = await owner.fetch(
+                "SELECT routing_key, sku FROM outbox WHERE sku = 'ROLE-A' ORDER BY id"
+            )
+            return [(row["routing_key"], row["sku"]) for row in rows]
+        finally:
+            await owner.close()
+
+    # A SKU the service never stocked, created by a receipt; then a loss below what is held.
+    received = CliRunner().invoke(
+        app, ["stock", "adjust", "ROLE-A", "5", "--reason", "received", "--yes"], env=env
+    )
+    asyncio.run(reserve_some())
+    lost = CliRunner().invoke(
+        app, ["stock", "adjust", "ROLE-A", "-3", "--reason", "damaged", "--yes"], env=env
+    )
+
+    assert (received.exit_code, lost.exit_code) == (0, 0), received.output + lost.output
+    assert lost.stdout.splitlines()[-1].endswith("on_hand 2, reserved 4, short 2")
+    assert asyncio.run(events()) == [
+        ("stock.adjusted", "ROLE-A"),
+        ("stock.shortage", "ROLE-A"),
+        ("stock.adjusted", "ROLE-A"),
+    ]

@@ -61,6 +61,39 @@ async def test_each_outbox_row_arrives_on_fulfilment_events_with_its_properties_
     assert code == 0
 
 
+async def test_the_events_about_a_sku_arrive_with_the_sku_as_their_correlation_id(
+    relays: list[RelayProcess],
+    relay_env: dict[str, str],
+    tmp_path: Path,
+    broker: aio_pika.abc.AbstractRobustConnection,
+    db: asyncpg.Connection,
+) -> None:
+    queue = await bind_events_queue(broker)
+    relay = spawn_relay(relays, relay_env, tmp_path)
+    await db.execute("INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ('A', 5, 5)")
+    # A loss the warehouse reported: record_adjustments() writes stock.adjusted, the trigger
+    # of stock_levels stock.shortage; the two are about the SKU, in that order.
+    await db.execute(
+        "SELECT * FROM record_adjustments('fulfilment', $1, ARRAY['ADJ-1'], ARRAY['msg-1'],"
+        " ARRAY['webhook'], ARRAY['A'], ARRAY[-2], ARRAY['damaged'], ARRAY[now()],"
+        " ARRAY[NULL], ARRAY[NULL], ARRAY[NULL], ARRAY[NULL])",
+        [uuid.uuid4()],
+    )
+
+    messages = await take(queue, 2)
+
+    assert [(m.routing_key, m.correlation_id) for m in messages] == [
+        ("stock.shortage", "A"),
+        ("stock.adjusted", "A"),
+    ]
+    assert json.loads(messages[0].body)["short"] == 2
+    await wait_for(lambda: _none_unpublished(db), what="every row marked published")
+    assert relay.metric("fulfilment_outbox_published_total", 'routing_key="stock.adjusted"') == 1
+    assert relay.metric("fulfilment_outbox_published_total", 'routing_key="stock.shortage"') == 1
+    code, _ = relay.terminate()
+    assert code == 0
+
+
 async def _none_unpublished(db: asyncpg.Connection) -> bool:
     return await unpublished(db) == 0
 

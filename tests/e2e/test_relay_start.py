@@ -163,7 +163,7 @@ def test_a_relay_whose_http_port_is_taken_exits_1_naming_the_port_variable(
     assert code == 1
     assert [line["reason"] for line in lines] == [
         (
-            f"the relay's HTTP server cannot listen on 127.0.0.1:{port}: another process holds"
+            f"the HTTP server of the relay cannot listen on 127.0.0.1:{port}: another process holds"
             " the port; set FULFILMENT_RELAY_HTTP_PORT to a free one: [Errno 98] Address"
             " already in use"
         )

@@ -287,6 +287,6 @@ async def test_the_worker_refuses_to_start_on_a_taken_http_port_naming_its_varia
     lines = [line for line in log.splitlines() if "worker.http_listen_failed" in line]
     assert len(lines) == 1, log[-2000:]
     assert (
-        f"the worker's HTTP server cannot listen on 127.0.0.1:{port}: another process holds the"
+        f"the HTTP server of the worker cannot listen on 127.0.0.1:{port}: another process holds the"
         " port; set FULFILMENT_HTTP_PORT to a free one: [Errno 98] Address already in use"
     ) in lines[0]

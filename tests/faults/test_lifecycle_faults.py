@@ -32,6 +32,7 @@ import time
 import urllib.parse
 import uuid
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -54,6 +55,7 @@ from fulfilment.contracts.topology import (
     SubscribedQueue,
 )
 from fulfilment.domain.lifecycle import OrderStatus
+from fulfilment.domain.warehouse_events import RecordShipment
 from fulfilment.entrypoints.cli.options import tool_options
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
@@ -222,9 +224,10 @@ async def publish_plan_events(
 
 
 async def in_order_state(
-    plan: LifecyclePlan,
+    plan: LifecyclePlan, then: Sequence[RecordShipment] = ()
 ) -> tuple[dict[str, tuple[int, int]], dict[uuid.UUID, tuple[str, dict[str, int]]]]:
-    """Stock and orders after the in-order sequence, on the in-memory stock store."""
+    """Stock and orders after the in-order sequence, then the warehouse's shipments ``then``,
+    on the in-memory stock store."""
     stock = FakeStock()
     await stock.put_stock(STOCK)
     for event in plan.in_order:
@@ -235,6 +238,8 @@ async def in_order_state(
             await stock.apply(OrderCancelledV1.model_validate_json(body).to_command())
         else:
             await stock.apply(OrderShippedV1.model_validate_json(body).to_command())
+    for shipment in then:
+        await stock.apply(shipment)
     on_hand = {sku: (level.on_hand, level.reserved) for sku, level in stock.levels.items()}
     orders = {
         order_id: _held(str(reservation.status), dict(reservation.lines))
@@ -424,12 +429,17 @@ class Outcome:
 
 
 async def compare_with_the_in_order_sequence(
-    plan: LifecyclePlan, db: asyncpg.Connection, settings: Settings
+    plan: LifecyclePlan,
+    db: asyncpg.Connection,
+    settings: Settings,
+    then: Sequence[RecordShipment] = (),
 ) -> Outcome:
+    """The database against ``plan``'s in-order sequence, then the warehouse's shipments
+    ``then`` (for a run in which the warehouse shipped only what no cancel could take back)."""
     reconciliation = await reconcile(
         tool_options(settings), [event.event_id for event in plan.events]
     )
-    expected_stock, expected_orders = await in_order_state(plan)
+    expected_stock, expected_orders = await in_order_state(plan, then)
     actual_stock, actual_orders = await database_state(db)
     rows = await db.fetch("SELECT outcome, count(*) AS n FROM inbox_messages GROUP BY outcome")
     return Outcome(

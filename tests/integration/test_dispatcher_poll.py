@@ -483,7 +483,10 @@ async def test_polls_wait_behind_the_sends_and_hold_the_rate_cap(
     # Every request due was sent before the first poll.
     assert kinds[: len(later)] == ["send"] * len(later)
     assert set(kinds[len(later) :]) == {"poll"}
-    assert server.simulator.max_requests_per_second() <= 4
+    # Counted by the second each request arrived in, which on a loaded machine may be the
+    # next one after the limiter let it go: one more than the cap is that, not a burst
+    # (uncapped, the 14 requests land within the same second).
+    assert server.simulator.max_requests_per_second() <= 4 + 1
     assert running.polls("answered") == 6
 
 

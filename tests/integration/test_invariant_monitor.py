@@ -16,6 +16,7 @@ from fulfilment.observability.metrics import INVARIANTS, Metrics
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from fulfilment.worker.monitors import check_invariants
 from tests.support.builders import order, shipment
+from tests.support.warehouse_commands import warehouse_adjustment
 
 pytestmark = pytest.mark.postgres
 
@@ -59,3 +60,26 @@ async def test_shipped_units_that_differ_from_the_shipped_lines_set_their_gauge(
 
     assert holding == dict.fromkeys(INVARIANTS, 0)
     assert broken == dict.fromkeys(INVARIANTS, 0) | {"shipped_mismatches": 1}
+
+
+async def test_a_short_sku_sets_the_shortage_gauges_and_no_violation(clean_database):
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
+    metrics = Metrics()
+    try:
+        stock = PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+        await stock.put_stock({"A": 10, "B": 10})
+        await stock.apply(order(("A", 6), ("B", 6)))
+        await stock.apply(warehouse_adjustment("A", -7))
+        await stock.apply(warehouse_adjustment("B", -9))
+
+        violations = await _first_check(engine, metrics)
+    finally:
+        await engine.dispose()
+
+    assert violations == dict.fromkeys(INVARIANTS, 0)
+    assert metrics.registry.get_sample_value("fulfilment_stock_short_skus") == 2
+    assert metrics.registry.get_sample_value("fulfilment_stock_short_units") == 3 + 5
+    metrics.forget_invariants()
+    assert metrics.registry.get_sample_value("fulfilment_stock_short_skus") is None

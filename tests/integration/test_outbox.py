@@ -21,7 +21,7 @@ from fulfilment.adapters.postgres.outbox import (
     prune_published,
 )
 from fulfilment.contracts.result_events import RESULT_EVENTS, RESULT_ROUTING_KEYS
-from fulfilment.observability.relay_metrics import RelayMetrics
+from fulfilment.observability.relay_metrics import UNKNOWN_ROUTING_KEY, RelayMetrics
 
 pytestmark = pytest.mark.postgres
 
@@ -60,6 +60,68 @@ async def test_a_batch_holds_one_row_per_order_in_id_order_and_leaves_the_rest_f
     assert [row.id for row in await next_batch(db, 10)] == [a2]
     await mark_published(db, [a2])
     assert [row.id for row in await next_batch(db, 10)] == [a3]
+
+
+async def insert_about_sku(db: asyncpg.Connection, sku: str, routing_key: str) -> int:
+    event_id = uuid.uuid4()
+    body = {"version": 1, "event_id": str(event_id), "sku": sku}
+    return int(
+        await db.fetchval(
+            "INSERT INTO outbox (event_id, sku, routing_key, body)"
+            " VALUES ($1, $2, $3, $4::jsonb) RETURNING id",
+            event_id,
+            sku,
+            routing_key,
+            json.dumps(body),
+        )
+    )
+
+
+async def test_a_batch_holds_one_row_per_sku_of_the_events_about_a_sku(
+    db: asyncpg.Connection,
+) -> None:
+    order = uuid.uuid4()
+    a1 = await insert_about_sku(db, "A", "stock.shortage")
+    a2 = await insert_about_sku(db, "A", "stock.adjusted")
+    b1 = await insert_about_sku(db, "B", "stock.adjusted")
+    # A SKU spelled as the order's id is another subject than the order.
+    o1 = await insert(db, order, "stock.reserved")
+    s1 = await insert_about_sku(db, str(order), "stock.adjusted")
+
+    first = await next_batch(db, 10)
+
+    assert [row.id for row in first] == [a1, b1, o1, s1]
+    assert [(row.order_id, row.sku, row.subject) for row in first] == [
+        (None, "A", "A"),
+        (None, "B", "B"),
+        (str(order), None, str(order)),
+        (None, str(order), str(order)),
+    ]
+    await mark_published(db, [row.id for row in first])
+    assert [row.id for row in await next_batch(db, 10)] == [a2]
+
+
+async def test_the_outbox_refuses_a_row_about_both_an_order_and_a_sku_or_neither(
+    db: asyncpg.Connection,
+) -> None:
+    for order_id, sku in ((uuid.uuid4(), "A"), (None, None)):
+        with pytest.raises(asyncpg.CheckViolationError, match="outbox_order_or_sku"):
+            await db.execute(
+                "INSERT INTO outbox (event_id, order_id, sku, routing_key, body)"
+                " VALUES ($1, $2, $3, 'stock.adjusted', '{}')",
+                uuid.uuid4(),
+                order_id,
+                sku,
+            )
+
+
+def test_the_relay_counts_a_routing_key_it_does_not_know_instead_of_stopping() -> None:
+    metrics = RelayMetrics(RESULT_ROUTING_KEYS)
+
+    metrics.record_published([("stock.reserved", 0.1), ("stock.recounted", 0.2)])
+
+    assert metrics.published["stock.reserved"]._value.get() == 1
+    assert metrics.published[UNKNOWN_ROUTING_KEY]._value.get() == 1
 
 
 async def test_marking_sets_published_at_once_and_reports_the_commit_to_confirm_lag(

@@ -7,14 +7,16 @@ import sqlalchemy as sa
 from pydantic import SecretStr
 
 from fulfilment.adapters.postgres.engine import create_engine
-from fulfilment.adapters.postgres.outcomes import InvariantChecks, outcome_report
+from fulfilment.adapters.postgres.outcomes import InvariantChecks, Shortage, outcome_report
 from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests
 from fulfilment.domain.handoff import Accepted, Failed
 from fulfilment.domain.lifecycle import CancelKind
+from fulfilment.domain.warehouse_events import AdjustmentReason
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from tests.support.builders import cancellation, order, shipment
+from tests.support.warehouse_commands import warehouse_adjustment
 
 pytestmark = pytest.mark.postgres
 
@@ -28,6 +30,7 @@ async def test_an_empty_database_reports_nothing_and_holds_its_invariants(stock)
     assert (report.duplicate_orders, report.inbox_total) == (0, 0)
     assert report.processed == {}
     assert report.invariants == InvariantChecks(0, 0, (), 0, 0, 0, ())
+    assert report.shortage == Shortage(0, 0, ())
     assert report.ok
 
 
@@ -75,6 +78,7 @@ async def test_the_report_is_plain_data_for_json(stock):
             "shipped_mismatches": 0,
             "shipped_mismatch_examples": (),
         },
+        "shortage": {"skus": 0, "units": 0, "examples": ()},
     }
 
 
@@ -138,11 +142,12 @@ async def test_lines_of_an_order_without_a_reservation_are_reported(stock):
 async def test_stock_beyond_its_bounds_is_reported_if_the_check_was_ever_lifted(stock):
     async with stock.engine.begin() as connection:
         await connection.execute(
-            sa.text("ALTER TABLE stock_levels DROP CONSTRAINT stock_levels_reserved_within_on_hand")
+            sa.text("ALTER TABLE stock_levels DROP CONSTRAINT stock_levels_within_bounds")
         )
         await connection.execute(
             sa.text(
-                "INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ('A', 1, 2), ('B', 1, -1)"
+                "INSERT INTO stock_levels (sku, on_hand, reserved)"
+                " VALUES ('A', 1, 1), ('B', 1, -1), ('C', -1, 0)"
             )
         )
         report = await outcome_report(connection)
@@ -150,6 +155,34 @@ async def test_stock_beyond_its_bounds_is_reported_if_the_check_was_ever_lifted(
         await connection.rollback()
 
     assert report.invariants.stock_out_of_bounds == 2
+
+
+async def test_a_sku_short_after_a_reported_loss_is_counted_apart_and_is_no_violation(stock):
+    await stock.put_stock({"A": 10, "B": 10, "C": 10})
+    await stock.apply(order(("A", 6), ("B", 5), ("C", 1)))
+    await stock.apply(warehouse_adjustment("A", -7))
+    await stock.apply(warehouse_adjustment("B", -8))
+    await stock.apply(warehouse_adjustment("C", -2))
+
+    report = await outcome_report(stock.engine)
+
+    assert report.shortage == Shortage(skus=2, units=3 + 3, examples=("A", "B"))
+    assert report.invariants.stock_out_of_bounds == 0
+    assert report.ok
+
+
+async def test_a_sku_short_without_a_reported_loss_is_a_violation(stock):
+    await stock.put_stock({"A": 10, "B": 10})
+    await stock.apply(order(("A", 6), ("B", 6)))
+    await stock.apply(warehouse_adjustment("B", 3, AdjustmentReason.RECEIVED))
+    async with stock.engine.begin() as connection:
+        await connection.execute(sa.text("UPDATE stock_levels SET on_hand = 5"))
+
+    report = await outcome_report(stock.engine)
+
+    assert report.invariants.stock_out_of_bounds == 2
+    assert report.shortage == Shortage(0, 0, ())
+    assert not report.ok
 
 
 async def test_shipped_units_hold_for_every_shipment_and_a_difference_is_reported(stock):

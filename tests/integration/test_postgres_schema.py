@@ -23,8 +23,9 @@ from tests.support.services import throwaway_database
 pytestmark = pytest.mark.postgres
 
 CHECK_VIOLATION = "23514"
-FUNCTIONS = {route.function.name for route in ROUTES}
-"""The functions of the schema at head: each route's (0013 dropped the unused reserve_orders())."""
+FUNCTIONS = {route.function.name for route in ROUTES} | {"stock_shortage_event"}
+"""The functions of the schema at head: each route's (0013 dropped the unused reserve_orders()),
+and the trigger function of stock_levels (0016)."""
 assert {"place_orders", "cancel_orders", "ship_orders"} <= FUNCTIONS
 
 
@@ -90,16 +91,30 @@ async def _violation(engine, sql, parameters=None):
     return raised.value
 
 
-async def test_the_database_refuses_more_reserved_than_on_hand(engine):
+async def test_the_database_keeps_a_short_sku_and_announces_each_change_of_its_shortfall(engine):
     async with engine.begin() as connection:
         await connection.execute(
             sa.text("INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ('A', 5, 5)")
         )
+        await connection.execute(sa.text("UPDATE stock_levels SET on_hand = 2 WHERE sku = 'A'"))
+        await connection.execute(sa.text("UPDATE stock_levels SET on_hand = 1 WHERE sku = 'A'"))
+        # Not a change of the shortfall: reserved and on_hand go down together.
+        await connection.execute(
+            sa.text("UPDATE stock_levels SET on_hand = 0, reserved = 4 WHERE sku = 'A'")
+        )
+        await connection.execute(sa.text("UPDATE stock_levels SET on_hand = 9 WHERE sku = 'A'"))
+        events = await connection.execute(
+            sa.text(
+                "SELECT order_id, sku, body->>'on_hand', body->>'reserved', body->>'short'"
+                " FROM outbox WHERE routing_key = 'stock.shortage' ORDER BY id"
+            )
+        )
 
-    error = await _violation(engine, "UPDATE stock_levels SET reserved = 6 WHERE sku = 'A'")
-
-    assert sqlstate_of(error) == CHECK_VIOLATION
-    assert "stock_levels_reserved_within_on_hand" in str(error.orig)
+    assert [tuple(row) for row in events] == [
+        (None, "A", "2", "5", "3"),
+        (None, "A", "1", "5", "4"),
+        (None, "A", "9", "4", "0"),
+    ]
 
 
 async def test_the_database_refuses_a_negative_reservation_or_stock(engine):
@@ -112,6 +127,7 @@ async def test_the_database_refuses_a_negative_reservation_or_stock(engine):
 
     assert sqlstate_of(negative_reserved) == CHECK_VIOLATION
     assert sqlstate_of(negative_on_hand) == CHECK_VIOLATION
+    assert "stock_levels_within_bounds" in str(negative_on_hand.orig)
 
 
 @pytest.mark.parametrize(
@@ -816,3 +832,49 @@ def test_downgrading_0014_is_refused_while_an_order_is_shipped_in_part():
         asyncio.run(ship_in_part(url))
         with pytest.raises(sa.exc.DBAPIError, match="orders shipped in part are stored"):
             command.downgrade(config, "0013")
+
+
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0016_restores_the_functions_of_0015():
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0015")
+        before = asyncio.run(_function_definitions(url))
+        command.upgrade(config, "0016")
+        upgraded = asyncio.run(_function_definitions(url))
+        command.downgrade(config, "0015")
+        after = asyncio.run(_function_definitions(url))
+
+    assert after == before
+    assert set(upgraded) - set(before) == {
+        (
+            "record_adjustments(text,uuid[],text[],text[],text[],text[],integer[],text[],"
+            "timestamp with time zone[],text[],text[],text[],text[],text[])"
+        ),
+        "stock_shortage_event()",
+    }
+    assert {name.split("(")[0] for name in before if upgraded[name] != before[name]} == {
+        "record_shipments",
+        "ship_orders",
+    }
+
+
+@pytest.mark.usefixtures("database_url")
+def test_downgrading_0016_is_refused_while_a_sku_is_short():
+    async def make_short(url):
+        connection = await asyncpg.connect(
+            make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
+        try:
+            await connection.execute(
+                "INSERT INTO stock_levels (sku, on_hand, reserved) VALUES ('A', 1, 3)"
+            )
+        finally:
+            await connection.close()
+
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0016")
+        asyncio.run(make_short(url))
+        with pytest.raises(sa.exc.DBAPIError, match="short SKUs are stored"):
+            command.downgrade(config, "0015")

@@ -147,6 +147,8 @@ async def test_the_report_counts_every_dlq_and_every_queue(
     rendered = render_report(document)
     assert "fulfilment.order-shipped.dlq  permanent: order_not_reserved  1" in rendered
     assert "stock invariants               hold" in rendered
+    assert document["shortage"] == {"skus": 0, "units": 0, "examples": []}
+    assert "short SKUs (after a reported loss)   0" in rendered
     assert document["outbox"] == {"unpublished": 0, "published": 0}
     assert "outbox (result events)" in rendered
 

@@ -169,7 +169,7 @@ def echoed() -> tuple[list[str], Any]:
 async def test_list_shows_the_kept_webhooks_waiting_oldest_first_with_their_reason(
     options: ToolOptions, warehouse: Warehouse
 ) -> None:
-    await warehouse.keep("msg_a", b"{not json", "invalid Any webhook: body: Invalid JSON")
+    await warehouse.keep("msg_a", b"{not json", "invalid warehouse webhook: body: Invalid JSON")
     await warehouse.keep(
         "msg_b",
         shipment_body(warehouse.order_id, version=2),
@@ -182,7 +182,7 @@ async def test_list_shows_the_kept_webhooks_waiting_oldest_first_with_their_reas
     assert lines[0].split() == ["WEBHOOK", "ID", "TYPE", "RECEIVED", "REPLAYED", "REASON"]
     assert [line.split()[0] for line in lines[1:-1]] == ["msg_a", "msg_b"]
     assert lines[1].split()[3] == "-"
-    assert lines[1].endswith("invalid Any webhook: body: Invalid JSON")
+    assert lines[1].endswith("invalid warehouse webhook: body: Invalid JSON")
     assert lines[-1] == "2 of 2 invalid webhook(s) waiting for a replay, oldest first"
 
 
@@ -242,7 +242,7 @@ async def test_show_as_json_gives_a_body_that_is_not_utf8_in_base64(
     await warehouse.keep(
         "msg_c",
         b"\xff\xfe{}",
-        "invalid Any webhook: body: Invalid JSON: invalid unicode code point",
+        "invalid warehouse webhook: body: Invalid JSON: invalid unicode code point",
     )
     lines, echo = echoed()
 
@@ -378,7 +378,8 @@ async def test_a_body_that_is_no_json_stays_invalid(
     await warehouse.keep("msg_a", b'{"type": "shipment.shipped",', "not JSON", type_=None)
 
     with pytest.raises(
-        CommandError, match="still invalid, left as it was: invalid Any webhook: body: Invalid JSON"
+        CommandError,
+        match="still invalid, left as it was: invalid warehouse webhook: body: Invalid JSON",
     ):
         await replay_command(
             options, "msg_a", execute=True, operator=None, comment=None, echo=print
@@ -391,11 +392,11 @@ async def test_a_type_the_service_does_not_apply_is_refused(
     options: ToolOptions, warehouse: Warehouse
 ) -> None:
     body = json.dumps(
-        {"type": "inventory.adjusted", "timestamp": "2026-12-06T10:00:00Z", "data": {}}
+        {"type": "inventory.counted", "timestamp": "2026-12-06T10:00:00Z", "data": {}}
     ).encode()
-    await warehouse.keep("msg_i", body, "kept by hand", type_="inventory.adjusted")
+    await warehouse.keep("msg_i", body, "kept by hand", type_="inventory.counted")
 
-    with pytest.raises(CommandError, match=r"'inventory\.adjusted' is not one the service applies"):
+    with pytest.raises(CommandError, match=r"'inventory\.counted' is not one the service applies"):
         await replay_command(
             options, "msg_i", execute=True, operator=None, comment=None, echo=print
         )

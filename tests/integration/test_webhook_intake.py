@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fulfilment.adapters.postgres.stock import PostgresStock
 from fulfilment.domain.model import OutcomeKind
@@ -25,6 +26,7 @@ from tests.support.webhooks import (
     SECRET,
     UNKNOWN_SECRET,
     IntakeProcess,
+    adjustment_body,
     cancellation_body,
     running_intake,
     shipment_body,
@@ -174,6 +176,67 @@ async def test_a_shipment_of_an_order_shipped_already_is_a_204_recorded_as_alrea
     assert await db.fetchval("SELECT on_hand FROM stock_levels WHERE sku = 'A'") == 6
 
 
+def discrepancies_counted(intake: IntakeProcess) -> dict[str, float]:
+    """``fulfilment_warehouse_discrepancies_total`` of the intake, by kind."""
+    return {
+        sample.labels["kind"]: sample.value
+        for family in text_string_to_metric_families(intake.metrics())
+        if family.name == "fulfilment_warehouse_discrepancies"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+async def test_the_discrepancies_counted_after_a_mixed_burst_are_the_rows_kept_by_kind(
+    intake, client, db, stock, reserved
+) -> None:
+    # The reserved order ships all its A first: a later shipment of A names a SKU the order
+    # holds a line of but no unit, which its row calls more_than_held.
+    first = await post(client, intake, shipment_body(reserved, [("A", 4)]))
+    assert first.status_code == 204
+    partly = order(("A", 2))
+    rejected = order(("B", 50))
+    await stock.apply(partly)
+    await stock.apply(rejected)
+    unknown = uuid.uuid4()
+    bodies = [
+        shipment_body(reserved, [("A", 1), ("C", 2)]),
+        shipment_body(partly.order_id, [("A", 3)]),
+        shipment_body(unknown, [("X", 1), ("Y", 2)]),
+        shipment_body(rejected.order_id, [("B", 1)]),
+        cancellation_body(unknown, None),
+        cancellation_body(rejected.order_id, [("B", 1), ("A", 2)]),
+    ]
+    before = discrepancies_counted(intake)
+
+    # Each webhook twice at once under its webhook id (the sender's retry), and once more
+    # under another (the same change sent again): only the first application keeps rows.
+    answers = await asyncio.gather(
+        *(
+            post(client, intake, body, webhook_id=webhook_id)
+            for number, body in enumerate(bodies)
+            for webhook_id in (f"msg_burst_{number}", f"msg_burst_{number}", f"msg_again_{number}")
+        )
+    )
+
+    assert {answer.status_code for answer in answers} == {204}
+    after = discrepancies_counted(intake)
+    counted = {kind: after[kind] - before.get(kind, 0.0) for kind in after}
+    rows = {
+        row["kind"]: row["count"]
+        for row in await db.fetch(
+            "SELECT kind, count(*) FROM warehouse_discrepancies GROUP BY kind"
+        )
+    }
+    assert rows == {
+        "unknown_order": 3,
+        "order_not_reserved": 3,
+        "more_than_held": 2,
+        "sku_not_held": 1,
+    }
+    assert {kind: count for kind, count in counted.items() if count} == rows
+
+
 async def test_a_cancellation_by_the_warehouse_is_applied_before_the_204(
     intake, client, db, reserved
 ) -> None:
@@ -184,7 +247,38 @@ async def test_a_cancellation_by_the_warehouse_is_applied_before_the_204(
     assert await db.fetchval("SELECT count(*) FROM warehouse_cancellations") == 1
 
 
-@pytest.mark.parametrize("webhook_type", ["inventory.adjusted", "order.created", "x" * 200])
+@pytest.mark.usefixtures("reserved")
+async def test_an_adjustment_is_applied_once_before_the_204_and_counted(intake, client, db) -> None:
+    # 4 of the 10 A are held: losing 7 leaves the SKU short by 1.
+    body = adjustment_body("A", -7, "damaged")
+
+    first = await post(client, intake, body)
+    again = await post(client, intake, body)
+
+    assert (first.status_code, again.status_code) == (204, 204)
+    assert await db.fetchval("SELECT on_hand FROM stock_levels WHERE sku = 'A'") == 3
+    assert await db.fetchval("SELECT count(*) FROM warehouse_adjustments") == 1
+    assert [
+        tuple(row) for row in await db.fetch("SELECT routing_key, sku FROM outbox WHERE sku = 'A'")
+    ] == [("stock.shortage", "A"), ("stock.adjusted", "A")]
+    metrics = intake.metrics()
+    assert (
+        'fulfilment_webhooks_received_total{outcome="adjusted",type="inventory.adjusted"} 1.0'
+        in (metrics)
+    )
+    assert 'fulfilment_stock_adjustments_total{reason="damaged"} 1.0' in metrics
+    assert 'fulfilment_stock_adjusted_units_total{direction="out",reason="damaged"} 7.0' in metrics
+
+
+async def test_an_adjustment_of_no_units_is_a_422_kept_for_an_operator(intake, client, db) -> None:
+    answer = await post(client, intake, adjustment_body("A", 0))
+
+    assert answer.status_code == 422
+    assert "delta" in answer.json()["reason"]
+    assert await db.fetchval("SELECT type FROM invalid_webhooks") == "inventory.adjusted"
+
+
+@pytest.mark.parametrize("webhook_type", ["order.created", "x" * 200])
 async def test_a_type_not_taken_is_a_204_counted_and_not_kept(
     intake, client, db, webhook_type
 ) -> None:
@@ -194,9 +288,8 @@ async def test_a_type_not_taken_is_a_204_counted_and_not_kept(
 
     assert answer.status_code == 204
     assert await recorded(db) == NOTHING
-    label = webhook_type if webhook_type == "inventory.adjusted" else "other"
     assert (
-        f'fulfilment_webhooks_received_total{{outcome="type_not_taken",type="{label}"}}'
+        'fulfilment_webhooks_received_total{outcome="type_not_taken",type="other"}'
         in intake.metrics()
     )
 
@@ -204,7 +297,7 @@ async def test_a_type_not_taken_is_a_204_counted_and_not_kept(
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        (b"not json", "invalid Any webhook"),
+        (b"not json", "invalid warehouse webhook"),
         (
             b'{"type": "shipment.shipped", "timestamp": "2026-12-06T10:00:00Z", "data": {}}',
             "shipment_id",

@@ -106,3 +106,41 @@ async def test_every_change_of_the_simulator_is_applied_once_whatever_its_webhoo
         for row in await db.fetch("SELECT sku, on_hand, reserved FROM stock_levels")
     }
     assert levels == {sku: (LOADED - taken.get(sku, 0), held.get(sku, 0)) for sku in skus}
+
+
+async def test_every_adjustment_of_the_simulator_is_applied_once_whatever_its_webhooks_did(
+    simulator, stock: PostgresStock, db
+) -> None:
+    # Issue 37 through the intake: the simulator's adjustments, sent as signed
+    # inventory.adjusted webhooks with the same faults as its shipments, change on hand once each.
+    skus = ["85123A", "71053"]
+    await stock.put_stock(dict.fromkeys(skus, 20))
+    held = order(("85123A", 12))
+    assert (await stock.apply(held)).kind is OutcomeKind.RESERVED
+    simulator.simulator.load_stock(dict.fromkeys(skus, 20))
+    sent = [("85123A", -10, "damaged"), ("71053", 5, "received"), ("85123A", 4, "returned")]
+    sent += [("71053", -2, "lost")] * 3
+    admin = httpx.URL(simulator.url).copy_with(path="/_simulator/adjustments")
+    async with httpx.AsyncClient(timeout=10) as http:
+        for sku, delta, reason in sent:
+            answer = await http.post(admin, json={"sku": sku, "delta": delta, "reason": reason})
+            assert answer.status_code == 201, answer.text
+    await simulator.simulator.settled(timeout=60)
+
+    record = simulator.simulator.record()
+    made = {adjustment["adjustment_id"]: adjustment for adjustment in record["adjustments"]}
+    assert len(made) >= len(sent)
+    applied = await db.fetch("SELECT adjustment_id, sku, delta FROM warehouse_adjustments")
+    assert sorted(row["adjustment_id"] for row in applied) == sorted(made)
+    assert {webhook["fate"] for webhook in record["webhooks"]} == {"delivered"}
+    levels = dict(await db.fetch("SELECT sku, on_hand FROM stock_levels"))
+    for sku in skus:
+        deltas = sum(row["delta"] for row in applied if row["sku"] == sku)
+        assert levels[sku] == 20 + deltas, sku
+    # 12 of 85123A are held: losing 10 made it short by 2; the returns of 4 settled it.
+    shortages = await db.fetch(
+        "SELECT body->>'short' AS short FROM outbox WHERE routing_key = 'stock.shortage'"
+        " AND sku = '85123A' ORDER BY id"
+    )
+    assert [row["short"] for row in shortages][:1] == ["2"]
+    assert await db.fetchval("SELECT reserved FROM stock_levels WHERE sku = '85123A'") == 12

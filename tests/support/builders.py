@@ -14,11 +14,13 @@ from opentelemetry import context as otel_context
 from fulfilment.contracts.order_placed import OrderPlacedV1
 from fulfilment.contracts.result_events import (
     RESULT_ROUTING_KEYS,
+    STOCK_ADJUSTED_ROUTING_KEY,
     STOCK_CANCEL_REFUSED_ROUTING_KEY,
     STOCK_REJECTED_ROUTING_KEY,
     STOCK_RELEASED_ROUTING_KEY,
     STOCK_RESERVED_ROUTING_KEY,
     STOCK_SHIPPED_ROUTING_KEY,
+    STOCK_SHORTAGE_ROUTING_KEY,
 )
 from fulfilment.domain.lifecycle import CancelOrder, ShipOrder
 from fulfilment.domain.model import OrderLine, PlaceOrder
@@ -78,8 +80,37 @@ RESULT_EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
         "warehouse_id": "WH-000123",
     },
 }
-"""One body per routing key, as ``place_orders()``, ``cancel_orders()``, ``ship_orders()`` and
-the dispatcher's store write them into the outbox."""
+"""One body per routing key of the events about an order, as ``place_orders()``,
+``cancel_orders()``, ``ship_orders()`` and the dispatcher's store write them into the outbox."""
+
+SKU_EVENT_EXAMPLES: dict[str, dict[str, Any]] = {
+    STOCK_ADJUSTED_ROUTING_KEY: {
+        "version": 1,
+        "event_id": EVENT_ID,
+        "causation_id": CAUSATION_ID,
+        "occurred_at": "2026-11-30T10:15:02.123456+00:00",
+        "adjustment_id": "ADJ-5531",
+        "sku": "85123A",
+        "delta": -3,
+        "applied": -3,
+        "reason": "damaged",
+        "source": "webhook",
+        "on_hand": 4,
+        "reserved": 6,
+        "available": 0,
+    },
+    STOCK_SHORTAGE_ROUTING_KEY: {
+        "version": 1,
+        "event_id": EVENT_ID,
+        "occurred_at": "2026-11-30T10:15:02.123456+00:00",
+        "sku": "85123A",
+        "on_hand": 4,
+        "reserved": 6,
+        "short": 2,
+    },
+}
+"""One body per routing key of the events about a SKU, as ``record_adjustments()`` and the
+trigger of ``stock_levels`` write them into the outbox."""
 
 
 @contextmanager

@@ -1,10 +1,12 @@
-"""The warehouse's shipments and cancellations in the in-memory stock store.
+"""The warehouse's shipments, cancellations and adjustments in the in-memory stock store.
 
-``FakeStock`` applies ``RecordShipment`` and ``RecordWarehouseCancellation`` through
-:class:`WarehouseEventsInMemory`, which keeps what migration 0014's tables keep
-(``webhook_inbox``, ``warehouse_shipments`` and their lines, ``warehouse_cancellations`` and
-their lines, ``warehouse_discrepancies``) and runs ``fulfilment.domain.warehouse_lifecycle``,
-as ``record_shipments()`` and ``record_warehouse_cancellations()`` do.
+``FakeStock`` applies ``RecordShipment``, ``RecordWarehouseCancellation`` and
+``RecordAdjustment`` through :class:`WarehouseEventsInMemory`, which keeps what migrations
+0014 and 0016's tables keep (``webhook_inbox``, ``warehouse_shipments`` and their lines,
+``warehouse_cancellations`` and their lines, ``warehouse_adjustments``,
+``warehouse_discrepancies``) and runs ``fulfilment.domain.warehouse_lifecycle`` and
+``fulfilment.domain.adjustments``, as ``record_shipments()``,
+``record_warehouse_cancellations()`` and ``record_adjustments()`` do.
 """
 
 from __future__ import annotations
@@ -15,11 +17,23 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-from fulfilment.contracts.warehouse_events import FULFILMENT_ORDER_CANCELLED, SHIPMENT_SHIPPED
+from fulfilment.contracts.warehouse_events import (
+    FULFILMENT_ORDER_CANCELLED,
+    INVENTORY_ADJUSTED,
+    SHIPMENT_SHIPPED,
+)
+from fulfilment.domain.adjustments import apply_adjustment
 from fulfilment.domain.handoff import RequestKind, RequestStatus
 from fulfilment.domain.lifecycle import OrderStatus, as_lines, released, shipped
 from fulfilment.domain.warehouse_events import (
+    AdjustmentKind,
+    AdjustmentOutcome,
+    AdjustmentReason,
+    Discrepancy,
+    DiscrepancyKind,
     DuplicateBy,
+    OperatorIdentity,
+    RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
     ShipmentKind,
@@ -28,11 +42,7 @@ from fulfilment.domain.warehouse_events import (
     WarehouseCancellationKind,
     WarehouseCancellationOutcome,
 )
-from fulfilment.domain.warehouse_lifecycle import (
-    Discrepancy,
-    apply_shipment,
-    apply_warehouse_cancellation,
-)
+from fulfilment.domain.warehouse_lifecycle import apply_shipment, apply_warehouse_cancellation
 
 if TYPE_CHECKING:
     from tests.support.fakes import FakeStock
@@ -80,14 +90,32 @@ class StoredCancellation:
 
 
 @dataclass(frozen=True)
+class StoredAdjustment:
+    """A row of ``warehouse_adjustments``: ``applied`` the units ``on_hand`` changed by, the
+    level after it, and for an operator's who recorded it."""
+
+    adjustment_id: str
+    sku: str
+    delta: int
+    applied: int
+    reason: AdjustmentReason
+    webhook_id: str | None
+    source: Source
+    occurred_at: datetime
+    on_hand_after: int
+    reserved_after: int
+    operator: OperatorIdentity | None
+
+
+@dataclass(frozen=True)
 class StoredDiscrepancy:
-    """A row of ``warehouse_discrepancies``: ``source`` is ``shipment`` or ``cancellation``
-    and ``source_id`` its warehouse id."""
+    """A row of ``warehouse_discrepancies``: ``source`` is ``shipment``, ``cancellation`` or
+    ``adjustment`` and ``source_id`` its warehouse id; an adjustment's names no order."""
 
     discrepancy: Discrepancy
     source: str
     source_id: str
-    order_id: UUID
+    order_id: UUID | None
 
 
 @dataclass
@@ -103,6 +131,7 @@ class WarehouseEventsInMemory:
     webhook_inbox: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     shipments: dict[str, StoredShipment] = field(default_factory=dict)
     cancellations: dict[str, StoredCancellation] = field(default_factory=dict)
+    adjustments: dict[str, StoredAdjustment] = field(default_factory=dict)
     discrepancies: list[StoredDiscrepancy] = field(default_factory=list)
 
     def _duplicate_by(
@@ -125,7 +154,7 @@ class WarehouseEventsInMemory:
         if request is not None:
             request.news_at = datetime.now(UTC)
 
-    def _nothing_left_to_cancel(self, order_id: UUID) -> None:
+    def nothing_left_to_cancel(self, order_id: UUID) -> None:
         """The order holds nothing now: a cancellation request of the shop's for it that was
         never sent is ``withdrawn`` (product contract, "Hearing back from the warehouse")."""
         for request in self.stock.requests:
@@ -138,7 +167,7 @@ class WarehouseEventsInMemory:
                 request.answered_at = datetime.now(UTC)
 
     def _keep(
-        self, found: tuple[Discrepancy, ...], source: str, source_id: str, order_id: UUID
+        self, found: tuple[Discrepancy, ...], source: str, source_id: str, order_id: UUID | None
     ) -> None:
         self.discrepancies += [StoredDiscrepancy(d, source, source_id, order_id) for d in found]
 
@@ -160,7 +189,7 @@ class WarehouseEventsInMemory:
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
                 if result.taken and not result.state.held:
-                    self._nothing_left_to_cancel(command.order_id)
+                    self.nothing_left_to_cancel(command.order_id)
             self.shipments[command.shipment_id] = StoredShipment(
                 command.shipment_id,
                 command.order_id,
@@ -194,7 +223,7 @@ class WarehouseEventsInMemory:
                 command.order_id,
                 command.event_id,
                 as_lines(result.taken),
-                as_lines(result.unmatched),
+                result.discrepancies,
                 status,
             )
 
@@ -227,7 +256,7 @@ class WarehouseEventsInMemory:
             if existing is not None and result.state is not None:
                 self.stock.reservations[command.order_id] = existing.after(result.state)
                 if result.released and not result.state.held:
-                    self._nothing_left_to_cancel(command.order_id)
+                    self.nothing_left_to_cancel(command.order_id)
             lines = (
                 {sku: (units, units) for sku, units in result.released.items()}
                 if asked is None
@@ -265,5 +294,77 @@ class WarehouseEventsInMemory:
                 command.order_id,
                 command.event_id,
                 as_lines(result.released),
+                result.discrepancies,
                 status,
+            )
+
+    async def record_adjustment(self, command: RecordAdjustment) -> AdjustmentOutcome:
+        """Apply an adjustment of ``on_hand`` once per webhook id and once per adjustment id."""
+        async with self.stock.lock:
+            by = self._duplicate_by(command.webhook_id, command.adjustment_id, self.adjustments)
+            if by is not None:
+                if by is DuplicateBy.CHANGE:
+                    self._inbox(command.webhook_id, INVENTORY_ADJUSTED, AdjustmentKind.DUPLICATE)
+                return AdjustmentOutcome(
+                    AdjustmentKind.DUPLICATE,
+                    command.sku,
+                    command.event_id,
+                    duplicate_by=by,
+                    reason=command.reason,
+                )
+            adjusted = apply_adjustment(self.stock.levels.get(command.sku), command.delta)
+            if adjusted.level is not None:
+                self.stock.levels[command.sku] = adjusted.level
+            on_hand, reserved = (
+                (0, 0)
+                if adjusted.level is None
+                else (adjusted.level.on_hand, adjusted.level.reserved)
+            )
+            self.adjustments[command.adjustment_id] = StoredAdjustment(
+                command.adjustment_id,
+                command.sku,
+                command.delta,
+                adjusted.applied,
+                command.reason,
+                command.webhook_id,
+                command.source,
+                command.occurred_at,
+                on_hand,
+                reserved,
+                command.operator,
+            )
+            found = (
+                (
+                    Discrepancy(
+                        DiscrepancyKind.MORE_THAN_ON_HAND, command.sku, adjusted.discrepancy, None
+                    ),
+                )
+                if adjusted.discrepancy
+                else ()
+            )
+            self._keep(found, "adjustment", command.adjustment_id, None)
+            self._inbox(command.webhook_id, INVENTORY_ADJUSTED, AdjustmentKind.ADJUSTED)
+            self.stock.record_sku_result(
+                "stock.adjusted",
+                causation_id=str(command.event_id),
+                adjustment_id=command.adjustment_id,
+                sku=command.sku,
+                delta=command.delta,
+                applied=adjusted.applied,
+                reason=str(command.reason),
+                source=str(command.source),
+                on_hand=on_hand,
+                reserved=reserved,
+                available=max(0, on_hand - reserved),
+            )
+            return AdjustmentOutcome(
+                AdjustmentKind.ADJUSTED,
+                command.sku,
+                command.event_id,
+                on_hand,
+                reserved,
+                adjusted.applied,
+                adjusted.discrepancy,
+                reason=command.reason,
+                discrepancies=found,
             )

@@ -12,6 +12,7 @@ from uuid import UUID, uuid4
 from fulfilment.adapters.postgres.errors import StockBelowReservedError
 from fulfilment.application.ports import OutcomeT, Stock, WarehouseRequests
 from fulfilment.contracts.warehouse_bodies import request_body
+from fulfilment.domain.adjustments import shortage_changed
 from fulfilment.domain.handoff import (
     OPEN_STATUSES,
     Accepted,
@@ -61,7 +62,11 @@ from fulfilment.domain.model import (
     StockLevel,
     aggregate_demand,
 )
-from fulfilment.domain.warehouse_events import RecordShipment, RecordWarehouseCancellation
+from fulfilment.domain.warehouse_events import (
+    RecordAdjustment,
+    RecordShipment,
+    RecordWarehouseCancellation,
+)
 from fulfilment.observability.tracing import current_traceparent
 from tests.support.fake_warehouse_events import WarehouseEventsInMemory
 
@@ -108,8 +113,31 @@ class RecordedEvent:
 
     @property
     def order_id(self) -> str:
-        """The ``order_id`` of the body."""
-        return str(self.body["order_id"])
+        """The ``order_id`` of the body; ``""`` for an event about a SKU (``stock.adjusted``,
+        ``stock.shortage``), which names none."""
+        return str(self.body.get("order_id", ""))
+
+
+class ShortageWatchingLevels(dict[str, StockLevel]):
+    """``FakeStock.levels``: every write that changes a SKU's shortfall records
+    ``stock.shortage``, as the trigger of ``stock_levels`` does (migration 0016), whichever
+    rule wrote it."""
+
+    def __init__(self, stock: FakeStock) -> None:
+        super().__init__()
+        self._stock = stock
+
+    def __setitem__(self, sku: str, level: StockLevel) -> None:
+        before = self.get(sku)
+        super().__setitem__(sku, level)
+        if before is not None and shortage_changed(before, level):
+            self._stock.record_sku_result(
+                "stock.shortage",
+                sku=sku,
+                on_hand=level.on_hand,
+                reserved=level.reserved,
+                short=level.short,
+            )
 
 
 ResultCause = PlaceOrder | CancelOrder | ShipOrder | RecordShipment | RecordWarehouseCancellation
@@ -229,7 +257,7 @@ class FakeStock(Stock):
         self.consumer = consumer
         self.handoff = handoff
         self.requests: list[StoredRequest] = []
-        self.levels: dict[str, StockLevel] = {}
+        self.levels: dict[str, StockLevel] = ShortageWatchingLevels(self)
         self.inbox: dict[tuple[str, UUID], str] = {}
         self.reservations: dict[UUID, Reservation] = {}
         self.redeliveries: dict[tuple[str, UUID], int] = {}
@@ -243,6 +271,7 @@ class FakeStock(Stock):
             ShipOrder: self._ship,
             RecordShipment: self.warehouse.record_shipment,
             RecordWarehouseCancellation: self.warehouse.record_cancellation,
+            RecordAdjustment: self.warehouse.record_adjustment,
         }
         """The rule of each kind of command, as the SQL function of its route."""
 
@@ -397,6 +426,8 @@ class FakeStock(Stock):
                 self.levels[sku] = shipped(self.levels[sku], units)
             if existing is not None and shipment.state is not None:
                 self.reservations[command.order_id] = existing.after(shipment.state)
+            if shipment.kind is ShipKind.SHIPPED:
+                self.warehouse.nothing_left_to_cancel(command.order_id)
             self.inbox[key] = SHIP_INBOX_OUTCOMES[shipment.kind]
             if shipment.lines:
                 self.record_result(
@@ -465,6 +496,13 @@ class FakeStock(Stock):
             ),
             None,
         )
+
+    def record_sku_result(self, routing_key: str, **fields: Any) -> None:
+        """Write a result event about a SKU (``stock.adjusted``, ``stock.shortage``): its
+        ``fields`` after ``version``, with no trace context for ``stock.shortage`` (the
+        trigger that writes it knows none), the current one otherwise."""
+        traceparent = None if routing_key == "stock.shortage" else current_traceparent()
+        self.result_events.append(RecordedEvent(routing_key, {"version": 1, **fields}, traceparent))
 
     def record_result(self, routing_key: str, command: ResultCause, **fields: Any) -> None:
         """Write the result event ``command`` caused (:func:`result_body`), in the current

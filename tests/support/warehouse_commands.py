@@ -1,4 +1,4 @@
-"""Test data: the warehouse's shipments and cancellations as the commands they become."""
+"""Test data: the warehouse's shipments, cancellations and adjustments as commands."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from uuid import UUID
 
 from fulfilment.domain.model import OrderLine
 from fulfilment.domain.warehouse_events import (
+    AdjustmentReason,
+    OperatorIdentity,
+    RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
     Source,
@@ -19,6 +22,9 @@ WAREHOUSE_SHIPPED_AT = datetime(2010, 12, 2, 6, 40, tzinfo=UTC)
 
 WAREHOUSE_CANCELLED_AT = datetime(2010, 12, 2, 6, 10, tzinfo=UTC)
 """When the warehouse cancelled what it could not ship."""
+
+WAREHOUSE_ADJUSTED_AT = datetime(2010, 12, 2, 5, 50, tzinfo=UTC)
+"""When the warehouse's test adjustments happened."""
 
 _ids = count(1)
 
@@ -86,4 +92,32 @@ def warehouse_cancellation(
         reason=reason,
         lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines) if lines else None,
         source=source,
+    )
+
+
+def warehouse_adjustment(
+    sku: str,
+    delta: int,
+    reason: AdjustmentReason | None = None,
+    *,
+    adjustment_id: str | None = None,
+    webhook_id: str | None = None,
+    operator: OperatorIdentity | None = None,
+) -> RecordAdjustment:
+    """A ``RecordAdjustment`` of ``delta`` units of ``sku`` (reason ``received`` for a gain,
+    ``damaged`` for a loss, unless given); by an operator when ``operator`` is given (then no
+    webhook id). New ids unless given."""
+    adjustment_id = adjustment_id or _next("ADJ")
+    if reason is None:
+        reason = AdjustmentReason.RECEIVED if delta > 0 else AdjustmentReason.DAMAGED
+    return RecordAdjustment(
+        event_id=warehouse_event_id("adjustment", adjustment_id),
+        adjustment_id=adjustment_id,
+        webhook_id=None if operator is not None else (webhook_id or _next("msg")),
+        sku=sku,
+        delta=delta,
+        reason=reason,
+        occurred_at=WAREHOUSE_ADJUSTED_AT,
+        source=Source.WEBHOOK if operator is None else Source.OPERATOR,
+        operator=operator,
     )

@@ -25,7 +25,7 @@ lines)`` of one shipment."""
 CancellationRow = tuple[UUID, str, str | None, str, str, str, bool, Lines]
 """``(order_id, fulfilment_order_id, webhook_id, source, outcome, reason, whole, lines)``."""
 
-DiscrepancyRow = tuple[str, str, str, UUID, str | None, int | None, str | None]
+DiscrepancyRow = tuple[str, str, str, UUID | None, str | None, int | None, str | None]
 """``(kind, source, source_id, order_id, sku, quantity, order_status)``."""
 
 Database = asyncpg.Connection | asyncpg.Pool
@@ -174,4 +174,36 @@ async def webhook_inbox(store: FakeStock | Database) -> dict[str, tuple[str, str
     return {
         row["webhook_id"]: (row["type"], row["outcome"])
         for row in await store.fetch("SELECT webhook_id, type, outcome FROM webhook_inbox")
+    }
+
+
+AdjustmentRow = tuple[str, int, int, str, str | None, str, int, int, str | None, str | None]
+"""``(sku, delta, applied, reason, webhook_id, source, on_hand_after, reserved_after,
+operator, comment)`` of one adjustment."""
+
+
+async def adjustments(store: FakeStock | Database) -> dict[str, AdjustmentRow]:
+    """The recorded adjustments by ``adjustment_id``."""
+    if isinstance(store, FakeStock):
+        return {
+            adjustment_id: (
+                a.sku,
+                a.delta,
+                a.applied,
+                str(a.reason),
+                a.webhook_id,
+                str(a.source),
+                a.on_hand_after,
+                a.reserved_after,
+                None if a.operator is None else a.operator.operator,
+                None if a.operator is None else a.operator.comment,
+            )
+            for adjustment_id, a in store.warehouse.adjustments.items()
+        }
+    return {
+        row["adjustment_id"]: tuple(row)[1:]  # type: ignore[misc]
+        for row in await store.fetch(
+            "SELECT adjustment_id, sku, delta, applied, reason, webhook_id, source,"
+            " on_hand_after, reserved_after, operator, comment FROM warehouse_adjustments"
+        )
     }

@@ -100,6 +100,21 @@ def cancellation_body(
     return json.dumps({**document, "data": data}).encode()
 
 
+def adjustment_body(
+    sku: str, delta: int, reason: str = "damaged", *, adjustment_id: str | None = None
+) -> bytes:
+    """An ``inventory.adjusted`` body: ``delta`` units of ``sku`` for ``reason``."""
+    data = {
+        "adjustment_id": adjustment_id or f"ADJ-{uuid.uuid4().hex[:10]}",
+        "sku": sku,
+        "delta": delta,
+        "reason": reason,
+        "occurred_at": "2026-12-06T09:55:00Z",
+    }
+    document = {"type": "inventory.adjusted", "timestamp": "2026-12-06T10:00:00Z"}
+    return json.dumps({**document, "data": data}).encode()
+
+
 def intake_env(database_url: str, **more: str) -> dict[str, str]:
     """The environment of an intake process on ``database_url``, knowing both secrets."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULFILMENT_")}

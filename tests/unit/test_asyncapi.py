@@ -24,7 +24,7 @@ from fulfilment.contracts.topology import EVENTS_EXCHANGE, SubscribedQueue
 from fulfilment.entrypoints.worker import build_worker
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
 from fulfilment.settings import Settings
-from tests.support.builders import RESULT_EVENT_EXAMPLES
+from tests.support.builders import RESULT_EVENT_EXAMPLES, SKU_EVENT_EXAMPLES
 from tests.support.deliveries import in_memory_dead_letters
 from tests.support.fakes import FakeStock
 
@@ -162,6 +162,8 @@ EVENT_NAMES = {
     "stock.released": ("StockReleasedV1", "StockReleased v1"),
     "stock.shipped": ("StockShippedV1", "StockShipped v1"),
     "stock.cancel_refused": ("StockCancelRefusedV1", "StockCancelRefused v1"),
+    "stock.adjusted": ("StockAdjustedV1", "StockAdjusted v1"),
+    "stock.shortage": ("StockShortageV1", "StockShortage v1"),
 }
 """Each channel's message as another team reads it: its name and its title."""
 
@@ -224,19 +226,22 @@ def test_every_message_has_a_payload_with_properties(document: dict[str, Any]) -
 
         assert payload.get("type") == "object", channel
         assert payload.get("properties"), f"{channel} has an empty payload"
-        assert {"version", "event_id", "order_id"} <= set(payload["properties"]), channel
+        assert {"version", "event_id"} <= set(payload["properties"]), channel
+        # What it reports on: an order, or for an event about a SKU, the SKU.
+        assert len({"order_id", "sku"} & set(payload["required"])) >= 1, channel
 
 
-@pytest.mark.parametrize("routing_key", list(RESULT_EVENT_EXAMPLES))
+EXAMPLES = RESULT_EVENT_EXAMPLES | SKU_EVENT_EXAMPLES
+
+
+@pytest.mark.parametrize("routing_key", list(EXAMPLES))
 def test_the_example_result_events_are_valid_by_the_published_schema(
     document: dict[str, Any], routing_key: str
 ) -> None:
     validator = _validator(document, routing_key)
 
-    validator.validate(RESULT_EVENT_EXAMPLES[routing_key])
-    without_version = {
-        k: v for k, v in RESULT_EVENT_EXAMPLES[routing_key].items() if k != "version"
-    }
+    validator.validate(EXAMPLES[routing_key])
+    without_version = {k: v for k, v in EXAMPLES[routing_key].items() if k != "version"}
     assert not validator.is_valid(without_version)
 
 

@@ -7,7 +7,7 @@ from uuid import UUID, uuid4
 
 from fulfilment.adapters.postgres.admin import OutboxEntry
 from fulfilment.demo.result_events import ResultEventTally
-from tests.support.builders import RESULT_EVENT_EXAMPLES
+from tests.support.builders import RESULT_EVENT_EXAMPLES, SKU_EVENT_EXAMPLES
 
 QUEUE = "fulfilment.demo.result-events"
 
@@ -48,6 +48,8 @@ def test_every_event_of_the_run_received_in_order_passes_and_is_counted_per_rout
         "  stock.released: published 1, received 1 (duplicates 0)",
         "  stock.shipped: published 1, received 1 (duplicates 0)",
         "  stock.cancel_refused: published 0, received 0 (duplicates 0)",
+        "  stock.adjusted: published 0, received 0 (duplicates 0)",
+        "  stock.shortage: published 0, received 0 (duplicates 0)",
     ]
 
 
@@ -138,6 +140,42 @@ def test_events_written_before_the_run_are_counted_apart_and_pass() -> None:
         "  stock.released: published 0, received 0 (duplicates 0)",
         "  stock.shipped: published 0, received 0 (duplicates 0)",
         "  stock.cancel_refused: published 0, received 0 (duplicates 0)",
+        "  stock.adjusted: published 0, received 0 (duplicates 0)",
+        "  stock.shortage: published 0, received 0 (duplicates 0)",
         "  this run wrote no result event: its events changed nothing (duplicates)",
         "  also received 1 written before this run (not counted)",
     ]
+
+
+def about_sku(outbox_id: int, routing_key: str, sku: str) -> OutboxEntry:
+    return OutboxEntry(outbox_id, uuid4(), None, routing_key, sku)
+
+
+def sku_body(entry: OutboxEntry) -> bytes:
+    example = SKU_EVENT_EXAMPLES[entry.routing_key]
+    return json.dumps(example | {"event_id": str(entry.event_id), "sku": entry.sku}).encode()
+
+
+def test_the_events_about_a_sku_are_checked_by_their_sku_and_in_order_per_sku() -> None:
+    shortage, adjusted = about_sku(3, "stock.shortage", "A"), about_sku(4, "stock.adjusted", "A")
+    other = about_sku(5, "stock.adjusted", "B")
+    tally = ResultEventTally([shortage, adjusted, other])
+
+    for entry in (other, adjusted, shortage):
+        tally.receive(entry.routing_key, sku_body(entry))
+
+    assert tally.received == {"stock.shortage": 1, "stock.adjusted": 2}
+    assert tally.failure() == (
+        "result events: 1 out of outbox order (first: SKU A: stock.shortage (outbox id 3) came"
+        " after the event of outbox id 4)"
+    )
+
+
+def test_an_event_about_another_sku_than_its_row_fails() -> None:
+    adjusted = about_sku(1, "stock.adjusted", "A")
+    tally = ResultEventTally([adjusted])
+    moved = json.loads(sku_body(adjusted)) | {"sku": "B"}
+
+    tally.receive("stock.adjusted", json.dumps(moved).encode())
+
+    assert tally.invalid == 1

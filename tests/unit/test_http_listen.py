@@ -35,7 +35,7 @@ def test_a_port_another_process_holds_stops_the_start_naming_the_port_variable()
     assert raised.value.event == "relay.http_listen_failed"
     assert raised.value.exit_code == ExitCode.FAILED
     assert str(raised.value) == (
-        f"the relay's HTTP server cannot listen on 127.0.0.1:{port}: another process holds the"
+        f"the HTTP server of the relay cannot listen on 127.0.0.1:{port}: another process holds the"
         " port; set FULFILMENT_RELAY_HTTP_PORT to a free one: [Errno 98] Address already in use"
     )
 
@@ -47,7 +47,7 @@ def test_an_address_of_no_interface_stops_the_start_naming_the_host_variable() -
     assert raised.value.event == "worker.http_listen_failed"
     assert raised.value.exit_code == ExitCode.FAILED
     assert str(raised.value) == (
-        f"the worker's HTTP server cannot listen on {NOT_ON_THIS_HOST}:8080: no interface of"
+        f"the HTTP server of the worker cannot listen on {NOT_ON_THIS_HOST}:8080: no interface of"
         " this host has that address; set FULFILMENT_HTTP_HOST to one: [Errno 99] Cannot"
         " assign requested address"
     )

@@ -72,18 +72,29 @@ def _resolved(document: dict[str, Any], name: str) -> dict[str, Any]:
 def test_each_taken_type_has_a_schema_its_example_body_passes(document, model) -> None:
     schema = _resolved(document, model.__name__)
     webhook_type = model.model_fields["type"].annotation.__args__[0]
-    data = {
+    data: dict[str, Any] = {
         "fulfilment_order_id": "FO-1",
         "reference": "0b6e3c9a-55d4-4f7e-8a59-0c1d2e3f4a5b",
         "lines": [{"sku": "85123A", "quantity": 4}],
     }
     if webhook_type == "shipment.shipped":
         data |= {"shipment_id": "SHP-1", "shipped_at": "2026-12-06T09:58:00Z"}
+    elif webhook_type == "inventory.adjusted":
+        data = {
+            "adjustment_id": "ADJ-1",
+            "sku": "85123A",
+            "delta": -3,
+            "reason": "damaged",
+            "occurred_at": "2026-12-06T09:58:00Z",
+        }
+        broken = {**data, "reason": "stolen"}  # the lines' check's counterpart: a closed list
     else:
         data |= {"cancellation_id": "CXL-1", "cancelled_at": "2026-12-06T09:58:00Z", "reason": "x"}
+    if webhook_type != "inventory.adjusted":
+        broken = {**data, "lines": []}
     body = {"type": webhook_type, "timestamp": "2026-12-06T10:00:00Z", "data": data}
 
     jsonschema.validate(body, schema)
     model.model_validate_json(json.dumps(body))
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**body, "data": {**data, "lines": []}}, schema)
+        jsonschema.validate({**body, "data": broken}, schema)

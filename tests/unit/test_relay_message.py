@@ -40,7 +40,7 @@ def test_the_properties_are_the_bytes_of_the_aio_pika_message_the_relay_built_be
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=row.event_id,
         type=row.routing_key,
-        correlation_id=row.order_id,
+        correlation_id=row.subject,
         headers={"traceparent": row.traceparent} if row.traceparent else None,
         app_id="fulfilment-test",
     )

@@ -17,17 +17,26 @@ from pydantic import ValidationError
 
 from fulfilment.contracts.result_events import (
     RESULT_EVENTS,
+    StockAdjustedV1,
     StockCancelRefusedV1,
     StockRejectedV1,
     StockReleasedV1,
     StockReservedV1,
     StockShippedV1,
+    StockShortageV1,
     UnknownRoutingKeyError,
     parse_result_event,
+    subject_of,
 )
 from fulfilment.contracts.topology import EVENTS_EXCHANGE
 from fulfilment.domain.model import RejectionReason
-from tests.support.builders import CAUSATION_ID, EVENT_ID, ORDER_ID, RESULT_EVENT_EXAMPLES
+from tests.support.builders import (
+    CAUSATION_ID,
+    EVENT_ID,
+    ORDER_ID,
+    RESULT_EVENT_EXAMPLES,
+    SKU_EVENT_EXAMPLES,
+)
 
 EXAMPLES = RESULT_EVENT_EXAMPLES
 
@@ -46,8 +55,10 @@ def test_every_result_event_has_its_routing_key_on_the_events_exchange() -> None
         "stock.released": StockReleasedV1,
         "stock.shipped": StockShippedV1,
         "stock.cancel_refused": StockCancelRefusedV1,
+        "stock.adjusted": StockAdjustedV1,
+        "stock.shortage": StockShortageV1,
     }
-    assert set(EXAMPLES) == set(RESULT_EVENTS)
+    assert set(EXAMPLES) | set(SKU_EVENT_EXAMPLES) == set(RESULT_EVENTS)
 
 
 @pytest.mark.parametrize("routing_key", list(EXAMPLES))
@@ -195,3 +206,45 @@ def test_sorting_is_by_code_point_as_the_sql_sorts_with_collate_c() -> None:
 def test_a_routing_key_of_no_result_event_is_refused_with_the_known_ones() -> None:
     with pytest.raises(UnknownRoutingKeyError, match=r"'order\.placed'.*stock\.reserved"):
         parse_result_event("order.placed", body("stock.reserved"))
+
+
+def sku_body(routing_key: str, **changes: Any) -> bytes:
+    """The example body of an event about a SKU with ``changes`` (``...`` drops the field)."""
+    document = {**SKU_EVENT_EXAMPLES[routing_key], **changes}
+    return json.dumps({k: v for k, v in document.items() if v is not ...}).encode()
+
+
+def test_the_events_about_a_sku_carry_the_sku_and_its_levels() -> None:
+    adjusted = parse_result_event("stock.adjusted", sku_body("stock.adjusted"))
+    shortage = parse_result_event("stock.shortage", sku_body("stock.shortage"))
+
+    assert isinstance(adjusted, StockAdjustedV1)
+    assert (adjusted.sku, adjusted.delta, adjusted.applied, adjusted.reason) == (
+        "85123A",
+        -3,
+        -3,
+        "damaged",
+    )
+    assert (adjusted.on_hand, adjusted.reserved, adjusted.available) == (4, 6, 0)
+    assert isinstance(shortage, StockShortageV1)
+    assert (shortage.sku, shortage.short) == ("85123A", 2)
+    assert (subject_of(adjusted), subject_of(shortage)) == ("85123A", "85123A")
+
+
+@pytest.mark.parametrize(
+    ("routing_key", "changes", "field"),
+    [
+        ("stock.adjusted", {"sku": ...}, "sku"),
+        ("stock.adjusted", {"causation_id": ...}, "causation_id"),
+        ("stock.adjusted", {"reason": "stolen"}, "reason"),
+        ("stock.adjusted", {"source": "poll"}, "source"),
+        ("stock.adjusted", {"on_hand": -1}, "on_hand"),
+        ("stock.shortage", {"short": -1}, "short"),
+        ("stock.shortage", {"reserved": ...}, "reserved"),
+    ],
+)
+def test_an_event_about_a_sku_that_breaks_its_contract_is_refused(
+    routing_key: str, changes: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError, match=field):
+        parse_result_event(routing_key, sku_body(routing_key, **changes))

@@ -568,7 +568,7 @@ def test_problems_of_several_groups_are_said_together(monkeypatch: pytest.Monkey
 
 def test_every_variable_keeps_its_plain_name() -> None:
     names = [name for _, _, name in variables()]
-    assert len(names) == len(set(names)) == 49
+    assert len(names) == len(set(names)) == 50
     assert {"FULFILMENT_AMQP_URL", "FULFILMENT_DATABASE_URL", "FULFILMENT_RELAY_HTTP_PORT"} <= set(
         names
     )

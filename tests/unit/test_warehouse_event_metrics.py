@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from collections import Counter
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from fulfilment.domain.lifecycle import OrderStatus
-from fulfilment.domain.model import OrderLine
-from fulfilment.domain.polls import WarehouseChange
 from fulfilment.domain.warehouse_events import (
+    Discrepancy,
+    DiscrepancyKind,
     DuplicateBy,
-    RecordShipment,
-    RecordWarehouseCancellation,
     ShipmentKind,
     ShipmentOutcome,
     Source,
@@ -25,117 +23,78 @@ from fulfilment.observability.warehouse_event_metrics import (
     DISCREPANCY_KINDS,
     WarehouseEventMetrics,
     WarehouseEventOutcome,
-    discrepancy_kinds,
 )
 
 ORDER = uuid.uuid4()
 EVENT = uuid.uuid4()
-AT = datetime(2026, 12, 6, 10, tzinfo=UTC)
 
 
-def shipment(*lines: tuple[str, int]) -> RecordShipment:
-    return RecordShipment(
-        event_id=EVENT,
-        shipment_id="SHP-1",
-        webhook_id=None,
-        fulfilment_order_id="WH-1",
-        order_id=ORDER,
-        shipped_at=AT,
-        carrier=None,
-        tracking_numbers=(),
-        tracking_url=None,
-        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines),
-        source=Source.POLL,
-    )
-
-
-def cancellation(*lines: tuple[str, int]) -> RecordWarehouseCancellation:
-    return RecordWarehouseCancellation(
-        event_id=EVENT,
-        cancellation_id="CXL-1",
-        webhook_id=None,
-        fulfilment_order_id="WH-1",
-        order_id=ORDER,
-        cancelled_at=AT,
-        reason="unfulfillable",
-        lines=tuple(OrderLine(sku, quantity) for sku, quantity in lines) or None,
-        source=Source.POLL,
-    )
-
-
-def shipped(
-    kind: ShipmentKind,
-    status: OrderStatus | None,
-    lines: tuple[OrderLine, ...] = (),
-    unmatched: tuple[OrderLine, ...] = (),
-) -> ShipmentOutcome:
-    return ShipmentOutcome(kind, ORDER, EVENT, lines=lines, unmatched=unmatched, status=status)
+def shipped(kind: ShipmentKind, status: OrderStatus | None, *found: Discrepancy) -> ShipmentOutcome:
+    return ShipmentOutcome(kind, ORDER, EVENT, discrepancies=found, status=status)
 
 
 def cancelled(
-    kind: WarehouseCancellationKind, status: OrderStatus | None
+    kind: WarehouseCancellationKind, status: OrderStatus | None, *found: Discrepancy
 ) -> WarehouseCancellationOutcome:
-    return WarehouseCancellationOutcome(kind, ORDER, EVENT, status=status)
+    return WarehouseCancellationOutcome(kind, ORDER, EVENT, discrepancies=found, status=status)
 
 
-A2, A1, B3 = OrderLine("A", 2), OrderLine("A", 1), OrderLine("B", 3)
+def kept(kind: DiscrepancyKind, sku: str | None = "A") -> Discrepancy:
+    return Discrepancy(kind, sku, None if sku is None else 1, OrderStatus.RESERVED)
 
 
 @pytest.mark.parametrize(
-    ("change", "outcome", "kinds"),
+    "outcome",
     [
-        (shipment(("A", 2)), shipped(ShipmentKind.SHIPPED, OrderStatus.SHIPPED, (A2,)), []),
-        (
-            shipment(("A", 3), ("B", 3)),
-            shipped(ShipmentKind.SHIPPED, OrderStatus.SHIPPED, (A2,), (A1, B3)),
-            ["more_than_held", "sku_not_held"],
+        # A SKU whose held units had all shipped is more_than_held, as its row says, though
+        # the shipment took none of it.
+        shipped(
+            ShipmentKind.DISCREPANCY,
+            OrderStatus.RESERVED,
+            kept(DiscrepancyKind.MORE_THAN_HELD),
+            kept(DiscrepancyKind.SKU_NOT_HELD, "B"),
         ),
-        (
-            shipment(("B", 3)),
-            shipped(ShipmentKind.DISCREPANCY, OrderStatus.RESERVED, (), (B3,)),
-            ["sku_not_held"],
+        shipped(ShipmentKind.SHIPPED, OrderStatus.SHIPPED),
+        shipped(
+            ShipmentKind.DISCREPANCY,
+            None,
+            kept(DiscrepancyKind.UNKNOWN_ORDER),
+            kept(DiscrepancyKind.UNKNOWN_ORDER, "B"),
         ),
-        (
-            shipment(("A", 1), ("B", 3)),
-            shipped(ShipmentKind.DISCREPANCY, None, (), (A1, B3)),
-            ["unknown_order", "unknown_order"],
+        cancelled(
+            WarehouseCancellationKind.DISCREPANCY, None, kept(DiscrepancyKind.UNKNOWN_ORDER, None)
         ),
-        (
-            shipment(("A", 1)),
-            shipped(ShipmentKind.DISCREPANCY, OrderStatus.RELEASED, (), (A1,)),
-            ["order_not_reserved"],
+        cancelled(
+            WarehouseCancellationKind.DISCREPANCY,
+            OrderStatus.REJECTED,
+            kept(DiscrepancyKind.ORDER_NOT_RESERVED),
+            kept(DiscrepancyKind.ORDER_NOT_RESERVED, "B"),
         ),
-        (shipment(("A", 1)), shipped(ShipmentKind.ALREADY_SHIPPED, OrderStatus.SHIPPED), []),
-        (
-            shipment(("A", 1)),
-            ShipmentOutcome(ShipmentKind.DUPLICATE, ORDER, EVENT, duplicate_by=DuplicateBy.CHANGE),
-            [],
-        ),
-        (cancellation(), cancelled(WarehouseCancellationKind.DISCREPANCY, None), ["unknown_order"]),
-        (
-            cancellation(("A", 1), ("B", 1)),
-            cancelled(WarehouseCancellationKind.DISCREPANCY, OrderStatus.REJECTED),
-            ["order_not_reserved", "order_not_reserved"],
-        ),
-        (
-            cancellation(("A", 1)),
-            cancelled(WarehouseCancellationKind.RELEASED, OrderStatus.RELEASED),
-            [],
-        ),
-        (cancellation(), cancelled(WarehouseCancellationKind.IGNORED, OrderStatus.SHIPPED), []),
+        ShipmentOutcome(ShipmentKind.DUPLICATE, ORDER, EVENT, duplicate_by=DuplicateBy.CHANGE),
     ],
 )
-def test_each_outcome_counts_the_discrepancy_rows_it_kept(
-    change: WarehouseChange, outcome: WarehouseEventOutcome, kinds: list[str]
+def test_an_outcome_counts_the_discrepancy_rows_it_kept_by_kind(
+    outcome: WarehouseEventOutcome,
 ) -> None:
-    assert discrepancy_kinds(change, outcome) == kinds
+    registry = CollectorRegistry()
+    metrics = WarehouseEventMetrics(registry, Source.WEBHOOK)
+
+    metrics.count(outcome)
+
+    counted = {
+        kind: registry.get_sample_value("fulfilment_warehouse_discrepancies_total", {"kind": kind})
+        for kind in DISCREPANCY_KINDS
+    }
+    assert {kind: count for kind, count in counted.items() if count} == Counter(
+        str(found.kind) for found in outcome.discrepancies
+    )
 
 
 def test_every_label_of_its_source_is_bound_at_zero_and_an_outcome_counts_once() -> None:
     registry = CollectorRegistry()
     metrics = WarehouseEventMetrics(registry, Source.POLL)
 
-    metrics.count(shipment(("A", 1)), shipped(ShipmentKind.DISCREPANCY, None, (), (A1,)))
+    metrics.count(shipped(ShipmentKind.DISCREPANCY, None, kept(DiscrepancyKind.UNKNOWN_ORDER)))
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
@@ -149,4 +108,4 @@ def test_every_label_of_its_source_is_bound_at_zero_and_an_outcome_counts_once()
         value("fulfilment_warehouse_discrepancies_total", kind=kind)
         for kind in DISCREPANCY_KINDS
         if kind != "unknown_order"
-    ] == [0, 0, 0]
+    ] == [0, 0, 0, 0]

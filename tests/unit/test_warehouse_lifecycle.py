@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fulfilment.domain.lifecycle import OrderState, OrderStatus, Tombstone, apply_shipped
-from fulfilment.domain.warehouse_events import ShipmentKind, WarehouseCancellationKind
-from fulfilment.domain.warehouse_lifecycle import (
+from fulfilment.domain.warehouse_events import (
     Discrepancy,
     DiscrepancyKind,
-    apply_shipment,
-    apply_warehouse_cancellation,
+    ShipmentKind,
+    WarehouseCancellationKind,
 )
+from fulfilment.domain.warehouse_lifecycle import apply_shipment, apply_warehouse_cancellation
 
 RESERVED = OrderState(OrderStatus.RESERVED, {"A": 3, "B": 2})
 PARTLY_SHIPPED = OrderState(OrderStatus.RESERVED, {"A": 3, "B": 2}, shipped={"A": 1})

@@ -17,7 +17,10 @@ from structlog.testing import capture_logs
 from fulfilment.adapters.postgres.invalid_webhooks import InvalidWebhook
 from fulfilment.application.ports import TransientError
 from fulfilment.domain.lifecycle import OrderStatus
+from fulfilment.domain.model import OrderLine
 from fulfilment.domain.warehouse_events import (
+    Discrepancy,
+    DiscrepancyKind,
     RecordShipment,
     ShipmentKind,
     ShipmentOutcome,
@@ -199,6 +202,38 @@ async def test_a_type_with_a_nul_is_kept_without_its_type() -> None:
     assert (result.status, other.status) == (422, 422)
     assert [kept.type for kept in keeper.kept] == ["shipment.shipped", None]
     assert all("\x00" not in kept.reason for kept in keeper.kept)
+
+
+async def test_the_discrepancies_counted_are_those_the_outcome_says_were_kept() -> None:
+    # A SKU whose held units all shipped before is more_than_held as its row says, though the
+    # outcome took none of it: the count comes from the kept rows, not from the taken lines.
+    async def partly(command: RecordShipment) -> ShipmentOutcome:
+        return ShipmentOutcome(
+            ShipmentKind.SHIPPED,
+            command.order_id,
+            command.event_id,
+            lines=(OrderLine("B", 1),),
+            discrepancies=(
+                Discrepancy(DiscrepancyKind.MORE_THAN_HELD, "A", 2, OrderStatus.RESERVED),
+                Discrepancy(DiscrepancyKind.MORE_THAN_HELD, "B", 1, OrderStatus.RESERVED),
+                Discrepancy(DiscrepancyKind.SKU_NOT_HELD, "C", 3, OrderStatus.RESERVED),
+            ),
+            status=OrderStatus.SHIPPED,
+        )
+
+    intake, metrics = receiver(StandInStock(partly))
+
+    result = await send(intake, shipment_body(uuid.uuid4(), [("A", 2), ("B", 2), ("C", 3)]))
+
+    assert result.status == 204
+    counted = {
+        str(kind): value(metrics, "fulfilment_warehouse_discrepancies_total", kind=kind)
+        for kind in DiscrepancyKind
+    }
+    assert {kind: count for kind, count in counted.items() if count} == {
+        "more_than_held": 2.0,
+        "sku_not_held": 1.0,
+    }
 
 
 async def test_a_bug_is_a_500_with_its_trace_logged_and_the_answer_still_counted() -> None:

@@ -65,7 +65,8 @@ CREATE OR REPLACE FUNCTION record_shipments(
     p_line_quantities integer[],
     p_traceparents text[] DEFAULT NULL
 ) RETURNS TABLE (ordinal integer, outcome text, duplicate_by text, status text, skus text[],
-                 quantities integer[], unmatched_skus text[], unmatched_quantities integer[])
+                 quantities integer[], discrepancy_kinds text[], discrepancy_skus text[],
+                 discrepancy_quantities integer[], discrepancy_statuses text[])
 LANGUAGE plpgsql
 AS $function$
 #variable_conflict use_column
@@ -87,13 +88,10 @@ DECLARE
     c_sent integer[];
     c_taken integer[];
     c_has_line boolean[];
-    -- The units taken, and those not, one row per shipment and SKU.
+    -- The units taken, one row per shipment and SKU.
     t_order integer[] := '{}';
     t_sku text[] := '{}';
     t_quantity integer[] := '{}';
-    u_order integer[] := '{}';
-    u_sku text[] := '{}';
-    u_quantity integer[] := '{}';
     v_o integer;
     v_k integer;
     v_order uuid;
@@ -267,9 +265,6 @@ BEGIN
                        c.sent, NULL
                   FROM unnest(c_sku, c_sent) WITH ORDINALITY AS c(sku, sent, i)
                  ORDER BY c.i;
-                u_order := u_order || array_fill(v_o, ARRAY[cardinality(c_sku)]);
-                u_sku := u_sku || c_sku;
-                u_quantity := u_quantity || c_sent;
             ELSIF k_status[v_k] = 'shipped' THEN
                 v_outcome[v_o] := 'already_shipped';
             ELSIF k_status[v_k] <> 'reserved' THEN
@@ -280,9 +275,6 @@ BEGIN
                        c.sent, k_status[v_k]
                   FROM unnest(c_sku, c_sent) WITH ORDINALITY AS c(sku, sent, i)
                  ORDER BY c.i;
-                u_order := u_order || array_fill(v_o, ARRAY[cardinality(c_sku)]);
-                u_sku := u_sku || c_sku;
-                u_quantity := u_quantity || c_sent;
             ELSE
                 INSERT INTO warehouse_discrepancies (kind, source, source_id, order_id, sku,
                                                      quantity, order_status)
@@ -293,15 +285,6 @@ BEGIN
                        WITH ORDINALITY AS c(sku, sent, taken, has_line, i)
                  WHERE c.sent > c.taken
                  ORDER BY c.i;
-                u_order := u_order || ARRAY(SELECT v_o FROM unnest(c_sent, c_taken) AS c(s, t)
-                                             WHERE c.s > c.t);
-                u_sku := u_sku || ARRAY(SELECT c.sku FROM unnest(c_sku, c_sent, c_taken)
-                                                          WITH ORDINALITY AS c(sku, s, t, i)
-                                         WHERE c.s > c.t ORDER BY c.i);
-                u_quantity := u_quantity || ARRAY(SELECT c.s - c.t
-                                                    FROM unnest(c_sent, c_taken)
-                                                         WITH ORDINALITY AS c(s, t, i)
-                                                   WHERE c.s > c.t ORDER BY c.i);
                 IF NOT EXISTS (SELECT 1 FROM unnest(c_taken) AS c(taken) WHERE c.taken > 0) THEN
                     v_outcome[v_o] := 'discrepancy';
                 ELSE
@@ -401,10 +384,13 @@ BEGIN
       FROM unnest(v_fresh) AS f(o)
      WHERE i.consumer = p_consumer AND i.webhook_id = p_webhook_ids[f.o];
 
+    -- The discrepancies each new shipment kept are read back as written, so that whoever
+    -- counts them counts the rows.
     RETURN QUERY
         SELECT g.o, v_outcome[g.o], v_by[g.o], v_status[g.o],
                coalesce(x.skus, '{}'), coalesce(x.quantities, '{}'),
-               coalesce(y.skus, '{}'), coalesce(y.quantities, '{}')
+               coalesce(y.kinds, '{}'), coalesce(y.skus, '{}'), coalesce(y.quantities, '{}'),
+               coalesce(y.statuses, '{}')
           FROM generate_series(1, v_count) AS g(o)
           LEFT JOIN (
                 SELECT t.o, array_agg(t.sku ORDER BY t.sku COLLATE "C") AS skus,
@@ -412,12 +398,15 @@ BEGIN
                   FROM unnest(t_order, t_sku, t_quantity) AS t(o, sku, quantity)
                  GROUP BY t.o
                ) AS x ON x.o = g.o
-          LEFT JOIN (
-                SELECT u.o, array_agg(u.sku ORDER BY u.sku COLLATE "C") AS skus,
-                       array_agg(u.quantity ORDER BY u.sku COLLATE "C") AS quantities
-                  FROM unnest(u_order, u_sku, u_quantity) AS u(o, sku, quantity)
-                 GROUP BY u.o
-               ) AS y ON y.o = g.o
+          LEFT JOIN LATERAL (
+                SELECT array_agg(d.kind ORDER BY d.sku COLLATE "C") AS kinds,
+                       array_agg(d.sku ORDER BY d.sku COLLATE "C") AS skus,
+                       array_agg(d.quantity ORDER BY d.sku COLLATE "C") AS quantities,
+                       array_agg(d.order_status ORDER BY d.sku COLLATE "C") AS statuses
+                  FROM warehouse_discrepancies AS d
+                 WHERE g.o = ANY (v_fresh) AND d.source = 'shipment'
+                   AND d.source_id = p_shipment_ids[g.o]
+               ) AS y ON true
          ORDER BY g.o;
 END;
 $function$;
@@ -435,6 +424,6 @@ event (stock.shipped, with the shipment''s carrier, tracking numbers and the ord
 to the outbox in the same transaction, with the trace context p_traceparents gives it, and
 the relay is notified on fulfilment_outbox. Returns one row per shipment, by ordinal:
 (outcome, duplicate_by, the order status after it, the SKUs taken sorted by code point, their
-units, the SKUs not taken, their units), where outcome is shipped, already_shipped,
-discrepancy or duplicate (duplicate_by webhook or change; status NULL). Run it as a single
-autocommit statement.';
+units, and of the warehouse_discrepancies rows it kept, by SKU, the kinds, SKUs, units and
+order statuses), where outcome is shipped, already_shipped, discrepancy or duplicate
+(duplicate_by webhook or change; status NULL). Run it as a single autocommit statement.';

@@ -65,7 +65,8 @@ CREATE OR REPLACE FUNCTION record_warehouse_cancellations(
     p_line_quantities integer[],
     p_traceparents text[] DEFAULT NULL
 ) RETURNS TABLE (ordinal integer, outcome text, duplicate_by text, status text, skus text[],
-                 quantities integer[])
+                 quantities integer[], discrepancy_kinds text[], discrepancy_skus text[],
+                 discrepancy_quantities integer[], discrepancy_statuses text[])
 LANGUAGE plpgsql
 AS $function$
 #variable_conflict use_column
@@ -382,9 +383,12 @@ BEGIN
       FROM unnest(v_fresh) AS f(o)
      WHERE i.consumer = p_consumer AND i.webhook_id = p_webhook_ids[f.o];
 
+    -- The discrepancies each new cancellation kept are read back as written, so that whoever
+    -- counts them counts the rows.
     RETURN QUERY
         SELECT g.o, v_outcome[g.o], v_by[g.o], v_status[g.o], coalesce(x.skus, '{}'),
-               coalesce(x.quantities, '{}')
+               coalesce(x.quantities, '{}'), coalesce(y.kinds, '{}'), coalesce(y.skus, '{}'),
+               coalesce(y.quantities, '{}'), coalesce(y.statuses, '{}')
           FROM generate_series(1, v_count) AS g(o)
           LEFT JOIN (
                 SELECT r.o, array_agg(r.sku ORDER BY r.sku COLLATE "C") AS skus,
@@ -392,6 +396,15 @@ BEGIN
                   FROM unnest(r_order, r_sku, r_quantity) AS r(o, sku, quantity)
                  GROUP BY r.o
                ) AS x ON x.o = g.o
+          LEFT JOIN LATERAL (
+                SELECT array_agg(d.kind ORDER BY d.sku COLLATE "C") AS kinds,
+                       array_agg(d.sku ORDER BY d.sku COLLATE "C") AS skus,
+                       array_agg(d.quantity ORDER BY d.sku COLLATE "C") AS quantities,
+                       array_agg(d.order_status ORDER BY d.sku COLLATE "C") AS statuses
+                  FROM warehouse_discrepancies AS d
+                 WHERE g.o = ANY (v_fresh) AND d.source = 'cancellation'
+                   AND d.source_id = p_cancellation_ids[g.o]
+               ) AS y ON true
          ORDER BY g.o;
 END;
 $function$;
@@ -409,5 +422,7 @@ released units writes its result event (stock.released, reason warehouse_cancell
 outbox in the same transaction, with the trace context p_traceparents gives it, and the relay
 is notified on fulfilment_outbox. Returns one row per cancellation, by ordinal: (outcome,
 duplicate_by, the order status after it, the SKUs released sorted by code point, their
-units), where outcome is released, ignored, discrepancy or duplicate (duplicate_by webhook or
-change; status NULL). Run it as a single autocommit statement.';
+units, and of the warehouse_discrepancies rows it kept, by SKU, the kinds, SKUs, units and
+order statuses; a whole cancellation''s one row has a NULL SKU and units), where outcome is
+released, ignored, discrepancy or duplicate (duplicate_by webhook or change; status NULL).
+Run it as a single autocommit statement.';

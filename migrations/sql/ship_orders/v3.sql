@@ -12,7 +12,9 @@
 -- quantity on the order's lines (the whole line left); the result event and the returned
 -- lines are those units (a line with nothing held left out), and the event gains the fields
 -- of a warehouse's shipment (migration 0015): shipment_id, carrier and tracking_url NULL,
--- tracking_numbers [], order_status 'shipped'. An order none of whose units a warehouse's
+-- tracking_numbers [], order_status 'shipped'. A shipped order holds nothing, so nothing is
+-- left to cancel: step (e) withdraws the shop's cancellation requests for it not sent yet
+-- ('pending'), as record_shipments() does. An order none of whose units a warehouse's
 -- shipment took ships exactly as in version 2. The signature is version 2's, so a worker of
 -- the previous release calls this version too.
 --
@@ -49,7 +51,7 @@
 --     take what they hold out: on_hand and reserved both go down by it, so the CHECK of
 --     stock_levels (0 <= reserved <= on_hand) keeps holding;
 -- (e) mark the orders shipped, keeping their lines as the units that left (shipped =
---     quantity); record each
+--     quantity), and withdraw their cancellation requests not sent yet; record each
 --     outcome in its inbox row, and delete the inbox rows of 'not_reserved' shipments: such
 --     an event is dead-lettered, and must ship the order when an operator replays it after
 --     the order is placed, instead of being a duplicate;
@@ -57,7 +59,7 @@
 --
 -- Every writer (place_orders, cancel_orders, ship_orders, the stock load, and reserve_orders
 -- v1 of the previous release) takes its locks table by table in this order (inbox,
--- reservations, stock) and within a table in key order, each table's locks in one statement,
+-- reservations, stock, warehouse_requests) and within a table in key order, each table's locks in one statement,
 -- so concurrent calls wait for each other instead of deadlocking. A shipment inserts no reservation, so it never waits for an order being
 -- placed: (b) does not see a row that is not committed, and such a shipment is 'not_reserved'.
 
@@ -209,6 +211,13 @@ BEGIN
            SET status = 'shipped', shipped_at = p_shipped_at[s.o]
           FROM unnest(v_shipping) AS s(o)
          WHERE r.order_id = p_order_ids[s.o];
+        -- Nothing is left to cancel: a cancellation never sent is not sent (the dispatcher's
+        -- claim skips locked rows instead of waiting).
+        UPDATE warehouse_requests AS w
+           SET status = 'withdrawn', answered_at = now()
+          FROM unnest(v_shipping) AS s(o)
+         WHERE w.order_id = p_order_ids[s.o] AND w.kind = 'cancellation'
+           AND w.status = 'pending';
 
         -- (f) The result events, in arrival order (outbox.id is the relay's publishing
         -- order). Each row's event_id is minted once in the inner SELECT, whose volatile
@@ -270,7 +279,7 @@ they came one after the other in array order (fulfilment.domain.lifecycle.apply_
 reserved order is shipped (on_hand and reserved go down by what it holds, its lines less
 what the warehouse''s shipments took, shipped goes up by it) and writes its result event (stock.shipped) to the outbox in the same transaction, with
 the trace context p_traceparents gives its event (NULL: none), notifying the relay on
-fulfilment_outbox. Returns one row per
+fulfilment_outbox; its cancellation requests not sent yet are withdrawn. Returns one row per
 shipment, by ordinal: (outcome, the order status after it, the SKUs shipped sorted by code
 point, their units taken), where outcome is shipped, ignored (already shipped), not_reserved (no
 reserved order; the event is not recorded, so that it can be replayed), or duplicate (status

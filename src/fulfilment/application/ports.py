@@ -47,7 +47,10 @@ class Stock(ABC):
 
     Every event is processed at most once per ``event_id``: its inbox row (``inbox_messages``,
     in this store's consumer namespace, one for every kind) is written in the same
-    transaction as what it changed. Stock keeps ``0 <= reserved <= on_hand`` throughout.
+    transaction as what it changed. Stock keeps ``0 <= on_hand`` and ``0 <= reserved``
+    throughout, and ``reserved <= on_hand`` wherever no loss was reported: a loss the warehouse
+    reports (``RecordAdjustment``) may leave a SKU short, which then takes no reservation
+    (``fulfilment.domain.adjustments``).
     """
 
     @abstractmethod

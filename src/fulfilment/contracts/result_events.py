@@ -2,9 +2,12 @@
 
 What the service decided about an order, one event per change of a reservation's status and
 per partial cancel that releases stock (docs/design.md, "The outbox"), and one per
-cancel the warehouse system refused (``stock.cancel_refused``). The bodies are built in SQL by
-the functions that make the change (``place_orders()``, ``cancel_orders()``,
-``ship_orders()``; a refused cancel's and an accepted one's by the dispatcher's store,
+cancel the warehouse system refused (``stock.cancel_refused``); and about a SKU, one per
+adjustment of its stock (``stock.adjusted``) and per change of its shortfall
+(``stock.shortage``), which carry the SKU where the others carry the order. The bodies are
+built in SQL by the functions that make the change (``place_orders()``, ``cancel_orders()``,
+``ship_orders()``, ``record_adjustments()``, the trigger of ``stock_levels``; a refused
+cancel's and an accepted one's by the dispatcher's store,
 ``adapters.postgres.warehouse_requests``), written to the outbox in the same transaction
 and published by the relay as they were written, with the routing key of the event's model
 (:data:`RESULT_EVENTS`).
@@ -28,12 +31,15 @@ from pydantic_core import PydanticCustomError
 
 from fulfilment.contracts.order_placed import MintedUuid, Sku
 from fulfilment.domain.model import RejectionReason
+from fulfilment.domain.warehouse_events import AdjustmentReason
 
 STOCK_RESERVED_ROUTING_KEY = "stock.reserved"
 STOCK_REJECTED_ROUTING_KEY = "stock.rejected"
 STOCK_RELEASED_ROUTING_KEY = "stock.released"
 STOCK_SHIPPED_ROUTING_KEY = "stock.shipped"
 STOCK_CANCEL_REFUSED_ROUTING_KEY = "stock.cancel_refused"
+STOCK_ADJUSTED_ROUTING_KEY = "stock.adjusted"
+STOCK_SHORTAGE_ROUTING_KEY = "stock.shortage"
 
 
 def _ascending_skus(skus: list[str]) -> list[str]:
@@ -201,9 +207,93 @@ class StockCancelRefusedV1(ResultEventV1):
     """The warehouse system's id of the order."""
 
 
-ResultEvent: TypeAlias = (
+Units = Annotated[int, Field(ge=0)]
+"""A count of units of a SKU, 0 or more."""
+
+
+class SkuEventV1(BaseModel):
+    """The fields every result event about a SKU carries: ``stock.adjusted``, ``stock.shortage``.
+
+    As :class:`ResultEventV1`'s, with the SKU in place of the order. The relay publishes the
+    events of one SKU in the order they were written; the AMQP ``correlation_id`` is the SKU.
+    """
+
+    ROUTING_KEY: ClassVar[str]
+    """The routing key on ``fulfilment.events``, also the message's AMQP ``type``."""
+
+    model_config = ConfigDict(
+        strict=True, frozen=True, extra="ignore", use_attribute_docstrings=True
+    )
+
+    version: Literal[1]
+    """The contract's version: the integer 1."""
+    event_id: MintedUuid
+    """Minted with the event and the same on every publication of it: the consumer's
+    idempotency key, also the AMQP ``message_id``."""
+    occurred_at: AwareDatetime
+    """When the change's transaction ran, ISO 8601 with a UTC offset."""
+    sku: Sku
+    """The SKU; also the AMQP ``correlation_id``."""
+    on_hand: Units
+    """Units of the SKU on hand after the change."""
+    reserved: Units
+    """Units of the SKU promised to orders after the change; more than ``on_hand`` when the
+    SKU is short."""
+
+
+class StockAdjustedV1(SkuEventV1):
+    """``stock.adjusted``: the warehouse (or an operator) changed the SKU's ``on_hand``.
+
+    A receipt, a return, units found or counted, damaged or lost, once per ``adjustment_id``.
+    ``on_hand`` never goes below 0: a loss of more than was on hand takes it to 0
+    (``applied``), and the rest is kept as a discrepancy. ``reserved`` is unchanged, so a loss
+    may leave the SKU short (``stock.shortage`` says so).
+    """
+
+    ROUTING_KEY: ClassVar[str] = STOCK_ADJUSTED_ROUTING_KEY
+    model_config = ConfigDict(title="StockAdjusted v1")
+
+    causation_id: MintedUuid
+    """The UUID derived from the ``adjustment_id`` (version 5, the same whichever webhook
+    brought it)."""
+    adjustment_id: Annotated[str, Field(min_length=1)]
+    """The warehouse's id of the adjustment (an operator's: ``op-<uuid>``)."""
+    delta: int
+    """The units of the adjustment, as sent: positive onto the shelf, negative off it."""
+    applied: int
+    """The units ``on_hand`` changed by: ``delta``, or less of a loss than ``delta`` when
+    fewer units were on hand."""
+    reason: AdjustmentReason
+    """``received``, ``returned``, ``found``, ``counted``, ``damaged`` or ``lost``."""
+    source: Literal["webhook", "operator"]
+    """Who reported it: the warehouse's webhook, or an operator (``fulfilment stock
+    adjust``)."""
+    available: Units
+    """What can still be promised after it: ``max(0, on_hand - reserved)``."""
+
+
+class StockShortageV1(SkuEventV1):
+    """``stock.shortage``: the SKU's shortfall changed (``short`` 0: settled).
+
+    A reported loss may leave more units reserved than on hand; the SKU is then short by
+    ``reserved - on_hand`` and no new order reserves it until the warehouse's cancellations,
+    shipments or a receipt settle it. One event per change of the shortfall, whichever change
+    made it; no ``causation_id``.
+    """
+
+    ROUTING_KEY: ClassVar[str] = STOCK_SHORTAGE_ROUTING_KEY
+    model_config = ConfigDict(title="StockShortage v1")
+
+    short: Units
+    """Units reserved beyond ``on_hand``: ``max(0, reserved - on_hand)``; 0 when it settled."""
+
+
+OrderResultEvent: TypeAlias = (
     StockReservedV1 | StockRejectedV1 | StockReleasedV1 | StockShippedV1 | StockCancelRefusedV1
 )
+"""A result event about an order."""
+
+ResultEvent: TypeAlias = OrderResultEvent | StockAdjustedV1 | StockShortageV1
 """Any result event."""
 
 RESULT_EVENTS: Mapping[str, type[ResultEvent]] = {
@@ -214,6 +304,8 @@ RESULT_EVENTS: Mapping[str, type[ResultEvent]] = {
         StockReleasedV1,
         StockShippedV1,
         StockCancelRefusedV1,
+        StockAdjustedV1,
+        StockShortageV1,
     )
 }
 """Every result event's model by its routing key, in the order docs/events.md lists them."""
@@ -236,7 +328,7 @@ def parse_result_event(routing_key: str, body: bytes | str) -> ResultEvent:
     Raises:
         UnknownRoutingKeyError: ``routing_key`` is none of ``stock.reserved``,
             ``stock.rejected``, ``stock.released``, ``stock.shipped``,
-            ``stock.cancel_refused``.
+            ``stock.cancel_refused``, ``stock.adjusted``, ``stock.shortage``.
         pydantic.ValidationError: the body breaks that event's contract (a missing field, a
             time without offset, an unknown reason, a quantity of 0, unsorted lines ...).
     """
@@ -246,3 +338,10 @@ def parse_result_event(routing_key: str, body: bytes | str) -> ResultEvent:
         msg = f"routing key {routing_key!r} names no result event (known: {known})"
         raise UnknownRoutingKeyError(msg)
     return model.model_validate_json(body)
+
+
+def subject_of(event: ResultEvent) -> str:
+    """What ``event`` reports on, as its message's ``correlation_id``: order id or SKU."""
+    if isinstance(event, SkuEventV1):
+        return event.sku
+    return str(event.order_id)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-from fulfilment.contracts.order_placed import EventTime, MintedUuid, OrderLines
+from fulfilment.contracts.order_placed import MAX_QUANTITY, EventTime, MintedUuid, OrderLines, Sku
 from fulfilment.domain.model import OrderLine
 from fulfilment.domain.warehouse_events import (
+    AdjustmentReason,
+    RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
     Source,
@@ -127,6 +129,49 @@ class WarehouseCancellationV1(BaseModel):
             lines=None
             if self.lines is None
             else tuple(OrderLine(line.sku, line.quantity) for line in self.lines),
+            source=source,
+        )
+
+
+def _non_zero(delta: int) -> int:
+    if delta == 0:
+        msg = "must not be 0"
+        raise ValueError(msg)
+    return delta
+
+
+Delta = Annotated[int, Field(ge=-MAX_QUANTITY, le=MAX_QUANTITY), AfterValidator(_non_zero)]
+"""Units an adjustment changes ``on_hand`` by: a non-zero integer within ±MAX_QUANTITY."""
+
+
+class InventoryAdjustmentV1(BaseModel):
+    """An adjustment of the warehouse's stock: the ``data`` of ``inventory.adjusted``.
+
+    ``delta`` units of ``sku`` came onto (positive) or left (negative) the shelf other than
+    by a shipment, for ``reason``.
+    """
+
+    model_config = ConfigDict(
+        strict=True, frozen=True, extra="ignore", title="InventoryAdjustment v1"
+    )
+
+    version: Literal[1] = 1
+    adjustment_id: WarehouseId
+    sku: Sku
+    delta: Delta
+    reason: AdjustmentReason
+    occurred_at: EventTime
+
+    def to_command(self, *, webhook_id: str | None, source: Source) -> RecordAdjustment:
+        """Translate to the domain command (pydantic does not cross into the application)."""
+        return RecordAdjustment(
+            event_id=warehouse_event_id("adjustment", self.adjustment_id),
+            adjustment_id=self.adjustment_id,
+            webhook_id=webhook_id,
+            sku=self.sku,
+            delta=self.delta,
+            reason=self.reason,
+            occurred_at=self.occurred_at,
             source=source,
         )
 

@@ -3,8 +3,7 @@
 :class:`~fulfilment.contracts.warehouse_events.WebhookEnvelope` reads any webhook's outside;
 the models here read a body of a type the service takes in one strict parse (``data`` as the
 type's model), which is what the intake validates and what its OpenAPI document describes.
-:data:`TAKEN` lists them by ``type``; any other type is answered 204 and counted, not kept
-(``inventory.adjusted`` among them until the service takes adjustments).
+:data:`TAKEN` lists them by ``type``; any other type is answered 204 and counted, not kept.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from fulfilment.contracts.warehouse_events import (
     FULFILMENT_ORDER_CANCELLED,
     INVENTORY_ADJUSTED,
     SHIPMENT_SHIPPED,
+    InventoryAdjustmentV1,
     ShipmentV1,
     WarehouseCancellationV1,
 )
@@ -31,7 +31,7 @@ class AnyWebhook(BaseModel):
     a body that is no JSON object with a string ``type`` is invalid.
     """
 
-    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="Any webhook")
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", title="warehouse webhook")
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
@@ -62,13 +62,27 @@ class FulfilmentOrderCancelledWebhook(BaseModel):
     data: WarehouseCancellationV1
 
 
-TakenWebhook = ShipmentShippedWebhook | FulfilmentOrderCancelledWebhook
+class InventoryAdjustedWebhook(BaseModel):
+    """The body of an ``inventory.adjusted`` webhook: a change of the warehouse's stock."""
+
+    model_config = ConfigDict(
+        strict=True, frozen=True, extra="ignore", title="inventory.adjusted webhook"
+    )
+
+    type: Literal["inventory.adjusted"]
+    timestamp: AwareDatetime
+    """When the warehouse emitted the event (RFC 3339)."""
+    data: InventoryAdjustmentV1
+
+
+TakenWebhook = ShipmentShippedWebhook | FulfilmentOrderCancelledWebhook | InventoryAdjustedWebhook
 """A body of a type the service takes."""
 
 TAKEN: Final[Mapping[str, type[TakenWebhook]]] = MappingProxyType(
     {
         SHIPMENT_SHIPPED: ShipmentShippedWebhook,
         FULFILMENT_ORDER_CANCELLED: FulfilmentOrderCancelledWebhook,
+        INVENTORY_ADJUSTED: InventoryAdjustedWebhook,
     }
 )
 """The model of each webhook type the service takes, by ``type``."""

@@ -172,7 +172,9 @@ def check_day(  # noqa: PLR0913 - what the check compares, by name
         msg = f"the cancellation of order {first.order_id} is {first.status}, not answered"
         raise HandoffMismatchError(msg)
     by_key = {str(r.idempotency_key): r for r in requests if r.kind is RequestKind.CANCELLATION}
-    written = {(entry.order_id, entry.routing_key) for entry in entries}
+    written = {
+        (entry.order_id, entry.routing_key) for entry in entries if entry.order_id is not None
+    }
     # The orders the warehouse cancelled lines of on its own: those may end released.
     cancelled_by_warehouse = {
         str(order["reference"]) for order in warehouse.orders if order.get("cancellations")

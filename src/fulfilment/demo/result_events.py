@@ -9,7 +9,8 @@ whether the consumer got what docs/design.md ("Result events and the relay") pro
   ``event_id`` may arrive again, counted apart as a duplicate);
 - every body is valid under the published contract (``parse_result_event`` by the routing
   key), and carries the routing key and order of its outbox row;
-- per order, events first arrive in ``outbox.id`` order (commit order).
+- per order (per SKU for ``stock.adjusted`` and ``stock.shortage``), events first arrive in
+  ``outbox.id`` order (commit order).
 
 Messages whose ``event_id`` is not among the run's rows were written before the run (an
 earlier run, or rows the relay had not published yet): they are counted apart and do not
@@ -29,6 +30,7 @@ from fulfilment.contracts.result_events import (
     RESULT_EVENTS,
     UnknownRoutingKeyError,
     parse_result_event,
+    subject_of,
 )
 
 RESULT_EVENTS_QUEUE = "fulfilment.demo.result-events"
@@ -63,7 +65,7 @@ class ResultEventTally:
         """Events that first arrived after a later event (by ``outbox.id``) of their order."""
         self._first_problem: str | None = None
         self._seen: set[UUID] = set()
-        self._last_id: dict[UUID, int] = {}
+        self._last_id: dict[str, int] = {}
 
     def receive(self, routing_key: str, body: bytes) -> None:
         """Count one received message, delivered with ``routing_key``."""
@@ -78,11 +80,12 @@ class ResultEventTally:
         if row is None:
             self.earlier += 1
             return
-        if (row.routing_key, row.order_id) != (routing_key, event.order_id):
+        subject = subject_of(event)
+        if (row.routing_key, row.subject) != (routing_key, subject):
             self.invalid += 1
             self._note(
-                f"event {event.event_id} came as {routing_key} of order {event.order_id}; its"
-                f" outbox row is {row.routing_key} of order {row.order_id}"
+                f"event {event.event_id} came as {routing_key} of {subject}; its"
+                f" outbox row is {row.routing_key} of {row.subject}"
             )
             return
         if event.event_id in self._seen:
@@ -90,15 +93,16 @@ class ResultEventTally:
             return
         self._seen.add(event.event_id)
         self.received[routing_key] += 1
-        last = self._last_id.get(row.order_id, 0)
+        last = self._last_id.get(row.subject, 0)
         if row.id < last:
             self.out_of_order += 1
+            about = f"order {row.order_id}" if row.order_id is not None else f"SKU {row.sku}"
             self._note(
-                f"order {row.order_id}: {routing_key} (outbox id {row.id}) came after the event"
+                f"{about}: {routing_key} (outbox id {row.id}) came after the event"
                 f" of outbox id {last}"
             )
         else:
-            self._last_id[row.order_id] = row.id
+            self._last_id[row.subject] = row.id
 
     def lines(self, queue: str) -> list[str]:
         """The demo's lines: a title, then one per routing key, then what else arrived.

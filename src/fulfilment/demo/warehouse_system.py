@@ -286,7 +286,11 @@ class Handoff:
         received = await asyncio.to_thread(read_warehouse, self.simulator_admin)
         answered = received.cancellations[self._cancellations_seen :]
         self._cancellations_seen = len(received.cancellations)
-        reserved = {e.order_id for e in entries if e.routing_key == STOCK_RESERVED_ROUTING_KEY}
+        reserved = {
+            e.order_id
+            for e in entries
+            if e.routing_key == STOCK_RESERVED_ROUTING_KEY and e.order_id is not None
+        }
         try:
             counts = check_day(
                 reserved,

@@ -23,10 +23,7 @@ from fulfilment.domain.handoff import CredentialsRefused, RateLimited
 from fulfilment.domain.polls import FulfilmentOrderToPoll, PollAnswer, Polled, WarehouseChange
 from fulfilment.domain.warehouse_events import RecordShipment
 from fulfilment.observability.dispatcher_metrics import POLL_OUTCOMES, DispatcherMetrics
-from fulfilment.observability.warehouse_event_metrics import (
-    WarehouseEventOutcome,
-    discrepancy_kinds,
-)
+from fulfilment.observability.warehouse_event_metrics import WarehouseEventOutcome
 
 logger = structlog.get_logger("fulfilment.dispatcher")
 
@@ -144,10 +141,10 @@ class Poller:
         if isinstance(answer, Polled):
             for change in answer.changes:
                 outcome = await _apply(self._stock, change)
-                self._metrics.warehouse_events.count(change, outcome)
+                self._metrics.warehouse_events.count(outcome)
                 label = str(outcome.kind)
                 applied[label] = applied.get(label, 0) + 1
-                discrepancies.extend(discrepancy_kinds(change, outcome))
+                discrepancies.extend(str(found.kind) for found in outcome.discrepancies)
         if not isinstance(answer, RateLimited | CredentialsRefused):
             await self._polls.record_polls([order.request_id])
         _log_poll(order, answer, applied, discrepancies)

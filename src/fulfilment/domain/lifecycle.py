@@ -422,8 +422,12 @@ def released(level: StockLevel, units: int) -> StockLevel:
 
 
 def shipped(level: StockLevel, units: int) -> StockLevel:
-    """``level`` after ``units`` reserved units left the warehouse (both go down by them)."""
-    return StockLevel(level.on_hand - units, level.reserved - units)
+    """``level`` after ``units`` reserved units left the warehouse (both go down by them).
+
+    ``on_hand`` never goes below 0: a short SKU (``fulfilment.domain.adjustments``) whose
+    shipment takes more than it has on hand shipped units the warehouse had reported lost.
+    """
+    return StockLevel(max(0, level.on_hand - units), level.reserved - units)
 
 
 def as_lines(units: Mapping[str, int]) -> tuple[OrderLine, ...]:

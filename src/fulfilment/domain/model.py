@@ -89,7 +89,10 @@ def aggregate_demand(lines: Iterable[OrderLine]) -> dict[str, int]:
 class StockLevel:
     """Units of one SKU: ``on_hand`` in the warehouse, ``reserved`` of them promised to orders.
 
-    Invariant (enforced by the database too): ``0 <= reserved <= on_hand``.
+    Invariant (enforced by the database too): ``0 <= on_hand`` and ``0 <= reserved``. The
+    service never reserves beyond ``on_hand``, but a loss the warehouse reports
+    (``fulfilment.domain.adjustments``) may leave ``reserved > on_hand``: the SKU is then
+    :attr:`short` and nothing is :attr:`available` until a release or a receipt settles it.
     """
 
     on_hand: int
@@ -97,8 +100,13 @@ class StockLevel:
 
     @property
     def available(self) -> int:
-        """Units that can still be promised."""
-        return self.on_hand - self.reserved
+        """Units that can still be promised: ``on_hand - reserved``, 0 when short."""
+        return max(0, self.on_hand - self.reserved)
+
+    @property
+    def short(self) -> int:
+        """Units reserved beyond ``on_hand`` (``reserved - on_hand``), 0 when none."""
+        return max(0, self.reserved - self.on_hand)
 
 
 class OutcomeKind(StrEnum):

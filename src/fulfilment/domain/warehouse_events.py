@@ -1,4 +1,4 @@
-"""What the warehouse tells the service: its shipments and its own cancellations.
+"""What the warehouse tells the service: its shipments, its own cancellations, its adjustments.
 
 The warehouse pushes them as signed webhooks and answers for them when polled (docs/design.md,
 "Hearing back from the warehouse"); both become the commands of this module, applied through
@@ -25,9 +25,9 @@ WAREHOUSE_EVENTS_NAMESPACE = UUID("6f1d3c52-55a4-4d0e-9a51-6a0f0a8c2b7e")
 def warehouse_event_id(kind: str, warehouse_id: str) -> UUID:
     """The ``event_id`` of the warehouse's change ``warehouse_id`` of ``kind``.
 
-    ``kind`` is ``shipment`` or ``cancellation``; the same pair always gives the same UUID
-    (version 5), and two kinds never share one, so a shipment re-sent under a new webhook id,
-    or found again by the poll, is the same event.
+    ``kind`` is ``shipment``, ``cancellation`` or ``adjustment``; the same pair always gives
+    the same UUID (version 5), and two kinds never share one, so a shipment re-sent under a new
+    webhook id, or found again by the poll, is the same event.
     """
     return uuid5(WAREHOUSE_EVENTS_NAMESPACE, f"{kind}:{warehouse_id}")
 
@@ -39,6 +39,8 @@ class Source(StrEnum):
     """Pushed to ``POST /webhooks/warehouse``."""
     POLL = "poll"
     """Listed by ``GET /fulfilment-orders/{id}`` when the dispatcher asked."""
+    OPERATOR = "operator"
+    """Recorded by an operator (``fulfilment stock adjust``); adjustments only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,37 @@ class DuplicateBy(StrEnum):
     id or from the poll."""
 
 
+class DiscrepancyKind(StrEnum):
+    """Why the warehouse's event could not be applied in full: ``warehouse_discrepancies.kind``."""
+
+    UNKNOWN_ORDER = "unknown_order"
+    """No order of that reference (no ``reservations`` row)."""
+    ORDER_NOT_RESERVED = "order_not_reserved"
+    """The order holds no stock and never shipped: rejected, released, or a tombstone
+    (a cancellation of a released order is ``ignored`` instead: it held stock once)."""
+    MORE_THAN_HELD = "more_than_held"
+    """A shipment named more of a SKU than the order holds of it; ``quantity`` is the excess."""
+    SKU_NOT_HELD = "sku_not_held"
+    """A shipment named a SKU the order has no line of (never held, or released it all)."""
+    MORE_THAN_ON_HAND = "more_than_on_hand"
+    """An adjustment took more units than on hand (``fulfilment.domain.adjustments``);
+    ``quantity`` is the units it could not take, and it names no order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Discrepancy:
+    """What the warehouse said that the service's stock cannot match: one kept row.
+
+    ``sku`` and ``quantity`` are None for a cancellation without lines (of the whole order);
+    ``order_status`` is the order's status when the event came, None without a row.
+    """
+
+    kind: DiscrepancyKind
+    sku: str | None
+    quantity: int | None
+    order_status: OrderStatus | None
+
+
 @dataclass(frozen=True, slots=True)
 class ShipmentOutcome:
     """Result of ``Stock.apply`` of a :class:`RecordShipment`.
@@ -157,8 +190,10 @@ class ShipmentOutcome:
         order_id: the order it named.
         event_id: the command's event id.
         lines: the units taken from the order, one per SKU in code-point order.
-        unmatched: the units it named that the order did not hold (a discrepancy), one per SKU
-            in code-point order; empty for ``already_shipped`` and ``duplicate``.
+        discrepancies: the ``warehouse_discrepancies`` rows it kept, one per SKU it named and
+            could not take in full, in code-point order; empty for ``already_shipped`` and
+            ``duplicate``. The metric ``fulfilment_warehouse_discrepancies_total`` counts
+            them by kind.
         status: the order's status after it; None when the order is unknown, and for a
             ``duplicate`` (not looked at).
         duplicate_by: what a ``duplicate`` repeated; None otherwise.
@@ -168,9 +203,21 @@ class ShipmentOutcome:
     order_id: UUID
     event_id: UUID
     lines: tuple[OrderLine, ...] = ()
-    unmatched: tuple[OrderLine, ...] = ()
+    discrepancies: tuple[Discrepancy, ...] = ()
     status: OrderStatus | None = None
     duplicate_by: DuplicateBy | None = None
+
+    @property
+    def unmatched(self) -> tuple[OrderLine, ...]:
+        """The units it named that the order did not hold, one per SKU in code-point order.
+
+        The SKU and units of each of :attr:`discrepancies` (a shipment's always has both).
+        """
+        return tuple(
+            OrderLine(found.sku, found.quantity)
+            for found in self.discrepancies
+            if found.sku is not None and found.quantity is not None
+        )
 
     @property
     def label(self) -> str:
@@ -189,6 +236,9 @@ class WarehouseCancellationOutcome:
         order_id: the order it named.
         event_id: the command's event id.
         lines: the units released, one per SKU in code-point order.
+        discrepancies: the ``warehouse_discrepancies`` rows it kept (an unknown order, or one
+            that never held stock): one per SKU it named in code-point order, or one without
+            SKU for a cancellation of the whole order; empty otherwise.
         status: the order's status after it (``reserved`` while it holds units, ``released``
             when it holds none and shipped none, ``shipped`` when it holds none and shipped
             some); None when the order is unknown, and for a ``duplicate``.
@@ -199,8 +249,119 @@ class WarehouseCancellationOutcome:
     order_id: UUID
     event_id: UUID
     lines: tuple[OrderLine, ...] = ()
+    discrepancies: tuple[Discrepancy, ...] = ()
     status: OrderStatus | None = None
     duplicate_by: DuplicateBy | None = None
+
+    @property
+    def label(self) -> str:
+        """Short fixed label for logs and metrics: the kind, or ``duplicate:<by>``."""
+        if self.duplicate_by is not None:
+            return f"{self.kind}:{self.duplicate_by}"
+        return str(self.kind)
+
+
+class AdjustmentReason(StrEnum):
+    """Why ``on_hand`` of a SKU changed (product contract, "Hearing back from the warehouse").
+
+    The warehouse sends one of these; an operator's adjustment (``fulfilment stock adjust``)
+    names one too, and says the rest in its comment.
+    """
+
+    RECEIVED = "received"
+    RETURNED = "returned"
+    FOUND = "found"
+    COUNTED = "counted"
+    DAMAGED = "damaged"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorIdentity:
+    """Who recorded an operator's adjustment, as ``fulfilment dlq replay`` records a replay.
+
+    ``operator`` is the name given (``--operator``, else the OS user), ``comment`` the why,
+    ``os_user`` and ``host`` where the command ran (None when unknown).
+    """
+
+    operator: str
+    comment: str | None
+    os_user: str | None
+    host: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordAdjustment(Command["AdjustmentOutcome"]):
+    """Command: ``on_hand`` of ``sku`` changed by ``delta`` in the warehouse.
+
+    Attributes:
+        event_id: :func:`warehouse_event_id` of ``("adjustment", adjustment_id)``.
+        adjustment_id: the warehouse's id of the adjustment (an operator's: ``op-<uuid>``),
+            its idempotency key.
+        webhook_id: the ``webhook-id`` that brought it; None for an operator's.
+        sku: the SKU; one unknown to the service is created by a positive delta.
+        delta: units, non-zero; negative for units that left the shelf other than by shipment.
+        reason: why.
+        occurred_at: when it happened in the warehouse, timezone-aware.
+        source: ``webhook`` or ``operator``.
+        operator: who recorded it, for ``operator`` adjustments only.
+    """
+
+    event_id: UUID
+    adjustment_id: str
+    webhook_id: str | None
+    sku: str
+    delta: int
+    reason: AdjustmentReason
+    occurred_at: datetime
+    source: Source
+    operator: OperatorIdentity | None = None
+
+
+class AdjustmentKind(StrEnum):
+    """How the processing of one adjustment ended."""
+
+    ADJUSTED = "adjusted"
+    """``on_hand`` changed by the applied units (all of ``delta``, or down to 0 with the rest
+    a ``more_than_on_hand`` discrepancy); ``stock.adjusted`` says so."""
+    DUPLICATE = "duplicate"
+    """This adjustment (or this webhook) was applied before; nothing changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdjustmentOutcome:
+    """Result of ``Stock.apply`` of a :class:`RecordAdjustment`.
+
+    Attributes:
+        kind: how it ended.
+        sku: the SKU it named.
+        event_id: the command's event id.
+        on_hand: the SKU's ``on_hand`` after it (0 for a duplicate: not looked at).
+        reserved: the SKU's ``reserved`` after it (0 for a duplicate).
+        applied: the units ``on_hand`` changed by: ``delta``, or ``-on_hand`` when a loss
+            was larger than the shelf.
+        discrepancy: the units of a loss beyond ``on_hand`` (``applied - delta``), >= 0.
+        duplicate_by: what a ``duplicate`` repeated; None otherwise.
+        reason: the command's reason (what the metrics count adjustments by).
+        discrepancies: the ``warehouse_discrepancies`` row it kept: one ``more_than_on_hand``
+            of the SKU and :attr:`discrepancy` units, or none.
+    """
+
+    kind: AdjustmentKind
+    sku: str
+    event_id: UUID
+    on_hand: int = 0
+    reserved: int = 0
+    applied: int = 0
+    discrepancy: int = 0
+    duplicate_by: DuplicateBy | None = None
+    reason: AdjustmentReason | None = None
+    discrepancies: tuple[Discrepancy, ...] = ()
+
+    @property
+    def short(self) -> int:
+        """Units the SKU is short by after it: ``reserved - on_hand`` when positive, else 0."""
+        return max(0, self.reserved - self.on_hand)
 
     @property
     def label(self) -> str:

@@ -39,38 +39,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from fulfilment.domain.lifecycle import OrderState, OrderStatus
-from fulfilment.domain.warehouse_events import ShipmentKind, WarehouseCancellationKind
-
-
-class DiscrepancyKind(StrEnum):
-    """Why the warehouse's event could not be applied in full: ``warehouse_discrepancies.kind``."""
-
-    UNKNOWN_ORDER = "unknown_order"
-    """No order of that reference (no ``reservations`` row)."""
-    ORDER_NOT_RESERVED = "order_not_reserved"
-    """The order holds no stock and never shipped: rejected, released, or a tombstone
-    (a cancellation of a released order is ``ignored`` instead: it held stock once)."""
-    MORE_THAN_HELD = "more_than_held"
-    """A shipment named more of a SKU than the order holds of it; ``quantity`` is the excess."""
-    SKU_NOT_HELD = "sku_not_held"
-    """A shipment named a SKU the order has no line of (never held, or released it all)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Discrepancy:
-    """What the warehouse said that the service's stock cannot match: one kept row.
-
-    ``sku`` and ``quantity`` are None for a cancellation without lines (of the whole order);
-    ``order_status`` is the order's status when the event came, None without a row.
-    """
-
-    kind: DiscrepancyKind
-    sku: str | None
-    quantity: int | None
-    order_status: OrderStatus | None
+from fulfilment.domain.warehouse_events import (
+    Discrepancy,
+    DiscrepancyKind,
+    ShipmentKind,
+    WarehouseCancellationKind,
+)
 
 
 @dataclass(frozen=True, slots=True)

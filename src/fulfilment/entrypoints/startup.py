@@ -176,7 +176,7 @@ def listen(host: str, port: int, *, program: str, port_variable: str) -> socket.
             fix = f"check FULFILMENT_HTTP_HOST and {port_variable}"
         # os.strerror: create_server appends the address to the error's own strerror.
         said = f"[Errno {error.errno}] {os.strerror(error.errno)}" if error.errno else str(error)
-        msg = f"the {program}'s HTTP server cannot listen on {address}: {fix}: {said}"
+        msg = f"the HTTP server of the {program} cannot listen on {address}: {fix}: {said}"
         raise StartRefusedError(msg, event=f"{program}.http_listen_failed") from error
 
 

@@ -28,6 +28,7 @@ from starlette.requests import ClientDisconnect
 from fulfilment.contracts.warehouse_webhooks import (
     AnyWebhook,
     FulfilmentOrderCancelledWebhook,
+    InventoryAdjustedWebhook,
     ShipmentShippedWebhook,
 )
 from fulfilment.exit_codes import ExitCode
@@ -136,8 +137,9 @@ router = APIRouter()
     status_code=204,
     response_class=Response,
     summary="Receive a signed webhook of the warehouse",
-    description="A shipment (`shipment.shipped`) or a cancellation by the warehouse"
-    " (`fulfilment_order.cancelled`), signed as Standard Webhooks 1.0 specifies; any other"
+    description="A shipment (`shipment.shipped`), a cancellation by the warehouse"
+    " (`fulfilment_order.cancelled`) or an adjustment of its stock (`inventory.adjusted`),"
+    " signed as Standard Webhooks 1.0 specifies; any other"
     " `type` is answered 204 and not kept. The signature is checked on the raw body before it"
     " is parsed.",
     operation_id="receiveWarehouseWebhook",
@@ -152,6 +154,7 @@ router = APIRouter()
                         "anyOf": [
                             {"$ref": _SCHEMAS.format(model="ShipmentShippedWebhook")},
                             {"$ref": _SCHEMAS.format(model="FulfilmentOrderCancelledWebhook")},
+                            {"$ref": _SCHEMAS.format(model="InventoryAdjustedWebhook")},
                             {"$ref": _SCHEMAS.format(model="AnyWebhook")},
                         ]
                     }
@@ -201,6 +204,7 @@ def openapi_document() -> str:
         [
             (ShipmentShippedWebhook, "validation"),
             (FulfilmentOrderCancelledWebhook, "validation"),
+            (InventoryAdjustedWebhook, "validation"),
             (AnyWebhook, "validation"),
         ],
         ref_template=_SCHEMAS,

@@ -37,6 +37,7 @@ from fulfilment.contracts.warehouse_webhooks import (
     type_label,
 )
 from fulfilment.domain.warehouse_events import (
+    RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
     Source,
@@ -150,9 +151,10 @@ class WebhookReceiver:
             answer = Answer(500, {"error": "internal_error"})
         seconds = time.perf_counter() - started
         self._metrics.answer_seconds.labels(status=str(answer.status)).observe(seconds)
-        logger.info(
-            "webhooks.answered", status=answer.status, ms=round(seconds * 1000, 1), **fields
-        )
+        # A refusal (401, 413, 422, 503) is a warning: a wrong secret refuses every webhook,
+        # and the log is where an operator looks first.
+        log = logger.info if answer.status < 400 else logger.warning  # noqa: PLR2004 - HTTP
+        log("webhooks.answered", status=answer.status, ms=round(seconds * 1000, 1), **fields)
         return answer
 
     async def _answer(
@@ -197,7 +199,7 @@ class WebhookReceiver:
                 fields=fields,
             )
         fields["outcome"] = outcome.label
-        self._metrics.count_applied(label, command, outcome)
+        self._metrics.count_applied(label, outcome)
         return Answer(204)
 
     async def _invalid(  # noqa: PLR0913 - the request's parts, by name
@@ -241,7 +243,7 @@ class WebhookReceiver:
 
 def _command(
     model: type[TakenWebhook], body: bytes, webhook_id: str
-) -> RecordShipment | RecordWarehouseCancellation:
+) -> RecordShipment | RecordWarehouseCancellation | RecordAdjustment:
     """The command of a signed ``body`` of a taken type, whose model is ``model``.
 
     Raises:

@@ -19,8 +19,12 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from fulfilment.domain.polls import WarehouseChange
-from fulfilment.domain.warehouse_events import ShipmentKind, Source, WarehouseCancellationKind
+from fulfilment.domain.warehouse_events import (
+    AdjustmentKind,
+    ShipmentKind,
+    Source,
+    WarehouseCancellationKind,
+)
 from fulfilment.observability.metrics import build_info
 from fulfilment.observability.warehouse_event_metrics import (
     WarehouseEventMetrics,
@@ -39,7 +43,7 @@ INVALID = "invalid"
 RECEIVED_OUTCOMES: dict[str, tuple[str, ...]] = {
     "shipment.shipped": (*(str(kind) for kind in ShipmentKind), INVALID),
     "fulfilment_order.cancelled": (*(str(kind) for kind in WarehouseCancellationKind), INVALID),
-    "inventory.adjusted": (TYPE_NOT_TAKEN,),
+    "inventory.adjusted": (*(str(kind) for kind in AdjustmentKind), INVALID),
     "other": (TYPE_NOT_TAKEN, INVALID),
 }
 """The ``(type, outcome)`` series of ``fulfilment_webhooks_received_total`` bound at 0."""
@@ -95,9 +99,10 @@ class IntakeMetrics:
             self.answer_seconds.labels(status=status)
         self.warehouse_events = WarehouseEventMetrics(self.registry, Source.WEBHOOK)
 
-    def count_applied(
-        self, webhook_type: str, command: WarehouseChange, outcome: WarehouseEventOutcome
-    ) -> None:
-        """Count a webhook whose ``command`` was applied (or found applied) with ``outcome``."""
+    def count_applied(self, webhook_type: str, outcome: WarehouseEventOutcome) -> None:
+        """Count a webhook whose command was applied (or found applied) with ``outcome``.
+
+        Its discrepancies too, as ``WarehouseEventMetrics.count`` counts them.
+        """
         self.received.labels(type=webhook_type, outcome=str(outcome.kind)).inc()
-        self.warehouse_events.count(command, outcome)
+        self.warehouse_events.count(outcome)

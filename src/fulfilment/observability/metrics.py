@@ -188,6 +188,19 @@ class Metrics:
             ["invariant"],
             registry=self.registry,
         )
+        self.stock_short_skus = _Measured(
+            "fulfilment_stock_short_skus",
+            "SKUs short at the last check: more units reserved than on hand after a reported "
+            "loss (the shortage rule; not a violation); absent while the check cannot read the "
+            "database.",
+        )
+        self.stock_short_units = _Measured(
+            "fulfilment_stock_short_units",
+            "Units the short SKUs are short by at the last check (reserved - on_hand, summed); "
+            "absent while the check cannot read the database.",
+        )
+        self.registry.register(self.stock_short_skus)
+        self.registry.register(self.stock_short_units)
         self.monitor_errors = Counter(
             "fulfilment_monitor_errors_total",
             "Failures of a background task (each then started again after a back-off): polling "
@@ -246,6 +259,38 @@ class Metrics:
     def forget_invariants(self) -> None:
         """Remove the invariant series until the next check."""
         self.stock_invariant_violations.clear()
+        self.stock_short_skus.forget()
+        self.stock_short_units.forget()
+
+
+class _Measured(Collector):
+    """A gauge without labels that has no sample until measured, and none once forgotten.
+
+    For the invariant monitor's figures, absent while it cannot read the database, as
+    ``fulfilment_stock_invariant_violations`` is (a ``Gauge`` without labels always exports a
+    sample).
+    """
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self._name, self._documentation = name, documentation
+        self._value: float | None = None
+
+    def measured(self, value: float) -> None:
+        """Export ``value`` from now on."""
+        self._value = value
+
+    def forget(self) -> None:
+        """Export no sample until measured again."""
+        self._value = None
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self._name, self._documentation)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self._name, self._documentation)
+        if self._value is not None:
+            family.add_metric([], self._value)
+        yield family
 
 
 class _DeadLetterAge(Collector):

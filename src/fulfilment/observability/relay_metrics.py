@@ -1,7 +1,9 @@
 """The relay's Prometheus metrics: a pump's (``pump_metrics``) and its publishes'.
 
 Counters are bound at 0 for every label value they can take (the routing keys of the result
-events, the failure reasons), so ``rate()`` and the alerts see the zero.
+events, the failure reasons), so ``rate()`` and the alerts see the zero. A routing key this
+release does not know (a row a later release wrote, during a rolling update) is published all
+the same and counted under :data:`UNKNOWN_ROUTING_KEY`: the relay never stops on one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ NACKED = "nacked"
 CONNECTION = "connection"
 """``reason`` of a batch lost with its broker or database connection (counted per batch)."""
 FAILURE_REASONS = (RETURNED, NACKED, CONNECTION)
+
+UNKNOWN_ROUTING_KEY = "unknown"
+"""``routing_key`` label of a published row whose routing key this release does not know."""
 
 
 class RelayMetrics(PumpMetrics):
@@ -59,7 +64,9 @@ class RelayMetrics(PumpMetrics):
             ["routing_key"],
             registry=self.registry,
         )
-        self.published = {key: published.labels(routing_key=key) for key in routing_keys}
+        self.published = {
+            key: published.labels(routing_key=key) for key in (*routing_keys, UNKNOWN_ROUTING_KEY)
+        }
         failures = Counter(
             "fulfilment_outbox_publish_failures",
             "Publishes that failed and will be retried: returned, nacked, or connection lost.",
@@ -69,7 +76,11 @@ class RelayMetrics(PumpMetrics):
         self.failures = {reason: failures.labels(reason=reason) for reason in FAILURE_REASONS}
 
     def record_published(self, marked: Iterable[tuple[str, float]]) -> None:
-        """Count rows marked published: ``(routing_key, commit-to-confirm seconds)`` each."""
+        """Count rows marked published: ``(routing_key, commit-to-confirm seconds)`` each.
+
+        A routing key not bound at the start counts as :data:`UNKNOWN_ROUTING_KEY`.
+        """
         for routing_key, lag in marked:
-            self.published[routing_key].inc()
+            counter = self.published.get(routing_key, self.published[UNKNOWN_ROUTING_KEY])
+            counter.inc()
             self.publish_lag.observe(lag)

@@ -56,11 +56,12 @@ class Handled:
     route's fixed list (``Route.outcomes``), bound at 0 by ``observability.metrics``;
     ``latency_since`` is the moment the event happened, from which the end-to-end latency is
     observed, or None to observe none (a duplicate); ``log_fields`` are more fields of the log
-    line, such as the SKUs an order was rejected for.
+    line, such as the SKUs an order was rejected for. ``order_id`` is the order the event
+    named; None for an event about a SKU (an adjustment of the warehouse's stock).
     """
 
     event_id: UUID
-    order_id: UUID
+    order_id: UUID | None
     outcome: str
     labels: tuple[str, str]
     latency_since: datetime | None = None

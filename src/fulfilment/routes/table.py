@@ -38,7 +38,9 @@ from fulfilment.contracts.topology import (
 )
 from fulfilment.contracts.warehouse_events import (
     FULFILMENT_ORDER_CANCELLED,
+    INVENTORY_ADJUSTED,
     SHIPMENT_SHIPPED,
+    InventoryAdjustmentV1,
     ShipmentV1,
     WarehouseCancellationV1,
 )
@@ -60,7 +62,12 @@ from fulfilment.domain.model import (
     ReservationOutcome,
 )
 from fulfilment.domain.warehouse_events import (
+    AdjustmentKind,
+    AdjustmentOutcome,
+    Discrepancy,
+    DiscrepancyKind,
     DuplicateBy,
+    RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
     ShipmentKind,
@@ -284,6 +291,7 @@ SHIPMENT_SHIPPED_WEBHOOK = WebhookType("shipment_shipped", SHIPMENT_SHIPPED)
 FULFILMENT_ORDER_CANCELLED_WEBHOOK = WebhookType(
     "fulfilment_order_cancelled", FULFILMENT_ORDER_CANCELLED
 )
+INVENTORY_ADJUSTED_WEBHOOK = WebhookType("inventory_adjusted", INVENTORY_ADJUSTED)
 
 
 def _duplicate_label(duplicate_by: DuplicateBy | None) -> str:
@@ -350,19 +358,34 @@ def _record_shipments_arguments(commands: Sequence[RecordShipment]) -> dict[str,
     }
 
 
+def _discrepancies(
+    kinds: Sequence[str],
+    skus: Sequence[str | None],
+    quantities: Sequence[int | None],
+    statuses: Sequence[str | None],
+) -> tuple[Discrepancy, ...]:
+    """The ``warehouse_discrepancies`` rows a function returned, as parallel arrays."""
+    return tuple(
+        Discrepancy(
+            DiscrepancyKind(kind), sku, quantity, None if status is None else OrderStatus(status)
+        )
+        for kind, sku, quantity, status in zip(kinds, skus, quantities, statuses, strict=True)
+    )
+
+
 def _recorded_shipment(command: RecordShipment, row: Sequence[Any]) -> ShipmentOutcome:
     """A ``record_shipments()`` row as its outcome.
 
-    The row is ``(outcome, duplicate_by, status, skus, quantities, unmatched_skus,
-    unmatched_quantities)``.
+    The row is ``(outcome, duplicate_by, status, skus, quantities, discrepancy_kinds,
+    discrepancy_skus, discrepancy_quantities, discrepancy_statuses)``.
     """
-    outcome, duplicate_by, status, skus, quantities, unmatched_skus, unmatched_quantities = row
+    outcome, duplicate_by, status, skus, quantities, *discrepancies = row
     return ShipmentOutcome(
         kind=ShipmentKind(outcome),
         order_id=command.order_id,
         event_id=command.event_id,
         lines=_lines(skus, quantities),
-        unmatched=_lines(unmatched_skus, unmatched_quantities),
+        discrepancies=_discrepancies(*discrepancies),
         status=None if status is None else OrderStatus(status),
         duplicate_by=None if duplicate_by is None else DuplicateBy(duplicate_by),
     )
@@ -431,16 +454,103 @@ def _recorded_cancellation(
 ) -> WarehouseCancellationOutcome:
     """A ``record_warehouse_cancellations()`` row as its outcome.
 
-    The row is ``(outcome, duplicate_by, status, skus, quantities)``.
+    The row is ``(outcome, duplicate_by, status, skus, quantities, discrepancy_kinds,
+    discrepancy_skus, discrepancy_quantities, discrepancy_statuses)``.
     """
-    outcome, duplicate_by, status, skus, quantities = row
+    outcome, duplicate_by, status, skus, quantities, *discrepancies = row
     return WarehouseCancellationOutcome(
         kind=WarehouseCancellationKind(outcome),
         order_id=command.order_id,
         event_id=command.event_id,
         lines=_lines(skus, quantities),
+        discrepancies=_discrepancies(*discrepancies),
         status=None if status is None else OrderStatus(status),
         duplicate_by=None if duplicate_by is None else DuplicateBy(duplicate_by),
+    )
+
+
+async def on_inventory_adjusted(
+    data: bytes, *, stock: Stock, webhook_id: str | None, source: Source
+) -> Handled:
+    """Apply the adjustment of ``on_hand`` in ``data``, once per webhook id and adjustment id.
+
+    ``data`` is an ``inventory.adjusted`` webhook's ``data``.
+
+    Returns the outcome for the caller to log and count: ``adjusted`` or ``duplicate`` (its
+    reason ``webhook`` or ``change``); the log fields say the SKU, the units applied, those of
+    a loss beyond ``on_hand`` (a discrepancy), and the shortfall after it. ``Handled`` names
+    an order; an adjustment has none, so ``order_id`` is None.
+
+    Raises:
+        MalformedEventError: ``data`` is not an ``InventoryAdjustment`` v1 (``parse_event``).
+        TransientError: from the stock store, after its retry budget.
+    """
+    event = parse_event(InventoryAdjustmentV1, data)
+    outcome = await stock.apply(event.to_command(webhook_id=webhook_id, source=source))
+    return Handled(
+        event_id=outcome.event_id,
+        order_id=None,
+        outcome=outcome.label,
+        labels=(outcome.kind, _duplicate_label(outcome.duplicate_by)),
+        log_fields={
+            "adjustment_id": event.adjustment_id,
+            "sku": event.sku,
+            "delta": event.delta,
+            "reason": str(event.reason),
+            "applied": outcome.applied,
+            "discrepancy": outcome.discrepancy or None,
+            "short": outcome.short or None,
+        },
+    )
+
+
+def _record_adjustments_arguments(commands: Sequence[RecordAdjustment]) -> dict[str, list[Any]]:
+    """The arrays of ``record_adjustments()``: one element per adjustment."""
+    operators = [command.operator for command in commands]
+    return {
+        "event_ids": [command.event_id for command in commands],
+        "adjustment_ids": [command.adjustment_id for command in commands],
+        "webhook_ids": [command.webhook_id for command in commands],
+        "sources": [str(command.source) for command in commands],
+        "skus": [command.sku for command in commands],
+        "deltas": [command.delta for command in commands],
+        "reasons": [str(command.reason) for command in commands],
+        "occurred_at": [command.occurred_at for command in commands],
+        "operators": [None if who is None else who.operator for who in operators],
+        "comments": [None if who is None else who.comment for who in operators],
+        "os_users": [None if who is None else who.os_user for who in operators],
+        "hosts": [None if who is None else who.host for who in operators],
+    }
+
+
+def _refuse_zero_delta(command: RecordAdjustment) -> None:
+    if command.delta == 0:
+        msg = f"adjustment {command.adjustment_id} changes nothing (delta 0)"
+        raise ValueError(msg)
+
+
+def _recorded_adjustment(command: RecordAdjustment, row: Sequence[Any]) -> AdjustmentOutcome:
+    """A ``record_adjustments()`` row as its outcome.
+
+    The row is ``(outcome, duplicate_by, on_hand, reserved, applied, discrepancy)``, the last
+    four NULL for a duplicate.
+    """
+    outcome, duplicate_by, on_hand, reserved, applied, discrepancy = row
+    return AdjustmentOutcome(
+        kind=AdjustmentKind(outcome),
+        sku=command.sku,
+        event_id=command.event_id,
+        on_hand=on_hand or 0,
+        reserved=reserved or 0,
+        applied=applied or 0,
+        discrepancy=discrepancy or 0,
+        duplicate_by=None if duplicate_by is None else DuplicateBy(duplicate_by),
+        reason=command.reason,
+        discrepancies=(
+            (Discrepancy(DiscrepancyKind.MORE_THAN_ON_HAND, command.sku, discrepancy, None),)
+            if discrepancy
+            else ()
+        ),
     )
 
 
@@ -564,6 +674,25 @@ ROUTES: tuple[Route[Any, Any, Any, Any], ...] = (
             _recorded_cancellation,
             (),
             check=_refuse_no_warehouse_cancelled_lines,
+        ),
+    ),
+    Route(
+        transport=INVENTORY_ADJUSTED_WEBHOOK,
+        model=InventoryAdjustmentV1,
+        summary=(
+            "The warehouse's stock of a SKU changed other than by a shipment (received, "
+            "returned, found, counted, damaged, lost): on_hand changes by delta, never below 0 "
+            "(stock.adjusted; stock.shortage when a loss leaves it short)."
+        ),
+        command=RecordAdjustment,
+        handler=on_inventory_adjusted,
+        outcomes=_webhook_outcomes(AdjustmentKind),
+        function=BatchFunction(
+            "record_adjustments",
+            _record_adjustments_arguments,
+            _recorded_adjustment,
+            (),
+            check=_refuse_zero_delta,
         ),
     ),
 )

@@ -546,7 +546,7 @@ class ProcessSettings(SettingsGroup):
 
 
 class RetentionSettings(SettingsGroup):
-    """How long the outbox, the inbox and the dead letters keep what they hold, and the replays.
+    """How long the outbox, the inboxes and the dead letters keep what they hold, and the replays.
 
     Read by ``fulfilment prune``, ``outbox prune`` and ``dlq``; processed ids must outlive
     every way a message can come back.
@@ -573,6 +573,13 @@ class RetentionSettings(SettingsGroup):
     prune`` may delete it. Must be longer than ``dead_letter_ttl_seconds`` and
     ``outbox_retention_seconds``: processed ids are kept as long as a message can come back,
     and ``fulfilment dlq replay`` refuses a dead letter older than this."""
+
+    webhook_inbox_retention_seconds: Seconds = 7 * 24 * 3600.0
+    """How long a warehouse webhook's id (``webhook_inbox``) is kept (7 days) before
+    ``fulfilment prune`` deletes it: longer than the sender retries a webhook (ShipBob up to
+    24 hours, the Standard Webhooks schedule about 3 days), so a retry is a duplicate by its
+    webhook id. A webhook that comes later still changes nothing: its shipment or
+    cancellation is recorded by its own id, which is never pruned."""
 
     replay_limit: int = Field(default=3, ge=1, le=1000)
     """Replays after which ``fulfilment dlq replay`` refuses a dead letter without ``--force``

@@ -3,9 +3,11 @@
 ``fulfilment prune`` (the Kubernetes CronJob ``k8s/prune-cronjob.yaml``, hourly) deletes the
 published outbox rows older than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` and the inbox's
 processed ids older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` that are safe to delete
-(``adapters.postgres.inbox``). ``fulfilment outbox prune`` does the first alone, as before.
-Unpublished outbox rows are never deleted, whatever their age: they are events the relay still
-owes the broker.
+(``adapters.postgres.inbox``), and the warehouse's webhook ids older than
+``FULFILMENT_WEBHOOK_INBOX_RETENTION_SECONDS`` (``adapters.postgres.webhook_inbox``).
+``fulfilment outbox prune`` does the first alone, as before. Unpublished outbox rows are never
+deleted, whatever their age: they are events the relay still owes the broker; nor are the
+warehouse's shipments and cancellations, the record by which each is applied once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fulfilment.adapters.postgres.engine import asyncpg_dsn
 from fulfilment.adapters.postgres.errors import connection_failure
 from fulfilment.adapters.postgres.inbox import prune_processed
 from fulfilment.adapters.postgres.outbox import prune_published
+from fulfilment.adapters.postgres.webhook_inbox import prune_webhook_ids
 from fulfilment.tools.command import Echo, ToolOptions
 
 
@@ -61,19 +64,21 @@ async def _prune_outbox(
     echo(f"outbox prune: {deleted} published rows older than {retention_seconds:.0f} s deleted")
 
 
-async def prune_all_command(
+async def prune_all_command(  # noqa: PLR0913 - each retention of the command, by name
     options: ToolOptions,
     *,
     outbox_retention_seconds: float,
     processed_id_retention_seconds: float,
+    webhook_inbox_retention_seconds: float,
     batch_size: int,
     echo: Echo,
 ) -> None:
-    """``fulfilment prune``: the outbox (as :func:`prune_command`), then the inbox.
+    """``fulfilment prune``: the outbox (as :func:`prune_command`), the inbox, the webhook inbox.
 
     Echoes the outbox's line, then
-    ``inbox prune: <n> processed ids older than <s> s deleted (consumer <consumer>)``, the
-    consumer being ``FULFILMENT_CONSUMER_NAME``, whose inbox it is.
+    ``inbox prune: <n> processed ids older than <s> s deleted (consumer <consumer>)`` and
+    ``webhook inbox prune: <n> webhook ids older than <s> s deleted (consumer <consumer>)``,
+    the consumer being ``FULFILMENT_CONSUMER_NAME``, whose inboxes they are.
 
     Raises:
         DatabaseUnavailableError, DatabaseRefusedError: PostgreSQL does not answer or refuses.
@@ -86,7 +91,17 @@ async def prune_all_command(
             older_than_seconds=processed_id_retention_seconds,
             batch_size=batch_size,
         )
+        echo(
+            f"inbox prune: {deleted} processed ids older than"
+            f" {processed_id_retention_seconds:.0f} s deleted (consumer {options.consumer})"
+        )
+        webhooks = await prune_webhook_ids(
+            connection,
+            consumer=options.consumer,
+            older_than_seconds=webhook_inbox_retention_seconds,
+            batch_size=batch_size,
+        )
     echo(
-        f"inbox prune: {deleted} processed ids older than {processed_id_retention_seconds:.0f} s"
-        f" deleted (consumer {options.consumer})"
+        f"webhook inbox prune: {webhooks} webhook ids older than"
+        f" {webhook_inbox_retention_seconds:.0f} s deleted (consumer {options.consumer})"
     )

@@ -68,9 +68,11 @@ async def collect_report(
     "dead_lettered": {"total", "by_queue": {dlq: count}, "by_reason": [{"queue", "class",
     "reason", "count"}]}, "pending": {"ready", "consumers", "by_queue": {queue: {"ready",
     "consumers"}}}, "outbox": {"unpublished", "published"}, "invariants": {..., "ok"},
-    "missing_queues": [queue]}``:
+    "shortage": {"skus", "units", "examples": [sku]}, "missing_queues": [queue]}``:
     orders per state and events per outcome (``fulfilment.adapters.postgres.outcomes``), the
-    outbox's result events waiting for the relay and published; ``pending.ready`` is the
+    outbox's result events waiting for the relay and published, the short SKUs (more reserved
+    than on hand after a reported loss: the shortage rule, not a violation of the
+    invariants); ``pending.ready`` is the
     ready messages of all subscribed queues and ``pending.consumers`` the fewest consumers
     any of them has. A DLQ deeper than 65,535 is read up to there; the rest is one
     ``by_reason`` row of class ``unread``. ``missing_queues`` names the subscribed queues and
@@ -145,6 +147,7 @@ async def collect_report(
                 )
     details = asdict(outcomes)
     invariants = details.pop("invariants", {})
+    shortage = details.pop("shortage", {})
     outbox_rows = details.pop("outbox", {})
     document: dict[str, Any] = {
         "outcomes": details,
@@ -160,6 +163,7 @@ async def collect_report(
         },
         "outbox": outbox_rows,
         "invariants": {**invariants, "ok": outcomes.ok},
+        "shortage": {**shortage, "examples": list(shortage.get("examples", ()))},
         "missing_queues": missing,
     }
     if handoff or backlog.by_kind_and_status:
@@ -233,6 +237,12 @@ def render_report(document: dict[str, Any]) -> str:
     invariants = document["invariants"]
     lines.append("stock invariants               " + ("hold" if invariants["ok"] else "BROKEN"))
     lines += [f"  {key:<28}{_value(value)}" for key, value in invariants.items() if key != "ok"]
+    shortage = document["shortage"]
+    examples = ", ".join(shortage["examples"])
+    lines.append(
+        f"short SKUs (after a reported loss){shortage['skus']:>4}"
+        + (f", {shortage['units']} units: {examples}" if shortage["skus"] else "")
+    )
     requests = document.get("warehouse_requests")
     if requests is not None:
         age = requests["oldest_open_age_seconds"]

@@ -33,6 +33,7 @@ from fulfilment.adapters.postgres.warehouse_event_reads import (
 )
 from fulfilment.contracts.warehouse_webhooks import TAKEN, AnyWebhook
 from fulfilment.domain.warehouse_events import (
+    RecordAdjustment,
     RecordShipment,
     RecordWarehouseCancellation,
     Source,
@@ -49,7 +50,9 @@ class TypeNotTakenError(Exception):
     """The body is a valid envelope of a ``type`` this release does not apply."""
 
 
-def parse_webhook(body: bytes, *, webhook_id: str) -> RecordShipment | RecordWarehouseCancellation:
+def parse_webhook(
+    body: bytes, *, webhook_id: str
+) -> RecordShipment | RecordWarehouseCancellation | RecordAdjustment:
     """The command of a webhook's raw ``body``, read as the intake reads a request's body.
 
     Its ``type`` first (:class:`~fulfilment.contracts.warehouse_webhooks.AnyWebhook`), then the
@@ -134,7 +137,7 @@ class ReplayResult:
     """
 
     webhook_id: str
-    command: RecordShipment | RecordWarehouseCancellation
+    command: RecordShipment | RecordWarehouseCancellation | RecordAdjustment
     outcome: str | None = None
     replayed_at: datetime | None = None
 
@@ -187,10 +190,13 @@ async def replay_command(  # noqa: PLR0913 - each option of the command, by name
             return ReplayResult(webhook_id, command)
         try:
             # One branch per command: Stock.apply's outcome type follows its command's.
-            if isinstance(command, RecordShipment):
-                outcome = (await stock.apply(command)).label
-            else:
-                outcome = (await stock.apply(command)).label
+            match command:
+                case RecordShipment():
+                    outcome = (await stock.apply(command)).label
+                case RecordAdjustment():
+                    outcome = (await stock.apply(command)).label
+                case _:
+                    outcome = (await stock.apply(command)).label
         except ValueError as error:
             # The store refuses the command as it is (its route's check), as the intake does.
             msg = f"webhook {webhook_id} is still invalid, left as it was: {error}"
@@ -242,7 +248,7 @@ async def discrepancies_command(
     for item in found:
         echo(
             f"{item.id:>6}  {item.kind:<18}  {item.source:<12}  {item.source_id:<20}"
-            f"  {item.order_id!s:<36}  {item.sku or '-':<12}"
+            f"  {item.order_id or '-'!s:<36}  {item.sku or '-':<12}"
             f"  {'-' if item.quantity is None else item.quantity:>5}"
             f"  {item.order_status or '-':<9}  {item.detected_at.isoformat()}"
         )
@@ -295,7 +301,7 @@ def discrepancy_document(item: Discrepancy) -> dict[str, Any]:
         "kind": item.kind,
         "source": item.source,
         "source_id": item.source_id,
-        "order_id": str(item.order_id),
+        "order_id": None if item.order_id is None else str(item.order_id),
         "sku": item.sku,
         "quantity": item.quantity,
         "order_status": item.order_status,
@@ -303,7 +309,9 @@ def discrepancy_document(item: Discrepancy) -> dict[str, Any]:
     }
 
 
-def _describe(command: RecordShipment | RecordWarehouseCancellation) -> str:
+def _describe(command: RecordShipment | RecordWarehouseCancellation | RecordAdjustment) -> str:
+    if isinstance(command, RecordAdjustment):
+        return f"adjustment {command.adjustment_id} of {command.sku} ({command.delta:+d})"
     if isinstance(command, RecordShipment):
         units = ", ".join(f"{sku} x{quantity}" for sku, quantity in command.shipped().items())
         return f"shipment {command.shipment_id} of order {command.order_id} ({units})"

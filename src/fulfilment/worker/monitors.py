@@ -207,8 +207,10 @@ async def check_invariants(
 ) -> None:
     """Check the stock invariants every ``interval_seconds`` until cancelled.
 
-    Sets ``fulfilment_stock_invariant_violations{invariant}`` from one REPEATABLE READ
-    snapshot (``fulfilment.adapters.postgres.outcomes``). Each check has
+    Sets ``fulfilment_stock_invariant_violations{invariant}``, and
+    ``fulfilment_stock_short_skus`` and ``fulfilment_stock_short_units`` (the shortage rule:
+    short after a reported loss, not a violation), from one REPEATABLE READ snapshot
+    (``fulfilment.adapters.postgres.outcomes``). Each check has
     :data:`INVARIANT_CHECK_TIME_LIMIT_SECONDS`; raises whatever a check failed with, for its
     supervisor to count, remove the gauges and start it again.
     """
@@ -231,6 +233,8 @@ async def check_invariants(
         }
         for invariant in INVARIANTS:
             metrics.stock_invariant_violations.labels(invariant).set(counts[invariant])
+        metrics.stock_short_skus.measured(report.shortage.skus)
+        metrics.stock_short_units.measured(report.shortage.units)
         if not checks.ok:
             logger.error("monitor.invariants_broken", **dataclasses.asdict(checks))
         await asyncio.sleep(interval_seconds)

@@ -135,6 +135,7 @@ RESET_TABLES = (
     "warehouse_cancellation_lines",
     "warehouse_discrepancies",
     "invalid_webhooks",
+    "warehouse_adjustments",
 )
 """The tables ``demo --reset`` empties: every table of the service's state.
 ``warehouse_requests`` goes with the reservations that recorded them: the demo's order ids
@@ -142,8 +143,9 @@ are derived from its data, so a kept row would refuse the same order's next rese
 (``warehouse_requests_one_fulfilment_order_idx``) and dead-letter it; the warehouse's
 shipments, cancellations and discrepancies go with the orders they name (each run of the demo
 has a new simulator, whose ids start again: a kept row would take its next shipment for a
-duplicate), and the kept invalid webhooks as the DLQs' messages do. ``dead_letter_audit``
-stays, and records what the reset purged from the DLQs; ``warehouse_request_audit`` and
+duplicate), its adjustments with the stock levels they changed (likewise for an adjustment
+id), and the kept invalid webhooks as the DLQs' messages do. ``dead_letter_audit`` stays, and
+records what the reset purged from the DLQs; ``warehouse_request_audit`` and
 ``invalid_webhook_audit`` stay too, operators' records like it."""
 
 DEMO_DATABASE_MARK = "fulfilment demo database"
@@ -325,15 +327,22 @@ class OutboxEntry:
     Attributes:
         id: the publishing order (``outbox.id``).
         event_id: the event's id, also the message's ``message_id``.
-        order_id: the order it reports on.
-        routing_key: ``stock.reserved``, ``stock.rejected``, ``stock.released`` or
-            ``stock.shipped``.
+        order_id: the order it reports on; None for an event about a SKU.
+        routing_key: the result event's (``stock.reserved`` ... ``stock.shortage``).
+        sku: the SKU an event about a SKU reports on (``stock.adjusted``,
+            ``stock.shortage``); None for an event about an order.
     """
 
     id: int
     event_id: UUID
-    order_id: UUID
+    order_id: UUID | None
     routing_key: str
+    sku: str | None = None
+
+    @property
+    def subject(self) -> str:
+        """What it reports on, as its message's ``correlation_id``: the order or the SKU."""
+        return str(self.order_id) if self.order_id is not None else (self.sku or "")
 
 
 async def outbox_last_id(stock: PostgresStock) -> int:
@@ -357,10 +366,15 @@ async def outbox_unpublished_after(stock: PostgresStock, after_id: int) -> int:
 async def outbox_entries_after(stock: PostgresStock, after_id: int) -> list[OutboxEntry]:
     """The rows with an ``id`` above ``after_id``, in ``id`` order, without their bodies."""
     query = (
-        select(outbox.c.id, outbox.c.event_id, outbox.c.order_id, outbox.c.routing_key)
+        select(
+            outbox.c.id, outbox.c.event_id, outbox.c.order_id, outbox.c.routing_key, outbox.c.sku
+        )
         .where(outbox.c.id > after_id)
         .order_by(outbox.c.id)
     )
     async with stock.engine.connect() as connection:
         rows = await connection.execute(query)
-        return [OutboxEntry(row.id, row.event_id, row.order_id, row.routing_key) for row in rows]
+        return [
+            OutboxEntry(row.id, row.event_id, row.order_id, row.routing_key, row.sku)
+            for row in rows
+        ]

@@ -41,7 +41,8 @@ class StockBelowReservedError(ValueError):
     """A new ``on_hand`` would fall below what is already reserved for some SKUs.
 
     Raised by ``PostgresStock.put_stock`` (and the in-memory fake) before any level is
-    changed; the rule is the ``0 <= reserved <= on_hand`` invariant of ``stock_levels``.
+    changed: a load never makes a SKU short (``reserved > on_hand`` arises only from a
+    reported loss, ``fulfilment.domain.adjustments``).
     ``skus`` are the offending SKUs, sorted by code point.
     """
 

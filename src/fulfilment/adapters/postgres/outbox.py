@@ -25,46 +25,61 @@ class OutboxRow:
     Attributes:
         id: publishing order (``outbox.id``).
         event_id: the event's id (a UUID's text), the message's ``message_id``.
-        order_id: the order it reports on (a UUID's text), the message's ``correlation_id``.
-        routing_key: ``stock.reserved`` ... ``stock.shipped``, also the message's ``type``.
+        order_id: the order it reports on (a UUID's text); None for an event about a SKU.
+        routing_key: ``stock.reserved`` ... ``stock.shortage``, also the message's ``type``.
         body: the JSON text of ``outbox.body`` in UTF-8, published as it is.
         traceparent: W3C trace context of the span that wrote it (the delivery's span of the
             event that caused it; with tracing off, that event's incoming ``traceparent``), or
             None.
         age_seconds: seconds from its commit (``created_at``) to its read by the relay.
+        sku: the SKU an event about a SKU reports on (``stock.adjusted``, ``stock.shortage``,
+            migration 0016); None for an event about an order.
     """
 
     id: int
     event_id: str
-    order_id: str
+    order_id: str | None
     routing_key: str
     body: bytes
     traceparent: str | None
     age_seconds: float = 0.0
+    sku: str | None = None
+
+    @property
+    def subject(self) -> str:
+        """What it reports on: the order's id, or the SKU.
+
+        The message's ``correlation_id``, and what the relay keeps the publishing order of
+        (:func:`next_batch`).
+        """
+        return self.order_id if self.order_id is not None else (self.sku or "")
 
 
 async def next_batch(connection: asyncpg.Connection, limit: int) -> list[OutboxRow]:
-    """The oldest unpublished rows in ``id`` order, at most ``limit``, one per order.
+    """The oldest unpublished rows in ``id`` order, at most ``limit``, one per order or SKU.
 
-    A row whose order already has an earlier row in the batch is left for a later batch: the
-    rows of a batch are published at once, so a later row of an order must never travel
-    beside an earlier one that the broker might return or refuse (docs/design.md, "Result events and
-    the relay": in order per order). The rows left out stay first in line for the next batch.
+    A row whose order (or SKU, for an event about a SKU) already has an earlier row in the
+    batch is left for a later batch: the rows of a batch are published at once, so a later row
+    of an order must never travel beside an earlier one that the broker might return or refuse
+    (docs/design.md, "Result events and the relay": in order per order, and per SKU). The rows
+    left out stay first in line for the next batch.
     """
     # The columns in OutboxRow's order, which is built from them by position.
     records = await connection.fetch(
         "SELECT id, event_id::text, order_id::text, routing_key,"
         " convert_to(body::text, 'UTF8'), traceparent,"
-        " extract(epoch FROM clock_timestamp() - created_at)::float8"
+        " extract(epoch FROM clock_timestamp() - created_at)::float8, sku"
         " FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT $1",
         limit,
     )
     batch: list[OutboxRow] = []
-    orders: set[str] = set()
+    # An order's id and a SKU are kept apart: a SKU spelled as a UUID is not that order.
+    subjects: set[tuple[bool, str]] = set()
     for record in records:
         row = OutboxRow(*record)
-        if row.order_id not in orders:
-            orders.add(row.order_id)
+        subject = (row.order_id is None, row.subject)
+        if subject not in subjects:
+            subjects.add(subject)
             batch.append(row)
     return batch
 

@@ -15,6 +15,7 @@ from fulfilment.adapters.postgres.tables import (
     reservation_lines,
     reservations,
     stock_levels,
+    warehouse_adjustments,
     warehouse_cancellations,
     warehouse_requests,
     warehouse_shipments,
@@ -31,8 +32,12 @@ class InvariantChecks:
     """What must always hold (docs/guarantees.md), with counts of what does not.
 
     Attributes:
-        stock_out_of_bounds: SKUs with ``reserved < 0`` or ``reserved > on_hand`` (the CHECK
-            constraint of ``stock_levels`` makes this 0 unless it was dropped).
+        stock_out_of_bounds: SKUs with ``reserved < 0`` or ``on_hand < 0`` (the CHECK
+            constraint of ``stock_levels`` makes those 0 unless it was dropped), or with
+            ``reserved > on_hand`` although no loss of the SKU was ever reported: a short SKU
+            whose shortfall no ``warehouse_adjustments`` row of a negative delta explains
+            (the service itself never reserves beyond ``on_hand``). A SKU short after a
+            reported loss is not a violation: :class:`Shortage` counts it.
         reserved_mismatches: SKUs whose ``reserved`` differs from the units the reserved
             orders hold, their ``reservation_lines`` less what shipped of them (``quantity -
             shipped``; either side missing counts as 0): an order shipped in part by the
@@ -92,6 +97,24 @@ class InvariantChecks:
 
 
 @dataclass(frozen=True, slots=True)
+class Shortage:
+    """The short SKUs: ``reserved > on_hand`` after a reported loss (the shortage rule).
+
+    Not a violation: the warehouse lost units that orders hold; the SKU takes no new
+    reservation until its cancellations, shipments or a receipt settle it.
+
+    Attributes:
+        skus: SKUs short now.
+        units: units they are short by, summed (``reserved - on_hand`` of each).
+        examples: up to :data:`MISMATCH_EXAMPLES` of them, in code-point order.
+    """
+
+    skus: int
+    units: int
+    examples: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class OutcomeReport:
     """What happened to the events that reached the database: orders per state, and more.
 
@@ -113,6 +136,7 @@ class OutcomeReport:
         outbox: rows of the outbox of result events, ``unpublished`` (waiting for the relay)
             and ``published`` (confirmed by the broker, kept until the relay's retention).
         invariants: the stock and inbox checks.
+        shortage: the short SKUs, counted apart from the invariants.
     """
 
     reserved: int
@@ -125,6 +149,7 @@ class OutcomeReport:
     processed: dict[str, int]
     outbox: dict[str, int]
     invariants: InvariantChecks
+    shortage: Shortage
 
     @property
     def ok(self) -> bool:
@@ -217,14 +242,33 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
         - orders[OrderStatus.SHIPPED]
     )
 
+    # A SKU may be short only after a loss was reported of it (the shortage rule).
+    loss_reported = sa.exists().where(
+        warehouse_adjustments.c.sku == stock_levels.c.sku, warehouse_adjustments.c.applied < 0
+    )
+    short = stock_levels.c.reserved > stock_levels.c.on_hand
     out_of_bounds = await connection.scalar(
         sa.select(sa.func.count()).where(
             sa.or_(
                 stock_levels.c.reserved < 0,
-                stock_levels.c.reserved > stock_levels.c.on_hand,
+                stock_levels.c.on_hand < 0,
+                sa.and_(short, ~loss_reported),
             )
         )
     )
+    short_sku = stock_levels.c.sku.collate("C").label("sku")
+    short_rows = (
+        await connection.execute(
+            sa.select(
+                short_sku,
+                sa.func.count().over().label("skus"),
+                sa.func.sum(stock_levels.c.reserved - stock_levels.c.on_hand).over().label("units"),
+            )
+            .where(short, loss_reported)
+            .order_by(short_sku)
+            .limit(MISMATCH_EXAMPLES)
+        )
+    ).all()
 
     orphan_lines = await connection.scalar(
         sa.select(sa.func.count())
@@ -271,6 +315,11 @@ async def _report(connection: AsyncConnection) -> OutcomeReport:
             orphan_lines=orphan_lines or 0,
             shipped_mismatches=shipped_mismatches[0].total if shipped_mismatches else 0,
             shipped_mismatch_examples=tuple(row.sku for row in shipped_mismatches),
+        ),
+        shortage=Shortage(
+            skus=short_rows[0].skus if short_rows else 0,
+            units=int(short_rows[0].units) if short_rows else 0,
+            examples=tuple(row.sku for row in short_rows),
         ),
     )
 

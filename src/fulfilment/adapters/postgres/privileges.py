@@ -94,9 +94,10 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
     ),
     "stock_levels": Grant(
         "table",
-        ("SELECT", "UPDATE"),
-        "the functions lock (FOR UPDATE) and change reserved/on_hand/shipped; the invariant"
-        " monitor reads. Not INSERT or DELETE: stock levels are loaded by the owner"
+        ("SELECT", "INSERT", "UPDATE"),
+        "the functions lock (FOR UPDATE) and change reserved/on_hand/shipped; record_adjustments"
+        " creates a SKU a positive adjustment names (INSERT ... ON CONFLICT DO UPDATE); the"
+        " invariant monitor reads. Not DELETE: the first load is the owner's"
         " (`fulfilment stock load`)",
     ),
     "delivery_attempts": Grant(
@@ -170,8 +171,15 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
     "warehouse_discrepancies": Grant(
         "table",
         ("SELECT", "INSERT"),
-        "the two functions record what they could not apply; `fulfilment warehouse"
-        " discrepancies` and `report` read them. Append-only",
+        "record_shipments, record_warehouse_cancellations and record_adjustments record what"
+        " they could not apply; `fulfilment warehouse discrepancies` and `report` read them."
+        " Append-only",
+    ),
+    "warehouse_adjustments": Grant(
+        "table",
+        ("SELECT", "INSERT", "UPDATE"),
+        "record_adjustments, run by the intake and `fulfilment stock adjust`, inserts each"
+        " adjustment once (ON CONFLICT DO NOTHING) and sets what it applied. Never deleted",
     ),
     "invalid_webhooks": Grant(
         "table",
@@ -222,6 +230,12 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
         "the identity of invalid_webhook_audit.id: an INSERT draws from it without USAGE",
     ),
     # --- functions ----------------------------------------------------------------------------
+    "stock_shortage_event": Grant(
+        "function",
+        (),
+        "the trigger of stock_levels (stock_levels_shortage): a trigger runs its function"
+        " without EXECUTE on it, and nothing calls it directly",
+    ),
     # Each input event's SQL function, from its route (fulfilment.routes.table.ROUTES).
     **{
         route.function.name: Grant(

@@ -14,8 +14,18 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from fulfilment.contracts.warehouse_events import FULFILMENT_ORDER_CANCELLED, SHIPMENT_SHIPPED
-from fulfilment.domain.warehouse_events import ShipmentKind, Source, WarehouseCancellationKind
+from fulfilment.contracts.warehouse_events import (
+    FULFILMENT_ORDER_CANCELLED,
+    INVENTORY_ADJUSTED,
+    SHIPMENT_SHIPPED,
+)
+from fulfilment.domain.warehouse_events import (
+    AdjustmentKind,
+    AdjustmentReason,
+    ShipmentKind,
+    Source,
+    WarehouseCancellationKind,
+)
 from fulfilment.routes.table import ROUTES
 
 metadata = sa.MetaData()
@@ -38,13 +48,14 @@ stock_levels = sa.Table(
     ),
     sa.Column("shipped", sa.BigInteger, nullable=False, server_default=sa.text("0")),
     sa.PrimaryKeyConstraint("sku", name="stock_levels_pkey"),
-    sa.CheckConstraint(
-        "0 <= reserved AND reserved <= on_hand", name="stock_levels_reserved_within_on_hand"
-    ),
     sa.CheckConstraint("shipped >= 0", name="stock_levels_shipped_not_negative"),
+    sa.CheckConstraint("0 <= reserved AND 0 <= on_hand", name="stock_levels_within_bounds"),
 )
 """Units per SKU: ``on_hand`` in the warehouse, ``reserved`` of them promised to orders, and
-``shipped``, the units that left with shipments (migration 0008)."""
+``shipped``, the units that left with shipments (migration 0008). ``reserved <= on_hand``
+wherever no loss was reported: a loss (``record_adjustments()``, migration 0016) may leave
+``reserved > on_hand``, a short SKU, announced by ``stock.shortage`` (the trigger
+``stock_levels_shortage``)."""
 
 INBOX_OUTCOMES = tuple(outcome for route in ROUTES for outcome in route.function.inbox_outcomes)
 """Every ``inbox_messages.outcome``, each route's (``BatchFunction.inbox_outcomes``), in the
@@ -207,15 +218,19 @@ OUTBOX_ROUTING_KEYS = (
     "stock.released",
     "stock.shipped",
     "stock.cancel_refused",
+    "stock.adjusted",
+    "stock.shortage",
 )
-"""Every ``outbox.routing_key``: the result events (docs/design.md, "The outbox")."""
+"""Every ``outbox.routing_key``: the result events (docs/design.md, "The outbox").
+``stock.adjusted`` and ``stock.shortage`` are about a SKU (``outbox.sku``), the others about
+an order (``outbox.order_id``), migration 0016."""
 
 outbox = sa.Table(
     "outbox",
     metadata,
     sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
     sa.Column("event_id", sa.Uuid, nullable=False),
-    sa.Column("order_id", sa.Uuid, nullable=False),
+    sa.Column("order_id", sa.Uuid, nullable=True),
     sa.Column("routing_key", sa.Text, nullable=False),
     sa.Column("body", postgresql.JSONB, nullable=False),
     sa.Column("traceparent", sa.Text, nullable=True),
@@ -226,12 +241,14 @@ outbox = sa.Table(
         server_default=sa.text("now()"),
     ),
     sa.Column("published_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("sku", sa.Text, nullable=True),
     sa.PrimaryKeyConstraint("id", name="outbox_pkey"),
     sa.UniqueConstraint("event_id", name="outbox_event_id_key"),
     sa.CheckConstraint(
         _one_of("routing_key", OUTBOX_ROUTING_KEYS),
         name="outbox_routing_key_valid",
     ),
+    sa.CheckConstraint("(order_id IS NULL) <> (sku IS NULL)", name="outbox_order_or_sku"),
     sa.Index("outbox_unpublished_idx", "id", postgresql_where=sa.text("published_at IS NULL")),
     sa.Index(
         "outbox_published_at_idx",
@@ -241,7 +258,9 @@ outbox = sa.Table(
 )
 """One row per result event (migration 0008; ``stock.cancel_refused`` since 0011), written in
 the transaction of the status change it reports; ``id`` is the publishing order,
-``published_at`` set once the broker confirmed."""
+``published_at`` set once the broker confirmed. ``order_id`` is the order it reports on, or
+``sku`` the SKU (``stock.adjusted``, ``stock.shortage``; migration 0016): exactly one is set,
+and the relay publishes the rows of one order or one SKU in ``id`` order."""
 
 dead_letter_audit = sa.Table(
     "dead_letter_audit",
@@ -413,15 +432,21 @@ warehouse_request_audit = sa.Table(
 (``operator``, and the session's role as the database sees it). ``dead_letter_audit`` does
 not fit: its rows are messages (headers, body, failure class), these are rows of a table."""
 
-WEBHOOK_TYPES = (SHIPMENT_SHIPPED, FULFILMENT_ORDER_CANCELLED)
+WEBHOOK_TYPES = (SHIPMENT_SHIPPED, FULFILMENT_ORDER_CANCELLED, INVENTORY_ADJUSTED)
 """Every ``webhook_inbox.type``: the webhooks the service applies."""
 
 WEBHOOK_OUTCOMES = tuple(
-    dict.fromkeys([*map(str, ShipmentKind), *map(str, WarehouseCancellationKind)])
+    dict.fromkeys(
+        [
+            *map(str, ShipmentKind),
+            *map(str, WarehouseCancellationKind),
+            *map(str, AdjustmentKind),
+        ]
+    )
 )
-"""Every ``webhook_inbox.outcome``: how the shipment or cancellation it brought ended
-(``ShipmentKind``, ``WarehouseCancellationKind``); ``duplicate`` for a change applied before
-under another webhook id."""
+"""Every ``webhook_inbox.outcome``: how the shipment, cancellation or adjustment it brought
+ended (``ShipmentKind``, ``WarehouseCancellationKind``, ``AdjustmentKind``); ``duplicate`` for
+a change applied before under another webhook id."""
 
 webhook_inbox = sa.Table(
     "webhook_inbox",
@@ -445,7 +470,7 @@ webhooks, whose ids are the sender's strings (``inbox_messages`` keys UUIDs). A 
 id is here is a duplicate (the sender's retry) and changes nothing. A change found by the
 dispatcher's poll has no webhook id and no row."""
 
-SOURCES = tuple(map(str, Source))
+SOURCES = (str(Source.WEBHOOK), str(Source.POLL))
 """Every ``source`` of a shipment or cancellation: how it reached the service."""
 
 SHIPMENT_OUTCOMES = tuple(str(kind) for kind in ShipmentKind if kind is not ShipmentKind.DUPLICATE)
@@ -572,12 +597,19 @@ per SKU), ``released`` the units it gave back (what the order still held, never 
 cancellation of the whole order keeps as its lines what it released (``quantity =
 released``). No foreign key, like ``reservation_lines``."""
 
-DISCREPANCY_KINDS = ("unknown_order", "order_not_reserved", "more_than_held", "sku_not_held")
+DISCREPANCY_KINDS = (
+    "unknown_order",
+    "order_not_reserved",
+    "more_than_held",
+    "sku_not_held",
+    "more_than_on_hand",
+)
 """Every ``warehouse_discrepancies.kind``: no order of that reference; an order that is not
 ``reserved`` (rejected, released, a tombstone); more units than the order held of the SKU
-(``quantity`` the excess); a SKU the order never held."""
+(``quantity`` the excess); a SKU the order never held; a loss of more units than on hand
+(``quantity`` the units not taken; migration 0016)."""
 
-DISCREPANCY_SOURCES = ("shipment", "cancellation")
+DISCREPANCY_SOURCES = ("shipment", "cancellation", "adjustment")
 """Every ``warehouse_discrepancies.source``: what named the units."""
 
 warehouse_discrepancies = sa.Table(
@@ -587,7 +619,7 @@ warehouse_discrepancies = sa.Table(
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("source_id", sa.Text, nullable=False),
-    sa.Column("order_id", sa.Uuid, nullable=False),
+    sa.Column("order_id", sa.Uuid, nullable=True),
     sa.Column("sku", sa.Text, nullable=True),
     sa.Column("quantity", sa.Integer, nullable=True),
     sa.Column("order_status", sa.Text, nullable=True),
@@ -607,6 +639,10 @@ warehouse_discrepancies = sa.Table(
     sa.CheckConstraint(
         "quantity IS NULL OR quantity > 0", name="warehouse_discrepancies_quantity_positive"
     ),
+    sa.CheckConstraint(
+        "(order_id IS NULL) = (source = 'adjustment')",
+        name="warehouse_discrepancies_order_unless_adjustment",
+    ),
     sa.Index("warehouse_discrepancies_source_idx", "source", "source_id"),
 )
 """What a shipment or a cancellation of the warehouse named that the order did not hold
@@ -614,7 +650,8 @@ warehouse_discrepancies = sa.Table(
 ``unknown_order``, ``order_not_reserved``), recorded in the transaction that applied it;
 ``source_id`` is its ``shipment_id`` or ``cancellation_id``, ``order_status`` the order's
 status then (NULL when unknown). A shipment of an order already ``shipped`` is not one (its
-outcome ``already_shipped`` says so)."""
+outcome ``already_shipped`` says so). A loss beyond ``on_hand`` (source ``adjustment``,
+migration 0016) names its ``adjustment_id`` and SKU, and no order."""
 
 invalid_webhooks = sa.Table(
     "invalid_webhooks",
@@ -668,3 +705,62 @@ invalid_webhook_audit = sa.Table(
 """One row per operator action on a kept invalid webhook (migration 0014): a ``replayed`` one,
 how it ended, who did it (``operator``, the machine's user and host, and the session's role as
 the database sees it), like ``dead_letter_audit``."""
+
+ADJUSTMENT_REASONS = tuple(map(str, AdjustmentReason))
+"""Every ``warehouse_adjustments.reason``."""
+
+ADJUSTMENT_SOURCES = (str(Source.WEBHOOK), str(Source.OPERATOR))
+"""Every ``warehouse_adjustments.source``: a webhook of the warehouse, or an operator."""
+
+warehouse_adjustments = sa.Table(
+    "warehouse_adjustments",
+    metadata,
+    sa.Column("adjustment_id", sa.Text, primary_key=True),
+    sa.Column("sku", sa.Text, nullable=False),
+    sa.Column("delta", sa.Integer, nullable=False),
+    sa.Column("applied", sa.Integer, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("webhook_id", sa.Text, nullable=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("occurred_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("on_hand_after", sa.Integer, nullable=False),
+    sa.Column("reserved_after", sa.Integer, nullable=False),
+    sa.Column("operator", sa.Text, nullable=True),
+    sa.Column("comment", sa.Text, nullable=True),
+    sa.Column("os_user", sa.Text, nullable=True),
+    sa.Column("host", sa.Text, nullable=True),
+    sa.Column("database_user", sa.Text, nullable=False, server_default=sa.text("session_user")),
+    sa.Column(
+        "recorded_at",
+        sa.DateTime(timezone=True),
+        nullable=False,
+        server_default=sa.text("now()"),
+    ),
+    sa.PrimaryKeyConstraint("adjustment_id", name="warehouse_adjustments_pkey"),
+    sa.CheckConstraint("delta <> 0", name="warehouse_adjustments_delta_not_zero"),
+    sa.CheckConstraint(
+        "(delta > 0 AND applied = delta) OR (delta < 0 AND delta <= applied AND applied <= 0)",
+        name="warehouse_adjustments_applied_within_delta",
+    ),
+    sa.CheckConstraint(
+        _one_of("reason", ADJUSTMENT_REASONS), name="warehouse_adjustments_reason_valid"
+    ),
+    sa.CheckConstraint(
+        _one_of("source", ADJUSTMENT_SOURCES), name="warehouse_adjustments_source_valid"
+    ),
+    sa.CheckConstraint(
+        "(webhook_id IS NULL) = (source = 'operator')"
+        " AND (operator IS NULL) = (source <> 'operator')",
+        name="warehouse_adjustments_webhook_or_operator",
+    ),
+    sa.CheckConstraint(
+        "0 <= on_hand_after AND 0 <= reserved_after",
+        name="warehouse_adjustments_levels_not_negative",
+    ),
+    sa.Index("warehouse_adjustments_sku_idx", "sku"),
+)
+"""One row per adjustment of ``on_hand`` applied (migration 0016), by its ``adjustment_id``
+whatever webhook brought it: ``delta`` as sent, ``applied`` the units ``on_hand`` changed by
+(a loss stops it at 0; the rest is a ``more_than_on_hand`` discrepancy), the SKU's level
+after it, and for an operator's (``fulfilment stock adjust``) who recorded it and why, as
+``dead_letter_audit`` records a replay (``database_user`` the session's role)."""

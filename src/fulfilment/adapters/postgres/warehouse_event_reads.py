@@ -68,9 +68,11 @@ class Discrepancy:
 
     Attributes:
         id: the row's number, in the order they were found.
-        kind: ``unknown_order``, ``order_not_reserved``, ``more_than_held`` or ``sku_not_held``.
-        source: ``shipment`` or ``cancellation``; ``source_id`` its warehouse id.
-        order_id: the order it named.
+        kind: ``unknown_order``, ``order_not_reserved``, ``more_than_held``, ``sku_not_held``
+            or ``more_than_on_hand`` (a loss larger than on hand).
+        source: ``shipment``, ``cancellation`` or ``adjustment``; ``source_id`` its warehouse
+            id.
+        order_id: the order it named; None for an adjustment's.
         sku, quantity: the SKU and the units not held (the excess for ``more_than_held``);
             None for a discrepancy of the whole order.
         order_status: the order's status when it was found, None for an unknown order.
@@ -81,7 +83,7 @@ class Discrepancy:
     kind: str
     source: str
     source_id: str
-    order_id: UUID
+    order_id: UUID | None
     sku: str | None
     quantity: int | None
     order_status: str | None

@@ -27,11 +27,14 @@ transaction for the whole upgrade)."""
 
 @app.command("prune", cls=Command)
 def prune() -> None:
-    """Delete what is past its retention: published outbox rows and processed ids (inbox).
+    """Delete what is past its retention: published outbox rows, processed ids, webhook ids.
 
-    Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, and inbox
-    rows older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change
-    nothing if it came again; in transactions of ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows.
+    Outbox rows published more than ``FULFILMENT_OUTBOX_RETENTION_SECONDS`` ago, inbox rows
+    older than ``FULFILMENT_PROCESSED_ID_RETENTION_SECONDS`` whose event could change nothing
+    if it came again, and the warehouse's webhook ids (``webhook_inbox``) older than
+    ``FULFILMENT_WEBHOOK_INBOX_RETENTION_SECONDS``; in transactions of
+    ``FULFILMENT_OUTBOX_PRUNE_BATCH_SIZE`` rows. The warehouse's shipments and cancellations
+    are never deleted: they apply each change once by its id, whatever webhook brings it.
     The CronJob ``fulfilment-prune`` runs it hourly; ``fulfilment outbox prune`` does its
     outbox part alone. Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime
     role may not delete (docs/security.md, "Least privilege").
@@ -44,6 +47,7 @@ def prune() -> None:
             tool_options(settings),
             outbox_retention_seconds=settings.retention.outbox_retention_seconds,
             processed_id_retention_seconds=settings.retention.processed_id_retention_seconds,
+            webhook_inbox_retention_seconds=settings.retention.webhook_inbox_retention_seconds,
             batch_size=settings.retention.outbox_prune_batch_size,
             echo=typer.echo,
         )

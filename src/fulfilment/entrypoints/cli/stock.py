@@ -1,4 +1,4 @@
-"""``fulfilment stock``: load stock levels, plan them, or compare them with the warehouse's."""
+"""``fulfilment stock``: load, adjust, plan, or compare stock levels with the warehouse's."""
 
 from __future__ import annotations
 
@@ -8,16 +8,22 @@ from typing import Annotated
 
 import typer
 
+from fulfilment.domain.warehouse_events import AdjustmentReason
 from fulfilment.entrypoints.cli.exits import fail, run
-from fulfilment.entrypoints.cli.options import settings_or_exit, tool_options
+from fulfilment.entrypoints.cli.options import (
+    OperatorOption,
+    YesOption,
+    settings_or_exit,
+    tool_options,
+)
 from fulfilment.entrypoints.cli.typer_tweaks import Command, Group
 from fulfilment.exit_codes import ExitCode
 from fulfilment.tools.command import CommandError
 
 app = typer.Typer(
     cls=Group,
-    help="Stock levels: load them, plan them from order data, or compare them with the"
-    " warehouse's.",
+    help="Stock levels: load them, adjust one, plan them from order data, or compare them with"
+    " the warehouse's.",
     no_args_is_help=True,
 )
 
@@ -28,13 +34,60 @@ def stock_load(
 ) -> None:
     """Upsert on-hand stock levels from FILE; nothing changes if any row is bad.
 
-    Needs the database **owner**'s ``FULFILMENT_DATABASE_URL``: the runtime role may change
-    stock levels only through the reservation functions (docs/security.md, "Least privilege").
+    The first load of absolute levels, run with the database **owner**'s
+    ``FULFILMENT_DATABASE_URL`` as a deployment step (docs/security.md, "Least privilege");
+    a change the warehouse or an operator finds afterwards is an adjustment (`stock adjust`).
     """
     from fulfilment.tools.stock_csv import load_command  # noqa: PLC0415 - see the module's text
 
     options = tool_options(settings_or_exit())
     run(load_command(options, file, echo=typer.echo))
+
+
+# A negative DELTA (-3) looks like an option to click: an unknown "option" is taken as the
+# argument it is (a mistyped real option then ends as an extra argument, refused all the same).
+@app.command("adjust", cls=Command, context_settings={"ignore_unknown_options": True})
+def stock_adjust(  # noqa: PLR0913 - the command's arguments and options
+    sku: Annotated[str, typer.Argument(help="The SKU, as the warehouse names it.")],
+    delta: Annotated[
+        int,
+        typer.Argument(help="Units onto the shelf (positive) or off it (negative, e.g. -3)."),
+    ],
+    *,
+    reason: Annotated[
+        AdjustmentReason,
+        typer.Option(help="Why on hand changed, as the warehouse's adjustments say it."),
+    ],
+    comment: Annotated[
+        str | None, typer.Option(help="What happened, for the audit (e.g. the count's ticket).")
+    ] = None,
+    yes: YesOption = False,
+    operator: OperatorOption = None,
+) -> None:
+    """Change SKU's on hand by DELTA, once, audited; a dry run unless --yes.
+
+    The rule of the warehouse's own adjustments: on hand never goes below 0 (the rest of a
+    loss is kept as a discrepancy), a positive DELTA of an unknown SKU creates it, and a loss
+    below what orders hold leaves the SKU short (no new order reserves it). It writes
+    stock.adjusted (and stock.shortage when the shortfall changes). Use `stock load` for the
+    first load of absolute levels, this for a change found afterwards (docs/design.md, "Stock
+    that follows the warehouse").
+    """
+    from fulfilment.tools.stock_adjust import adjust_command  # noqa: PLC0415 - see the module's text
+
+    options = tool_options(settings_or_exit())
+    run(
+        adjust_command(
+            options,
+            sku,
+            delta,
+            reason=reason,
+            comment=comment,
+            operator=operator,
+            execute=yes,
+            echo=typer.echo,
+        )
+    )
 
 
 @app.command("plan", cls=Command)
