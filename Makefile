@@ -11,7 +11,7 @@ CONFIRM_RESET ?=
 WAREHOUSE_PORT ?= 8090
 WAREHOUSE_ARGS ?=
 
-.PHONY: help warehouse-simulator asyncapi openapi deploy-files docs demo test test-faults test-cluster test-failover test-upgrade test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench check-deploy check-asyncapi
+.PHONY: help warehouse-simulator asyncapi openapi deploy-files docs demo test test-faults test-cluster test-failover test-upgrade test-rabbitmq4 rabbitmq-cluster test-fast lint typecheck format services install clean bench bench-webhooks check-deploy check-asyncapi
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-20s %s\n", $$1, $$2}'
@@ -158,6 +158,11 @@ BENCH_ARGS ?=
 
 bench: install services ## Worker + relay (an order counts when its result event is confirmed) vs a hand-written consumer: N=orders, DATA, PREFETCH, WORKERS, BENCH_ARGS
 	$(UV) run python bench/run.py --orders $(N) --data $(DATA) $(if $(PREFETCH),--prefetch $(PREFETCH)) $(if $(WORKERS),--workers $(WORKERS)) $(BENCH_ARGS)
+
+WEBHOOKS ?= 20000
+
+bench-webhooks: install services ## The webhook intake under a burst of WEBHOOKS shipment webhooks from 32 senders vs a hand-written receiver: WEBHOOKS, BENCH_ARGS
+	$(UV) run python bench/webhooks.py --webhooks $(WEBHOOKS) $(BENCH_ARGS)
 
 clean: ## Remove the virtual environments and caches
 	rm -rf .venv .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import functools
 import http.server
@@ -454,6 +455,28 @@ def warehouse_env(port: int) -> dict[str, str]:
         "FULFILMENT_WAREHOUSE_RATE_PER_SECOND": str(WAREHOUSE_RATE_PER_SECOND),
         "FULFILMENT_WAREHOUSE_CONCURRENCY": "8",
     }
+
+
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"the benchmark's warehouse secret").decode()
+"""The secret ``fulfilment webhooks`` knows in a variant with ``webhooks`` (it needs one)."""
+
+
+def webhooks_process() -> ServiceProcess:
+    """``fulfilment webhooks``, the intake, on free ports: idle beside the worker (``webhooks``).
+
+    Nobody sends it a webhook: the variant measures what an idle intake takes from the worker
+    and the relay (its pool, its probes' server, its start-up). ``bench/webhooks.py`` measures
+    it under a burst.
+    """
+    return ServiceProcess(
+        "webhooks",
+        (str(Path(sys.executable).parent / "fulfilment"), "webhooks"),
+        "FULFILMENT_WEBHOOKS_HTTP_PORT",
+        env=(
+            ("FULFILMENT_WEBHOOKS_PORT", str(_free_port())),
+            ("FULFILMENT_WAREHOUSE_WEBHOOK_SECRETS", WEBHOOK_SECRET),
+        ),
+    )
 
 
 def with_warehouse(
@@ -1628,7 +1651,8 @@ def variant_plan(text: str, base: Plan, sink: Callable[[], OtlpSink]) -> Plan:
     """The plan of ``--variant`` ``text`` (``LABEL; ITEM; ...``): ``base`` with the ITEMs.
 
     Raises:
-        ValueError: no label, an unknown ITEM, or `warehouse` where it cannot be added.
+        ValueError: no label, an unknown ITEM, or `warehouse` or `webhooks` where it cannot be
+            added.
     """
     label, *items = [part.strip() for part in text.split(";")]
     if not label or "=" in label:
@@ -1642,13 +1666,20 @@ def variant_plan(text: str, base: Plan, sink: Callable[[], OtlpSink]) -> Plan:
                 msg = f"--variant {text!r}: warehouse needs the relay and no --warehouse"
                 raise ValueError(msg)
             env, beside = with_warehouse(env, beside)
+        elif item == "webhooks":
+            if not beside:
+                msg = f"--variant {text!r}: webhooks needs the relay (drop --no-relay)"
+                raise ValueError(msg)
+            beside = (*beside, webhooks_process())
         elif item == "otlp":
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink().port}"
         elif "=" in item:
             name, value = item.split("=", 1)
             env[name.strip()] = value.strip()
         else:
-            msg = f"--variant {text!r}: {item!r} is neither warehouse, otlp nor NAME=VALUE"
+            msg = (
+                f"--variant {text!r}: {item!r} is neither warehouse, webhooks, otlp nor NAME=VALUE"
+            )
             raise ValueError(msg)
     return replace(base, env=env, beside_worker=beside, label=label)
 
@@ -1708,7 +1739,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[],
         metavar="LABEL; ITEM; ...",
         help="drain this variant of the configuration too, in every round beside it, and compare"
-        " it with it: ITEMs are `warehouse` (the hand-off on, as --warehouse), `otlp` (traces"
+        " it with it: ITEMs are `warehouse` (the hand-off on, as --warehouse), `webhooks` (the"
+        " intake, `fulfilment webhooks`, running idle beside the worker), `otlp` (traces"
         " exported to a sink the benchmark serves, which only counts them) and NAME=VALUE"
         " settings, e.g. 'tracing 1 %%; otlp; OTEL_TRACES_SAMPLER=parentbased_traceidratio;"
         " OTEL_TRACES_SAMPLER_ARG=0.01'; repeat for more",
