@@ -46,6 +46,7 @@ from tests.e2e.warehouse_harness import (
     open_requests,
     request_statuses,
 )
+from tests.support.webhooks import IntakeProcess, intake_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy/prometheus/alerts.yml"
@@ -159,8 +160,8 @@ def scraped_worker(
     tmp_path: Path,
     prometheus_binary: str,
 ) -> Iterator[tuple[WorkerProcess, Prometheus]]:
-    """A worker, a relay and a dispatcher (against the warehouse simulator), all scraped: the
-    dashboard has the relay's and the dispatcher's panels too."""
+    """A worker, a relay, a dispatcher (against the warehouse simulator) and the webhook intake,
+    all scraped: the dashboard has panels of each."""
     simulator = SimulatorProcess(tmp_path / "simulator.log")
     simulator.start()
     env = handoff_env(
@@ -175,12 +176,20 @@ def scraped_worker(
     relay = spawn_relay(relays, env, tmp_path)
     dispatcher = DispatcherProcess(dict(env), tmp_path / "dispatcher.log")
     dispatcher.start()
-    server = Prometheus(prometheus_binary, tmp_path, [worker.port, relay.port, dispatcher.port])
+    intake = IntakeProcess(intake_env(env["FULFILMENT_DATABASE_URL"]), tmp_path / "webhooks.log")
+    intake.start()
+    # One unsigned request, refused 401: the answer histogram has a series from the start.
+    forged = urllib.request.Request(intake.url, data=b"{}", method="POST")  # noqa: S310
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(forged, timeout=5)  # noqa: S310 - the test's own intake
+    ports = [worker.port, relay.port, dispatcher.port, intake.http_port]
+    server = Prometheus(prometheus_binary, tmp_path, ports)
     try:
         server.wait_ready()
         yield worker, server
     finally:
         server.stop()
+        intake.stop_quietly()
         dispatcher.stop_quietly()
         relay.stop_quietly()
         simulator.stop()
