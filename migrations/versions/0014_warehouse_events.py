@@ -82,6 +82,11 @@ def _now() -> sa.TextClause:
 
 def upgrade() -> None:
     op.execute("SET LOCAL lock_timeout = '5s'")
+    # The services lock stock rows before the rows of the tables altered here, and an upgrade
+    # to head is one transaction whose 0016 alters stock_levels: taking stock_levels first,
+    # as they do, keeps a worker holding stock rows from waiting on a table this upgrade holds
+    # while the upgrade waits on it (a deadlock seen under load).
+    op.execute("LOCK TABLE stock_levels IN ACCESS EXCLUSIVE MODE")
     op.add_column(
         "reservation_lines",
         sa.Column("shipped", sa.Integer, nullable=False, server_default=sa.text("0")),
