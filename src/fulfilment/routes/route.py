@@ -107,7 +107,7 @@ class BatchFunction(Generic[CommandT, OutcomeT]):
         outcome: a command's outcome from its row (the columns after ``ordinal``); raises
             ``ValueError`` on a value the code does not know.
         inbox_outcomes: the values the function writes to ``inbox_messages.outcome`` (the
-            column's check lists every route's: ``adapters.postgres.tables``).
+            column's check lists every route's: ``adapters.postgres.tables.stock``).
         handoff: the function takes ``p_handoff`` last.
         check: raises ``ValueError`` for a command the function cannot take, before it is
             sent.
