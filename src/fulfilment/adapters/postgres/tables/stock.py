@@ -116,6 +116,11 @@ reservations = sa.Table(
         "(shipped_at IS NOT NULL) = (status = 'shipped')",
         name="reservations_shipped_at_iff_shipped",
     ),
+    sa.Index(
+        "reservations_reserved_idx",
+        "order_id",
+        postgresql_where=sa.text("status = 'reserved'"),
+    ),
 )
 """One row per order (migration 0007 for the lifecycle).
 
@@ -124,7 +129,9 @@ reservations = sa.Table(
 ``cancelled``, a tombstone: cancels came before the ``OrderPlaced``, which has not come yet
 (``event_id`` and ``placed_at`` are NULL until it does). ``tombstone`` says what those early
 cancels cancelled, ``order`` or ``lines`` (summed in ``tombstone_lines``), and stays once the
-order is placed; ``cancelled_at`` is the time of the last cancel that changed the order."""
+order is placed; ``cancelled_at`` is the time of the last cancel that changed the order.
+``reservations_reserved_idx`` (migration 0017) holds the ``reserved`` orders, the few that
+still hold units, from which the dispatcher's poll starts."""
 
 reservation_lines = sa.Table(
     "reservation_lines",

@@ -57,11 +57,13 @@ webhook_inbox = sa.Table(
     sa.PrimaryKeyConstraint("consumer", "webhook_id", name="webhook_inbox_pkey"),
     sa.CheckConstraint(one_of("type", WEBHOOK_TYPES), name="webhook_inbox_type_valid"),
     sa.CheckConstraint(one_of("outcome", WEBHOOK_OUTCOMES), name="webhook_inbox_outcome_valid"),
+    sa.Index("webhook_inbox_received_at_idx", "received_at"),
 )
 """One row per webhook id applied, per consumer (migration 0014): the inbox of the warehouse's
 webhooks, whose ids are the sender's strings (``inbox_messages`` keys UUIDs). A webhook whose
 id is here is a duplicate (the sender's retry) and changes nothing. A change found by the
-dispatcher's poll has no webhook id and no row."""
+dispatcher's poll has no webhook id and no row. ``fulfilment prune`` deletes the rows past the
+retention by ``received_at`` (``webhook_inbox_received_at_idx``, migration 0017)."""
 
 SOURCES = (str(Source.WEBHOOK), str(Source.POLL))
 """Every ``source`` of a shipment or cancellation: how it reached the service."""
