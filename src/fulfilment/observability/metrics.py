@@ -188,13 +188,13 @@ class Metrics:
             ["invariant"],
             registry=self.registry,
         )
-        self.stock_short_skus = _Measured(
+        self.stock_short_skus = MeasuredGauge(
             "fulfilment_stock_short_skus",
             "SKUs short at the last check: more units reserved than on hand after a reported "
             "loss (the shortage rule; not a violation); absent while the check cannot read the "
             "database.",
         )
-        self.stock_short_units = _Measured(
+        self.stock_short_units = MeasuredGauge(
             "fulfilment_stock_short_units",
             "Units the short SKUs are short by at the last check (reserved - on_hand, summed); "
             "absent while the check cannot read the database.",
@@ -263,12 +263,16 @@ class Metrics:
         self.stock_short_units.forget()
 
 
-class _Measured(Collector):
+class MeasuredGauge(Collector):
     """A gauge without labels that has no sample until measured, and none once forgotten.
 
-    For the invariant monitor's figures, absent while it cannot read the database, as
-    ``fulfilment_stock_invariant_violations`` is (a ``Gauge`` without labels always exports a
-    sample).
+    For figures absent while their monitor cannot measure (the invariant monitor's, as
+    ``fulfilment_stock_invariant_violations`` is; the dispatcher's drift check's): a ``Gauge``
+    without labels always exports a sample. Register it on the registry.
+
+    Args:
+        name: the metric's name.
+        documentation: its help text.
     """
 
     def __init__(self, name: str, documentation: str) -> None:
@@ -284,9 +288,11 @@ class _Measured(Collector):
         self._value = None
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The family, without a sample (the registry learns the name)."""
         yield GaugeMetricFamily(self._name, self._documentation)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The family, with the measured sample unless forgotten."""
         family = GaugeMetricFamily(self._name, self._documentation)
         if self._value is not None:
             family.add_metric([], self._value)
