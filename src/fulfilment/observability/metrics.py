@@ -30,8 +30,10 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from fulfilment.domain.warehouse_events import AdjustmentReason, Source
 
 LATENCY_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Handler latency buckets, 5 ms to 30 s (the handler deadline is 10 s)."""
@@ -201,6 +203,8 @@ class Metrics:
         )
         self.registry.register(self.stock_short_skus)
         self.registry.register(self.stock_short_units)
+        self.adjustments_recorded = RecordedAdjustments()
+        self.registry.register(self.adjustments_recorded)
         self.monitor_errors = Counter(
             "fulfilment_monitor_errors_total",
             "Failures of a background task (each then started again after a back-off): polling "
@@ -261,6 +265,7 @@ class Metrics:
         self.stock_invariant_violations.clear()
         self.stock_short_skus.forget()
         self.stock_short_units.forget()
+        self.adjustments_recorded.forget()
 
 
 class MeasuredGauge(Collector):
@@ -297,6 +302,72 @@ class MeasuredGauge(Collector):
         if self._value is not None:
             family.add_metric([], self._value)
         yield family
+
+
+ADJUSTMENT_SOURCES = (str(Source.WEBHOOK), str(Source.OPERATOR))
+"""The ``source`` label of the recorded adjustments: ``warehouse_adjustments.source``."""
+
+RECORDED_ADJUSTMENTS = "fulfilment_stock_adjustments_recorded"
+RECORDED_ADJUSTMENTS_HELP = (
+    "Adjustments of on hand recorded in the database (warehouse_adjustments), by source"
+    " (webhook: the warehouse's; operator: fulfilment stock adjust) and reason; read by the"
+    " invariant check of every worker (the same totals: max, never sum), absent while it"
+    " cannot read the database."
+)
+RECORDED_UNITS = "fulfilment_stock_adjusted_units_recorded"
+RECORDED_UNITS_HELP = (
+    "Units the recorded adjustments moved on hand by, by source, reason and direction (in,"
+    " out); read as fulfilment_stock_adjustments_recorded_total is."
+)
+
+
+class RecordedAdjustments(Collector):
+    """The adjustments recorded in the database, as counters read from its rows.
+
+    The intake counts the warehouse's adjustments as it applies them, but an operator's
+    (``fulfilment stock adjust``) is made by a command that exits at once: its counters would
+    die with it, unscraped. So the figures are the table's own totals, which only grow
+    (adjustments are never deleted), read by the worker's invariant check
+    (``worker.monitors.check_invariants``) and exported as counters: ``rate()`` and
+    ``increase()`` hold across worker restarts, as they do for a counter that resets. Every
+    source, reason and direction is exported (0 when none) once measured; nothing before the
+    first check or once forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._totals: Mapping[tuple[str, str], tuple[int, int, int]] | None = None
+
+    def measured(self, totals: Mapping[tuple[str, str], tuple[int, int, int]]) -> None:
+        """Export ``{(source, reason): (adjustments, units in, units out)}`` from now on."""
+        self._totals = totals
+
+    def forget(self) -> None:
+        """Export no sample until measured again."""
+        self._totals = None
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        """The two families, without samples (the registry learns the names)."""
+        yield CounterMetricFamily(RECORDED_ADJUSTMENTS, RECORDED_ADJUSTMENTS_HELP)
+        yield CounterMetricFamily(RECORDED_UNITS, RECORDED_UNITS_HELP)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """The two families, every label set of the sources and reasons, unless forgotten."""
+        adjustments = CounterMetricFamily(
+            RECORDED_ADJUSTMENTS, RECORDED_ADJUSTMENTS_HELP, labels=["source", "reason"]
+        )
+        units = CounterMetricFamily(
+            RECORDED_UNITS, RECORDED_UNITS_HELP, labels=["source", "reason", "direction"]
+        )
+        if self._totals is not None:
+            reasons = sorted({*map(str, AdjustmentReason), *(reason for _, reason in self._totals)})
+            for source in ADJUSTMENT_SOURCES:
+                for reason in reasons:
+                    count, units_in, units_out = self._totals.get((source, reason), (0, 0, 0))
+                    adjustments.add_metric([source, reason], count)
+                    units.add_metric([source, reason, "in"], units_in)
+                    units.add_metric([source, reason, "out"], units_out)
+        yield adjustments
+        yield units
 
 
 class _DeadLetterAge(Collector):
