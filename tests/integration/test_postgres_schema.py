@@ -878,3 +878,40 @@ def test_downgrading_0016_is_refused_while_a_sku_is_short():
         asyncio.run(make_short(url))
         with pytest.raises(sa.exc.DBAPIError, match="short SKUs are stored"):
             command.downgrade(config, "0015")
+
+
+async def _index_definitions(url):
+    connection = await asyncpg.connect(
+        make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    try:
+        rows = await connection.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+        )
+    finally:
+        await connection.close()
+    return {row["indexname"]: row["indexdef"] for row in rows}
+
+
+@pytest.mark.usefixtures("database_url")
+def test_0017_adds_the_prune_and_poll_indexes_and_its_downgrade_drops_only_them():
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0016")
+        before = asyncio.run(_index_definitions(url))
+        command.upgrade(config, "0017")
+        upgraded = asyncio.run(_index_definitions(url))
+        command.downgrade(config, "0016")
+        after = asyncio.run(_index_definitions(url))
+
+    assert after == before
+    assert {name: upgraded[name] for name in set(upgraded) - set(before)} == {
+        "webhook_inbox_received_at_idx": (
+            "CREATE INDEX webhook_inbox_received_at_idx"
+            " ON public.webhook_inbox USING btree (received_at)"
+        ),
+        "reservations_reserved_idx": (
+            "CREATE INDEX reservations_reserved_idx ON public.reservations USING btree (order_id)"
+            " WHERE (status = 'reserved'::text)"
+        ),
+    }
