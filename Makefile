@@ -148,8 +148,8 @@ typecheck: install ## mypy --strict, the service and the benchmark scripts
 	MYPYPATH=. $(UV) run mypy bench
 
 format: install ## Format and fix what ruff can
-	$(UV) run ruff format src tests bench simulator
-	$(UV) run ruff check --fix src tests bench simulator
+	$(UV) run ruff format src tests bench simulator migrations
+	$(UV) run ruff check --fix src tests bench simulator migrations
 
 N ?= 20000
 PREFETCH ?=
