@@ -1263,7 +1263,8 @@ class AdjustmentFigures:
 
     ``sent_per_second`` is over the sender's own span, from the intake's readiness to the
     drain's last commit; ``window_per_second`` counts the adjustments applied
-    (``warehouse_adjustments.recorded_at``) within the drain's counted window, over it.
+    (``warehouse_adjustments.recorded_at``) within the drain's counted window, over it: what
+    the worker met. ``answer_ms``: p50, p99 and max from sending to the intake's answer.
     ``checks`` are :func:`adjustment_checks`' against the level the drain alone leaves
     (:func:`level_after_drain`), and ``confirmed``: the ``stock.adjusted`` events that
     reached :data:`SKU_EVENTS_QUEUE`.
@@ -1276,6 +1277,7 @@ class AdjustmentFigures:
     answered: dict[str, int]
     skus: tuple[str, ...]
     checks: dict[str, Any]
+    answer_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def applied_once(self) -> bool:
@@ -1333,6 +1335,11 @@ async def adjustments_of_drain(
         answered=posted.answered,
         skus=sender.skus,
         checks=checks,
+        answer_ms={
+            "p50": round(percentile(posted.answer_ms, 0.5), 1),
+            "p99": round(percentile(posted.answer_ms, 0.99), 1),
+            "max": round(max(posted.answer_ms, default=math.nan), 1),
+        },
     )
 
 
@@ -1907,6 +1914,8 @@ def adjustment_lines(drains: Sequence[Drain]) -> list[str]:
             f" (target {a.target_per_second:g}/s), {a.window_per_second:,.1f}/s applied over the"
             f" counted window; answers "
             + ", ".join(f"{status}: {n:,}" for status, n in sorted(a.answered.items()))
+            + " in "
+            + ", ".join(f"{key} {number(ms, 1)} ms" for key, ms in a.answer_ms.items())
             + "; each applied once, its event confirmed, stock exact: "
             + ("yes" if a.applied_once else f"**no** ({', '.join(failed) or 'answers'})")
         )

@@ -381,9 +381,11 @@ def signed(items: Iterable[Signable], secret: str) -> list[tuple[dict[str, str],
 
 SignableT = TypeVar("SignableT", bound=Signable)
 
-STEADY_CONNECTIONS = 8
-"""Connections :func:`post_steadily` keeps to the receiver at most (a few are in use at once
-at 100 a second; more wait for an answer only when the receiver falls behind)."""
+STEADY_CONNECTIONS = 100
+"""Connections :func:`post_steadily` opens to the receiver at most: a second's requests at 100
+a second. A few are in use at once while the receiver keeps up; fewer would hold requests
+back in the client when it slows down, and the schedule would no longer be the rate at which
+they reach it."""
 
 
 @dataclass
@@ -393,6 +395,8 @@ class SteadyPost(Generic[SignableT]):
     sent: list[SignableT] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
     """Per item sent, in the same order, the HTTP status; 0 when the request failed."""
+    answer_ms: list[float] = field(default_factory=list)
+    """Per item sent, in the same order, from its sending to its answer (or failure), in ms."""
     seconds: float = math.nan
     """From the schedule's start to the moment it stopped sending."""
 
@@ -435,11 +439,13 @@ async def post_steadily(  # noqa: PLR0913 - the schedule's parts, each by name
     ):
 
         async def post(index: int, headers: dict[str, str], body: bytes) -> None:
+            sent = loop.time()
             try:
                 response = await client.post(url, content=body, headers=headers)
                 posted.statuses[index] = response.status_code
             except httpx.HTTPError:
                 posted.statuses[index] = 0
+            posted.answer_ms[index] = (loop.time() - sent) * 1000
 
         started = loop.time()
         for index, item in enumerate(items):
@@ -452,6 +458,7 @@ async def post_steadily(  # noqa: PLR0913 - the schedule's parts, each by name
             headers, body = signed_request(webhook, item, datetime.now(UTC))
             posted.sent.append(item)
             posted.statuses.append(0)
+            posted.answer_ms.append(math.nan)
             group.create_task(post(index, headers, body))
         posted.seconds = loop.time() - started
     return posted

@@ -143,6 +143,8 @@ async def test_a_steady_post_sends_on_schedule_until_stopped_and_records_each_an
         "500": len(posted.sent) // 5,
     }
     assert posted.rate == pytest.approx(100, rel=0.15)
+    assert len(posted.answer_ms) == len(posted.sent)
+    assert all(0 <= ms < 1_000 for ms in posted.answer_ms)
 
 
 def test_a_steady_post_that_sent_nothing_has_no_rate():
@@ -346,6 +348,7 @@ def figures_of(answered, checks):
         answered=answered,
         skus=("X", "Y"),
         checks=checks,
+        answer_ms={"p50": 12.5, "p99": 40.0, "max": 80.25},
     )
 
 
@@ -357,7 +360,8 @@ def test_the_report_says_the_rate_achieved_and_whether_each_adjustment_applied_o
     assert lines[1] == (
         "adjusted drain 1 (adjustments 100/s): 1,000 `inventory.adjusted` of the 2 hot SKUs"
         " (X, Y) sent at 99.7/s (target 100/s), 96.4/s applied over the counted window;"
-        " answers 204: 1,000; each applied once, its event confirmed, stock exact: yes"
+        " answers 204: 1,000 in p50 12.5 ms, p99 40.0 ms, max 80.2 ms; each applied once,"
+        " its event confirmed, stock exact: yes"
     )
     assert lines[2].endswith("stock exact: **no** (rows)")
     assert good.applied_once
