@@ -49,8 +49,7 @@ setting, tracing); ``--traceparent-sampled RATIO`` publishes every order with a 
 consumer and variant. A ``--variant`` with ``webhooks; adjust=RATE`` also sends signed
 ``inventory.adjusted`` webhooks of the backlog's hot SKUs to that intake at RATE a second
 while the worker drains (:class:`AdjustmentSender`), and checks that each was applied once.
-The benchmark is not run by CI: it takes minutes and its figures depend on
-the machine.
+The benchmark is not run by CI: it takes minutes and its figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -229,7 +228,7 @@ async def _admin(url: str, sql: str) -> None:
 
 
 async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
-    """The product's topology, the reference's queue and the result events' queue.
+    """The product's topology, the reference's queue and the result events' queues.
 
     The reference consumer's queue has the same arguments as the worker's; the events' queues
     (:data:`EVENTS_QUEUE`, :data:`SKU_EVENTS_QUEUE`) are quorum queues bound to
