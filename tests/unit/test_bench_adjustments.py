@@ -130,7 +130,7 @@ async def test_a_steady_post_sends_on_schedule_until_stopped_and_records_each_an
         rate=100,
         secret=run.WEBHOOK_SECRET,
         stop=stop,
-        transport=httpx.MockTransport(answer),
+        transport=lambda: httpx.MockTransport(answer),
     )
 
     assert time.monotonic() - started < 2
