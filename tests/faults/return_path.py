@@ -1,6 +1,7 @@
-"""Helpers of the return path's fault tests: a round-robin in front of the intake's replicas,
-the replicas killed and restarted, the wait until the warehouse and the service settled, and
-the figures of a run, counted against what the warehouse simulator recorded.
+"""Helpers of the return path's fault tests (the warehouse's shipments and cancellations, and
+its adjustments of stock): a round-robin in front of the intake's replicas, the replicas
+killed and restarted, the wait until the warehouse and the service settled, and the figures
+of a run, counted against what the warehouse simulator recorded.
 
 The simulator sends its webhooks to one URL, as a warehouse does; :class:`RoundRobin` stands
 for the load balancer behind it (a Kubernetes Service, an Ingress): each new connection goes
@@ -19,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from tests.e2e.harness import free_port, queue_depth
 from tests.e2e.relay_harness import unpublished
 from tests.e2e.warehouse_harness import SimulatorProcess, open_requests
 from tests.faults.faultlib import Cluster, inbox_count
+from tests.faults.stock_replay import OutboxRow, StockReplay, replay_stock
 from tests.support.webhooks import SECRET, IntakeProcess
 
 
@@ -252,15 +254,19 @@ async def settle(
     *,
     expected: int,
     timeout: float,
+    holding_nothing: Callable[[asyncpg.Connection], Awaitable[set[uuid.UUID]]] | None = None,
 ) -> int:
     """Wait until the workers processed every event published, the warehouse settled
     (``work_pending`` and ``in_flight`` 0), every change it made is recorded (the poll caught
     up), nothing is left to send, and the relay published the outbox; return the upstream
     ``OrderShipped`` that shipped an order.
 
-    ``expected``: the events published to the workers. Dead workers are restarted meanwhile;
+    ``expected``: the events published to the workers. ``holding_nothing``: the orders that
+    hold no unit, whose changes never sent are never asked about (``unasked_changes``); by
+    default those an upstream ``OrderShipped`` shipped. Dead workers are restarted meanwhile;
     after ``timeout`` seconds the test fails, naming what it still waits for.
     """
+    holding_nothing = holding_nothing or upstream_shipped
     deadline = time.monotonic() + timeout
     while True:
         cluster.restart_dead()
@@ -285,7 +291,7 @@ async def settle(
             "warehouse work pending": record["work_pending"],
             "webhooks in flight": record["in_flight"],
             "changes not recorded": len(
-                made - recorded - unasked_changes(record, await upstream_shipped(db))
+                made - recorded - unasked_changes(record, await holding_nothing(db))
             ),
             "requests open": await open_requests(db),
             "outbox unpublished": await unpublished(db),
@@ -589,10 +595,17 @@ async def upstream_shipped(db: asyncpg.Connection) -> set[uuid.UUID]:
     return {row["order_id"] for row in rows}
 
 
+async def orders_holding_nothing(db: asyncpg.Connection) -> set[uuid.UUID]:
+    """The orders that hold no unit (``rejected``, ``released`` or ``shipped``): the poll
+    never asks about them."""
+    rows = await db.fetch("SELECT order_id FROM reservations WHERE status <> 'reserved'")
+    return {row["order_id"] for row in rows}
+
+
 def unasked_changes(record: Mapping[str, Any], upstream: set[uuid.UUID]) -> set[str]:
     """The changes of ``record`` (``GET /_simulator/webhooks``) that no webhook carried (every
-    one ``never_sent``) and whose order is one of ``upstream``: no poll asks about an order
-    that holds nothing."""
+    one ``never_sent``) and whose order is one of ``upstream`` (orders that hold nothing): no
+    poll asks about an order that holds nothing."""
     sent = {webhook["subject"] for webhook in record["webhooks"] if webhook["fate"] != "never_sent"}
     return {
         change.get("shipment_id") or change["cancellation_id"]
@@ -602,14 +615,288 @@ def unasked_changes(record: Mapping[str, Any], upstream: set[uuid.UUID]) -> set[
     }
 
 
+@dataclass(frozen=True)
+class AdjustmentFigures:
+    """The fault table's counts of a run of the warehouse's adjustments of hot SKUs (the first
+    six must be 0).
+
+    Attributes:
+        answered_2xx_not_applied: ``inventory.adjusted`` webhooks the intake answered 2xx
+            whose id is not in ``webhook_inbox``, or whose adjustment has no
+            ``warehouse_adjustments`` row with the SKU, delta and reason the warehouse sent.
+        applied_twice: adjustments with more than one ``stock.adjusted`` in the outbox, or
+            more than one webhook recorded ``adjusted`` in ``webhook_inbox``; and rows of an
+            adjustment that no webhook carried.
+        invariant_violations: SKUs whose ``on_hand`` is not the loaded units, plus the
+            adjustments' ``applied``, less the units the shipments took
+            (``warehouse_shipment_lines.taken``), plus what they took beyond ``on_hand`` of a
+            short SKU (in the replay); whose ``shipped`` is not the units taken, or who had
+            more units taken than the warehouse shipped of them (read from the simulator);
+            whose ``reserved`` is not their held lines;
+            with ``on_hand < 0``, ``reserved < 0``, or ``reserved > on_hand`` though no loss of
+            them was reported; or whose levels are not where the replay of their result events
+            ends (``stock_replay``).
+        reserved_from_short: ``stock.reserved`` events that, in the replay, took a unit of a
+            SKU short before them or left one short.
+        adjusted_events_wrong: adjustments applied without exactly one ``stock.adjusted`` of
+            their id, events whose SKU, delta, applied or reason are not the row's, or whose
+            applied and levels are not the replay's, and ``stock.adjusted`` events a queue
+            bound to ``fulfilment.events`` never received.
+        shortage_events_wrong: ``stock.shortage`` events the replay finds wrong (levels no
+            change gave, a shortfall changed without one) and those never received on the bus.
+        adjustments: adjustments the warehouse made; ``losses`` of them negative.
+        applied: adjustments the service applied (``warehouse_adjustments`` rows), of which
+            ``cut_to_on_hand`` a loss of more than ``on_hand`` (the rest a discrepancy).
+        never_sent: adjustments whose webhook the warehouse never sent.
+        webhooks_answered_2xx: ``inventory.adjusted`` webhooks (distinct ids) answered 2xx.
+        duplicates: deliveries of an adjustment already applied: its webhook again (same id)
+            answered 2xx, or another webhook of it recorded ``duplicate``.
+        failed_attempts: attempts of any webhook without an answer (a replica killed).
+        short_spells: times a SKU went short (``stock_replay.StockReplay.short_spells``).
+        rejected_while_short: orders rejected naming a SKU that was short then.
+        reserved_orders, rejected_orders: the orders' outcomes.
+        shipped_beyond_on_hand: units shipments took of a short SKU beyond its ``on_hand``.
+        shipped_not_taken: units the warehouse shipped that the service did not take: a
+            cancellation without lines ("everything left") applied before the shipment
+            released them, and a shipment that came after it, or was never sent (its order
+            holds nothing, so the poll never asks), took nothing.
+    """
+
+    answered_2xx_not_applied: int
+    applied_twice: int
+    invariant_violations: int
+    reserved_from_short: int
+    adjusted_events_wrong: int
+    shortage_events_wrong: int
+    adjustments: int
+    losses: int
+    applied: int
+    cut_to_on_hand: int
+    never_sent: int
+    webhooks_answered_2xx: int
+    duplicates: int
+    failed_attempts: int
+    short_spells: int
+    rejected_while_short: int
+    reserved_orders: int
+    rejected_orders: int
+    shipped_beyond_on_hand: int
+    shipped_not_taken: int
+
+    def faults(self) -> dict[str, int]:
+        """The counts that must be 0."""
+        return {
+            "answered_2xx_not_applied": self.answered_2xx_not_applied,
+            "applied_twice": self.applied_twice,
+            "invariant_violations": self.invariant_violations,
+            "reserved_from_short": self.reserved_from_short,
+            "adjusted_events_wrong": self.adjusted_events_wrong,
+            "shortage_events_wrong": self.shortage_events_wrong,
+        }
+
+
+async def adjustment_figures(
+    db: asyncpg.Connection,
+    record: Mapping[str, Any],
+    *,
+    loaded: Mapping[str, int],
+    published: set[uuid.UUID],
+) -> AdjustmentFigures:
+    """Count the run's figures from the database and the simulator's ``record``
+    (``GET /_simulator/webhooks``, taken once it settled).
+
+    ``loaded``: the units of each SKU put in stock before the run, at the service and on the
+    warehouse's shelves alike. ``published``: the ``event_id`` of every result event a queue
+    bound to ``fulfilment.events`` received. Assumes that the warehouse's shipments and
+    cancellations are the only other changes of stock besides the orders' reservations (no
+    shop's cancel, no upstream ``OrderShipped``): every unit a shipment lists was taken.
+    """
+    made = {a["adjustment_id"]: a for a in record["adjustments"]}
+    webhooks = [w for w in record["webhooks"] if w["type"] == "inventory.adjusted"]
+    inbox = {
+        row["webhook_id"]: row["outcome"]
+        for row in await db.fetch(
+            "SELECT webhook_id, outcome FROM webhook_inbox WHERE type = 'inventory.adjusted'"
+        )
+    }
+    rows = {
+        row["adjustment_id"]: row
+        for row in await db.fetch(
+            "SELECT adjustment_id, sku, delta, applied, reason FROM warehouse_adjustments"
+        )
+    }
+    outbox = [
+        OutboxRow.of(row)
+        for row in await db.fetch(
+            "SELECT id, event_id, routing_key, sku, body::text AS body, created_at FROM outbox"
+            " ORDER BY id"
+        )
+    ]
+    replay = replay_stock(outbox, loaded)
+
+    # Answered 2xx but not applied: its webhook id, and its adjustment as sent, recorded.
+    answered = {
+        webhook["webhook_id"]: webhook["subject"]
+        for webhook in webhooks
+        if any(_answered_2xx(attempt) for attempt in webhook["attempts"])
+    }
+
+    def applied_as_sent(adjustment_id: str) -> bool:
+        row, sent = rows.get(adjustment_id), made[adjustment_id]
+        return row is not None and (row["sku"], row["delta"], row["reason"]) == (
+            sent["sku"],
+            sent["delta"],
+            sent["reason"],
+        )
+
+    not_applied = sum(
+        1
+        for webhook_id, subject in answered.items()
+        if webhook_id not in inbox or not applied_as_sent(subject)
+    )
+
+    # Applied twice: two result events, or two webhooks that each applied it; or applied
+    # though no webhook of it was sent.
+    adjusted = [row for row in outbox if row.routing_key == "stock.adjusted"]
+    events_of: dict[str, list[OutboxRow]] = defaultdict(list)
+    for row in adjusted:
+        events_of[str(row.body["adjustment_id"])].append(row)
+    applied_by: Counter[str] = Counter(
+        subject
+        for webhook_id, subject in {w["webhook_id"]: w["subject"] for w in webhooks}.items()
+        if inbox.get(webhook_id) == "adjusted"
+    )
+    sent = {w["subject"] for w in webhooks if w["fate"] != "never_sent"}
+    twice = (
+        sum(1 for events in events_of.values() if len(events) > 1)
+        + sum(1 for count in applied_by.values() if count > 1)
+        + sum(1 for adjustment_id in rows if adjustment_id not in sent)
+    )
+
+    # stock.adjusted: one per row, saying what the row did, at the levels the replay gives.
+    events_wrong = set(replay.adjusted_wrong)
+    for adjustment_id, row in rows.items():
+        events = events_of.get(adjustment_id, [])
+        if len(events) != 1:
+            events_wrong.add(adjustment_id)
+            continue
+        body = events[0].body
+        if (body["sku"], body["delta"], body["applied"], body["reason"]) != (
+            row["sku"],
+            row["delta"],
+            row["applied"],
+            row["reason"],
+        ):
+            events_wrong.add(events[0].event_id)
+    events_wrong |= {str(adjustment_id) for adjustment_id in events_of if adjustment_id not in rows}
+    events_wrong |= {row.event_id for row in adjusted if uuid.UUID(row.event_id) not in published}
+    shortage_wrong = replay.shortage_wrong + sum(
+        1
+        for row in outbox
+        if row.routing_key == "stock.shortage" and uuid.UUID(row.event_id) not in published
+    )
+
+    violations, not_taken = await _adjusted_stock_wrong(
+        db, record["shipments"], loaded, rows, replay
+    )
+    outcomes = {
+        row["status"]: int(row["count"])
+        for row in await db.fetch("SELECT status, count(*) FROM reservations GROUP BY status")
+    }
+    return AdjustmentFigures(
+        answered_2xx_not_applied=not_applied,
+        applied_twice=twice,
+        invariant_violations=violations,
+        reserved_from_short=len(replay.reserved_from_short),
+        adjusted_events_wrong=len(events_wrong),
+        shortage_events_wrong=shortage_wrong,
+        adjustments=len(made),
+        losses=sum(1 for a in made.values() if a["delta"] < 0),
+        applied=len(rows),
+        cut_to_on_hand=sum(1 for row in rows.values() if row["applied"] != row["delta"]),
+        never_sent=sum(1 for w in webhooks if w["fate"] == "never_sent"),
+        webhooks_answered_2xx=len(answered),
+        duplicates=sum(
+            1
+            for w in webhooks
+            if w["cause"] == "duplicate" and any(_answered_2xx(a) for a in w["attempts"])
+        )
+        + sum(1 for outcome in inbox.values() if outcome == "duplicate"),
+        failed_attempts=sum(
+            1 for w in record["webhooks"] for a in w["attempts"] if a.get("status") is None
+        ),
+        short_spells=replay.short_spells,
+        rejected_while_short=len(replay.rejected_while_short),
+        reserved_orders=sum(n for status, n in outcomes.items() if status != "rejected"),
+        rejected_orders=outcomes.get("rejected", 0),
+        shipped_beyond_on_hand=sum(replay.shipped_beyond_on_hand.values()),
+        shipped_not_taken=not_taken,
+    )
+
+
+async def _adjusted_stock_wrong(
+    db: asyncpg.Connection,
+    shipments: Iterable[Mapping[str, Any]],
+    loaded: Mapping[str, int],
+    adjustments: Mapping[str, Mapping[str, Any]],
+    replay: StockReplay,
+) -> tuple[int, int]:
+    """SKUs whose levels break the stock invariants or are not what the run explains
+    (:class:`AdjustmentFigures`, ``invariant_violations``), and the units the warehouse
+    shipped that the service did not take."""
+    sent: Counter[str] = Counter()
+    for shipment in shipments:
+        sent.update(_units(shipment["lines"]))
+    taken = Counter(
+        {
+            row["sku"]: int(row["taken"])
+            for row in await db.fetch(
+                "SELECT sku, sum(taken) AS taken FROM warehouse_shipment_lines GROUP BY sku"
+            )
+        }
+    )
+    applied: Counter[str] = Counter()
+    lost: set[str] = set()
+    for row in adjustments.values():
+        applied[row["sku"]] += row["applied"]
+        if row["delta"] < 0:
+            lost.add(row["sku"])
+    held = {
+        row["sku"]: int(row["held"])
+        for row in await db.fetch(
+            "SELECT l.sku, sum(l.quantity - l.shipped) AS held FROM reservation_lines l"
+            " JOIN reservations r USING (order_id) WHERE r.status = 'reserved' GROUP BY l.sku"
+        )
+    }
+    wrong = 0
+    for row in await db.fetch("SELECT sku, on_hand, reserved, shipped FROM stock_levels"):
+        sku = row["sku"]
+        on_hand, reserved = row["on_hand"], row["reserved"]
+        explained = (
+            loaded.get(sku, 0) + applied[sku] - taken[sku] + replay.shipped_beyond_on_hand[sku]
+        )
+        if (
+            on_hand != explained
+            or row["shipped"] != taken[sku]
+            or taken[sku] > sent[sku]
+            or reserved != held.get(sku, 0)
+            or on_hand < 0
+            or reserved < 0
+            or (reserved > on_hand and sku not in lost)
+            or replay.levels.get(sku, (loaded.get(sku, 0), 0)) != (on_hand, reserved)
+        ):
+            wrong += 1
+    return wrong, sum((sent - taken).values())
+
+
 def record_return_path_figures(
     scenario: str,
     injected: str,
-    figures: ReturnPathFigures,
+    figures: ReturnPathFigures | AdjustmentFigures,
     **extra: Any,
 ) -> None:
-    """Append the run's row of the return path's table to ``FULFILMENT_TEST_FAULT_FIGURES``
-    (JSON lines, beside the other scenarios' rows), if set."""
+    """Append the run's row of the return path's table, or of the adjustments', to
+    ``FULFILMENT_TEST_FAULT_FIGURES`` (JSON lines, beside the other scenarios' rows), if set."""
     target = os.environ.get("FULFILMENT_TEST_FAULT_FIGURES")
     if not target:
         return
