@@ -11,9 +11,12 @@ from pydantic import SecretStr
 
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.stock import PostgresStock
+from fulfilment.domain.warehouse_events import AdjustmentReason
 from fulfilment.entrypoints.startup import database_options
 from fulfilment.observability.metrics import INVARIANTS, Metrics
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
+from fulfilment.tools.command import ToolOptions
+from fulfilment.tools.stock_adjust import adjust_command
 from fulfilment.worker.monitors import check_invariants
 from tests.support.builders import order, shipment
 from tests.support.warehouse_commands import warehouse_adjustment
@@ -83,3 +86,60 @@ async def test_a_short_sku_sets_the_shortage_gauges_and_no_violation(clean_datab
     assert metrics.registry.get_sample_value("fulfilment_stock_short_units") == 3 + 5
     metrics.forget_invariants()
     assert metrics.registry.get_sample_value("fulfilment_stock_short_skus") is None
+
+
+RECORDED = "fulfilment_stock_adjustments_recorded_total"
+RECORDED_UNITS = "fulfilment_stock_adjusted_units_recorded_total"
+
+
+async def test_the_adjustments_recorded_are_exported_by_source_and_reason(clean_database):
+    # The operator's adjustment is made by the command, which exits: only the rows it leaves
+    # can count it.
+    engine = create_engine(
+        database_options(DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings())
+    )
+    metrics = Metrics()
+    try:
+        stock = PostgresStock(engine, consumer="fulfilment", retry_budget_seconds=2.0)
+        await stock.put_stock({"A": 10, "B": 3})
+        await stock.apply(warehouse_adjustment("A", 5, AdjustmentReason.RECEIVED))
+        await stock.apply(warehouse_adjustment("A", -2, AdjustmentReason.DAMAGED))
+        await stock.apply(warehouse_adjustment("B", -4, AdjustmentReason.DAMAGED))  # 3 taken
+        await adjust_command(
+            ToolOptions(
+                amqp_url="amqp://unused/",
+                database=database_options(
+                    DatabaseSettings(url=SecretStr(clean_database)), DeadlineSettings()
+                ),
+                consumer="fulfilment",
+            ),
+            "A",
+            -6,
+            reason=AdjustmentReason.COUNTED,
+            comment="cycle count",
+            operator="jane",
+            execute=True,
+            echo=lambda _: None,
+        )
+        assert metrics.registry.get_sample_value(RECORDED, WEBHOOK_RECEIVED) is None
+
+        await _first_check(engine, metrics)
+    finally:
+        await engine.dispose()
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value(RECORDED, source="webhook", reason="received") == 1
+    assert value(RECORDED, source="webhook", reason="damaged") == 2
+    assert value(RECORDED, source="operator", reason="counted") == 1
+    assert value(RECORDED, source="operator", reason="damaged") == 0  # bound at 0
+    assert value(RECORDED_UNITS, source="webhook", reason="received", direction="in") == 5
+    assert value(RECORDED_UNITS, source="webhook", reason="damaged", direction="out") == 2 + 3
+    assert value(RECORDED_UNITS, source="operator", reason="counted", direction="out") == 6
+    assert value(RECORDED_UNITS, source="operator", reason="counted", direction="in") == 0
+    metrics.forget_invariants()
+    assert value(RECORDED, source="operator", reason="counted") is None
+
+
+WEBHOOK_RECEIVED = {"source": "webhook", "reason": "received"}

@@ -40,6 +40,13 @@ def test_without_the_warehouse_url_it_exits_2_with_one_line_naming_it(tmp_path) 
         (
             {
                 "FULFILMENT_WAREHOUSE_URL": "https://wms.example/api",
+                "FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS": "-60",
+            },
+            "FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS",
+        ),
+        (
+            {
+                "FULFILMENT_WAREHOUSE_URL": "https://wms.example/api",
                 "FULFILMENT_WAREHOUSE_RATE_PER_SECOND": "0",
             },
             "FULFILMENT_WAREHOUSE_RATE_PER_SECOND",

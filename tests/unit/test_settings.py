@@ -568,7 +568,7 @@ def test_problems_of_several_groups_are_said_together(monkeypatch: pytest.Monkey
 
 def test_every_variable_keeps_its_plain_name() -> None:
     names = [name for _, _, name in variables()]
-    assert len(names) == len(set(names)) == 50
+    assert len(names) == len(set(names)) == 51
     assert {"FULFILMENT_AMQP_URL", "FULFILMENT_DATABASE_URL", "FULFILMENT_RELAY_HTTP_PORT"} <= set(
         names
     )
@@ -640,3 +640,21 @@ def test_an_intake_setting_out_of_range_is_refused_naming_it(
     monkeypatch.setenv(name, value)
 
     assert refusal().startswith(said)
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf", "86401"])
+def test_a_bad_drift_interval_stops_the_start_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS", value)
+    with pytest.raises(SettingsError, match=r"^FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS"):
+        load_settings()
+
+
+@pytest.mark.parametrize(("value", "seconds"), [(None, 900.0), ("0", 0.0), ("60", 60.0)])
+def test_the_drift_interval_is_15_minutes_unless_set_and_0_is_taken(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, seconds: float
+) -> None:
+    if value is not None:
+        monkeypatch.setenv("FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS", value)
+    assert load_settings().warehouse.drift_interval_seconds == seconds

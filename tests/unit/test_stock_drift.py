@@ -1,5 +1,6 @@
-"""The drift report's rule (``tools.stock_drift.compare``) and the inventory read's refusals of
-answers that are no inventory (a warehouse answering through ``httpx.MockTransport``)."""
+"""The drift report's rule (``adapters.warehouse.drift.compare``) and the inventory read's
+refusals of answers that are no inventory (a warehouse answering through
+``httpx.MockTransport``)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import httpx
 import pytest
 
 from fulfilment.adapters.postgres.stock_drift import HeldAtTheWarehouse, ServiceStock
+from fulfilment.adapters.warehouse.drift import DriftState, compare
 from fulfilment.adapters.warehouse.inventory import (
     InventoryReadError,
     WarehouseInventory,
     read_inventory,
 )
 from fulfilment.dispatcher.service import rate_limiter
-from fulfilment.tools.stock_drift import DriftState, compare, render_report, report_document
+from fulfilment.tools.stock_drift import render_report, report_document
 
 AS_OF = datetime(2026, 12, 6, 10, 0, tzinfo=UTC)
 

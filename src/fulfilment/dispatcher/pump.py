@@ -21,6 +21,7 @@ import structlog
 
 from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
+from fulfilment.dispatcher.drift import DriftCheck
 from fulfilment.dispatcher.poll import Poller
 from fulfilment.dispatcher.service import Dispatcher, DispatcherOptions, Halt, read_backlog
 from fulfilment.observability.dispatcher_metrics import DispatcherMetrics
@@ -39,6 +40,7 @@ class DispatcherPump(Pump):
         options: the caps and intervals of each turn's :class:`Dispatcher`.
         metrics: the process's collectors.
         poller: the polls of fulfilment orders with no news; None: no polls.
+        drift: the scheduled drift check, run by the active replica only; None: no check.
     """
 
     name: ClassVar[str] = "dispatcher"
@@ -60,6 +62,7 @@ class DispatcherPump(Pump):
         metrics: DispatcherMetrics,
         *,
         poller: Poller | None = None,
+        drift: DriftCheck | None = None,
     ) -> None:
         super().__init__(lock, metrics.active)
         self._requests = requests
@@ -67,6 +70,7 @@ class DispatcherPump(Pump):
         self._options = options
         self._metrics = metrics
         self._poller = poller
+        self._drift = drift
         self.dispatcher: Dispatcher | None = None
         """The loop running while this replica holds the lock, else None."""
 
@@ -105,7 +109,12 @@ class DispatcherPump(Pump):
         """
         del session  # pinged by the pump; the store has its own pool
         dispatcher = Dispatcher(
-            self._requests, self._client, self._options, self._metrics, poller=self._poller
+            self._requests,
+            self._client,
+            self._options,
+            self._metrics,
+            poller=self._poller,
+            drift=self._drift,
         )
         self.dispatcher = dispatcher
         running = asyncio.create_task(dispatcher.run())

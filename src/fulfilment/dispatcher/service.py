@@ -26,6 +26,13 @@ sends come first and the polls get the budget they leave. A poll goes through th
 (a token of the rate cap, the ``Retry-After`` gate, the circuit, the credentials) and its
 answer moves them as a request's does (a 5xx counts towards the circuit, a 429 closes the
 gate, a 401 halts); while halted, a poll is the probe when no request is due.
+
+The drift check (``dispatcher.drift``), given a :class:`~fulfilment.dispatcher.drift.DriftCheck`,
+runs beside the loop while it runs and reads the warehouse's inventory through
+:meth:`Dispatcher.inventory_gate`: a page is asked for only when the last turn left a slot
+that no request and no poll took, it holds that slot, passes the ``Retry-After`` gate and
+takes a token of the rate cap; while halted, the check fails at once and waits for its next
+interval.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ import enum
 import math
 import time
 from collections.abc import Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import structlog
@@ -46,6 +55,7 @@ from aiolimiter import AsyncLimiter
 from fulfilment.adapters.warehouse.client import WarehouseClient
 from fulfilment.application.ports import TransientError, WarehouseRequests
 from fulfilment.backoff import doubling_wait
+from fulfilment.dispatcher.drift import DriftCheck, WarehouseHaltedError
 from fulfilment.dispatcher.poll import Poller
 from fulfilment.domain.handoff import (
     Accepted,
@@ -232,6 +242,7 @@ class Dispatcher:
         options: the caps and intervals.
         metrics: the process's collectors.
         poller: the polls of fulfilment orders with no news; None: no polls.
+        drift: the scheduled drift check; None: no check.
         clock: monotonic seconds (``time.monotonic``).
     """
 
@@ -243,6 +254,7 @@ class Dispatcher:
         metrics: DispatcherMetrics,
         *,
         poller: Poller | None = None,
+        drift: DriftCheck | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._requests = requests
@@ -269,6 +281,10 @@ class Dispatcher:
         # The fulfilment orders (request ids) being asked about, left out of the next looks.
         self._polling: set[int] = set()
         self._polls_look_at = float("-inf")
+        self._drift = drift
+        # Set while the last turn left slots unused (nothing due), or while halted: when a
+        # drift check's request may go.
+        self._spare = asyncio.Event()
         self.halt = Halt.NONE
 
     def stop(self) -> None:
@@ -286,8 +302,14 @@ class Dispatcher:
         Stopped, the requests claimed and not yet sent are handed back unsent and due now.
 
         A store that fails (``TransientError``) is logged and tried again after
-        ``poll_seconds``; the claimed rows' leases bring them back.
+        ``poll_seconds``; the claimed rows' leases bring them back. The drift check, if any,
+        runs beside it and is cancelled first when it stops.
         """
+        drift = (
+            asyncio.create_task(self._drift.run(self.inventory_gate()))
+            if self._drift is not None
+            else None
+        )
         try:
             while not self._stopping.is_set():
                 try:
@@ -302,8 +324,15 @@ class Dispatcher:
                 # Their leases bring them back, later.
                 logger.warning("dispatcher.store_failed", error=str(error))
         finally:
+            if drift is not None:
+                drift.cancel()
+                await asyncio.gather(drift, return_exceptions=True)
             if self._in_flight:
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    def inventory_gate(self) -> AbstractAsyncContextManager[object]:
+        """The gate of the drift check's requests (:class:`_InventoryGate`), entered per request."""
+        return _InventoryGate(self)
 
     async def _turn(self) -> None:
         """A probe while halted; else a request for each free slot, claimed when none is at hand.
@@ -350,7 +379,10 @@ class Dispatcher:
             for _ in range(free - used):
                 self._slots.release()
         if used < free:
+            self._spare.set()
             await self._wait(self._options.poll_seconds)
+        else:
+            self._spare.clear()
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` (a send or a poll, holding a slot) as a task the stop waits for."""
@@ -631,6 +663,7 @@ class Dispatcher:
         else:
             return  # a request sent before the halt: the probe's interval stands
         self.halt = halt
+        self._spare.set()  # a drift check waiting for a slot learns of the halt
         self._probe_at = self._clock() + probe_interval_seconds(self._failed_probes)
         self._metrics.circuit_open.set(1 if halt is Halt.CIRCUIT_OPEN else 0)
         self._metrics.credentials_refused.set(1 if halt is Halt.CREDENTIALS_REFUSED else 0)
@@ -667,6 +700,55 @@ class Dispatcher:
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` (nothing when not positive), or less when stopped."""
         await sleep_unless(self._stopping, seconds)
+
+
+class _InventoryGate:
+    """Entered around each request of the drift check: the dispatcher's gates, after its work.
+
+    Entering waits until the dispatcher's last turn left a slot unused (no request due, the
+    polls served), takes a slot, waits out the ``Retry-After`` gate and takes a token of the
+    rate cap; the slot is held until the request is answered. So the check's pages come out of
+    the budget the requests and polls leave, and count towards the cap and the concurrency as
+    theirs do.
+
+    Raises:
+        WarehouseHaltedError: on entering while the dispatcher only probes (the warehouse is
+            down or refuses the token): the check gives up until its next interval.
+    """
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    async def __aenter__(self) -> None:
+        dispatcher = self._dispatcher
+        while True:
+            if dispatcher.halt is not Halt.NONE:
+                msg = f"not sent: {dispatcher.halt}"
+                raise WarehouseHaltedError(msg)
+            await dispatcher._spare.wait()  # noqa: SLF001 - the dispatcher's own gate
+            await dispatcher._slots.acquire()  # noqa: SLF001
+            gate = dispatcher._gate_until - dispatcher._clock()  # noqa: SLF001
+            if gate <= 0 and dispatcher.halt is Halt.NONE:
+                break
+            dispatcher._slots.release()  # noqa: SLF001
+            await asyncio.sleep(max(0.0, gate))
+        try:
+            await dispatcher._limiter.acquire()  # noqa: SLF001
+        except BaseException:
+            self._release()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        self._dispatcher._slots.release()  # noqa: SLF001
+        self._dispatcher._wake.set()  # noqa: SLF001
 
 
 def _log_answer(request: WarehouseRequest, answer: Answer, retry_in: float | None) -> None:

@@ -12,7 +12,8 @@ A process of its own, not a part of the relay's, for three reasons:
 
 The same process polls the fulfilment orders with no news (``dispatcher.poll``), within the
 same rate cap, and applies what it finds through a ``PostgresStock`` of its own, as the
-webhook intake does.
+webhook intake does; and compares the stock with the warehouse's every
+``FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS`` (``dispatcher.drift``), after both.
 
 Without ``FULFILMENT_WAREHOUSE_URL`` there is no hand-off and nothing to dispatch: the command
 exits 2 (invalid settings) with one line naming the variable. Nothing is built at import time.
@@ -20,11 +21,13 @@ exits 2 (invalid settings) with one line naming the variable. Nothing is built a
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 import sys
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fulfilment import __version__
 from fulfilment.adapters.postgres.advisory_lock import DISPATCHER_LOCK_KEY
@@ -36,6 +39,8 @@ from fulfilment.adapters.warehouse.client import (
     WarehouseClientOptions,
     build_http_client,
 )
+from fulfilment.adapters.warehouse.drift import read_drift
+from fulfilment.dispatcher.drift import DriftCheck
 from fulfilment.dispatcher.poll import Poller, PollOptions
 from fulfilment.dispatcher.pump import DispatcherPump
 from fulfilment.dispatcher.service import DispatcherOptions
@@ -88,6 +93,25 @@ def poll_options(warehouse: WarehouseSettings) -> PollOptions:
         reconcile_after_seconds=warehouse.reconcile_after_seconds,
         concurrency=warehouse.concurrency,
     )
+
+
+def drift_check(
+    warehouse: WarehouseSettings,
+    engine: AsyncEngine,
+    http_client: httpx.AsyncClient,
+    metrics: DispatcherMetrics,
+) -> DriftCheck | None:
+    """The scheduled drift check from ``warehouse``; None when its interval is 0 (off).
+
+    Sets ``fulfilment_stock_drift_interval_seconds`` either way.
+    """
+    metrics.drift_interval_seconds.set(warehouse.drift_interval_seconds)
+    if warehouse.drift_interval_seconds == 0:
+        return None
+    read = functools.partial(
+        read_drift, engine, http_client, timeout_seconds=warehouse.timeout_seconds
+    )
+    return DriftCheck(read, warehouse.drift_interval_seconds, metrics)
 
 
 async def run_dispatcher(settings: Settings) -> int:
@@ -149,6 +173,7 @@ async def _serve(settings: Settings, http_client: httpx.AsyncClient) -> int:
         dispatcher_options(settings.warehouse),
         metrics,
         poller=Poller(requests, stock, poll_options(settings.warehouse), metrics),
+        drift=drift_check(settings.warehouse, engine, http_client, metrics),
     )
     try:
         return await run_pump(

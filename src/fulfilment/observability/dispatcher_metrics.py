@@ -3,6 +3,11 @@
 Labels are small and fixed: the request kind (2 values), the class of answer (6 values), the
 class of a poll's answer (6 values), and the warehouse events' (``warehouse_event_metrics``),
 all bound at 0 so that ``rate()`` and the alerts see the zero.
+
+The drift check's gauges (``dispatcher.drift``) are set by the active dispatcher alone, and
+absent elsewhere and before its first check (a standby's would be stale): the SKUs and units
+by ``kind`` (``in_flight``, ``unexplained``) and the time of the last completed check. Every
+replica exports the check's interval (its setting; 0 when off), which the alerts read.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from fulfilment.domain.handoff import (
 )
 from fulfilment.domain.polls import NotFound, PollAnswer, Polled
 from fulfilment.domain.warehouse_events import Source
+from fulfilment.observability.metrics import MeasuredGauge
 from fulfilment.observability.pump_metrics import PumpMetrics
 from fulfilment.observability.warehouse_event_metrics import WarehouseEventMetrics
 
@@ -46,6 +52,13 @@ POLL_OUTCOMES: dict[type[PollAnswer], str] = {
     Failed: "failed",
 }
 """The ``outcome`` label of each class of a poll's answer."""
+
+DRIFT_KINDS = ("in_flight", "unexplained")
+"""The ``kind`` of the drift gauges: the states of a SKU that differs
+(``adapters.warehouse.drift.DriftState``, but ``agrees``)."""
+
+DRIFT_CHECK_OUTCOMES = ("completed", "failed")
+"""The ``outcome`` of ``fulfilment_stock_drift_checks_total``."""
 
 
 class DispatcherMetrics(PumpMetrics):
@@ -130,6 +143,41 @@ class DispatcherMetrics(PumpMetrics):
             registry=self.registry,
         )
         self.warehouse_events = WarehouseEventMetrics(self.registry, Source.POLL)
+        self.drift_skus = Gauge(
+            "fulfilment_stock_drift_skus",
+            "SKUs whose on hand differs from the warehouse's at the last drift check, by kind:"
+            " in_flight (orders the warehouse has may explain it), unexplained; set by the"
+            " active dispatcher only.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.drift_units = Gauge(
+            "fulfilment_stock_drift_units",
+            "Units by which those SKUs differ at the last drift check (the differences'"
+            " absolute values summed), by kind; set by the active dispatcher only.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.drift_checked_at = MeasuredGauge(
+            "fulfilment_stock_drift_checked_timestamp_seconds",
+            "Unix time of the last completed drift check; set by the active dispatcher only.",
+        )
+        self.registry.register(self.drift_checked_at)
+        self.drift_interval_seconds = Gauge(
+            "fulfilment_stock_drift_interval_seconds",
+            "Seconds between two drift checks (FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS);"
+            " 0: no check.",
+            registry=self.registry,
+        )
+        checks = Counter(
+            "fulfilment_stock_drift_checks",
+            "Drift checks the active dispatcher ended, by outcome (completed, failed).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.drift_checks = {
+            outcome: checks.labels(outcome=outcome) for outcome in DRIFT_CHECK_OUTCOMES
+        }
 
     def record_answer(self, kind: RequestKind, answer: Answer, seconds: float) -> None:
         """Count one answer (or failure to get one) and its latency in seconds."""
@@ -139,3 +187,17 @@ class DispatcherMetrics(PumpMetrics):
     def record_poll(self, answer: PollAnswer) -> None:
         """Count one poll by the class of its answer (or failure to get one)."""
         self.polls[POLL_OUTCOMES[type(answer)]].inc()
+
+    def set_drift(self, skus: dict[str, int], units: dict[str, int], checked_at: float) -> None:
+        """Export a completed check: SKUs and units by kind (:data:`DRIFT_KINDS`), its Unix time."""
+        for kind in DRIFT_KINDS:
+            self.drift_skus.labels(kind=kind).set(skus.get(kind, 0))
+            self.drift_units.labels(kind=kind).set(units.get(kind, 0))
+        self.drift_checked_at.measured(checked_at)
+        self.drift_checks["completed"].inc()
+
+    def forget_drift(self) -> None:
+        """Remove the drift gauges (not the interval) until the next completed check."""
+        self.drift_skus.clear()
+        self.drift_units.clear()
+        self.drift_checked_at.forget()

@@ -30,8 +30,10 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from fulfilment.domain.warehouse_events import AdjustmentReason, Source
 
 LATENCY_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 """Handler latency buckets, 5 ms to 30 s (the handler deadline is 10 s)."""
@@ -188,19 +190,21 @@ class Metrics:
             ["invariant"],
             registry=self.registry,
         )
-        self.stock_short_skus = _Measured(
+        self.stock_short_skus = MeasuredGauge(
             "fulfilment_stock_short_skus",
             "SKUs short at the last check: more units reserved than on hand after a reported "
             "loss (the shortage rule; not a violation); absent while the check cannot read the "
             "database.",
         )
-        self.stock_short_units = _Measured(
+        self.stock_short_units = MeasuredGauge(
             "fulfilment_stock_short_units",
             "Units the short SKUs are short by at the last check (reserved - on_hand, summed); "
             "absent while the check cannot read the database.",
         )
         self.registry.register(self.stock_short_skus)
         self.registry.register(self.stock_short_units)
+        self.adjustments_recorded = RecordedAdjustments()
+        self.registry.register(self.adjustments_recorded)
         self.monitor_errors = Counter(
             "fulfilment_monitor_errors_total",
             "Failures of a background task (each then started again after a back-off): polling "
@@ -261,14 +265,19 @@ class Metrics:
         self.stock_invariant_violations.clear()
         self.stock_short_skus.forget()
         self.stock_short_units.forget()
+        self.adjustments_recorded.forget()
 
 
-class _Measured(Collector):
+class MeasuredGauge(Collector):
     """A gauge without labels that has no sample until measured, and none once forgotten.
 
-    For the invariant monitor's figures, absent while it cannot read the database, as
-    ``fulfilment_stock_invariant_violations`` is (a ``Gauge`` without labels always exports a
-    sample).
+    For figures absent while their monitor cannot measure (the invariant monitor's, as
+    ``fulfilment_stock_invariant_violations`` is; the dispatcher's drift check's): a ``Gauge``
+    without labels always exports a sample. Register it on the registry.
+
+    Args:
+        name: the metric's name.
+        documentation: its help text.
     """
 
     def __init__(self, name: str, documentation: str) -> None:
@@ -284,13 +293,81 @@ class _Measured(Collector):
         self._value = None
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The family, without a sample (the registry learns the name)."""
         yield GaugeMetricFamily(self._name, self._documentation)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The family, with the measured sample unless forgotten."""
         family = GaugeMetricFamily(self._name, self._documentation)
         if self._value is not None:
             family.add_metric([], self._value)
         yield family
+
+
+ADJUSTMENT_SOURCES = (str(Source.WEBHOOK), str(Source.OPERATOR))
+"""The ``source`` label of the recorded adjustments: ``warehouse_adjustments.source``."""
+
+RECORDED_ADJUSTMENTS = "fulfilment_stock_adjustments_recorded"
+RECORDED_ADJUSTMENTS_HELP = (
+    "Adjustments of on hand recorded in the database (warehouse_adjustments), by source"
+    " (webhook: the warehouse's; operator: fulfilment stock adjust) and reason; read by the"
+    " invariant check of every worker (the same totals: max, never sum), absent while it"
+    " cannot read the database."
+)
+RECORDED_UNITS = "fulfilment_stock_adjusted_units_recorded"
+RECORDED_UNITS_HELP = (
+    "Units the recorded adjustments moved on hand by, by source, reason and direction (in,"
+    " out); read as fulfilment_stock_adjustments_recorded_total is."
+)
+
+
+class RecordedAdjustments(Collector):
+    """The adjustments recorded in the database, as counters read from its rows.
+
+    The intake counts the warehouse's adjustments as it applies them, but an operator's
+    (``fulfilment stock adjust``) is made by a command that exits at once: its counters would
+    die with it, unscraped. So the figures are the table's own totals, which only grow
+    (adjustments are never deleted), read by the worker's invariant check
+    (``worker.monitors.check_invariants``) and exported as counters: ``rate()`` and
+    ``increase()`` hold across worker restarts, as they do for a counter that resets. Every
+    source, reason and direction is exported (0 when none) once measured; nothing before the
+    first check or once forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._totals: Mapping[tuple[str, str], tuple[int, int, int]] | None = None
+
+    def measured(self, totals: Mapping[tuple[str, str], tuple[int, int, int]]) -> None:
+        """Export ``{(source, reason): (adjustments, units in, units out)}`` from now on."""
+        self._totals = totals
+
+    def forget(self) -> None:
+        """Export no sample until measured again."""
+        self._totals = None
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        """The two families, without samples (the registry learns the names)."""
+        yield CounterMetricFamily(RECORDED_ADJUSTMENTS, RECORDED_ADJUSTMENTS_HELP)
+        yield CounterMetricFamily(RECORDED_UNITS, RECORDED_UNITS_HELP)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """The two families, every label set of the sources and reasons, unless forgotten."""
+        adjustments = CounterMetricFamily(
+            RECORDED_ADJUSTMENTS, RECORDED_ADJUSTMENTS_HELP, labels=["source", "reason"]
+        )
+        units = CounterMetricFamily(
+            RECORDED_UNITS, RECORDED_UNITS_HELP, labels=["source", "reason", "direction"]
+        )
+        if self._totals is not None:
+            reasons = sorted({*map(str, AdjustmentReason), *(reason for _, reason in self._totals)})
+            for source in ADJUSTMENT_SOURCES:
+                for reason in reasons:
+                    count, units_in, units_out = self._totals.get((source, reason), (0, 0, 0))
+                    adjustments.add_metric([source, reason], count)
+                    units.add_metric([source, reason, "in"], units_in)
+                    units.add_metric([source, reason, "out"], units_out)
+        yield adjustments
+        yield units
 
 
 class _DeadLetterAge(Collector):

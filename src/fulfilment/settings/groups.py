@@ -411,6 +411,14 @@ class WarehouseSettings(SettingsGroup):
     it holds units. What the answer lists is applied as if it had come by webhook. The polls
     share the rate cap, after the requests."""
 
+    drift_interval_seconds: float = Field(default=900.0, ge=0, le=24 * 3600, allow_inf_nan=False)
+    """How often the active dispatcher compares the service's stock with the warehouse's
+    (``GET /inventory``, as ``fulfilment stock drift``) for the gauges
+    ``fulfilment_stock_drift_skus`` and ``fulfilment_stock_drift_units`` and the alert on
+    unexplained drift; 0 turns the check off. The first check runs when a dispatcher becomes
+    active, the next this long after the last one ended. Its requests share the rate cap,
+    after the requests and the polls (a page of 500 SKUs per request)."""
+
     webhook_secrets: SecretStr = SecretStr("")
     """The secrets the warehouse signs its webhooks with: one or more ``whsec_<base64>``,
     separated by spaces, each key at least 24 bytes (Standard Webhooks: 24 to 64 random

@@ -27,7 +27,7 @@ import aio_pika
 import structlog
 from sqlalchemy import text
 
-from fulfilment.adapters.postgres.outcomes import outcome_report
+from fulfilment.adapters.postgres.outcomes import adjustment_totals, outcome_report
 from fulfilment.adapters.rabbitmq.inspection import QueueState, peek_head, queue_state
 from fulfilment.backoff import doubling_wait
 from fulfilment.contracts.dead_letter import describe_dead_letter
@@ -209,7 +209,9 @@ async def check_invariants(
 
     Sets ``fulfilment_stock_invariant_violations{invariant}``, and
     ``fulfilment_stock_short_skus`` and ``fulfilment_stock_short_units`` (the shortage rule:
-    short after a reported loss, not a violation), from one REPEATABLE READ snapshot
+    short after a reported loss, not a violation), and the adjustments recorded by source
+    and reason (``observability.metrics.RecordedAdjustments``: the only counters of an
+    operator's ``stock adjust``), from one REPEATABLE READ snapshot
     (``fulfilment.adapters.postgres.outcomes``). Each check has
     :data:`INVARIANT_CHECK_TIME_LIMIT_SECONDS`; raises whatever a check failed with, for its
     supervisor to count, remove the gauges and start it again.
@@ -223,6 +225,7 @@ async def check_invariants(
                         text(f"SET LOCAL statement_timeout = '{INVARIANT_STATEMENT_TIMEOUT}'")
                     )
                     report = await outcome_report(snapshot)
+                    adjustments = await adjustment_totals(snapshot)
         checks = report.invariants
         counts = {
             "stock_out_of_bounds": checks.stock_out_of_bounds,
@@ -235,6 +238,16 @@ async def check_invariants(
             metrics.stock_invariant_violations.labels(invariant).set(counts[invariant])
         metrics.stock_short_skus.measured(report.shortage.skus)
         metrics.stock_short_units.measured(report.shortage.units)
+        metrics.adjustments_recorded.measured(
+            {
+                (totals.source, totals.reason): (
+                    totals.adjustments,
+                    totals.units_in,
+                    totals.units_out,
+                )
+                for totals in adjustments
+            }
+        )
         if not checks.ok:
             logger.error("monitor.invariants_broken", **dataclasses.asdict(checks))
         await asyncio.sleep(interval_seconds)

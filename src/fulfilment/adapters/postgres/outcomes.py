@@ -157,6 +157,51 @@ class OutcomeReport:
         return self.invariants.ok
 
 
+@dataclass(frozen=True, slots=True)
+class AdjustmentTotals:
+    """The adjustments recorded (``warehouse_adjustments`` rows) of one source and reason.
+
+    Attributes:
+        source: ``webhook`` (the warehouse's) or ``operator`` (``fulfilment stock adjust``).
+        reason: the adjustment's reason.
+        adjustments: rows.
+        units_in: units they put on hand (their positive ``applied``, summed).
+        units_out: units they took off it (their negative ``applied``, as a positive sum).
+    """
+
+    source: str
+    reason: str
+    adjustments: int
+    units_in: int
+    units_out: int
+
+
+async def adjustment_totals(connection: AsyncConnection) -> list[AdjustmentTotals]:
+    """Every adjustment ever recorded, by source and reason (those with none are left out).
+
+    Rows are never deleted, so each figure only grows: the worker exports them as counters.
+    One scan of ``warehouse_adjustments``, in ``connection``'s transaction.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the database failed.
+        OSError: the database cannot be reached.
+    """
+    applied = warehouse_adjustments.c.applied
+    rows = await connection.execute(
+        sa.select(
+            warehouse_adjustments.c.source,
+            warehouse_adjustments.c.reason,
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(applied).filter(applied > 0), 0),
+            sa.func.coalesce(-sa.func.sum(applied).filter(applied < 0), 0),
+        ).group_by(warehouse_adjustments.c.source, warehouse_adjustments.c.reason)
+    )
+    return [
+        AdjustmentTotals(str(source), str(reason), int(count), int(units_in), int(units_out))
+        for source, reason, count, units_in, units_out in rows
+    ]
+
+
 async def outcome_report(bind: AsyncEngine | AsyncConnection) -> OutcomeReport:
     """Count outcomes and check the invariants, all from one snapshot.
 

@@ -1,14 +1,16 @@
 """The warehouse's inventory, read a page at a time: ``GET {base}/inventory?after=<sku>&limit=<n>``.
 
 :func:`read_inventory` walks the pages from the first SKU to the last with the process's pooled
-client (``client.build_http_client``: the dispatcher's credentials, CA and timeouts) and a rate
-limiter (the dispatcher's shape, ``dispatcher.service.rate_limiter``, built by the caller from
-``FULFILMENT_WAREHOUSE_RATE_PER_SECOND``): every request, retries included, takes a token of it
-first, and a 429 holds the next request until its ``Retry-After`` ends. A 5xx, a timeout or a
-connection error is tried again after a doubling wait with jitter (tenacity), at most
-:data:`ATTEMPTS` times per page; 401 or 403 stops at once; any other answer, or a 200 whose body
-is no :class:`~fulfilment.contracts.warehouse_inventory.InventoryPageV1`, is an error. It reads, and
-changes nothing at the warehouse.
+client (``client.build_http_client``: the dispatcher's credentials, CA and timeouts) and a gate
+entered around every request, retries included: a rate limiter (the dispatcher's shape,
+``dispatcher.service.rate_limiter``, built by the caller from
+``FULFILMENT_WAREHOUSE_RATE_PER_SECOND``) takes a token of it; the active dispatcher's gate
+(``Dispatcher.inventory_gate``) also waits for its sends and polls and holds one of its slots
+through the request. A 429 holds the next request until its ``Retry-After`` ends. A 5xx, a
+timeout or a connection error is tried again after a doubling wait with jitter (tenacity), at
+most :data:`ATTEMPTS` times per page; 401 or 403 stops at once; any other answer, or a 200 whose
+body is no :class:`~fulfilment.contracts.warehouse_inventory.InventoryPageV1`, is an error. It
+reads, and changes nothing at the warehouse.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
 
 import httpx
-from aiolimiter import AsyncLimiter
 from pydantic import ValidationError
 from tenacity import (
     AsyncRetrying,
@@ -94,7 +96,7 @@ class WarehouseInventory:
 
 async def read_inventory(
     http: httpx.AsyncClient,
-    limiter: AsyncLimiter,
+    gate: AbstractAsyncContextManager[object],
     *,
     timeout_seconds: float,
     page_limit: int = PAGE_LIMIT,
@@ -104,7 +106,7 @@ async def read_inventory(
 
     Args:
         http: the pooled client; its base URL is the API's, its headers carry the token.
-        limiter: the rate cap; one token per request.
+        gate: entered around each request (an ``AsyncLimiter``: one token per request).
         timeout_seconds: the bound on one request as a whole.
         page_limit: the ``limit`` of each request.
         backoff_seconds: the first wait after a 5xx or a transport error (then doubling, up
@@ -117,7 +119,7 @@ async def read_inventory(
         InventoryReadError: another status, a body that is not a page, or a ``next`` that does
             not move forward (a warehouse that would page for ever).
     """
-    reader = _Reader(http, limiter, page_limit, timeout_seconds, backoff_seconds)
+    reader = _Reader(http, gate, page_limit, timeout_seconds, backoff_seconds)
     on_hand: dict[str, int] = {}
     after = ""
     first: InventoryPageV1 | None = None
@@ -167,7 +169,7 @@ class _Reader:
     """How every page is asked for: :func:`read_inventory`'s arguments."""
 
     http: httpx.AsyncClient
-    limiter: AsyncLimiter
+    gate: AbstractAsyncContextManager[object]
     limit: int
     timeout_seconds: float
     backoff_seconds: float
@@ -193,17 +195,17 @@ class _Reader:
         params = {"limit": str(self.limit)}
         if after:
             params["after"] = after
-        await self.limiter.acquire()
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.timeout_seconds):
-                response = await self.http.get(INVENTORY_PATH, params=params)
-        except TimeoutError as error:
-            msg = f"no answer within {self.timeout_seconds:g} s"
-            raise _TransientError(msg) from error
-        except httpx.TransportError as error:
-            msg = f"{type(error).__name__} after {time.monotonic() - started:.1f} s"
-            raise _TransientError(msg) from error
+        async with self.gate:
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(self.timeout_seconds):
+                    response = await self.http.get(INVENTORY_PATH, params=params)
+            except TimeoutError as error:
+                msg = f"no answer within {self.timeout_seconds:g} s"
+                raise _TransientError(msg) from error
+            except httpx.TransportError as error:
+                msg = f"{type(error).__name__} after {time.monotonic() - started:.1f} s"
+                raise _TransientError(msg) from error
         return _page_of(response)
 
 
