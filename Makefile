@@ -112,8 +112,8 @@ test-fast: install ## Unit tests that need no service (in-memory fake, no databa
 	$(UV) run pytest tests/unit -m "not postgres and not rabbitmq and not e2e"
 
 lint: install check-deploy check-asyncapi ## ruff lint and format check, import layers, deployment files, the AsyncAPI document
-	$(UV) run ruff check src tests bench simulator
-	$(UV) run ruff format --check src tests bench simulator
+	$(UV) run ruff check src tests bench simulator migrations
+	$(UV) run ruff format --check src tests bench simulator migrations
 	$(UV) run ruff check scripts/render-docs scripts/render-deploy scripts/bind-result-events
 	$(UV) run ruff format --check scripts/render-docs scripts/render-deploy scripts/bind-result-events
 	$(UV) run lint-imports
@@ -148,8 +148,8 @@ typecheck: install ## mypy --strict, the service and the benchmark scripts
 	MYPYPATH=. $(UV) run mypy bench
 
 format: install ## Format and fix what ruff can
-	$(UV) run ruff format src tests bench simulator
-	$(UV) run ruff check --fix src tests bench simulator
+	$(UV) run ruff format src tests bench simulator migrations
+	$(UV) run ruff check --fix src tests bench simulator migrations
 
 N ?= 20000
 PREFETCH ?=

@@ -37,9 +37,7 @@ def upgrade() -> None:
     op.add_column("dead_letter_audit", sa.Column("host", sa.Text, nullable=True))
     op.add_column(
         "dead_letter_audit",
-        sa.Column(
-            "database_user", sa.Text, nullable=False, server_default=sa.text("session_user")
-        ),
+        sa.Column("database_user", sa.Text, nullable=False, server_default=sa.text("session_user")),
     )
     op.create_table(
         "inbox_pruned",

@@ -145,8 +145,7 @@ def upgrade() -> None:
             name="warehouse_requests_body_frozen_at_first_attempt",
         ),
         sa.CheckConstraint(
-            "NOT released_order"
-            " OR (kind = 'cancellation' AND status IN ('accepted', 'withdrawn'))",
+            "NOT released_order OR (kind = 'cancellation' AND status IN ('accepted', 'withdrawn'))",
             name="warehouse_requests_released_order_by_a_cancellation",
         ),
     )
@@ -171,9 +170,7 @@ def upgrade() -> None:
         sa.Column("action", sa.Text, nullable=False),
         sa.Column("status_before", sa.Text, nullable=False),
         sa.Column("operator", sa.Text, nullable=False),
-        sa.Column(
-            "database_user", sa.Text, nullable=False, server_default=sa.text("session_user")
-        ),
+        sa.Column("database_user", sa.Text, nullable=False, server_default=sa.text("session_user")),
         sa.Column(
             "performed_at",
             sa.DateTime(timezone=True),

@@ -85,7 +85,11 @@ def upgrade() -> None:
     # The services lock stock rows before the rows of the tables altered here, and an upgrade
     # to head is one transaction whose 0016 alters stock_levels: taking stock_levels first,
     # as they do, keeps a worker holding stock rows from waiting on a table this upgrade holds
-    # while the upgrade waits on it (a deadlock seen under load).
+    # while the upgrade waits on it (a deadlock seen under load). The same upgrade's 0018
+    # creates a trigger on reservations, which they lock before stock_levels: reservations
+    # first, in EXCLUSIVE mode, which waits for every transaction holding one of its rows, so
+    # that none is left holding one while it waits for the stock rows this upgrade holds.
+    op.execute("LOCK TABLE reservations IN EXCLUSIVE MODE")
     op.execute("LOCK TABLE stock_levels IN ACCESS EXCLUSIVE MODE")
     op.add_column(
         "reservation_lines",

@@ -98,8 +98,8 @@ def test_migrate_as_the_owner_grants_the_runtime_role_its_list_and_says_so(roles
     assert first.splitlines() == [
         "database migrated to head",
         (
-            f"granted runtime role {roles.runtime}: privileges on 27 objects, none on 7"
-            " (function stock_shortage_event,"
+            f"granted runtime role {roles.runtime}: privileges on 27 objects, none on 8"
+            " (function shipped_order_lines, function stock_shortage_event,"
             " sequence dead_letter_audit_id_seq, sequence invalid_webhook_audit_id_seq,"
             " sequence outbox_id_seq, sequence warehouse_discrepancies_id_seq,"
             " sequence warehouse_request_audit_id_seq, sequence warehouse_requests_id_seq)"

@@ -23,9 +23,12 @@ from tests.support.services import throwaway_database
 pytestmark = pytest.mark.postgres
 
 CHECK_VIOLATION = "23514"
-FUNCTIONS = {route.function.name for route in ROUTES} | {"stock_shortage_event"}
+FUNCTIONS = {route.function.name for route in ROUTES} | {
+    "stock_shortage_event",
+    "shipped_order_lines",
+}
 """The functions of the schema at head: each route's (0013 dropped the unused reserve_orders()),
-and the trigger function of stock_levels (0016)."""
+and the trigger functions of stock_levels (0016) and reservations (0018)."""
 assert {"place_orders", "cancel_orders", "ship_orders"} <= FUNCTIONS
 
 
@@ -878,3 +881,112 @@ def test_downgrading_0016_is_refused_while_a_sku_is_short():
         asyncio.run(make_short(url))
         with pytest.raises(sa.exc.DBAPIError, match="short SKUs are stored"):
             command.downgrade(config, "0015")
+
+
+async def _index_definitions(url):
+    connection = await asyncpg.connect(
+        make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    try:
+        rows = await connection.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+        )
+    finally:
+        await connection.close()
+    return {row["indexname"]: row["indexdef"] for row in rows}
+
+
+@pytest.mark.usefixtures("database_url")
+def test_0017_adds_the_prune_and_poll_indexes_and_its_downgrade_drops_only_them():
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0016")
+        before = asyncio.run(_index_definitions(url))
+        command.upgrade(config, "0017")
+        upgraded = asyncio.run(_index_definitions(url))
+        command.downgrade(config, "0016")
+        after = asyncio.run(_index_definitions(url))
+
+    assert after == before
+    assert {name: upgraded[name] for name in set(upgraded) - set(before)} == {
+        "webhook_inbox_received_at_idx": (
+            "CREATE INDEX webhook_inbox_received_at_idx"
+            " ON public.webhook_inbox USING btree (received_at)"
+        ),
+        "reservations_reserved_idx": (
+            "CREATE INDEX reservations_reserved_idx ON public.reservations USING btree (order_id)"
+            " WHERE (status = 'reserved'::text)"
+        ),
+    }
+
+
+@pytest.mark.usefixtures("database_url")
+def test_an_order_the_previous_release_ships_across_the_upgrade_has_its_lines_shipped():
+    # PostgreSQL runs a call to its end with the body it began with: a worker of the previous
+    # release whose ship_orders() call began before the upgrade committed ships its order with
+    # version 2 after 0014 set the shipped orders' lines. Here the call waits for its inbox
+    # row, which another transaction inserted and holds until the upgrade is in.
+    placed = datetime(2010, 12, 1, tzinfo=UTC)
+    order_id, event_id = uuid4(), uuid4()
+
+    async def across_the_upgrade(url, config):
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        worker, holder = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+        try:
+            await worker.execute("INSERT INTO stock_levels (sku, on_hand) VALUES ('A', 9)")
+            await worker.execute(
+                "SELECT * FROM place_orders('fulfilment', $1, $2, $3, $4, $5, $6)",
+                [uuid4()],
+                [order_id],
+                [placed],
+                [1],
+                ["A"],
+                [3],
+            )
+            holding = holder.transaction()
+            await holding.start()
+            await holder.execute(
+                "INSERT INTO inbox_messages (consumer, event_id, order_id, outcome)"
+                " VALUES ('fulfilment', $1, $2, 'shipped')",
+                event_id,
+                order_id,
+            )
+            shipping = asyncio.create_task(
+                worker.execute(
+                    "SELECT * FROM ship_orders('fulfilment', $1, $2, $3)",
+                    [event_id],
+                    [order_id],
+                    [placed],
+                )
+            )
+            for _ in range(250):
+                waiting = await holder.fetchval(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                    worker.get_server_pid(),
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.02)
+            assert waiting, "ship_orders() did not wait for its inbox row"
+            await asyncio.to_thread(command.upgrade, config, "head")
+            await holding.rollback()
+            await asyncio.wait_for(shipping, timeout=10)
+            status = await worker.fetchval(
+                "SELECT status FROM reservations WHERE order_id = $1", order_id
+            )
+            lines = await worker.fetch(
+                "SELECT quantity, shipped FROM reservation_lines WHERE order_id = $1", order_id
+            )
+            stock = await worker.fetchrow("SELECT on_hand, reserved, shipped FROM stock_levels")
+            return status, [tuple(row) for row in lines], tuple(stock)
+        finally:
+            await holder.close()
+            await worker.close()
+
+    with throwaway_database("fulfilment_test") as url:
+        config = schema.alembic_config(url)
+        command.upgrade(config, "0013")
+        status, lines, stock = asyncio.run(across_the_upgrade(url, config))
+
+    assert (status, stock) == ("shipped", (6, 0, 3))
+    assert lines == [(3, 3)]

@@ -42,7 +42,7 @@ from fulfilment.domain.warehouse_events import (
     warehouse_event_id,
 )
 from fulfilment.entrypoints.startup import database_options
-from fulfilment.routes.table import WEBHOOK_ROUTES
+from fulfilment.routes.warehouse import WEBHOOK_ROUTES
 from fulfilment.settings import DatabaseSettings, DeadlineSettings
 from tests.support.builders import cancellation, order, shipment
 

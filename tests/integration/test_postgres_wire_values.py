@@ -26,7 +26,7 @@ from pydantic import SecretStr
 
 from fulfilment.adapters.postgres.engine import create_engine, create_pool
 from fulfilment.adapters.postgres.stock import PostgresStock
-from fulfilment.adapters.postgres.tables import INTEGER_MAX
+from fulfilment.adapters.postgres.tables.base import INTEGER_MAX
 from fulfilment.contracts.envelope import MAX_BODY_BYTES
 from fulfilment.contracts.order_placed import (
     MAX_LINES,

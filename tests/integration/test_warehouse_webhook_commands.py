@@ -26,11 +26,10 @@ from typer.testing import CliRunner
 
 from fulfilment.adapters.postgres.engine import create_engine
 from fulfilment.adapters.postgres.stock import PostgresStock
-from fulfilment.adapters.postgres.tables import (
+from fulfilment.adapters.postgres.tables.stock import reservations, stock_levels
+from fulfilment.adapters.postgres.tables.warehouse import (
     invalid_webhook_audit,
     invalid_webhooks,
-    reservations,
-    stock_levels,
     warehouse_discrepancies,
 )
 from fulfilment.adapters.postgres.warehouse_requests import PostgresWarehouseRequests

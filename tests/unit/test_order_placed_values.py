@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from fulfilment.adapters.postgres.tables import INTEGER_MAX
+from fulfilment.adapters.postgres.tables.base import INTEGER_MAX
 from fulfilment.contracts.order_placed import (
     MAX_LINES,
     MAX_QUANTITY,

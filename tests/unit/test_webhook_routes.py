@@ -35,8 +35,8 @@ from fulfilment.routes.table import (
     QUEUE_ROUTES,
     ROUTES,
     SUBSCRIBED_QUEUES,
-    WEBHOOK_ROUTES,
 )
+from fulfilment.routes.warehouse import WEBHOOK_ROUTES
 from tests.support.fakes import FakeStock
 
 

@@ -1,19 +1,20 @@
 """What a route is made of: :class:`Route`, its transport and its SQL function.
 
 The list of routes is ``fulfilment.routes.table.ROUTES``; ``docs/development.md``, "Adding an
-input event", says what a new one needs.
+input event", says what a new one needs. :func:`line_arrays` and :func:`row_lines` are how the
+routes' SQL functions take and give back lines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from fulfilment.contracts.topology import SubscribedQueue
-from fulfilment.domain.model import Command
+from fulfilment.domain.model import Command, OrderLine
 
 if TYPE_CHECKING:
     from fulfilment.application.ports import Stock
@@ -31,7 +32,7 @@ class WebhookType:
 
     The intake (``fulfilment webhooks``) verifies a webhook's signature, reads its envelope
     (``contracts.warehouse_events.WebhookEnvelope``) and hands the ``data`` of a type it
-    takes to the route of that type (``routes.table.WEBHOOK_ROUTES``); the dispatcher's poll
+    takes to the route of that type (``routes.warehouse.WEBHOOK_ROUTES``); the dispatcher's poll
     hands the same objects, found by ``GET /fulfilment-orders/{id}``, to the same routes.
 
     Attributes:
@@ -106,7 +107,7 @@ class BatchFunction(Generic[CommandT, OutcomeT]):
         outcome: a command's outcome from its row (the columns after ``ordinal``); raises
             ``ValueError`` on a value the code does not know.
         inbox_outcomes: the values the function writes to ``inbox_messages.outcome`` (the
-            column's check lists every route's: ``adapters.postgres.tables``).
+            column's check lists every route's: ``adapters.postgres.tables.stock``).
         handoff: the function takes ``p_handoff`` last.
         check: raises ``ValueError`` for a command the function cannot take, before it is
             sent.
@@ -118,6 +119,31 @@ class BatchFunction(Generic[CommandT, OutcomeT]):
     inbox_outcomes: tuple[str, ...]
     handoff: bool = False
     check: Callable[[CommandT], None] = _accept
+
+
+def line_arrays(lines_per_command: Iterable[Mapping[str, int]]) -> dict[str, list[Any]]:
+    """``line_orders``, ``line_skus``, ``line_quantities``: each command's lines, flattened.
+
+    ``line_orders`` holds the 1-based ordinal of the command a line belongs to, as the batch
+    functions join lines to their command by it.
+    """
+    line_orders: list[int] = []
+    line_skus: list[str] = []
+    line_quantities: list[int] = []
+    for ordinal, lines in enumerate(lines_per_command, start=1):
+        line_orders.extend([ordinal] * len(lines))
+        line_skus.extend(lines)
+        line_quantities.extend(lines.values())
+    return {"line_orders": line_orders, "line_skus": line_skus, "line_quantities": line_quantities}
+
+
+def row_lines(skus: Sequence[str], quantities: Sequence[int]) -> tuple[OrderLine, ...]:
+    """The lines a function's row returned as two parallel arrays, in their order.
+
+    Raises:
+        ValueError: the arrays differ in length.
+    """
+    return tuple(OrderLine(sku, quantity) for sku, quantity in zip(skus, quantities, strict=True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fulfilment.adapters.postgres.admin import stock_session
 from fulfilment.adapters.postgres.errors import SKUS_SHOWN, StockBelowReservedError
-from fulfilment.adapters.postgres.tables import INTEGER_MAX
+from fulfilment.adapters.postgres.tables.base import INTEGER_MAX
 from fulfilment.contracts.order_placed import shown_sku, sku_problem
 from fulfilment.exit_codes import ExitCode
 from fulfilment.tools.command import CommandError, Echo, ToolOptions

@@ -20,9 +20,9 @@ from fulfilment.adapters.postgres.errors import (
 )
 from fulfilment.adapters.postgres.retry import sqlstate_of
 from fulfilment.adapters.postgres.stock import PostgresStock
-from fulfilment.adapters.postgres.tables import (
+from fulfilment.adapters.postgres.tables import metadata
+from fulfilment.adapters.postgres.tables.stock import (
     inbox_messages,
-    metadata,
     outbox,
     reservations,
     stock_levels,

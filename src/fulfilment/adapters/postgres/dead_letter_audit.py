@@ -17,7 +17,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fulfilment.adapters.postgres.tables import dead_letter_audit
+from fulfilment.adapters.postgres.tables.stock import dead_letter_audit
 
 AuditAction = Literal["replayed", "purged"]
 

@@ -8,16 +8,18 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from fulfilment.adapters.postgres.tables import (
+from fulfilment.adapters.postgres.tables.handoff import warehouse_requests
+from fulfilment.adapters.postgres.tables.stock import (
     inbox_messages,
     inbox_pruned,
     outbox,
     reservation_lines,
     reservations,
     stock_levels,
+)
+from fulfilment.adapters.postgres.tables.warehouse import (
     warehouse_adjustments,
     warehouse_cancellations,
-    warehouse_requests,
     warehouse_shipments,
 )
 from fulfilment.domain.lifecycle import OrderStatus

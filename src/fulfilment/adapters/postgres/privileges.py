@@ -236,6 +236,12 @@ RUNTIME_PRIVILEGES: Mapping[str, Grant] = {
         "the trigger of stock_levels (stock_levels_shortage): a trigger runs its function"
         " without EXECUTE on it, and nothing calls it directly",
     ),
+    "shipped_order_lines": Grant(
+        "function",
+        (),
+        "the trigger of reservations (reservations_shipped_lines): a trigger runs its function"
+        " without EXECUTE on it, and nothing calls it directly",
+    ),
     # Each input event's SQL function, from its route (fulfilment.routes.table.ROUTES).
     **{
         route.function.name: Grant(

@@ -21,7 +21,8 @@ from fulfilment.adapters.postgres.group_commit import (
     UnreadableOutcomesError,
 )
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
-from fulfilment.adapters.postgres.tables import INTEGER_MAX, stock_levels
+from fulfilment.adapters.postgres.tables.base import INTEGER_MAX
+from fulfilment.adapters.postgres.tables.stock import stock_levels
 from fulfilment.application.ports import OutcomeT, Stock
 from fulfilment.domain.model import Command, StockLevel
 from fulfilment.observability.tracing import current_span, current_traceparent, traceparent_of

@@ -15,12 +15,8 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fulfilment.adapters.postgres.tables import (
-    reservation_lines,
-    reservations,
-    stock_levels,
-    warehouse_requests,
-)
+from fulfilment.adapters.postgres.tables.handoff import warehouse_requests
+from fulfilment.adapters.postgres.tables.stock import reservation_lines, reservations, stock_levels
 from fulfilment.domain.handoff import RequestKind, RequestStatus
 
 AT_THE_WAREHOUSE = (RequestStatus.ACCEPTED, RequestStatus.SENDING)

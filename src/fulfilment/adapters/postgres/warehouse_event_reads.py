@@ -26,10 +26,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fulfilment.adapters.postgres.dead_letter_audit import Operator
-from fulfilment.adapters.postgres.tables import (
+from fulfilment.adapters.postgres.tables.stock import reservations
+from fulfilment.adapters.postgres.tables.warehouse import (
     invalid_webhook_audit,
     invalid_webhooks,
-    reservations,
     warehouse_cancellations,
     warehouse_discrepancies,
     warehouse_shipments,

@@ -19,11 +19,13 @@ from sqlalchemy import Integer, bindparam, column, func, select, true
 from sqlalchemy.dialects import postgresql
 
 from fulfilment.adapters.postgres.stock import PostgresStock
-from fulfilment.adapters.postgres.tables import (
+from fulfilment.adapters.postgres.tables.stock import (
     outbox,
     reservation_lines,
     reservations,
     stock_levels,
+)
+from fulfilment.adapters.postgres.tables.warehouse import (
     warehouse_adjustments,
     warehouse_cancellation_lines,
     warehouse_cancellations,

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from fulfilment.adapters.postgres.retry import RetryHook, call_with_retry
 from fulfilment.adapters.postgres.sql import statement
-from fulfilment.adapters.postgres.tables import warehouse_requests
+from fulfilment.adapters.postgres.tables.handoff import warehouse_requests
 from fulfilment.domain.handoff import RequestBacklog, RequestKind, RequestRecord, RequestStatus
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.domain.model import OrderLine
