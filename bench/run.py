@@ -9,8 +9,10 @@ so it never touches anybody's queues or stock):
 2. for each of ``--rounds`` rounds, alternately: publishes the N orders as a backlog into
    ``fulfilment.order-placed`` (through exchange ``orders``, as checkout does) and drains it
    with the real worker process (``python -m fulfilment``) while a ``fulfilment relay`` process
-   publishes its outbox to ``fulfilment.events``, where a queue bound with ``#``
-   (:data:`EVENTS_QUEUE`, purged before each drain) takes the result events; then publishes
+   publishes its outbox to ``fulfilment.events``, where a queue bound with the routing key of
+   every result event about an order (:data:`EVENTS_QUEUE`, purged before each drain) takes
+   them (those about a SKU, ``stock.adjusted`` and ``stock.shortage``, go to a queue of their
+   own, :data:`SKU_EVENTS_QUEUE`); then publishes
    the same N orders into a queue of the reference consumer (``reference.py``, bound to
    ``orders`` with another routing key, the same quorum-queue arguments; it publishes
    nothing) and drains that; the database is emptied and the stock reloaded before each drain;
@@ -44,8 +46,10 @@ before result events counted: an order counts when its delivery is acknowledged)
 compare versions; ``--env NAME=VALUE`` sets the environment of every service process (a
 setting, tracing); ``--traceparent-sampled RATIO`` publishes every order with a producer's
 ``traceparent`` (a trace of its own, sampled with that probability), the same ones for every
-consumer and variant. The benchmark is not run by CI: it takes minutes and its figures depend on
-the machine.
+consumer and variant. A ``--variant`` with ``webhooks; adjust=RATE`` also sends signed
+``inventory.adjusted`` webhooks of the backlog's hot SKUs to that intake at RATE a second
+while the worker drains (:class:`AdjustmentSender`), and checks that each was applied once.
+The benchmark is not run by CI: it takes minutes and its figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,8 +101,21 @@ from figures import (
     spacing_ms,
 )
 from measure import CpuSampler, peak_rss_bytes
-from workload import Order, Workload, load_workload, publish_backlog, publish_steadily
+from workload import (
+    Adjustment,
+    Order,
+    SteadyPost,
+    Workload,
+    hot_skus,
+    load_workload,
+    net_deltas,
+    plan_adjustments,
+    post_steadily,
+    publish_backlog,
+    publish_steadily,
+)
 
+from fulfilment.contracts.result_events import RESULT_EVENTS, SkuEventV1
 from fulfilment.contracts.topology import (
     EVENTS_EXCHANGE,
     ORDER_PLACED,
@@ -107,6 +124,7 @@ from fulfilment.contracts.topology import (
     ORDER_PLACED_ROUTING_KEY,
     ORDERS_EXCHANGE,
 )
+from fulfilment.intake.app import WEBHOOK_PATH
 from fulfilment.settings import ENV_PREFIX, variables
 from fulfilment.worker.topology import Topology, declare_topology
 
@@ -114,8 +132,16 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_QUEUE = "bench.reference.order-placed"
 REFERENCE_ROUTING_KEY = "bench.reference"
 EVENTS_QUEUE = "bench.result-events"
-"""Quorum queue bound to ``fulfilment.events`` with ``#``: a downstream consumer's queue that
-nobody consumes, so its depth counts the result events that reached it."""
+"""Quorum queue bound to ``fulfilment.events`` with :data:`ORDER_EVENT_KEYS`: a downstream
+consumer's queue that nobody consumes, so its depth counts the result events about orders
+that reached it."""
+SKU_EVENTS_QUEUE = "bench.sku-events"
+"""Quorum queue bound with :data:`SKU_EVENT_KEYS`, nobody consuming it either: the events of a
+variant's adjustments reach it, so that :data:`EVENTS_QUEUE`'s depth still counts orders."""
+SKU_EVENT_KEYS = tuple(key for key, model in RESULT_EVENTS.items() if issubclass(model, SkuEventV1))
+"""The routing keys of the result events about a SKU (``stock.adjusted``, ``stock.shortage``)."""
+ORDER_EVENT_KEYS = tuple(key for key in RESULT_EVENTS if key not in SKU_EVENT_KEYS)
+"""The routing keys of the result events about an order: every other one."""
 WARM_UP_SHARE = 0.01
 """Share of the first commits of a drain left out of its rate and CPU (start-up, warm-up)."""
 DEPTH_SAMPLE_SECONDS = 0.1
@@ -202,10 +228,12 @@ async def _admin(url: str, sql: str) -> None:
 
 
 async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
-    """The product's topology, the reference's queue and the result events' queue.
+    """The product's topology, the reference's queue and the result events' queues.
 
-    The reference consumer's queue has the same arguments as the worker's; the events' queue
-    (:data:`EVENTS_QUEUE`) is a quorum queue bound to ``fulfilment.events`` with ``#``.
+    The reference consumer's queue has the same arguments as the worker's; the events' queues
+    (:data:`EVENTS_QUEUE`, :data:`SKU_EVENTS_QUEUE`) are quorum queues bound to
+    ``fulfilment.events`` with every routing key of the events about an order, and about a
+    SKU: each event the relay publishes reaches one of them, as ``mandatory`` needs.
     """
     topology = Topology(delivery_limit=delivery_limit)
     await declare_topology(amqp_url, topology)
@@ -218,21 +246,35 @@ async def declare_queues(amqp_url: str, delivery_limit: int) -> None:
             arguments=dict(topology.queue(ORDER_PLACED).arguments or {}),
         )
         await queue.bind(ORDERS_EXCHANGE, routing_key=REFERENCE_ROUTING_KEY)
-        events = await channel.declare_queue(
-            EVENTS_QUEUE, durable=True, arguments={"x-queue-type": "quorum"}
-        )
-        await events.bind(EVENTS_EXCHANGE, routing_key="#")
+        for name, keys in ((EVENTS_QUEUE, ORDER_EVENT_KEYS), (SKU_EVENTS_QUEUE, SKU_EVENT_KEYS)):
+            events = await channel.declare_queue(
+                name, durable=True, arguments={"x-queue-type": "quorum"}
+            )
+            for key in keys:
+                await events.bind(EVENTS_EXCHANGE, routing_key=key)
     finally:
         await connection.close()
 
 
 async def purge_events_queue(amqp_url: str) -> None:
-    """Empty :data:`EVENTS_QUEUE`, so that its depth counts one drain's events."""
+    """Empty the events' queues, so that their depths count one drain's events."""
     connection = await aio_pika.connect(amqp_url)
     try:
         channel = await connection.channel()
-        queue = await channel.declare_queue(EVENTS_QUEUE, passive=True)
-        await queue.purge()
+        for name in (EVENTS_QUEUE, SKU_EVENTS_QUEUE):
+            queue = await channel.declare_queue(name, passive=True)
+            await queue.purge()
+    finally:
+        await connection.close()
+
+
+async def queue_depth(amqp_url: str, name: str) -> int:
+    """The messages in queue ``name`` now (a passive declare's count)."""
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(name, passive=True)
+        return int(declared.declaration_result.message_count or 0)
     finally:
         await connection.close()
 
@@ -505,6 +547,9 @@ class Plan:
     """The processes run beside the worker: none with ``--no-relay`` (the worker alone)."""
     label: str = ""
     """The variant's name (``--variant``); empty for the configuration the options give."""
+    adjust_per_second: float = 0.0
+    """Adjustments of the hot SKUs sent to the intake beside the worker while it drains, per
+    second (a variant's ``adjust`` item); 0 for none."""
 
     @property
     def hands_off(self) -> bool:
@@ -651,6 +696,8 @@ class Drain:
     """The plan's label: the variant drained (empty: the options' configuration)."""
     handoff: Handoff | None = None
     """What the dispatcher did over the counted window; None when none ran."""
+    adjustments: AdjustmentFigures | None = None
+    """What the adjustments sent during the drain did; None when none were sent."""
 
     @property
     def counted_rate(self) -> float:
@@ -882,21 +929,20 @@ async def confirm_lags_ms(
 async def events_of_drain(
     services: Services, samples: Sequence[tuple[float, int]], sampler: CpuSampler
 ) -> Events:
-    """The drain's result events: count, arrival rate, relay CPU, lag (see :class:`Events`)."""
-    connection = await aio_pika.connect(services.amqp_url)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(EVENTS_QUEUE, passive=True)
-        count = int(declared.declaration_result.message_count or 0)
-    finally:
-        await connection.close()
+    """The drain's result events: count, arrival rate, relay CPU, lag (see :class:`Events`).
+
+    Those about orders alone, in the queue as in the outbox (``order_id`` set): a variant's
+    adjustments write events of their SKUs, which go to :data:`SKU_EVENTS_QUEUE`.
+    """
+    count = await queue_depth(services.amqp_url, EVENTS_QUEUE)
     skip = max(1, int(count * WARM_UP_SHARE))
     start, end = reached(samples, skip), reached(samples, count)
     database = await asyncpg.connect(services.database_url)
     try:
         row = await database.fetchrow(
-            "SELECT (SELECT published_at FROM outbox ORDER BY published_at OFFSET $1 LIMIT 1)"
-            " AS first, max(published_at) AS last, count(*) AS rows FROM outbox",
+            "SELECT (SELECT published_at FROM outbox WHERE order_id IS NOT NULL"
+            "        ORDER BY published_at OFFSET $1 LIMIT 1) AS first,"
+            " max(published_at) AS last, count(*) AS rows FROM outbox WHERE order_id IS NOT NULL",
             skip,
         )
     finally:
@@ -1006,6 +1052,296 @@ class RssCheckpoints:
                 self.by_orders[mark] = self.now()
 
 
+# --- adjustments during a drain -------------------------------------------------------------
+
+ADJUST_PER_SECOND = 100.0
+"""The rate of a variant's ``adjust`` item that names none, per second."""
+HOT_SKUS = 10
+"""The SKUs a variant's adjustments name: those of which the backlog orders the most units."""
+ADJUSTMENT_SEED = 37
+"""Seed of the adjustments sent during a drain: every drain of a run gets the same ones."""
+
+
+def adjust_rate(item: str) -> float:
+    """The rate per second of a variant's ``adjust`` item: ``adjust``, ``adjust=100``, ``=100/s``.
+
+    Raises:
+        ValueError: the rate is not a positive number.
+    """
+    _, equals, value = item.partition("=")
+    if not equals:
+        return ADJUST_PER_SECOND
+    try:
+        rate = float(value.strip().removesuffix("/s"))
+    except ValueError:
+        rate = math.nan
+    if not rate > 0 or math.isinf(rate):
+        msg = f"{item!r}: the rate is a positive number of adjustments a second, e.g. adjust=100"
+        raise ValueError(msg)
+    return rate
+
+
+def checked(found: Mapping[str, Any], expected: Mapping[str, int]) -> dict[str, Any]:
+    """Each count of ``found`` with an ``_ok`` beside it: whether it is the one ``expected``."""
+    result: dict[str, Any] = {}
+    for name, value in found.items():
+        result[name] = value
+        result[f"{name}_ok"] = value == expected[name]
+    return result
+
+
+Level = tuple[int, int, int]
+"""A SKU's ``(on_hand, reserved, shipped)``."""
+
+
+async def stock_levels(database_url: str) -> dict[str, Level]:
+    """Every SKU's :data:`Level` now."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch("SELECT sku, on_hand, reserved, shipped FROM stock_levels")
+    finally:
+        await connection.close()
+    return {row["sku"]: (row["on_hand"], row["reserved"], row["shipped"]) for row in rows}
+
+
+def stock_wrong(
+    before: Mapping[str, Level], after: Mapping[str, Level], adjustments: Sequence[Adjustment]
+) -> list[str]:
+    """The SKUs whose level ``after`` is not ``before`` changed by ``adjustments``, sorted.
+
+    ``before`` is the level each SKU would have without the adjustments. Right is ``on_hand``
+    = before + the sum of the SKU's deltas, ``reserved`` and ``shipped`` as before (an
+    adjustment changes neither); a SKU missing on one side counts as 0, 0, 0 (none of the
+    benchmark's adjustments takes more than the SKU's own receipts gave, so none stops at 0).
+    """
+    net = net_deltas(adjustments)
+    wrong = []
+    for sku in sorted(before.keys() | after.keys() | net.keys()):
+        on_hand, reserved, shipped = before.get(sku, (0, 0, 0))
+        if after.get(sku, (0, 0, 0)) != (on_hand + net[sku], reserved, shipped):
+            wrong.append(sku)
+    return wrong
+
+
+async def adjustment_checks(
+    database_url: str, before: Mapping[str, Level], adjustments: Sequence[Adjustment]
+) -> dict[str, Any]:
+    """Counts after ``adjustments`` were sent, each with an ``_ok``: each applied once, stock exact.
+
+    One ``warehouse_adjustments`` row per adjustment and no other, each applied whole
+    (``applied = delta``), one ``webhook_inbox`` row ``adjusted`` and one ``stock.adjusted``
+    outbox row for each, no ``stock.shortage`` and no discrepancy, and every SKU's level
+    ``before`` changed by its deltas (:func:`stock_wrong`: ``skus_wrong``, ``stock_ok``).
+    """
+    ids = [adjustment.adjustment_id for adjustment in adjustments]
+    connection = await asyncpg.connect(database_url)
+    try:
+        found = {
+            "adjustments": await connection.fetchval(
+                "SELECT count(*) FROM warehouse_adjustments WHERE adjustment_id = ANY($1::text[])",
+                ids,
+            ),
+            "adjustment_rows": await connection.fetchval(
+                "SELECT count(*) FROM warehouse_adjustments"
+            ),
+            "applied_whole": await connection.fetchval(
+                "SELECT count(*) FROM warehouse_adjustments WHERE applied = delta"
+            ),
+            "webhooks": await connection.fetchval(
+                "SELECT count(*) FROM webhook_inbox WHERE outcome = 'adjusted'"
+            ),
+            "events": await connection.fetchval(
+                "SELECT count(DISTINCT body ->> 'adjustment_id') FROM outbox"
+                " WHERE routing_key = 'stock.adjusted'"
+            ),
+            "event_rows": await connection.fetchval(
+                "SELECT count(*) FROM outbox WHERE routing_key = 'stock.adjusted'"
+            ),
+            "shortages": await connection.fetchval(
+                "SELECT count(*) FROM outbox WHERE routing_key = 'stock.shortage'"
+            ),
+            "discrepancies": await connection.fetchval(
+                "SELECT count(*) FROM warehouse_discrepancies"
+            ),
+        }
+    finally:
+        await connection.close()
+    every = len(adjustments)
+    result = checked(
+        found,
+        {
+            "adjustments": every,
+            "adjustment_rows": every,
+            "applied_whole": every,
+            "webhooks": every,
+            "events": every,
+            "event_rows": every,
+            "shortages": 0,
+            "discrepancies": 0,
+        },
+    )
+    wrong = stock_wrong(before, await stock_levels(database_url), adjustments)
+    result["skus_wrong"] = len(wrong)
+    result["stock_ok"] = not wrong
+    return result
+
+
+class AdjustmentSender:
+    """Signed ``inventory.adjusted`` webhooks to the intake beside the worker, at a steady rate.
+
+    Once started, it waits for ``intake`` to be ready, then sends ``plan_adjustments`` of
+    ``skus`` (:data:`ADJUSTMENT_SEED`: the same in every drain) at ``rate`` per second
+    (``post_steadily``) until :meth:`finish`. ``before`` is the stock as the drain found it.
+    """
+
+    def __init__(
+        self, intake: Consumer, skus: Sequence[str], rate: float, before: Mapping[str, Level]
+    ) -> None:
+        self.intake = intake
+        self.skus = tuple(skus)
+        self.rate = rate
+        self.before = dict(before)
+        self.posted: SteadyPost[Adjustment] = SteadyPost()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[SteadyPost[Adjustment]] | None = None
+
+    @classmethod
+    async def for_drain(
+        cls, plan: Plan, kind: str, beside: Sequence[Consumer], orders: Sequence[Order]
+    ) -> AdjustmentSender | None:
+        """The sender of ``plan``'s adjustments to its intake among ``beside``, not started.
+
+        Of the hot SKUs of ``orders`` (:data:`HOT_SKUS`); None when the plan sends none or
+        ``kind`` is the reference's drain.
+        """
+        if not plan.adjust_per_second or kind != "worker":
+            return None
+        return cls(
+            _by_name(beside)["webhooks"][0],
+            hot_skus(orders, HOT_SKUS),
+            plan.adjust_per_second,
+            await stock_levels(plan.services.database_url),
+        )
+
+    def start(self) -> None:
+        """Start sending, in a task of the running loop."""
+        self._task = asyncio.create_task(self._send())
+
+    async def _send(self) -> SteadyPost[Adjustment]:
+        await asyncio.to_thread(self.intake.wait_ready)
+        port = self.intake.env["FULFILMENT_WEBHOOKS_PORT"]
+        return await post_steadily(
+            f"http://127.0.0.1:{port}{WEBHOOK_PATH}",
+            plan_adjustments(self.skus, seed=ADJUSTMENT_SEED, namespace="drain"),
+            rate=self.rate,
+            secret=WEBHOOK_SECRET,
+            stop=self._stop,
+        )
+
+    async def finish(self) -> None:
+        """Stop sending; once every request is answered, :attr:`posted` says what was sent.
+
+        Raises:
+            RuntimeError: the intake was not ready (it exited, or not within a minute).
+        """
+        assert self._task is not None  # noqa: S101 - started first
+        self._stop.set()
+        self.posted = await self._task
+
+    async def cancel(self) -> None:
+        """Stop at once, the requests in flight abandoned (the drain failed)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+@dataclass(frozen=True, slots=True)
+class AdjustmentFigures:
+    """What a variant's adjustments did during a drain (:class:`AdjustmentSender`).
+
+    ``sent_per_second`` is over the sender's own span, from the intake's readiness to the
+    drain's last commit; ``window_per_second`` counts the adjustments applied
+    (``warehouse_adjustments.recorded_at``) within the drain's counted window, over it: what
+    the worker met. ``answer_ms``: p50, p99 and max from sending to the intake's answer.
+    ``checks`` are :func:`adjustment_checks`' against the level the drain alone leaves
+    (:func:`level_after_drain`), and ``confirmed``: the ``stock.adjusted`` events that
+    reached :data:`SKU_EVENTS_QUEUE`.
+    """
+
+    target_per_second: float
+    sent: int
+    sent_per_second: float
+    window_per_second: float
+    answered: dict[str, int]
+    skus: tuple[str, ...]
+    checks: dict[str, Any]
+    answer_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def applied_once(self) -> bool:
+        """Whether every adjustment was answered 2xx and every check holds."""
+        answered = all(status.startswith("2") for status in self.answered)
+        return answered and all(
+            value is True for key, value in self.checks.items() if key.endswith("ok")
+        )
+
+
+def level_after_drain(before: Mapping[str, Level], orders: Sequence[Order]) -> dict[str, Level]:
+    """Each SKU's level ``before`` once every one of ``orders`` is reserved from it.
+
+    ``reserved`` up by the orders' units of the SKU, ``on_hand`` and ``shipped`` as they were:
+    the level the drain alone leaves (its stock is large enough that it rejects no order).
+    """
+    ordered: Counter[str] = Counter()
+    for order in orders:
+        for sku, quantity in order.lines:
+            ordered[sku] += quantity
+    return {
+        sku: (on_hand, reserved + ordered[sku], shipped)
+        for sku, (on_hand, reserved, shipped) in before.items()
+    }
+
+
+async def adjustments_of_drain(
+    services: Services, sender: AdjustmentSender, orders: Sequence[Order], window: Sequence[float]
+) -> AdjustmentFigures:
+    """The figures and checks of what ``sender`` sent during the drain of ``orders``.
+
+    ``window`` is the drain's counted window: its start and end (epoch seconds).
+    """
+    posted = sender.posted
+    start, end = window
+    connection = await asyncpg.connect(services.database_url)
+    try:
+        in_window = await connection.fetchval(
+            "SELECT count(*) FROM warehouse_adjustments"
+            " WHERE recorded_at BETWEEN to_timestamp($1) AND to_timestamp($2)",
+            start,
+            end,
+        )
+    finally:
+        await connection.close()
+    expected = level_after_drain(sender.before, orders)
+    checks = await adjustment_checks(services.database_url, expected, posted.sent)
+    confirmed = await queue_depth(services.amqp_url, SKU_EVENTS_QUEUE)
+    checks |= checked({"confirmed": confirmed}, {"confirmed": len(posted.sent)})
+    return AdjustmentFigures(
+        target_per_second=sender.rate,
+        sent=len(posted.sent),
+        sent_per_second=round(posted.rate, 1),
+        window_per_second=round(in_window / (end - start), 1),
+        answered=posted.answered,
+        skus=sender.skus,
+        checks=checks,
+        answer_ms={
+            "p50": round(percentile(posted.answer_ms, 0.5), 1),
+            "p99": round(percentile(posted.answer_ms, 0.99), 1),
+            "max": round(max(posted.answer_ms, default=math.nan), 1),
+        },
+    )
+
+
 async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> Drain:
     """Publish ``orders`` as a backlog, start the consumers (and the processes beside), measure.
 
@@ -1035,10 +1371,13 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
         groups[process.kind] = functools.partial(_kind_pids, beside, process.kind)
     depths: list[tuple[float, int]] = []
     stop_depths = asyncio.Event()
+    sender = await AdjustmentSender.for_drain(plan, kind, beside, orders)
     with CpuSampler(groups, database) as sampler:
         depth_task = asyncio.create_task(sample_depth(services.amqp_url, depths, stop_depths))
         for process in [*beside, *consumers]:
             process.start()
+        if sender is not None:
+            sender.start()
         try:
             await wait_committed(
                 services.database_url,
@@ -1047,6 +1386,8 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
                 consumers=[*consumers, *beside],
                 progress=rss.note,
             )
+            if sender is not None:
+                await sender.finish()
             if beside:
                 # The worker idles until the last confirm: stopped at once, its shutdown
                 # would fall into the counted window, which ends there.
@@ -1065,6 +1406,8 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
                 json.loads(simulator[0].get("/_simulator/stats") or "{}") if simulator else {}
             )
         finally:
+            if sender is not None:
+                await sender.cancel()
             for process in [*consumers, *beside]:
                 process.stop()
             stop_depths.set()
@@ -1101,6 +1444,9 @@ async def drain(plan: Plan, kind: str, orders: Sequence[Order], label: str) -> D
         peak_rss_by_orders=rss.by_orders,
         variant=plan.label,
         handoff=handoff,
+        adjustments=await adjustments_of_drain(services, sender, orders, (start, counted_end))
+        if sender is not None
+        else None,
     )
 
 
@@ -1508,6 +1854,7 @@ def report(drains: Sequence[Drain], latencies: Sequence[Latency], plans: Sequenc
         ]
     lines += _events_lines(drains)
     lines += _handoff_lines(drains)
+    lines += adjustment_lines(drains)
     for result in latencies:
         lines += ["", _latency_line(result)]
     return "\n".join(lines)
@@ -1521,7 +1868,12 @@ def _variant_text(variant: Plan, base: Plan) -> str:
         for name, value in variant.env.items()
         if base.env.get(name) != value and name != "FULFILMENT_WAREHOUSE_TOKEN"
     ]
-    return ", ".join([*(f"+ {name}" for name in added), *settings]) or "as the base"
+    adjusting = (
+        [f"{variant.adjust_per_second:g} adjustments/s of the {HOT_SKUS} hot SKUs"]
+        if variant.adjust_per_second != base.adjust_per_second
+        else []
+    )
+    return ", ".join([*(f"+ {name}" for name in added), *adjusting, *settings]) or "as the base"
 
 
 def _handoff_lines(drains: Sequence[Drain]) -> list[str]:
@@ -1544,6 +1896,27 @@ def _handoff_lines(drains: Sequence[Drain]) -> list[str]:
                 if h.window_seconds
                 else ""
             )
+        )
+    return ["", *lines] if lines else []
+
+
+def adjustment_lines(drains: Sequence[Drain]) -> list[str]:
+    """What the adjustments sent during each drain did, a line per drain that sent some."""
+    lines = []
+    for index, d in enumerate((d for d in drains if d.adjustments is not None), start=1):
+        a = d.adjustments
+        assert a is not None  # noqa: S101 - filtered above
+        failed = [key.removesuffix("_ok") for key, ok in a.checks.items() if ok is False]
+        lines.append(
+            f"adjusted drain {index}{_of_variant(d)}: {a.sent:,} `inventory.adjusted` of the"
+            f" {len(a.skus)} hot SKUs ({', '.join(a.skus)}) sent at {a.sent_per_second:,.1f}/s"
+            f" (target {a.target_per_second:g}/s), {a.window_per_second:,.1f}/s applied over the"
+            f" counted window; answers "
+            + ", ".join(f"{status}: {n:,}" for status, n in sorted(a.answered.items()))
+            + " in "
+            + ", ".join(f"{key} {number(ms, 1)} ms" for key, ms in a.answer_ms.items())
+            + "; each applied once, its event confirmed, stock exact: "
+            + ("yes" if a.applied_once else f"**no** ({', '.join(failed) or 'answers'})")
         )
     return ["", *lines] if lines else []
 
@@ -1650,9 +2023,12 @@ class OtlpSink:
 def variant_plan(text: str, base: Plan, sink: Callable[[], OtlpSink]) -> Plan:
     """The plan of ``--variant`` ``text`` (``LABEL; ITEM; ...``): ``base`` with the ITEMs.
 
+    ``adjust`` (or ``adjust=RATE``, :func:`adjust_rate`) sends adjustments of the hot SKUs to
+    the variant's intake during each drain, so it goes with ``webhooks``.
+
     Raises:
-        ValueError: no label, an unknown ITEM, or `warehouse` or `webhooks` where it cannot be
-            added.
+        ValueError: no label, an unknown ITEM, `warehouse` or `webhooks` where it cannot be
+            added, `adjust` without `webhooks` or with a rate that is not a positive number.
     """
     label, *items = [part.strip() for part in text.split(";")]
     if not label or "=" in label:
@@ -1660,7 +2036,8 @@ def variant_plan(text: str, base: Plan, sink: Callable[[], OtlpSink]) -> Plan:
         raise ValueError(msg)
     env = dict(base.env)
     beside = base.beside_worker
-    for item in items:
+    adjusts = [item for item in items if item.partition("=")[0].strip() == "adjust"]
+    for item in (item for item in items if item not in adjusts):
         if item == "warehouse":
             if base.hands_off or not beside:
                 msg = f"--variant {text!r}: warehouse needs the relay and no --warehouse"
@@ -1678,10 +2055,31 @@ def variant_plan(text: str, base: Plan, sink: Callable[[], OtlpSink]) -> Plan:
             env[name.strip()] = value.strip()
         else:
             msg = (
-                f"--variant {text!r}: {item!r} is neither warehouse, webhooks, otlp nor NAME=VALUE"
+                f"--variant {text!r}: {item!r} is neither warehouse, webhooks, otlp, adjust nor"
+                " NAME=VALUE"
             )
             raise ValueError(msg)
-    return replace(base, env=env, beside_worker=beside, label=label)
+    adjust = _variant_adjust(text, adjusts, beside, base.adjust_per_second)
+    return replace(base, env=env, beside_worker=beside, label=label, adjust_per_second=adjust)
+
+
+def _variant_adjust(
+    text: str, items: Sequence[str], beside: Sequence[ServiceProcess], base: float
+) -> float:
+    """The adjustments per second of variant ``text``: its last ``adjust`` item's, or ``base``.
+
+    Raises:
+        ValueError: a rate that is not a positive number, or no intake (``webhooks``) beside.
+    """
+    try:
+        adjust = adjust_rate(items[-1]) if items else base
+    except ValueError as error:
+        msg = f"--variant {text!r}: {error}"
+        raise ValueError(msg) from error
+    if adjust and not any(process.name == "webhooks" for process in beside):
+        msg = f"--variant {text!r}: adjust sends to the intake, which webhooks adds: add it"
+        raise ValueError(msg)
+    return adjust
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1740,7 +2138,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="LABEL; ITEM; ...",
         help="drain this variant of the configuration too, in every round beside it, and compare"
         " it with it: ITEMs are `warehouse` (the hand-off on, as --warehouse), `webhooks` (the"
-        " intake, `fulfilment webhooks`, running idle beside the worker), `otlp` (traces"
+        " intake, `fulfilment webhooks`, running idle beside the worker), `adjust` or"
+        " `adjust=RATE` (with `webhooks`: signed inventory.adjusted webhooks of the backlog's"
+        f" {HOT_SKUS} most ordered SKUs sent to that intake at RATE a second, default"
+        f" {ADJUST_PER_SECOND:g}, while the worker drains), `otlp` (traces"
         " exported to a sink the benchmark serves, which only counts them) and NAME=VALUE"
         " settings, e.g. 'tracing 1 %%; otlp; OTEL_TRACES_SAMPLER=parentbased_traceidratio;"
         " OTEL_TRACES_SAMPLER_ARG=0.01'; repeat for more",
@@ -1835,14 +2236,15 @@ def drain_rounds(
                 + f", peak RSS {result.peak_rss_mib} MiB (beside "
                 + f"{result.beside_peak_rss_mib}), {result.outcomes}, per order "
                 + f"{result.database_per_order}, events {result.events}"
-                + (f", hand-off {result.handoff}" if result.handoff else ""),
+                + (f", hand-off {result.handoff}" if result.handoff else "")
+                + (f", adjustments {result.adjustments}" if result.adjustments else ""),
                 flush=True,
             )
     return drains
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; print the table; return the exit code."""
+    """Run the benchmark; print the table; return the exit code (1: an adjustment not once)."""
     args = parse_args(argv)
     workload = load_workload(args.data)
     backlog = workload.make_orders(
@@ -1942,7 +2344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.results / f"bench-{stamp}.json"
     out.write_text(json.dumps(document, indent=2))
     print(f"\nresults: {out}")
-    return 0
+    return 1 if any(d.adjustments and not d.adjustments.applied_once for d in drains) else 0
 
 
 if __name__ == "__main__":

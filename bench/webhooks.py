@@ -8,14 +8,20 @@
 2. plans a burst of N ``shipment.shipped`` webhooks (default 20,000): orders of 1 to 3 lines
    over the 1,000 SKUs of the Online Retail sample (``workload.py``), each shipped whole, in
    one shipment or, for about a third of the orders that have more than one unit, in two
-   (by lines, or the units of a single line split), the shipments in a shuffled order;
-3. for each of ``--rounds`` rounds, alternately the intake then the reference: empties its
-   database, loads the stock, reserves the orders through the service's own SQL
-   (``place_orders()`` with the hand-off on, in batches, then the fulfilment orders marked
-   accepted by the warehouse, as the dispatcher leaves them), starts the receiver as a process
-   of its own, signs every webhook with the ``standardwebhooks`` package (one secret), and
-   sends them from ``--senders`` concurrent senders, each an ``httpx.AsyncClient`` keeping one
-   connection alive, each sending its next webhook when the last was answered;
+   (by lines, or the units of a single line split), the shipments in a shuffled order; with
+   ``--kind adjustments`` or ``both``, also a burst of N ``inventory.adjusted`` webhooks of
+   the same SKUs, drawn uniformly (``workload.plan_adjustments``: receipts and small losses,
+   each SKU's never taking more than its own receipts gave);
+3. for each of ``--rounds`` rounds, alternately the intake then the reference (with
+   ``--kind both``, the intake's shipment burst then its adjustment burst, then the
+   reference's shipment burst: the reference takes shipments only): empties its database,
+   loads the stock, reserves the orders through the service's own SQL (``place_orders()``
+   with the hand-off on, in batches, then the fulfilment orders marked accepted by the
+   warehouse, as the dispatcher leaves them; before an adjustment burst too, so that both
+   kinds meet the same database), starts the receiver as a process of its own, signs every
+   webhook with the ``standardwebhooks`` package (one secret), and sends them from
+   ``--senders`` concurrent senders, each an ``httpx.AsyncClient`` keeping one connection
+   alive, each sending its next webhook when the last was answered;
 4. measures each burst: the webhooks answered per second from the 1st percentile of the
    answers to the last (the receivers' start-up left out, as ``run.py`` leaves out the
    worker's); answer time p50/p99/max (from the request's start to its answer, at the
@@ -25,13 +31,20 @@
    receiver's peak RSS; then, the receiver stopped, that nothing was lost: rows in
    ``warehouse_shipments`` and ``webhook_inbox`` and ``stock.shipped`` outbox rows equal to
    the shipments sent, every order shipped and holding nothing, every SKU's ``on_hand``,
-   ``reserved`` and ``shipped`` exactly what the shipments took;
-5. prints the table burst by burst (each round: the intake, the reference, their ratio) and
-   the medians with their ratio, and writes everything as JSON to ``--results``.
+   ``reserved`` and ``shipped`` exactly what the shipments took; after an adjustment burst,
+   one ``warehouse_adjustments`` row per adjustment sent, each applied whole, one
+   ``webhook_inbox`` row ``adjusted`` and one ``stock.adjusted`` outbox row for each, no
+   ``stock.shortage`` and no discrepancy, every SKU's ``on_hand`` its level before the burst
+   plus the deltas sent, ``reserved`` and ``shipped`` as they were;
+5. prints the table burst by burst (each round: the intake, the reference, their ratio; the
+   intake's adjustments over its shipments) and the medians with their ratios, and writes
+   everything as JSON to ``--results``.
 
 The reference (``webhook_reference.py``) is a bare ASGI app under uvicorn (httptools, as the
-intake)
-with a pool of one asyncpg connection per sender, one transaction per webhook. Nothing here
+intake) with a pool of one asyncpg connection per sender, one transaction per webhook. It
+takes shipments only: the adjustments' target compares the intake's adjustment with its own
+shipment, and a hand-written adjustment path would be a second copy of ``record_adjustments()``
+to keep in step for no target. Nothing here
 runs a relay: the result events stay in the outbox and are counted there. The benchmark is not
 run by CI: it takes minutes and its figures depend on the machine.
 """
@@ -41,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -51,7 +65,7 @@ import time
 import urllib.parse
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,15 +73,33 @@ from typing import Any
 
 import asyncpg
 import httpx
-from figures import markdown_table, median, number, percentile, times
+from figures import markdown_table, median, number, percentile, ratio, times
 from measure import CpuSampler, peak_rss_bytes
 from run import WEBHOOK_SECRET as SECRET
-from run import Consumer, _free_port, cpu_model, dedicated_database, reset_database
-from standardwebhooks import Webhook
-from workload import ON_HAND, Order, Workload, load_workload
+from run import (
+    Consumer,
+    _free_port,
+    adjustment_checks,
+    checked,
+    cpu_model,
+    dedicated_database,
+    reset_database,
+    stock_levels,
+)
+from workload import (
+    ON_HAND,
+    Adjustment,
+    Order,
+    Workload,
+    load_workload,
+    net_deltas,
+    plan_adjustments,
+    signed,
+)
+
+from fulfilment.intake.app import WEBHOOK_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
-WEBHOOK_PATH = "/webhooks/warehouse"
 SETUP_CONSUMER = "bench-setup"
 """``inbox_messages.consumer`` of the orders reserved before a burst."""
 SETUP_BATCH = 1_000
@@ -79,6 +111,10 @@ WARM_UP_SHARE = 0.01
 SENDER_TIMEOUT_SECONDS = 30.0
 """A sender's wait for one answer; longer is counted as an error, not retried."""
 RECEIVERS = ("intake", "reference")
+SENT = ("shipments", "adjustments")
+"""The kinds of burst: ``shipment.shipped`` or ``inventory.adjusted`` webhooks."""
+KINDS = (*SENT, "both")
+"""``--kind``: one kind of burst, or both in turn."""
 
 ACCEPT_FULFILMENT_ORDERS = """
 UPDATE warehouse_requests
@@ -246,28 +282,6 @@ class Answer:
     """The HTTP status; 0 when the request failed (timeout, connection lost)."""
 
 
-def signed(shipments: Sequence[Shipment]) -> list[tuple[dict[str, str], bytes]]:
-    """Each shipment's headers and body, signed now by the ``standardwebhooks`` package."""
-    webhook = Webhook(SECRET)
-    now = datetime.now(UTC)
-    requests = []
-    for shipment in shipments:
-        body = shipment.body(now)
-        webhook_id = f"msg_{uuid.uuid4().hex}"
-        requests.append(
-            (
-                {
-                    "webhook-id": webhook_id,
-                    "webhook-timestamp": str(int(now.timestamp())),
-                    "webhook-signature": webhook.sign(webhook_id, now, body.decode()),
-                    "content-type": "application/json",
-                },
-                body,
-            )
-        )
-    return requests
-
-
 async def burst(
     url: str, requests: Sequence[tuple[dict[str, str], bytes]], senders: int
 ) -> list[Answer]:
@@ -314,6 +328,7 @@ class Burst:
     """One burst into one receiver: rates per second, times in ms, CPU in s per 1,000 webhooks."""
 
     kind: str
+    """The receiver: ``intake`` or ``reference``."""
     webhooks: int
     rate: float
     """Webhooks answered per second from the warm-up share of the answers to the last."""
@@ -324,6 +339,8 @@ class Burst:
     cpu_per_1000: dict[str, float]
     peak_rss_mib: float
     checks: dict[str, Any] = field(default_factory=dict)
+    sent: str = "shipments"
+    """What the burst was made of: ``shipments`` or ``adjustments`` (:data:`SENT`)."""
 
     @property
     def not_2xx(self) -> int:
@@ -368,17 +385,16 @@ async def checks(
         if (row["on_hand"], row["reserved"], row["shipped"])
         != (ON_HAND - shipped[row["sku"]], 0, shipped[row["sku"]])
     ]
-    expected = {
-        "shipments": len(shipments),
-        "webhooks": len(shipments),
-        "events": len(shipments),
-        "orders_shipped": len(orders),
-        "units_held": 0,
-    }
-    result: dict[str, Any] = {}
-    for name, value in found.items():
-        result[name] = value
-        result[f"{name}_ok"] = value == expected[name]
+    result = checked(
+        found,
+        {
+            "shipments": len(shipments),
+            "webhooks": len(shipments),
+            "events": len(shipments),
+            "orders_shipped": len(orders),
+            "units_held": 0,
+        },
+    )
     result["skus_wrong"] = len(wrong)
     result["stock_ok"] = not wrong
     return result
@@ -389,14 +405,19 @@ async def run_burst(  # noqa: PLR0913 - one burst's parts, each by name
     database_url: str,
     workload: Workload,
     orders: Sequence[Order],
-    shipments: Sequence[Shipment],
+    webhooks: Sequence[Shipment] | Sequence[Adjustment],
     *,
     senders: int,
     logs: Path,
     label: str,
 ) -> Burst:
-    """Prepare the database, start the receiver, send the burst, stop it, measure and check."""
+    """Prepare the database, start the receiver, send the burst, stop it, measure and check.
+
+    ``webhooks`` are the shipments of ``orders``, or adjustments (``orders`` are reserved
+    before them too, so that both kinds of burst meet the same database).
+    """
     await prepare(database_url, workload, orders)
+    before = await stock_levels(database_url)
     process, port = receiver(kind, database_url, logs, label, senders)
     database = urllib.parse.urlsplit(database_url).path.lstrip("/")
     with CpuSampler(
@@ -409,7 +430,7 @@ async def run_burst(  # noqa: PLR0913 - one burst's parts, each by name
         process.start()
         try:
             process.wait_ready()
-            requests = signed(shipments)
+            requests = signed(webhooks, SECRET)
             answers = await burst(f"http://127.0.0.1:{port}{WEBHOOK_PATH}", requests, senders)
             assert process.process is not None  # noqa: S101 - started above
             rss = peak_rss_bytes(process.process.pid) / 2**20
@@ -420,9 +441,11 @@ async def run_burst(  # noqa: PLR0913 - one burst's parts, each by name
     start, end, counted = ends[skip], ends[-1], len(ends) - skip - 1
     durations = [(answer.answered - answer.started) * 1000 for answer in answers]
     cpu = sampler.between(start, end)
+    adjustments = [webhook for webhook in webhooks if isinstance(webhook, Adjustment)]
+    shipments = [webhook for webhook in webhooks if isinstance(webhook, Shipment)]
     return Burst(
         kind=kind,
-        webhooks=len(shipments),
+        webhooks=len(webhooks),
         rate=counted / (end - start),
         overall_rate=len(answers) / (end - min(answer.started for answer in answers)),
         answer_ms={
@@ -433,13 +456,30 @@ async def run_burst(  # noqa: PLR0913 - one burst's parts, each by name
         statuses=dict(Counter(str(answer.status) for answer in answers)),
         cpu_per_1000={group: seconds / counted * 1000 for group, seconds in cpu.items()},
         peak_rss_mib=round(rss, 1),
-        checks=await checks(database_url, orders, shipments),
+        checks=await adjustment_checks(database_url, before, adjustments)
+        if adjustments
+        else await checks(database_url, orders, shipments),
+        sent="adjustments" if adjustments else "shipments",
     )
 
 
 # --- the report -----------------------------------------------------------------------------
 
 CPU_GROUPS = ("receiver", "senders", "postgres")
+ANSWER_QUANTILES = ("p50", "p99", "max")
+
+Group = tuple[str, str]
+"""The bursts of one receiver and one kind of webhook: ``(kind, sent)``."""
+
+COMPARED: tuple[tuple[Group, Group, str], ...] = (
+    (("intake", "shipments"), ("reference", "shipments"), "intake / reference, shipments"),
+    (("intake", "adjustments"), ("intake", "shipments"), "adjustments / shipments, intake"),
+)
+"""The ratios the table gives when both sides ran: each group over the other, and its name."""
+
+
+def _group(burst: Burst) -> Group:
+    return burst.kind, burst.sent
 
 
 def _cells(label: str, burst: Burst) -> list[str]:
@@ -447,9 +487,7 @@ def _cells(label: str, burst: Burst) -> list[str]:
     return [
         label,
         number(burst.rate),
-        number(burst.answer_ms["p50"], 1),
-        number(burst.answer_ms["p99"], 1),
-        number(burst.answer_ms["max"], 1),
+        *(number(burst.answer_ms[q], 1) for q in ANSWER_QUANTILES),
         f"{burst.not_2xx:,}",
         "no" if not burst.lost else "**yes**",
         *(f"{cpu[group]:.3f}" for group in CPU_GROUPS),
@@ -464,7 +502,7 @@ def _median_burst(bursts: Sequence[Burst]) -> Burst:
         webhooks=bursts[0].webhooks,
         rate=median([b.rate for b in bursts]),
         overall_rate=median([b.overall_rate for b in bursts]),
-        answer_ms={q: median([b.answer_ms[q] for b in bursts]) for q in ("p50", "p99", "max")},
+        answer_ms={q: median([b.answer_ms[q] for b in bursts]) for q in ANSWER_QUANTILES},
         statuses=dict(sum((Counter(b.statuses) for b in bursts), Counter())),
         cpu_per_1000={
             group: median([b.cpu_per_1000[group] for b in bursts])
@@ -472,48 +510,70 @@ def _median_burst(bursts: Sequence[Burst]) -> Burst:
         },
         peak_rss_mib=median([b.peak_rss_mib for b in bursts]),
         checks={"all_ok": not any(b.lost for b in bursts)},
+        sent=bursts[0].sent,
     )
 
 
-def _ratio_cells(label: str, intake: Burst, reference: Burst) -> list[str]:
-    def over(a: float, b: float) -> str:
-        return times(a / b) if b else "-"
+def ratios(burst: Burst, other: Burst) -> dict[str, float]:
+    """``burst`` over ``other``: the rate, each answer time and each CPU group's per 1,000."""
+    return (
+        {"rate": ratio(burst.rate, other.rate)}
+        | {q: ratio(burst.answer_ms[q], other.answer_ms[q]) for q in ANSWER_QUANTILES}
+        | {
+            group: ratio(burst.cpu_per_1000[group], other.cpu_per_1000[group])
+            for group in CPU_GROUPS
+        }
+    )
 
+
+def _median_ratios(of: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each ratio's median over ``of``, the rounds' own."""
+    return {key: median([each[key] for each in of]) for key in of[0]}
+
+
+def _ratio_cells(label: str, figures: Mapping[str, float]) -> list[str]:
     return [
         label,
-        f"**{over(intake.rate, reference.rate)}**",
-        over(intake.answer_ms["p50"], reference.answer_ms["p50"]),
-        over(intake.answer_ms["p99"], reference.answer_ms["p99"]),
-        over(intake.answer_ms["max"], reference.answer_ms["max"]),
+        f"**{times(figures['rate'])}**",
+        *(times(figures[q]) for q in ANSWER_QUANTILES),
         "",
         "",
-        *(over(intake.cpu_per_1000[group], reference.cpu_per_1000[group]) for group in CPU_GROUPS),
+        *(times(figures[group]) for group in CPU_GROUPS),
         "",
         "",
     ]
 
 
 def report(bursts: Sequence[Burst], senders: int) -> str:
-    """The table, round by round, then the medians and their ratio, as Markdown."""
-    intake = [b for b in bursts if b.kind == "intake"]
-    reference = [b for b in bursts if b.kind == "reference"]
+    """The table, round by round, then the medians and their ratios, as Markdown.
+
+    A round is each group's burst (:data:`Group`, in the order they ran) and the ratios of
+    :data:`COMPARED` whose both sides ran; then each group's medians, the ratios of the
+    medians, and the medians of the rounds' ratios (which pair bursts of the same round).
+    """
+    groups: dict[Group, list[Burst]] = {}
+    for each in bursts:
+        groups.setdefault(_group(each), []).append(each)
+    compared = [(a, b, name) for a, b, name in COMPARED if a in groups and b in groups]
     rows: list[list[str]] = []
-    for index in range(max(len(intake), len(reference))):
-        if index < len(intake):
-            rows.append(_cells(f"round {index + 1}: intake", intake[index]))
-        if index < len(reference):
-            rows.append(_cells(f"round {index + 1}: reference", reference[index]))
-        if index < len(intake) and index < len(reference):
-            rows.append(_ratio_cells(f"round {index + 1}: ratio", intake[index], reference[index]))
-    medians = {
-        kind: _median_burst(of) for kind, of in (("intake", intake), ("reference", reference)) if of
-    }
-    for kind, burst in medians.items():
-        rows.append(_cells(f"**median: {kind}**", burst))
-    if len(medians) == 2:
-        rows.append(_ratio_cells("**median: ratio**", medians["intake"], medians["reference"]))
-        round_ratios = [i.rate / r.rate for i, r in zip(intake, reference, strict=False)]
-        rows.append(["**median of the rounds' ratios**", f"**{times(median(round_ratios))}**"])
+    round_ratios: dict[str, list[dict[str, float]]] = {name: [] for _, _, name in compared}
+    for index in range(max(len(of) for of in groups.values())):
+        for (kind, sent), of in groups.items():
+            if index < len(of):
+                rows.append(_cells(f"round {index + 1}: {kind}, {sent}", of[index]))
+        for a, b, name in compared:
+            if index < len(groups[a]) and index < len(groups[b]):
+                round_ratios[name].append(ratios(groups[a][index], groups[b][index]))
+                rows.append(_ratio_cells(f"round {index + 1}: {name}", round_ratios[name][-1]))
+    medians = {group: _median_burst(of) for group, of in groups.items()}
+    for (kind, sent), burst in medians.items():
+        rows.append(_cells(f"**median: {kind}, {sent}**", burst))
+    for a, b, name in compared:
+        rows.append(_ratio_cells(f"**median: {name}**", ratios(medians[a], medians[b])))
+    for _, _, name in compared:
+        rows.append(
+            _ratio_cells(f"**median of the rounds: {name}**", _median_ratios(round_ratios[name]))
+        )
     header = [
         "burst",
         "webhooks/s",
@@ -526,13 +586,16 @@ def report(bursts: Sequence[Burst], senders: int) -> str:
         "rest",
         "peak RSS MiB",
     ]
+    made_of = " or ".join(
+        f"`{'shipment.shipped' if sent == 'shipments' else 'inventory.adjusted'}`"
+        for sent in dict.fromkeys(sent for _, sent in groups)
+    )
     lead = (
-        f"webhooks per burst: {bursts[0].webhooks:,} `shipment.shipped`; {senders} senders"
+        f"webhooks per burst: {bursts[0].webhooks:,} {made_of}; {senders} senders"
         " (httpx, keep-alive); rate and CPU from the 1st percentile of the answers to the last;"
         " answer time at the sender; lost: any of the checks after the burst failed"
     )
-    padded = [row + [""] * (len(header) - len(row)) for row in rows]
-    return "\n".join([lead, "", *markdown_table(header, padded)])
+    return "\n".join([lead, "", *markdown_table(header, rows)])
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -551,7 +614,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--receiver",
         choices=RECEIVERS,
         action="append",
-        help="burst into this receiver only (repeat for both; default: both)",
+        help="burst into this receiver only (repeat for both; default: both, or the intake"
+        " alone with --kind adjustments)",
+    )
+    parser.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="shipments",
+        help="the bursts' webhooks: shipment.shipped, inventory.adjusted, or both, a burst of"
+        " each in turn into the intake in every round (the reference takes shipments only)",
     )
     parser.add_argument(
         "--data", type=Path, default=ROOT / "data/sample/online-retail", help="Online Retail CSVs"
@@ -566,7 +637,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         ),
         help="PostgreSQL URL allowed to create databases (env FULFILMENT_BENCH_DATABASE_URL)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.kind == "adjustments" and "reference" in (args.receiver or ()):
+        parser.error("--kind adjustments: the reference takes shipments only (--receiver intake)")
+    return args
+
+
+def round_plan(receivers: Sequence[str] | None, kind: str) -> list[Group]:
+    """The bursts of one round, in order: ``(receiver, sent)``.
+
+    Each receiver of ``receivers`` (None: both, as :data:`RECEIVERS` orders them) in turn, the
+    intake with a burst of each kind of ``kind`` (shipments first), the reference with
+    shipments only (none when ``kind`` is ``adjustments``).
+    """
+    sent = SENT if kind == "both" else (kind,)
+    return [
+        (receiver, each)
+        for receiver in RECEIVERS
+        if receiver in (receivers or RECEIVERS)
+        for each in sent
+        if receiver == "intake" or each == "shipments"
+    ]
 
 
 async def postgres_version(database_url: str) -> str:
@@ -588,9 +679,15 @@ def databases(admin_url: str, kinds: Sequence[str]) -> Iterator[dict[str, str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the table; return the exit code (1 when anything was lost)."""
     args = parse_args(argv)
-    kinds = [kind for kind in RECEIVERS if kind in (args.receiver or RECEIVERS)]
+    plan = round_plan(args.receiver, args.kind)
+    kinds = list(dict.fromkeys(kind for kind, _ in plan))
     workload = load_workload(args.data)
     orders, shipments = plan_shipments(workload, args.webhooks, args.seed)
+    adjustments = list(
+        itertools.islice(
+            plan_adjustments(workload.skus, seed=args.seed, namespace="burst"), args.webhooks
+        )
+    )
     args.results.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     bursts: list[Burst] = []
@@ -603,25 +700,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = asyncio.run(postgres_version(next(iter(urls.values()))))
         print(
             f"{len(shipments):,} shipments of {len(orders):,} orders"
-            f" ({len(shipments) - len(orders):,} orders in two)",
+            f" ({len(shipments) - len(orders):,} orders in two)"
+            + (
+                f"; {len(adjustments):,} adjustments, {sum(net_deltas(adjustments).values()):+,}"
+                " units together"
+                if any(sent == "adjustments" for _, sent in plan)
+                else ""
+            ),
             flush=True,
         )
         for round_number in range(1, args.rounds + 1):
-            for kind in kinds:
+            for kind, sent in plan:
                 result = asyncio.run(
                     run_burst(
                         kind,
                         urls[kind],
                         workload,
                         orders,
-                        shipments,
+                        shipments if sent == "shipments" else adjustments,
                         senders=args.senders,
                         logs=logs,
-                        label=f"round{round_number}",
+                        label=f"round{round_number}-{sent}",
                     )
                 )
                 bursts.append(result)
-                print(f"round {round_number} {kind}: {asdict(result)}", flush=True)
+                print(f"round {round_number} {kind}, {sent}: {asdict(result)}", flush=True)
     table = report(bursts, args.senders)
     machine = (
         f"{os.cpu_count()} CPUs ({cpu_model()}), PostgreSQL {server},"
