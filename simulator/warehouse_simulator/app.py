@@ -484,6 +484,8 @@ class WarehouseSimulator:
             self.webhooks.reenable()
         if any(name in RATE_KNOBS for name in changes):
             self.shelves.start()
+        if "work_held" in changes:
+            self.floor.wake()
         if "down_for_seconds" in changes and self.faults.down_mode == "refuse":
             self.go_down(float(changes["down_for_seconds"]), mode="refuse")
         return reply(200, self.faults.document())

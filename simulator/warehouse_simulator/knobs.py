@@ -64,6 +64,9 @@ class Faults:
         cancel_rate: fraction (0 to 1) of an order's SKUs of which the warehouse cancels 1 to
             all the units left, reason ``unfulfillable``; all of everything left is a
             cancellation without lines.
+        work_held: while true the warehouse does none of its work (cancels, shipments): what
+            falls due waits, and is done once it is false again. A pick is still a pick: a
+            shop's cancellation after ``pick_delay_seconds`` is refused ``too_late``.
 
     The webhooks (:mod:`~.webhooks`; Standard Webhooks 1.0, signed with the
     ``standardwebhooks`` package), sent for every shipment and cancellation of the warehouse's
@@ -130,6 +133,7 @@ class Faults:
     split_rate: float = 0.3
     max_shipments: int = 3
     cancel_rate: float = 0.0
+    work_held: bool = False
 
     webhook_url: str | None = None
     webhook_secrets: tuple[str, ...] = (DEFAULT_WEBHOOK_SECRET,)
@@ -233,6 +237,13 @@ def _number(name: str, value: object) -> float | int | None:
     return float(value)
 
 
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        msg = f"{name} must be true or false"
+        raise ValueError(msg)  # noqa: TRY004 - every refused knob is a ValueError (a 400)
+    return value
+
+
 def _token(name: str, value: object) -> str:
     if not isinstance(value, str):
         msg = f"{name} must be a string"
@@ -280,6 +291,7 @@ def _secrets(_name: str, value: object) -> tuple[str, ...]:
 
 _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "token": _token,
+    "work_held": _flag,
     "webhook_url": _url,
     "webhook_secrets": _secrets,
     "webhook_retry_seconds": _waits,

@@ -156,16 +156,22 @@ class Floor:
         self._idle.clear()
         self._wake.set()
 
+    def wake(self) -> None:
+        """Look at the knobs again now (``work_held`` changed)."""
+        self._wake.set()
+
     async def _work(self) -> None:
         while True:
             now = time.monotonic()
-            while self._due and self._due[0][0] <= now:
+            held = self.faults.work_held
+            while not held and self._due and self._due[0][0] <= now:
                 _, _, order_id = heapq.heappop(self._due)
                 self._step(self.orders[order_id], now)
             self._wake.clear()
             if not self._due:
                 self._idle.set()
-            wait = self._due[0][0] - now if self._due else None
+            # Held: nothing is due until woken (work_held set false again).
+            wait = self._due[0][0] - now if self._due and not held else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 

@@ -187,13 +187,26 @@ DAY_LINE = re.compile(
     r" (?P<cancellations>\d+(?: \([^)]*\))?), warehouse shipments (?P<shipments>\d+)"
     r"(?: \(shipped (?P<shipped_outcome>\d+)\))?; units reserved (?P<reserved>\d+), released"
     r" (?P<released>\d+), released by the warehouse (?P<released_by_warehouse>\d+), shipped"
-    r" (?P<shipped>\d+); stock now on hand (?P<on_hand>\d+), reserved (?P<left>\d+)$",
+    r" (?P<shipped>\d+), adjusted by the warehouse \+(?P<received>\d+) -(?P<removed>\d+);"
+    r" stock now on hand (?P<on_hand>\d+), reserved (?P<left>\d+)$",
     re.MULTILINE,
 )
 
 
 def day_lines(out: str) -> dict[str, re.Match[str]]:
     return {match["day"]: match for match in DAY_LINE.finditer(out)}
+
+
+SETTLED = re.compile(
+    r"^2010-12-02: the shortage of 22109 settled by the warehouse's cancellation of"
+    r" (?P<units>\d+) units? of it \((?P<ids>CXL-[-\w, ]+), unfulfillable\): on hand"
+    r" (?P<on_hand>\d+), reserved 0; stock.shortage short 1 -> 0$",
+    re.MULTILINE,
+)
+DRIFT_AGREES = (
+    "stock drift (fulfilment stock drift, the service's on hand beside the warehouse's):\n"
+    "  1368 SKU(s) compared with the warehouse's inventory as of "
+)
 
 
 async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_second_run_changes_nothing(  # noqa: E501, PLR0915
@@ -212,7 +225,8 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
     )
     days = day_lines(out)
     assert list(days) == ["2010-12-02", "2010-12-23"], out
-    assert days["2010-12-02"]["orders"] == "143 (rejected 34, reserved 109)"
+    # Order 536755 asks for 1 of 22109, which the warehouse's damage left short before it came.
+    assert days["2010-12-02"]["orders"] == "143 (rejected 35, reserved 108)"
     # C539949 cancels an order of 2 December that was rejected: nothing to give back.
     assert days["2010-12-23"]["orders"] == "27 (rejected 4, reserved 23)"
     assert days["2010-12-23"]["cancellations"] == "1 (cancel_ignored 1)"
@@ -230,15 +244,40 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
             >= (news[day]["unsent"])
         )
         assert news[day]["tracking"] >= news[day]["shipments"]
-        assert f"{day}: stock checked: on hand = as the run began - units shipped" in out
-    assert sum(n["whole"] + n["part"] + n["none"] for n in news.values()) == 132
+        assert (
+            f"{day}: stock checked: on hand = as the run began + adjustments applied - units"
+            " shipped, reserved = units the reserved orders' lines hold, for every SKU; short SKUs"
+            " (after a reported loss) 0"
+        ) in out
+    # The warehouse's receipt and damage, staged at the first day's middle order with its
+    # work held: the damage leaves 22109 short, the next order asking for it is refused, and
+    # the warehouse's cancellation of what its shelf lacks settles it.
+    assert (days["2010-12-02"]["received"], days["2010-12-02"]["removed"]) == ("12", "2")
+    assert (days["2010-12-23"]["received"], days["2010-12-23"]["removed"]) == ("0", "0")
+    assert (
+        "2010-12-02: at 13:45, the warehouse's work held, it received 12 of 22616 (on hand 653 ->"
+        " 665) and found 2 of 22109 damaged while the morning's orders held 24 of its 25: on hand"
+        " 23, reserved 24, short 1 (stock.adjusted 2, stock.shortage short 1)\n"
+        "2010-12-02: 22109 short: order 536755 asking for 1 of it (1 were available before the"
+        " damage) rejected insufficient_stock naming it; its reserved stays 24\n"
+    ) in out
+    settled = SETTLED.search(out)
+    assert settled, out
+    assert out.index(DRIFT_AGREES) > out.index("2010-12-23: stock checked")
+    assert re.search(
+        r"^  1368 SKU\(s\) compared .*: 1368 agree, 0 differ by units of orders in flight,"
+        r" 0 unexplained$",
+        out,
+        re.MULTILINE,
+    ), out
+    assert sum(n["whole"] + n["part"] + n["none"] for n in news.values()) == 131
     totals = {name: sum(n[name] for n in news.values()) for name in next(iter(news.values()))}
     # The simulator's knobs at work on the sample: split shipments, a few of the warehouse's
     # own cancellations, a few webhooks never sent that the dispatcher's poll found.
     assert totals["shipments"] > totals["whole"] + totals["part"], totals
     assert totals["cancellations"] > 0, totals
     assert totals["unsent"] > 0, totals
-    assert sum(int(d["reserved"]) for d in days.values()) == 21096 + 3198
+    assert sum(int(d["reserved"]) for d in days.values()) == 21081 + 3198
     assert "published 170 OrderPlaced, 1 OrderCancelled and 0 OrderShipped events" in out
     # The children's logs in one folder, named in one line, replaced by the next run.
     assert f"logs of the relay, the warehouse system and the worker: {LOG_DIR}" in out
@@ -246,7 +285,7 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
     assert f"log {LOG_DIR / 'webhooks.log'})" in out
     assert (
         "this run's outcomes\n"
-        "  order_placed: rejected:insufficient_stock 31, rejected:unknown_sku 7, reserved 132\n"
+        "  order_placed: rejected:insufficient_stock 32, rejected:unknown_sku 7, reserved 131\n"
         "  order_cancelled: ignored 1\n"
     ) in out
     for kind, count in (("OrderPlaced", 170), ("OrderCancelled", 1), ("OrderShipped", 0)):
@@ -256,19 +295,19 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
         ) in out
     assert "stock invariants               hold" in out
     # The demo's own consumer of fulfilment.events received every result event the run wrote:
-    # one stock.shipped per shipment of the warehouse, one stock.released per cancellation.
+    # one stock.shipped per shipment of the warehouse, one stock.released per cancellation, one
+    # stock.adjusted per adjustment staged, one stock.shortage per change of the shortfall.
     assert "relay stopped with exit code 0" in out
     assert "intake stopped with exit code 0" in out
     received = result_event_lines(out)
     assert {key: (published, got) for key, (published, got, _) in received.items()} == {
-        "stock.reserved": (132, 132),
-        "stock.rejected": (38, 38),
+        "stock.reserved": (131, 131),
+        "stock.rejected": (39, 39),
         "stock.released": (totals["cancellations"], totals["cancellations"]),
         "stock.shipped": (totals["shipments"], totals["shipments"]),
         "stock.cancel_refused": (0, 0),
-        # The demo's warehouse reports no adjustment of its stock, so no SKU becomes short.
-        "stock.adjusted": (0, 0),
-        "stock.shortage": (0, 0),
+        "stock.adjusted": (2, 2),
+        "stock.shortage": (2, 2),
     }
     assert await outbox_rows(db) == {
         key: published for key, (published, _, _) in received.items() if published
@@ -286,20 +325,40 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
     taken = await db.fetchval("SELECT sum(taken) FROM warehouse_shipment_lines")
     assert taken == sum(int(d["shipped"]) for d in days.values())
     assert await db.fetchval("SELECT count(*) FROM warehouse_discrepancies") == 0
+    adjustments = await db.fetch(
+        "SELECT sku, delta, applied, reason, source FROM warehouse_adjustments ORDER BY delta"
+    )
+    assert [tuple(row) for row in adjustments] == [
+        ("22109", -2, -2, "damaged", "webhook"),
+        ("22616", 12, 12, "received", "webhook"),
+    ]
+    released = await db.fetch(
+        "SELECT c.cancellation_id, l.released FROM warehouse_cancellations c"
+        " JOIN warehouse_cancellation_lines l USING (cancellation_id)"
+        " WHERE l.sku = '22109' AND l.released > 0"
+    )
+    assert {row["cancellation_id"] for row in released} == set(settled["ids"].split(", "))
+    assert sum(row["released"] for row in released) == int(settled["units"])
+    # The shelf lacked 1 unit: 0 left, unless the warehouse also cancelled units of it on its
+    # own (its cancel rate), which then stayed on the shelf.
+    assert tuple(
+        await db.fetchrow("SELECT on_hand, reserved FROM stock_levels WHERE sku = '22109'")
+    ) == (int(settled["units"]) - 1, 0)
     before = await stock_fingerprint(db)
-    # What the warehouse's shipments left: the units it cancelled stayed on hand.
-    assert before[1:3] == (12214 + totals["released"], 0)
+    # What the warehouse's shipments left: the units it cancelled stayed on hand, and the
+    # adjustments applied (+12 -2); 536755's 15 units, refused, were never reserved.
+    assert before[1:3] == (12214 + 15 + 12 - 2 + totals["released"], 0)
     states = await order_states(db)
-    assert states["rejected"] == 38
-    assert states["shipped"] + states.get("released", 0) == 132
+    assert states["rejected"] == 39
+    assert states["shipped"] + states.get("released", 0) == 131
     # The hand-off: each day's reservations are the warehouse's orders, one each.
     handed = warehouse_days(out)
-    assert handed["2010-12-02"] == (109, 109, 0, 0)
+    assert handed["2010-12-02"] == (108, 108, 0, 0)
     assert len(handed) == len(days)  # one warehouse line per day
     assert all(orders == reserved for orders, reserved, _, _ in handed.values())
-    assert sum(orders for orders, _, _, _ in handed.values()) == 132
+    assert sum(orders for orders, _, _, _ in handed.values()) == 131
     assert re.search(
-        r"^warehouse system \(simulator, pick delay 1 s\): received 132 fulfilment orders for 132"
+        r"^warehouse system \(simulator, pick delay 1 s\): received 131 fulfilment orders for 131"
         r" reservations, cancellations accepted 0, refused 0; sent shipments \d+ .*; each checked"
         r" against the reservations and the simulator's record; dispatcher stopped with exit"
         r" code 0$",
@@ -310,7 +369,7 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
         "SELECT kind, status, count(*), count(DISTINCT order_id), count(DISTINCT warehouse_id)"
         " FROM warehouse_requests GROUP BY kind, status"
     )
-    assert [tuple(row) for row in requests] == [("fulfilment_order", "accepted", 132, 132, 132)]
+    assert [tuple(row) for row in requests] == [("fulfilment_order", "accepted", 131, 131, 131)]
     assert_warehouse_system_stopped(out)
 
     second = demo(worker_env)
@@ -318,16 +377,23 @@ async def test_the_demo_ships_the_sample_from_the_warehouse_s_webhooks_and_a_sec
     assert second.returncode == 0, second.stderr[-2000:]
     assert (
         "played before: this database's inbox already holds 170 of these 170 orders, 1 of the 1"
-        " cancellation, and 132 of the orders shipped; those are answered as duplicates and"
+        " cancellation, and 131 of the orders shipped; those are answered as duplicates and"
         " change nothing"
     ) in second.stdout
     assert "loaded 0 planned stock levels; 1368 SKUs kept the level they had" in second.stdout
     # Its days count each event as the duplicate the worker answered, not as the first run did.
     assert (
         "2010-12-02: orders 143 (duplicate 143), cancellations 0, warehouse shipments 0;"
-        " units reserved 0, released 0, released by the warehouse 0, shipped 0; stock now on hand"
-        f" {before[1]}, reserved 0"
+        " units reserved 0, released 0, released by the warehouse 0, shipped 0, adjusted by the"
+        f" warehouse +0 -0; stock now on hand {before[1]}, reserved 0"
     ) in second.stdout
+    # No order holds stock at the cut: the warehouse reports no receipt and no damage, and its
+    # shelves, loaded with the service's levels, agree with them.
+    assert (
+        "2010-12-02: at 13:45 no order holds stock the afternoon also asks for: the warehouse's"
+        " receipt and damage wait for another day"
+    ) in second.stdout
+    assert DRIFT_AGREES in second.stdout
     assert (
         "2010-12-23: orders 27 (duplicate 27), cancellations 1 (duplicate 1),"
         " warehouse shipments 0; units reserved 0"

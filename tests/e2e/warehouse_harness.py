@@ -100,6 +100,11 @@ class SimulatorProcess:
         """Change the knobs (``Faults``' names, ``down_for_seconds``); return them all."""
         return self._admin("faults", changes)
 
+    def load_stock(self, levels: dict[str, int]) -> dict[str, Any]:
+        """Put ``levels`` (units on hand by SKU) on the warehouse's shelves, which starts the
+        adjustments of its rate knobs; its answer, the first page of its inventory."""
+        return self._admin("inventory", {"levels": levels})
+
     def orders(self) -> list[dict[str, Any]]:
         return list(self._admin("orders")["orders"])
 

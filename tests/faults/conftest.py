@@ -20,8 +20,10 @@ from pydantic import SecretStr
 
 from fulfilment.routes.table import DEAD_LETTER_QUEUES, SUBSCRIBED_QUEUES
 from fulfilment.settings import BrokerSettings, DatabaseSettings, Settings
+from tests.e2e.harness import free_port
 from tests.e2e.warehouse_harness import DispatcherProcess
 from tests.faults.faultlib import Cluster
+from tests.faults.return_path import RoundRobin
 
 FOLDER = Path(__file__).parent
 
@@ -58,6 +60,16 @@ def dispatchers() -> Iterator[list[DispatcherProcess]]:
     yield started
     for dispatcher in started:
         dispatcher.stop_quietly()
+
+
+@pytest.fixture
+def balancer() -> Iterator[RoundRobin]:
+    """The round-robin in front of two intake ports (nothing serves them yet): the one URL
+    the warehouse sends its webhooks to (``return_path.Intakes`` starts the replicas)."""
+    running = RoundRobin([free_port(), free_port()])
+    running.start()
+    yield running
+    running.stop()
 
 
 @pytest.fixture

@@ -19,40 +19,33 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
 import asyncpg
 import pytest
 
-from fulfilment.contracts.topology import ORDER_SHIPPED_DEAD_LETTER_QUEUE
-from tests.e2e.harness import free_port, put_stock, queue_depth
-from tests.e2e.relay_harness import (
-    RelayProcess,
-    bind_events_queue,
-    spawn_relay,
-    take_events,
-    unpublished,
-)
+from tests.e2e.harness import put_stock
+from tests.e2e.relay_harness import RelayProcess, bind_events_queue, spawn_relay, take_events
 from tests.e2e.warehouse_harness import (
     DispatcherProcess,
     SimulatorProcess,
     cancel,
-    open_requests,
     ship,
     start_dispatcher,
     warehouse_env,
 )
-from tests.faults.faultlib import Cluster, Order, declare, inbox_count, publish, synthetic_orders
+from tests.faults.faultlib import Cluster, Order, declare, publish, synthetic_orders
 from tests.faults.return_path import (
+    Intakes,
     RoundRobin,
     record_return_path_figures,
     return_path_figures,
-    unasked_changes,
-    upstream_shipped,
+    settle,
+    simulator_options,
+    wait_until_delivered,
 )
-from tests.support.webhooks import SECRET, WEBHOOK_PATH, IntakeProcess
+from tests.support.webhooks import SECRET, WEBHOOK_PATH
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -73,115 +66,6 @@ SETTLE_SECONDS = 150.0
 def order_id(order: Order) -> uuid.UUID:
     """The order id ``faultlib.Order.event`` gives ``order``."""
     return uuid.uuid5(uuid.NAMESPACE_OID, str(order.event_id))
-
-
-class Intakes:
-    """The intake's replicas behind ``balancer``, each on one of its target ports (the
-    probes' are free ones), so that one killed comes back where the round-robin sends; each
-    start logs to a file of its own."""
-
-    def __init__(self, env: dict[str, str], tmp_path: Path, *, balancer: RoundRobin) -> None:
-        self.env = env
-        self.tmp_path = tmp_path
-        self.balancer = balancer
-        self.ports = [(port, free_port()) for port in balancer.targets]
-        self.replicas: list[IntakeProcess | None] = [None] * len(self.ports)
-        self.starts = 0
-        self.kills = 0
-
-    def start(self, index: int) -> None:
-        """Start replica ``index`` and wait until it serves."""
-        port, http_port = self.ports[index]
-        replica = IntakeProcess(
-            dict(self.env),
-            self.tmp_path / f"intake-{index}-{self.starts}.log",
-            port=port,
-            http_port=http_port,
-        )
-        self.starts += 1
-        replica.start()
-        self.replicas[index] = replica
-
-    async def kill_while_answering(self, index: int) -> None:
-        """SIGKILL replica ``index`` as soon as a request sent to it waits for its answer
-        (10 s at most), so that the kill leaves at least one attempt unanswered."""
-        deadline = time.monotonic() + 10
-        # Polled: the round-robin counts in a thread of its own.
-        while time.monotonic() < deadline:
-            if self.balancer.waiting(self.ports[index][0]):
-                break
-            await asyncio.sleep(0.001)
-        self.kill(index)
-
-    def kill(self, index: int) -> None:
-        """SIGKILL replica ``index``: no answer to what it was handling."""
-        replica = self.replicas[index]
-        assert replica is not None
-        assert replica.process is not None
-        assert replica.process.poll() is None, f"intake {index} died: {replica.log_tail()}"
-        replica.process.kill()
-        replica.process.wait(timeout=10)
-        self.kills += 1
-
-    def answers(self) -> list[int]:
-        """Requests answered, per replica, over all its starts (``webhooks.answered`` lines
-        of its logs)."""
-        return [
-            sum(
-                path.read_text(errors="replace").count('"event": "webhooks.answered"')
-                for path in self.tmp_path.glob(f"intake-{index}-*.log")
-            )
-            for index in range(len(self.replicas))
-        ]
-
-    def stop(self) -> None:
-        for replica in self.replicas:
-            if replica is not None:
-                replica.stop_quietly()
-
-
-@pytest.fixture
-def balancer() -> Iterator[RoundRobin]:
-    """The round-robin in front of two intake ports (nothing serves them yet)."""
-    running = RoundRobin([free_port(), free_port()])
-    running.start()
-    yield running
-    running.stop()
-
-
-def simulator_options(webhook_url: str) -> list[str]:
-    """The warehouse's work and its webhooks' faults for this scenario."""
-    return [
-        "--ship-delay-seconds", "1",
-        "--shipment-interval-seconds", "0.3",
-        "--split-rate", "0.4",
-        "--max-shipments", "3",
-        "--cancel-rate", "0.1",
-        "--webhook-url", webhook_url,
-        "--webhook-secret", SECRET,
-        "--webhook-timeout-seconds", "3",
-        "--webhook-retry-seconds", "0.2,0.5,1,2",
-        "--webhook-duplicate-rate", "0.1",
-        "--webhook-resend-rate", "0.1",
-        "--webhook-reorder-rate", "0.1",
-        "--webhook-hold-seconds", "1.5",
-        "--webhook-never-rate", "0.08",
-        "--webhook-wrong-secret-rate", "0.05",
-        "--webhook-stale-rate", "0.05",
-    ]  # fmt: skip
-
-
-async def delivered(simulator: SimulatorProcess) -> int:
-    record = await asyncio.to_thread(simulator.record)
-    return int(record["counts"].get("delivered", 0))
-
-
-async def wait_until_delivered(simulator: SimulatorProcess, count: int) -> None:
-    """Wait (30 s at most) until the warehouse has delivered ``count`` webhooks."""
-    deadline = time.monotonic() + 30
-    while await delivered(simulator) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} webhooks delivered in 30 s"
-        await asyncio.sleep(0.1)
 
 
 async def reserved_orders(db: asyncpg.Connection, orders: list[Order]) -> list[Order]:
@@ -244,7 +128,13 @@ async def test_the_return_path_under_kill_9_applies_every_answered_webhook_once(
         )
         burst_seconds = time.monotonic() - started
         shipped_upstream = await settle(
-            cluster, db, broker, simulator, intakes, expected=len(orders) + extra_events
+            cluster,
+            db,
+            broker,
+            simulator,
+            intakes,
+            expected=len(orders) + extra_events,
+            timeout=SETTLE_SECONDS,
         )
         record = await asyncio.to_thread(simulator.record)
         outbox_ids = {
@@ -341,76 +231,3 @@ async def run_the_burst(
         elif wave == 6:
             await asyncio.to_thread(intakes.start, 1)
     return extra_events
-
-
-async def settle(
-    cluster: Cluster,
-    db: asyncpg.Connection,
-    broker: aio_pika.abc.AbstractRobustConnection,
-    simulator: SimulatorProcess,
-    intakes: Intakes,
-    *,
-    expected: int,
-) -> int:
-    """Wait until the workers processed every event published, the warehouse settled
-    (``work_pending`` and ``in_flight`` 0), every change it made is recorded (the poll caught
-    up), nothing is left to send, and the relay published the outbox; return the upstream
-    ``OrderShipped`` that shipped an order."""
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while True:
-        cluster.restart_dead()
-        record = await asyncio.to_thread(simulator.record)
-        made = {s["shipment_id"] for s in record["shipments"]} | {
-            c["cancellation_id"] for c in record["cancellations"]
-        }
-        recorded = {
-            row["id"]
-            for row in await db.fetch(
-                "SELECT shipment_id AS id FROM warehouse_shipments"
-                " UNION ALL SELECT cancellation_id FROM warehouse_cancellations"
-            )
-        }
-        # An upstream OrderShipped of an order released meanwhile (the shop's cancel or the
-        # warehouse's) is dead-lettered order_not_reserved, and not in the inbox.
-        processed = await inbox_count(db) + await queue_depth(
-            broker, ORDER_SHIPPED_DEAD_LETTER_QUEUE
-        )
-        waiting = {
-            "events unprocessed": max(0, expected - processed),
-            "warehouse work pending": record["work_pending"],
-            "webhooks in flight": record["in_flight"],
-            "changes not recorded": len(
-                made - recorded - unasked_changes(record, await upstream_shipped(db))
-            ),
-            "requests open": await open_requests(db),
-            "outbox unpublished": await unpublished(db),
-        }
-        if not any(waiting.values()):
-            return int(
-                await db.fetchval("SELECT count(*) FROM inbox_messages WHERE outcome = 'shipped'")
-            )
-        if time.monotonic() > deadline:
-            fates: dict[str, list[str]] = {}
-            for webhook in record["webhooks"]:
-                fates.setdefault(webhook["subject"], []).append(webhook["fate"])
-            references = {
-                change.get("shipment_id") or change["cancellation_id"]: change["reference"]
-                for change in (*record["shipments"], *record["cancellations"])
-            }
-            missing = []
-            for change in sorted(made - recorded):
-                status = await db.fetchval(
-                    "SELECT status FROM reservations WHERE order_id = $1::uuid",
-                    references[change],
-                )
-                upstream = await db.fetchval(
-                    "SELECT outcome FROM inbox_messages WHERE order_id = $1::uuid"
-                    " AND outcome IN ('shipped', 'ship_ignored')",
-                    references[change],
-                )
-                missing.append((change, status, upstream, fates.get(change)))
-            pytest.fail(
-                f"not settled in {SETTLE_SECONDS:g} s: {waiting}; intakes answered"
-                f" {intakes.answers()}; not recorded: {missing}"
-            )
-        await asyncio.sleep(0.5)

@@ -176,6 +176,38 @@ async def test_units_beyond_the_shelf_are_cancelled_and_the_rest_ships(
     assert types == ["fulfilment_order.cancelled", "shipment.shipped"]
 
 
+async def test_held_work_waits_so_a_damage_meets_its_orders_unshipped_then_is_cancelled(
+    server: SimulatorServer, http: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    await load(admin, {"85123A": 6})
+    held = await admin.post("/faults", json={"work_held": True})
+    await create(http, [("85123A", 5)])
+    await asyncio.sleep(0.3)  # past its ship delay (0 s): due, yet held
+
+    shipped_while_held = list(server.simulator.record()["shipments"])
+    damage = await admin.post(
+        "/adjustments", json={"sku": "85123A", "delta": -2, "reason": "damaged"}
+    )
+    released = await admin.post("/faults", json={"work_held": False})
+    await server.simulator.settled()
+
+    assert (held.json()["work_held"], released.json()["work_held"]) == (True, False)
+    assert shipped_while_held == []
+    assert damage.status_code == 201, damage.text
+    made = server.simulator.record()
+    [cancellation] = made["cancellations"]
+    [shipment] = made["shipments"]
+    assert cancellation["lines"] == [{"sku": "85123A", "quantity": 1}]
+    assert shipment["lines"] == [{"sku": "85123A", "quantity": 4}]
+    assert await on_hand(http) == {"85123A": 0}
+
+
+async def test_work_held_takes_only_true_or_false(admin: httpx.AsyncClient) -> None:
+    answer = await admin.post("/faults", json={"work_held": 1})
+
+    assert (answer.status_code, answer.json()["error"]) == (400, "work_held must be true or false")
+
+
 async def test_an_adjustment_is_a_signed_webhook_with_the_products_body(
     server: SimulatorServer,
     http: httpx.AsyncClient,

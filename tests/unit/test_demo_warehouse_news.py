@@ -238,14 +238,34 @@ def test_outstanding_counts_unfinished_orders_and_changes_not_recorded_yet() -> 
     assert outstanding(made_day().values(), recorded_shipments(), recorded_cancellations()) == 0
 
 
-def test_stock_holds_when_on_hand_fell_by_the_units_shipped_and_reserved_is_the_held_lines() -> (
+def test_stock_holds_when_on_hand_moved_by_the_adjustments_and_shipments_and_reserved_is_held() -> (
     None
 ):
-    check_stock(
+    short = check_stock(
         {"A": 10, "B": 5},
         {"A": 3},
-        {"A": SkuStock(on_hand=7, reserved=2, held=2), "B": SkuStock(5, 0, 0)},
+        {"A": 4, "C": 2},
+        {
+            "A": SkuStock(on_hand=11, reserved=2, held=2),
+            "B": SkuStock(5, 0, 0),
+            "C": SkuStock(2, 0, 0),
+        },
+        losses=set(),
     )
+
+    assert short == []
+
+
+def test_a_sku_short_after_a_reported_loss_is_counted_apart() -> None:
+    short = check_stock(
+        {"A": 10, "B": 5},
+        {},
+        {"A": -9},
+        {"A": SkuStock(on_hand=1, reserved=3, held=3), "B": SkuStock(5, 0, 0)},
+        losses={"A"},
+    )
+
+    assert short == ["A"]
 
 
 @pytest.mark.parametrize(
@@ -254,13 +274,28 @@ def test_stock_holds_when_on_hand_fell_by_the_units_shipped_and_reserved_is_the_
         ({"A": SkuStock(8, 2, 2), "B": SkuStock(5, 0, 0)}, "SKU A: on hand 8, but the run began"),
         ({"A": SkuStock(7, 2, 1), "B": SkuStock(5, 0, 0)}, "SKU A: reserved 2, but .* hold 1"),
         ({"A": SkuStock(7, 0, 0)}, "SKU B: on hand missing"),
+        (
+            {"A": SkuStock(7, 2, 2), "B": SkuStock(5, 0, 0), "C": SkuStock(0, 0, 0)},
+            "SKU C: on hand 0, but .* adjustments applied 1",
+        ),
+        (
+            {"A": SkuStock(7, 2, 2), "B": SkuStock(1, 2, 2), "C": SkuStock(1, 0, 0)},
+            "SKU B: on hand 1",
+        ),
     ],
 )
-def test_stock_that_does_not_follow_the_shipments_is_a_mismatch(
+def test_stock_that_does_not_follow_the_shipments_and_adjustments_is_a_mismatch(
     now: dict[str, SkuStock], why: str
 ) -> None:
     with pytest.raises(NewsMismatchError, match=why):
-        check_stock({"A": 10, "B": 5}, {"A": 3}, now)
+        check_stock({"A": 10, "B": 5}, {"A": 3}, {"C": 1}, now, losses=set())
+
+
+def test_a_short_sku_without_a_reported_loss_is_a_mismatch() -> None:
+    now = {"A": SkuStock(on_hand=2, reserved=3, held=3)}
+
+    with pytest.raises(NewsMismatchError, match="SKU A: reserved 3 is more than on hand 2"):
+        check_stock({"A": 2}, {}, {}, now, losses={"B"})
 
 
 def test_the_simulator_s_record_is_read_with_its_unsent_webhooks_and_those_in_flight() -> None:

@@ -41,9 +41,11 @@ from fulfilment.adapters.postgres.admin import (
     stock_totals,
 )
 from fulfilment.adapters.postgres.warehouse_news import (
+    adjusted_units_after,
     order_lines,
     outbox_units_after,
     recorded_shipments,
+    skus_with_losses,
     stock_by_sku,
 )
 from fulfilment.adapters.rabbitmq.connection import connect, connection_lost
@@ -67,6 +69,7 @@ from fulfilment.dataset.retail_lifecycle import (
 from fulfilment.demo.children import Child, start_child, stop, wait_ready
 from fulfilment.demo.errors import DemoError
 from fulfilment.demo.warehouse_news import NewsMismatchError, check_stock
+from fulfilment.demo.warehouse_stock import WarehouseStock, split_at_middle_order
 from fulfilment.domain.lifecycle import OrderStatus
 from fulfilment.observability.metrics import REQUEUED
 from fulfilment.routes.table import SUBSCRIBED_QUEUES
@@ -132,6 +135,7 @@ async def play_days(  # noqa: PLR0913 - what the play needs, by name
             )
             for day in days:
                 await player.play(day)
+            await player.shelves.drift(options)
         echo(player.published())
         echo("this run's outcomes\n" + await asyncio.to_thread(_run_outcomes, worker.port))
     finally:
@@ -151,12 +155,14 @@ class DayCounts:
             warehouse never received), by outcome.
         units: the units of the day's result events, by ``(routing key, reason)``
             (``warehouse_news.outbox_units_after``).
+        adjusted: the units the warehouse's adjustments of the day applied, by SKU.
     """
 
     outcomes: dict[str, Counter[str]]
     shipments: Counter[str]
     shop_shipments: Counter[str]
     units: dict[tuple[str, str], int]
+    adjusted: dict[str, int]
 
     def released(self, *, by_warehouse: bool) -> int:
         """Units given back by the warehouse's own cancellations, or by the shop's."""
@@ -195,6 +201,10 @@ class Player:
         """``on_hand`` per SKU before the first day (after the run's load)."""
         self._shipped: Counter[str] = Counter()
         """Units shipped per SKU since, by the warehouse and the shop's ``OrderShipped``."""
+        self._began = 0
+        """The last ``outbox.id`` before the first day: the run's rows come after it."""
+        self.shelves = WarehouseStock(handoff, echo)
+        """The warehouse's stock beside the service's: its receipt, damage and drift."""
 
     def published(self) -> str:
         """One line: the events published, by kind."""
@@ -211,10 +221,11 @@ class Player:
         Before the warehouse picks, it answers every request of the day (a cancel it accepts
         must meet its order reserved); then the day waits until the warehouse has shipped or
         cancelled every order it holds and the service recorded each of its shipments and
-        cancellations. What the warehouse received and sent back is then checked, and the
-        stock. An order of the day still reserved then is one the warehouse never received
-        (reserved before this run, without a hand-off): the shop ships it with an
-        ``OrderShipped``, as it would without a warehouse.
+        cancellations. What the warehouse received and sent back is then checked, the
+        settlement of a shortage staged that day (``demo.warehouse_stock``), and the stock. An
+        order of the day still reserved then is one the warehouse never received (reserved
+        before this run, without a hand-off): the shop ships it with an ``OrderShipped``, as
+        it would without a warehouse, and the demo takes its units off the warehouse's shelves.
 
         Raises:
             DemoError: the hand-off or the warehouse's news stalled, or do not match the
@@ -223,9 +234,76 @@ class Player:
         if self._start is None:
             levels = await stock_by_sku(self._stock)
             self._start = {sku: level.on_hand for sku, level in levels.items()}
-        outcomes: dict[str, Counter[str]] = {"orders": Counter(), "cancellations": Counter()}
+            self._began = await outbox_last_id(self._stock)
+            # The warehouse starts with the service's stock, so that the drift ends at 0.
+            await self.shelves.load_shelves(self._start)
         start = await outbox_last_id(self._stock)
-        for run in day.runs():
+        outcomes = await self._play_runs(day)
+        await self._handoff.settle(day, self._stock)
+        order_ids = [order.order_id for order in day.orders]
+        news = await self._handoff.settle_news(day, self._stock, order_ids)
+        await self.shelves.check_settled(day, self._stock, news)
+        self._shipped.update(news.shipped_units())
+        statuses = await order_statuses(self._stock, order_ids)
+        reserved = {order_id: s for order_id, s in statuses.items() if s is OrderStatus.RESERVED}
+        shipments = day.shipments(reserved)
+        shop_skus: set[str] = set()
+        for lines in (await order_lines(self._stock, reserved)).values():
+            self._shipped.update({sku: held - shipped for sku, (held, shipped) in lines.items()})
+            shop_skus.update(lines)
+        shop_shipments = Counter(await self._send(day, shipments))
+        if shipments:
+            await self.shelves.follow_shop_shipments(self._stock, shop_skus)
+        self.shipments += shipments
+        counts = DayCounts(
+            outcomes=outcomes,
+            shipments=Counter(shipment.outcome for shipment in news.shipments),
+            shop_shipments=shop_shipments,
+            units=await outbox_units_after(self._stock, start),
+            adjusted=await adjusted_units_after(self._stock, start),
+        )
+        after = await stock_totals(self._stock)
+        self._echo(_day_line(day, counts, after))
+        statuses = await order_statuses(self._stock, order_ids)
+        entries = await outbox_entries_after(self._stock, start)
+        self._echo(await self._handoff.check(day, self._stock, statuses, entries))
+        self._echo(await self._handoff.check_news(day, self._stock, news, entries))
+        try:
+            short = check_stock(
+                self._start,
+                self._shipped,
+                await adjusted_units_after(self._stock, self._began),
+                await stock_by_sku(self._stock),
+                losses=await skus_with_losses(self._stock),
+            )
+        except NewsMismatchError as mismatch:
+            msg = f"{day.name}: stock: {mismatch}"
+            raise DemoError(msg) from mismatch
+        self._echo(
+            f"{day.name}: stock checked: on hand = as the run began + adjustments applied - units"
+            " shipped, reserved = units the reserved orders' lines hold, for every SKU; short"
+            f" SKUs (after a reported loss) {len(short)}"
+        )
+
+    async def _play_runs(self, day: RetailDay) -> dict[str, Counter[str]]:
+        """Send the day's runs, each settled; the answers to its orders and cancellations.
+
+        Until the warehouse's receipt and damage are staged, the day is cut before its middle
+        order, and they are staged at the cut (``demo.warehouse_stock``).
+        """
+        outcomes: dict[str, Counter[str]] = {"orders": Counter(), "cancellations": Counter()}
+        runs, cut = day.runs(), None
+        if self.shelves.pending:
+            runs, cut = split_at_middle_order(runs)
+        if cut is not None:
+            # Held until the afternoon's first run is answered, so that the damage at the cut
+            # meets the morning's orders unshipped.
+            await self.shelves.hold(held=True)
+        for index, run in enumerate(runs):
+            if index == cut:
+                await self._handoff.settle(day, self._stock)
+                morning = [e for r in runs[:index] for e in r if isinstance(e, RetailOrder)]
+                await self.shelves.stage(day, self._stock, morning, run)
             if not isinstance(run[0], RetailOrder):
                 # The orders placed so far reach the warehouse first: a cancellation then
                 # meets its order there, and is accepted or, after the pick, refused.
@@ -238,38 +316,10 @@ class Player:
                 # accepts it: the run is over when its requests are answered.
                 await self._handoff.settle(day, self._stock)
                 outcomes["cancellations"].update(answers)
-        await self._handoff.settle(day, self._stock)
-        order_ids = [order.order_id for order in day.orders]
-        news = await self._handoff.settle_news(day, self._stock, order_ids)
-        self._shipped.update(news.shipped_units())
-        statuses = await order_statuses(self._stock, order_ids)
-        reserved = {order_id: s for order_id, s in statuses.items() if s is OrderStatus.RESERVED}
-        shipments = day.shipments(reserved)
-        for lines in (await order_lines(self._stock, reserved)).values():
-            self._shipped.update({sku: held - shipped for sku, (held, shipped) in lines.items()})
-        shop_shipments = Counter(await self._send(day, shipments))
-        self.shipments += shipments
-        counts = DayCounts(
-            outcomes=outcomes,
-            shipments=Counter(shipment.outcome for shipment in news.shipments),
-            shop_shipments=shop_shipments,
-            units=await outbox_units_after(self._stock, start),
-        )
-        after = await stock_totals(self._stock)
-        self._echo(_day_line(day, counts, after))
-        statuses = await order_statuses(self._stock, order_ids)
-        entries = await outbox_entries_after(self._stock, start)
-        self._echo(await self._handoff.check(day, self._stock, statuses, entries))
-        self._echo(await self._handoff.check_news(day, self._stock, news, entries))
-        try:
-            check_stock(self._start, self._shipped, await stock_by_sku(self._stock))
-        except NewsMismatchError as mismatch:
-            msg = f"{day.name}: stock: {mismatch}"
-            raise DemoError(msg) from mismatch
-        self._echo(
-            f"{day.name}: stock checked: on hand = as the run began - units shipped, reserved ="
-            " units the reserved orders' lines hold, for every SKU"
-        )
+            if index == cut:
+                await self.shelves.check_refused(day, self._stock)
+                await self.shelves.hold(held=False)
+        return outcomes
 
     async def _send(self, day: RetailDay, events: Sequence[RetailEvent]) -> list[str]:
         """Publish ``events`` (of one kind), wait until settled; their outcomes, in no order.
@@ -456,7 +506,9 @@ def _day_line(day: RetailDay, counts: DayCounts, totals: StockTotals) -> str:
         f" {units.get((STOCK_RESERVED_ROUTING_KEY, ''), 0)},"
         f" released {counts.released(by_warehouse=False)},"
         f" released by the warehouse {counts.released(by_warehouse=True)},"
-        f" shipped {units.get((STOCK_SHIPPED_ROUTING_KEY, ''), 0)};"
+        f" shipped {units.get((STOCK_SHIPPED_ROUTING_KEY, ''), 0)},"
+        f" adjusted by the warehouse +{sum(u for u in counts.adjusted.values() if u > 0)}"
+        f" -{-sum(u for u in counts.adjusted.values() if u < 0)};"
         f" stock now on hand {totals.on_hand}, reserved {totals.reserved}"
     )
 

@@ -11,7 +11,10 @@ order, one run of one kind at a time, each run settled before the next is sent, 
 until the warehouse has shipped or cancelled every order of the day it received, by signed
 webhooks or found by the dispatcher's poll, and check it and the stock; an order of the day
 still reserved then (the warehouse never received it) ships with the shop's ``OrderShipped``;
-stop the worker with SIGTERM (it finishes in-flight work and exits 0);
+once in the run, the warehouse receives units of one SKU and finds units of another damaged
+while orders hold them, and the shortage is refused, then settled (``demo.warehouse_stock``);
+stop the worker with SIGTERM (it finishes in-flight work and exits 0); compare the service's
+stock with the warehouse's (``fulfilment stock drift``: every SKU agrees);
 wait until the relay has published every outbox row the run wrote, read the demo's queue and
 check what it received against those rows (``demo.result_events``), and stop the relay with
 SIGTERM; then reconcile every published event of the three kinds against the inbox and the
@@ -20,7 +23,8 @@ dead-letter queues and print the report.
 Its jobs are modules of their own: the player (``demo.player``: the days, each run settled),
 the child processes (``demo.children``: started, waited for, stopped, their logs in one
 folder), the warehouse system (``demo.warehouse_system``) and its checks (``demo.handoff``:
-what it received; ``demo.warehouse_news``: what it sent back),
+what it received; ``demo.warehouse_news``: what it sent back; ``demo.warehouse_stock``: its
+stock),
 the reset guard (``demo.reset``) and the result events' tally (``demo.result_events``).
 
 Stock is loaded only for SKUs without a level, so that a second run keeps what the first
@@ -225,7 +229,7 @@ async def _demo(  # noqa: PLR0913 - the read data and the command's options, pas
     document = await collect_report(options)
     echo(render_report(document))
     echo(f"wall time {time.monotonic() - started:.1f} s")
-    failure = tally.failure()
+    failure = tally.failure() or player.shelves.tally_failure(tally)
     if failure is not None:
         raise DemoError(failure)
     clean_stops = (

@@ -19,8 +19,10 @@ reads (:func:`read_made`) and compares with what the service recorded (:func:`ch
 - one ``stock.shipped`` result event per shipment applied.
 
 :func:`check_stock` checks the stock after each day: per SKU, ``on_hand`` is what the run
-started with minus the units the warehouse shipped, and ``reserved`` the units the lines of
-reserved orders hold. A mismatch is one line (:class:`NewsMismatchError`), which fails the demo.
+started with plus the units the warehouse's adjustments applied minus the units it shipped,
+``reserved`` the units the lines of reserved orders hold, and a SKU with more reserved than on
+hand (short) is one of which a loss was reported, counted apart. A mismatch is one line
+(:class:`NewsMismatchError`), which fails the demo.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -400,24 +402,35 @@ def _check_cancellation(
 
 
 def check_stock(
-    start: Mapping[str, int], shipped: Mapping[str, int], now: Mapping[str, SkuStock]
-) -> None:
-    """Check the stock against the warehouse's shipments of the run.
+    start: Mapping[str, int],
+    shipped: Mapping[str, int],
+    adjusted: Mapping[str, int],
+    now: Mapping[str, SkuStock],
+    *,
+    losses: Collection[str],
+) -> list[str]:
+    """Check the stock against the warehouse's shipments and adjustments of the run.
 
     ``start``: ``on_hand`` per SKU when the run began (after its load); ``shipped``: the units
-    the warehouse shipped per SKU since; ``now``: the stock levels and held lines now.
+    the warehouse shipped per SKU since; ``adjusted``: the units its adjustments applied since
+    (``stock.adjusted``'s ``applied``); ``now``: the stock levels and held lines now;
+    ``losses``: the SKUs of which a loss was ever reported. Returns the short SKUs (more
+    reserved than on hand), each after a reported loss.
 
     Raises:
-        NewsMismatchError: a SKU whose ``on_hand`` is not ``start - shipped``, or whose
-            ``reserved`` is not the units its reserved orders' lines hold.
+        NewsMismatchError: a SKU whose ``on_hand`` is not ``start + adjusted - shipped``, whose
+            ``reserved`` is not the units its reserved orders' lines hold, or that is short
+            with no loss reported.
     """
-    for sku in sorted(now.keys() | start.keys()):
+    short = []
+    for sku in sorted(now.keys() | start.keys() | adjusted.keys()):
         level = now.get(sku)
-        expected = start.get(sku, 0) - shipped.get(sku, 0)
+        expected = start.get(sku, 0) + adjusted.get(sku, 0) - shipped.get(sku, 0)
         if level is None or level.on_hand != expected:
             msg = (
                 f"SKU {sku}: on hand {level.on_hand if level else 'missing'}, but the run began"
-                f" with {start.get(sku, 0)} and the warehouse shipped {shipped.get(sku, 0)}"
+                f" with {start.get(sku, 0)}, the warehouse's adjustments applied"
+                f" {adjusted.get(sku, 0)} and it shipped {shipped.get(sku, 0)}"
             )
             raise NewsMismatchError(msg)
         if level.reserved != level.held:
@@ -426,3 +439,12 @@ def check_stock(
                 f" {level.held}"
             )
             raise NewsMismatchError(msg)
+        if level.reserved > level.on_hand:
+            if sku not in losses:
+                msg = (
+                    f"SKU {sku}: reserved {level.reserved} is more than on hand {level.on_hand},"
+                    " and no loss of it was reported"
+                )
+                raise NewsMismatchError(msg)
+            short.append(sku)
+    return short

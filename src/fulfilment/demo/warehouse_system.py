@@ -189,7 +189,7 @@ class Handoff:
         """The processes of the warehouse system."""
         return (self.dispatcher, self.simulator, self.intake)
 
-    def _exited(self, day: RetailDay, waiting: str) -> None:
+    def exited(self, day: RetailDay, waiting: str) -> None:
         """Raise if a child of the warehouse system has exited.
 
         Raises:
@@ -213,7 +213,7 @@ class Handoff:
         requests = PostgresWarehouseRequests(stock.engine, retry_budget_seconds=10.0)
         last, changed = -1, time.monotonic()
         while (left := (await requests.backlog()).open_count) > 0:
-            self._exited(day, f"{left} warehouse requests open")
+            self.exited(day, f"{left} warehouse requests open")
             now = time.monotonic()
             if left != last:
                 last, changed = left, now
@@ -253,7 +253,7 @@ class Handoff:
             left = made.in_flight + outstanding(orders.values(), news.shipments, news.cancellations)
             if not left:
                 return news
-            self._exited(day, f"{left} of the warehouse's shipments and cancellations awaited")
+            self.exited(day, f"{left} of the warehouse's shipments and cancellations awaited")
             now = time.monotonic()
             if left != last:
                 last, changed = left, now

@@ -1,10 +1,11 @@
 """What the service recorded of the warehouse's news, read back per order, and the stock per SKU.
 
 The demo checks these rows against what its warehouse simulator says it made (``fulfilment.demo
-.warehouse_news``): each shipment and cancellation of the warehouse is one row of
-``warehouse_shipments`` / ``warehouse_cancellations`` (migration 0014) with its lines, the
-order's lines say what it shipped (``reservation_lines.shipped``), and the stock levels what is
-left. Read-only; each function is one query on its own connection.
+.warehouse_news``, ``fulfilment.demo.warehouse_stock``): each shipment and cancellation of the
+warehouse is one row of ``warehouse_shipments`` / ``warehouse_cancellations`` (migration 0014)
+with its lines, each adjustment one of ``warehouse_adjustments`` (migration 0016), the order's
+lines say what it shipped (``reservation_lines.shipped``), and the stock levels what is left.
+Read-only; each function is one query on its own connection.
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ from fulfilment.adapters.postgres.tables.stock import (
     stock_levels,
 )
 from fulfilment.adapters.postgres.tables.warehouse import (
+    warehouse_adjustments,
     warehouse_cancellation_lines,
     warehouse_cancellations,
     warehouse_shipment_lines,
     warehouse_shipments,
+)
+from fulfilment.contracts.result_events import (
+    STOCK_ADJUSTED_ROUTING_KEY,
+    STOCK_REJECTED_ROUTING_KEY,
+    STOCK_SHORTAGE_ROUTING_KEY,
 )
 from fulfilment.domain.lifecycle import OrderStatus
 
@@ -258,3 +265,102 @@ async def outbox_units_after(stock: PostgresStock, after_id: int) -> dict[tuple[
         return {
             (row.routing_key, row.reason): int(row.units) for row in await connection.execute(query)
         }
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedAdjustment:
+    """One ``warehouse_adjustments`` row: an adjustment the service applied.
+
+    Attributes:
+        adjustment_id: the warehouse's id of it.
+        sku: its SKU.
+        delta: units as sent (positive onto the shelf).
+        applied: units ``on_hand`` changed by (``delta``, or less of a loss beyond on hand).
+        reason: ``received``, ``damaged`` ...
+        on_hand: ``on_hand`` after it.
+        reserved: ``reserved`` after it.
+    """
+
+    adjustment_id: str
+    sku: str
+    delta: int
+    applied: int
+    reason: str
+    on_hand: int
+    reserved: int
+
+
+async def recorded_adjustments(
+    stock: PostgresStock, adjustment_ids: Collection[str]
+) -> dict[str, RecordedAdjustment]:
+    """The adjustments of ``adjustment_ids`` the service applied, by id (absent: not yet)."""
+    if not adjustment_ids:
+        return {}
+    query = select(
+        warehouse_adjustments.c.adjustment_id,
+        warehouse_adjustments.c.sku,
+        warehouse_adjustments.c.delta,
+        warehouse_adjustments.c.applied,
+        warehouse_adjustments.c.reason,
+        warehouse_adjustments.c.on_hand_after,
+        warehouse_adjustments.c.reserved_after,
+    ).where(warehouse_adjustments.c.adjustment_id.in_(bindparam("ids", expanding=True)))
+    async with stock.engine.connect() as connection:
+        return {
+            row.adjustment_id: RecordedAdjustment(
+                row.adjustment_id,
+                row.sku,
+                int(row.delta),
+                int(row.applied),
+                row.reason,
+                int(row.on_hand_after),
+                int(row.reserved_after),
+            )
+            for row in await connection.execute(query, {"ids": list(adjustment_ids)})
+        }
+
+
+async def skus_with_losses(stock: PostgresStock) -> set[str]:
+    """The SKUs of which an adjustment ever took units off ``on_hand`` (a reported loss)."""
+    query = (
+        select(warehouse_adjustments.c.sku).where(warehouse_adjustments.c.applied < 0).distinct()
+    )
+    async with stock.engine.connect() as connection:
+        return set((await connection.scalars(query)).all())
+
+
+async def adjusted_units_after(stock: PostgresStock, after_id: int) -> dict[str, int]:
+    """Units ``on_hand`` changed by per SKU, by the ``stock.adjusted`` rows above ``after_id``."""
+    applied = func.sum(outbox.c.body["applied"].astext.cast(Integer))
+    query = (
+        select(outbox.c.sku, applied.label("applied"))
+        .where(outbox.c.id > after_id, outbox.c.routing_key == STOCK_ADJUSTED_ROUTING_KEY)
+        .group_by(outbox.c.sku)
+    )
+    async with stock.engine.connect() as connection:
+        return {row.sku: int(row.applied) for row in await connection.execute(query)}
+
+
+async def shortfalls_after(stock: PostgresStock, after_id: int, sku: str) -> list[int]:
+    """The ``short`` of each ``stock.shortage`` row of ``sku`` above ``after_id``, in order."""
+    query = (
+        select(outbox.c.body["short"].astext.cast(Integer))
+        .where(
+            outbox.c.id > after_id,
+            outbox.c.routing_key == STOCK_SHORTAGE_ROUTING_KEY,
+            outbox.c.sku == sku,
+        )
+        .order_by(outbox.c.id)
+    )
+    async with stock.engine.connect() as connection:
+        return [int(short) for short in (await connection.scalars(query)).all()]
+
+
+async def rejection_of(stock: PostgresStock, order_id: UUID) -> tuple[str, list[str]] | None:
+    """The ``reason`` and ``skus`` of the order's ``stock.rejected``; None: it has none."""
+    query = select(outbox.c.body["reason"].astext, outbox.c.body["skus"]).where(
+        outbox.c.order_id == order_id, outbox.c.routing_key == STOCK_REJECTED_ROUTING_KEY
+    )
+    async with stock.engine.connect() as connection:
+        row = (await connection.execute(query)).first()
+    return None if row is None else (str(row[0]), [str(sku) for sku in row[1]])
