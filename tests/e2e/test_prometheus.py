@@ -170,6 +170,8 @@ def scraped_worker(
         FULFILMENT_QUEUE_POLL_INTERVAL_SECONDS="1",
         FULFILMENT_INVARIANT_CHECK_INTERVAL_SECONDS="1",
         FULFILMENT_RELAY_POLL_SECONDS="0.5",
+        # The first drift check runs one interval after the dispatcher becomes active.
+        FULFILMENT_WAREHOUSE_DRIFT_INTERVAL_SECONDS="2",
     )
     worker = spawn(workers, env, tmp_path)
     relays: list[RelayProcess] = []

@@ -82,8 +82,10 @@ def settings(clean_database: str, amqp_url: str) -> Settings:
 
 @pytest.fixture
 async def broker(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
-    """A connection to the session's vhost; the service's queues are deleted afterwards, as
-    scenarios declare them with delivery limits of their own."""
+    """A connection to the session's vhost; the service's queues are deleted before and
+    after, as scenarios declare them with delivery limits of their own (and the suites before
+    this one, on the same vhost, with theirs)."""
+    await delete_service_queues(amqp_url)
     connection = await aio_pika.connect_robust(amqp_url)
     try:
         yield connection

@@ -68,14 +68,18 @@ class DriftCheck:
         self._clock = clock
 
     async def run(self, gate: AbstractAsyncContextManager[object]) -> None:
-        """Check now, then ``interval_seconds`` after each check ended, until cancelled.
+        """Check an interval after starting, then an interval after each check, until cancelled.
+
+        The interval is ``interval_seconds``. Not at once: a dispatcher restarted by every
+        rollout (or a leader that changes) would otherwise read the warehouse's whole inventory
+        each time, in the first seconds, which the requests due since it stopped wait for too.
 
         Cancelled (the dispatcher stops or loses the lock), it removes the drift gauges.
         """
         try:
             while True:
-                await self.check(gate)
                 await asyncio.sleep(self.interval_seconds)
+                await self.check(gate)
         finally:
             self._metrics.forget_drift()
 

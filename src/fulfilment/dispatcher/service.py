@@ -729,14 +729,18 @@ class _InventoryGate:
             await dispatcher._slots.acquire()  # noqa: SLF001
             gate = dispatcher._gate_until - dispatcher._clock()  # noqa: SLF001
             if gate <= 0 and dispatcher.halt is Halt.NONE:
-                break
-            dispatcher._slots.release()  # noqa: SLF001
-            await asyncio.sleep(max(0.0, gate))
-        try:
-            await dispatcher._limiter.acquire()  # noqa: SLF001
-        except BaseException:
+                try:
+                    await dispatcher._limiter.acquire()  # noqa: SLF001
+                except BaseException:
+                    self._release()
+                    raise
+                # A 429 answered while the token was awaited closed the gate again: as
+                # Dispatcher._through_gates, look once more before sending.
+                gate = dispatcher._gate_until - dispatcher._clock()  # noqa: SLF001
+                if gate <= 0 and dispatcher.halt is Halt.NONE:
+                    return
             self._release()
-            raise
+            await asyncio.sleep(max(0.0, gate))
 
     async def __aexit__(
         self,

@@ -415,8 +415,8 @@ class WarehouseSettings(SettingsGroup):
     """How often the active dispatcher compares the service's stock with the warehouse's
     (``GET /inventory``, as ``fulfilment stock drift``) for the gauges
     ``fulfilment_stock_drift_skus`` and ``fulfilment_stock_drift_units`` and the alert on
-    unexplained drift; 0 turns the check off. The first check runs when a dispatcher becomes
-    active, the next this long after the last one ended. Its requests share the rate cap,
+    unexplained drift; 0 turns the check off. The first check runs this long after a dispatcher
+    becomes active, the next this long after the last one ended. Its requests share the rate cap,
     after the requests and the polls (a page of 500 SKUs per request)."""
 
     webhook_secrets: SecretStr = SecretStr("")
