@@ -706,14 +706,15 @@ class _InventoryGate:
     """Entered around each request of the drift check: the dispatcher's gates, after its work.
 
     Entering waits until the dispatcher's last turn left a slot unused (no request due, the
-    polls served), takes a slot, waits out the ``Retry-After`` gate and takes a token of the
-    rate cap; the slot is held until the request is answered. So the check's pages come out of
-    the budget the requests and polls leave, and count towards the cap and the concurrency as
-    theirs do.
+    polls served), takes a slot and passes the sends' gates (:meth:`Dispatcher._through_gates`:
+    the ``Retry-After`` gate, a token of the rate cap, the halts); the slot is held until the
+    request is answered. So the check's pages come out of the budget the requests and polls
+    leave, and count towards the cap and the concurrency as theirs do.
 
     Raises:
         WarehouseHaltedError: on entering while the dispatcher only probes (the warehouse is
-            down or refuses the token): the check gives up until its next interval.
+            down or refuses the token), or when a ``Retry-After`` outlasts the gates' wait:
+            the check gives up until its next interval.
     """
 
     def __init__(self, dispatcher: Dispatcher) -> None:
@@ -721,26 +722,21 @@ class _InventoryGate:
 
     async def __aenter__(self) -> None:
         dispatcher = self._dispatcher
-        while True:
-            if dispatcher.halt is not Halt.NONE:
-                msg = f"not sent: {dispatcher.halt}"
-                raise WarehouseHaltedError(msg)
-            await dispatcher._spare.wait()  # noqa: SLF001 - the dispatcher's own gate
-            await dispatcher._slots.acquire()  # noqa: SLF001
-            gate = dispatcher._gate_until - dispatcher._clock()  # noqa: SLF001
-            if gate <= 0 and dispatcher.halt is Halt.NONE:
-                try:
-                    await dispatcher._limiter.acquire()  # noqa: SLF001
-                except BaseException:
-                    self._release()
-                    raise
-                # A 429 answered while the token was awaited closed the gate again: as
-                # Dispatcher._through_gates, look once more before sending.
-                gate = dispatcher._gate_until - dispatcher._clock()  # noqa: SLF001
-                if gate <= 0 and dispatcher.halt is Halt.NONE:
-                    return
+        if dispatcher.halt is not Halt.NONE:
+            msg = f"not sent: {dispatcher.halt}"
+            raise WarehouseHaltedError(msg)
+        await dispatcher._spare.wait()  # noqa: SLF001 - the dispatcher's own gate
+        await dispatcher._slots.acquire()  # noqa: SLF001
+        try:
+            # The sends' own gates, so that a page meets the same rules as a request.
+            closed = await dispatcher._through_gates()  # noqa: SLF001
+        except BaseException:
             self._release()
-            await asyncio.sleep(max(0.0, gate))
+            raise
+        if closed is not None:
+            self._release()
+            retry, _ = closed
+            raise WarehouseHaltedError(retry.answer)
 
     async def __aexit__(
         self,
